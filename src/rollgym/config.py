@@ -1,0 +1,256 @@
+"""YAML config -> validated models. Every mistake names the file and the key.
+
+A config names the servers of a run and how to collect::
+
+    servers:
+      model:     {kind: model, impl: scripted}
+      lookup:    {kind: resources, impl: lookup}
+      agent:     {kind: agent, impl: tool_agent, options: {model: model, resources: lookup}}
+    collect:
+      input: data/example.jsonl
+      concurrency: 64
+
+Each server carries its own retry policy; the defaults depend on its kind (see ``kind_defaults``).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rollgym.errors import ConfigError
+
+ServerKind = Literal["model", "resources", "agent"]
+MAX_ATTEMPTS_CAP = 10
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EndpointPolicy(_Strict):
+    """Overrides of a server's retry policy for one endpoint (e.g. ``/verify``)."""
+
+    idempotent: bool | None = None
+    max_attempts: int | None = Field(default=None, ge=1, le=MAX_ATTEMPTS_CAP)
+    attempt_timeout: float | None = Field(default=None, gt=0)
+
+
+class RetryBudgetConfig(_Strict):
+    """Retries may not exceed ``ratio`` of recent requests plus ``min_retries_per_window``."""
+
+    enabled: bool = True
+    ratio: float = Field(default=0.2, ge=0, le=10)
+    min_retries_per_window: int = Field(default=10, ge=0)
+    window: float = Field(default=10.0, gt=0)
+
+
+class BreakerConfig(_Strict):
+    """Open after ``consecutive_failures`` final failures in a row, or a failure rate of at
+    least ``failure_rate`` over ``window`` seconds with ``min_requests``; probe after ``cooldown``."""
+
+    enabled: bool = True
+    consecutive_failures: int = Field(default=50, ge=1)
+    failure_rate: float = Field(default=0.9, gt=0, le=1)
+    min_requests: int = Field(default=50, ge=1)
+    window: float = Field(default=30.0, gt=0)
+    cooldown: float = Field(default=5.0, gt=0)
+
+
+class RetryPolicy(_Strict):
+    """How calls to one server are retried. Attempts and total time are always bounded."""
+
+    max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS_CAP)
+    backoff_initial: float = Field(default=0.1, ge=0)
+    backoff_multiplier: float = Field(default=2.0, ge=1)
+    backoff_max: float = Field(default=5.0, ge=0)
+    deadline: float = Field(default=900.0, gt=0, description="total seconds across attempts")
+    connect_timeout: float = Field(default=5.0, gt=0)
+    attempt_timeout: float = Field(default=600.0, gt=0)
+    idempotent: bool = False
+    retry_statuses: tuple[int, ...] = (502, 503, 504)
+    retry_4xx: tuple[int, ...] = ()
+    retry_after_cap: float = Field(default=30.0, ge=0)
+    endpoints: dict[str, EndpointPolicy] = Field(default_factory=dict)
+    budget: RetryBudgetConfig = RetryBudgetConfig()
+    breaker: BreakerConfig = BreakerConfig()
+
+    @field_validator("retry_4xx")
+    @classmethod
+    def _only_408_429(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [s for s in value if s not in (408, 429)]
+        if bad:
+            raise ValueError(f"only 408 and 429 may be retried among 4xx, not {bad}")
+        return value
+
+    @field_validator("endpoints")
+    @classmethod
+    def _slash(cls, value: dict[str, EndpointPolicy]) -> dict[str, EndpointPolicy]:
+        for name in value:
+            if not name.startswith("/"):
+                raise ValueError(f"endpoint {name!r} must start with '/'")
+        return value
+
+    def for_endpoint(self, endpoint: str) -> tuple[bool, int, float]:
+        """(idempotent, max_attempts, attempt_timeout) in force for ``endpoint``."""
+        override = self.endpoints.get(endpoint)
+        if override is None:
+            return self.idempotent, self.max_attempts, self.attempt_timeout
+        return (
+            self.idempotent if override.idempotent is None else override.idempotent,
+            self.max_attempts if override.max_attempts is None else override.max_attempts,
+            self.attempt_timeout if override.attempt_timeout is None else override.attempt_timeout,
+        )
+
+
+def kind_defaults(kind: ServerKind) -> dict[str, Any]:
+    """Retry defaults by server kind: model calls are replay-safe, tool calls are not, and an
+    agent's ``/run`` is tried once (the collector retries whole rollouts only if asked)."""
+    if kind == "model":
+        return {"max_attempts": 3, "idempotent": True, "attempt_timeout": 600.0}
+    if kind == "resources":
+        return {
+            "max_attempts": 3,
+            "idempotent": False,
+            "attempt_timeout": 120.0,
+            "endpoints": {
+                "/verify": {"idempotent": True},
+                "/aggregate_metrics": {"idempotent": True},
+            },
+        }
+    return {"max_attempts": 1, "idempotent": False, "attempt_timeout": 3600.0}
+
+
+class ServerConfig(_Strict):
+    """One server of the run: what it is, how to reach or start it, how to retry calls to it."""
+
+    kind: ServerKind
+    impl: str = Field(description="registered short name, or 'package.module:Class'")
+    options: dict[str, Any] = Field(default_factory=dict)
+    retry: RetryPolicy = RetryPolicy()
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=0, le=65535)
+    url: str | None = Field(default=None, description="an already-running server; not launched")
+    replicas: int = Field(default=1, ge=1, le=64)
+    chaos: dict[str, Any] | None = Field(default=None, description="fault injection (tests/demos)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_retry_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") in ("model", "resources", "agent"):
+            merged = _deep_merge(kind_defaults(data["kind"]), data.get("retry") or {})
+            data = {**data, "retry": merged}
+        return data
+
+
+class CollectConfig(_Strict):
+    """How the collector runs; every field can also be set on the command line."""
+
+    input: str | None = Field(default=None, description="task file, relative to the config")
+    agent: str | None = None
+    concurrency: int = Field(default=64, ge=1, le=65536)
+    repeats: int = Field(default=1, ge=1, le=100_000)
+    limit: int | None = Field(default=None, ge=1)
+    rollout_timeout: float = Field(default=600.0, gt=0)
+    max_rollout_attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS_CAP)
+    pass_threshold: float = 1.0
+    max_failures: int | None = Field(default=None, ge=1)
+    max_failure_rate: float | None = Field(default=None, gt=0, le=1)
+    min_failure_samples: int = Field(default=20, ge=1)
+    config_error_window: int = Field(
+        default=5, ge=0, description="401/403/404 within the first N rollouts abort the run"
+    )
+
+
+class Config(_Strict):
+    """A whole config file."""
+
+    servers: dict[str, ServerConfig]
+    collect: CollectConfig = CollectConfig()
+    source: str | None = Field(default=None, description="the file this came from")
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        if not self.servers:
+            raise ValueError("at least one server is required")
+        for name, server in self.servers.items():
+            if server.kind != "agent":
+                continue
+            for role in ("model", "resources"):
+                ref = server.options.get(role)
+                if ref is not None and ref not in self.servers:
+                    raise ValueError(
+                        f"servers.{name}.options.{role}: no server named {ref!r} "
+                        f"(known: {', '.join(sorted(self.servers))})"
+                    )
+        agent = self.collect.agent
+        if agent is not None and agent not in self.servers:
+            raise ValueError(f"collect.agent: no server named {agent!r}")
+        return self
+
+    def base_dir(self) -> Path:
+        return Path(self.source).parent if self.source else Path.cwd()
+
+    def agent_name(self, override: str | None = None) -> str:
+        """The agent to dispatch to: named explicitly, or the only agent in the config."""
+        name = override or self.collect.agent
+        agents = [n for n, s in self.servers.items() if s.kind == "agent"]
+        if name is None:
+            if len(agents) != 1:
+                raise ConfigError(
+                    f"{self.source or 'config'}: name the agent to run with --agent "
+                    f"(agents in the config: {', '.join(agents) or 'none'})"
+                )
+            return agents[0]
+        if name not in agents:
+            raise ConfigError(f"{self.source or 'config'}: {name!r} is not an agent server")
+        return name
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: invalid config"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<top level>"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<config>") -> Config:
+    """Validate a config dict; raise ``ConfigError`` naming ``source`` and each bad key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the config must be a mapping with a 'servers' key")
+    try:
+        return Config.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,309 @@
+"""The one error tree of rollgym.
+
+A failure is data: every error rollgym raises or records is a plain record that pickles, crosses
+a ``spawn`` process or a Ray actor boundary with its type and fields intact, and converts to and
+from a JSON dict (what goes into ``failures.jsonl`` and into error response bodies). No error
+keeps headers, cookies, credentials or live objects; ``origin`` is the upstream error that caused
+this one, as the same kind of record.
+
+    RollgymError
+    ├── ConfigError            a config file, CLI option or input file is wrong (never retried)
+    │   └── InputError         one line of a task file is malformed
+    ├── InvalidRequest         a request to a rollgym server is malformed (answered 4xx)
+    ├── HTTPStatusError        a server answered with a non-2xx status
+    ├── ProtocolError          a server answered 2xx with a body we cannot use (bad JSON, shape)
+    ├── TransportError         no usable answer at all
+    │   ├── ConnectError       connection refused / nothing was sent (always safe to retry)
+    │   ├── ConnectionLost     connection reset or closed after the request was sent
+    │   ├── ReadTimeout        no answer within the per-attempt timeout
+    │   └── DeadlineExceeded   the total deadline (across attempts, or of a rollout) ran out
+    ├── BudgetExhausted        the retry budget of the called server refused another retry
+    ├── CircuitOpen            the called server's circuit breaker is open
+    ├── RolloutError           the rollout itself could not finish (e.g. too many steps)
+    ├── InternalError          a bug or unexpected exception inside a rollgym server
+    └── RunAborted             the run-level failure budget stopped the run
+
+aiohttp's exceptions become these in exactly one place: ``rollgym.http.translate``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Self
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+BODY_LIMIT = 4096
+"""Bodies are kept up to this many characters; longer ones are cut and flagged ``truncated``."""
+
+_SECRET_PARAM = re.compile(
+    r"(key|token|secret|password|passwd|signature|sig|auth|credential)", re.I
+)
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{6,}")
+_KEYLIKE = re.compile(r"\b(sk|pk|rk)-[A-Za-z0-9_-]{8,}")
+
+_REGISTRY: dict[str, type[RollgymError]] = {}
+
+
+def redact_url(url: str | None) -> str | None:
+    """Drop userinfo and the values of secret-looking query parameters from ``url``."""
+    if not url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode(
+            [(k, "REDACTED" if _SECRET_PARAM.search(k) else v) for k, v in pairs], safe="/:"
+        )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def redact_text(text: str) -> str:
+    """Mask bearer tokens and API-key-looking strings that a server may echo in a body."""
+    text = _BEARER.sub(lambda m: f"{m.group(1)} REDACTED", text)
+    return _KEYLIKE.sub("REDACTED", text)
+
+
+def bound_body(body: str | bytes | None) -> tuple[str | None, bool]:
+    """Decode and cut a response body to ``BODY_LIMIT`` characters; return (text, truncated)."""
+    if body is None:
+        return None, False
+    if isinstance(body, bytes):
+        body = body[: BODY_LIMIT * 4].decode("utf-8", errors="replace")
+    truncated = len(body) > BODY_LIMIT
+    return redact_text(body[:BODY_LIMIT]), truncated
+
+
+class RollgymError(Exception):
+    """Root of every rollgym error: a plain record of what failed, where, and whether to retry."""
+
+    type: ClassVar[str] = "rollgym_error"
+    default_retryable: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        body: str | bytes | None = None,
+        truncated: bool = False,
+        url: str | None = None,
+        method: str | None = None,
+        server: str | None = None,
+        endpoint: str | None = None,
+        attempts: int = 1,
+        retryable: bool | None = None,
+        origin: RollgymError | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = redact_text(message)
+        self.status = status
+        self.body, cut = bound_body(body)
+        self.truncated = truncated or cut
+        self.url = redact_url(url)
+        self.method = method
+        self.server = server
+        self.endpoint = endpoint
+        self.attempts = attempts
+        self.retryable = self.default_retryable if retryable is None else retryable
+        self.origin = origin
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _REGISTRY[cls.type] = cls
+
+    # Pickle through the plain fields: Exception's default reduce would call __init__ with
+    # positional args only and lose every keyword field.
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (type(self), self.fields()))
+
+    def fields(self) -> dict[str, Any]:
+        """Every field as a plain value (``origin`` stays an error object)."""
+        return {
+            "message": self.message,
+            "status": self.status,
+            "body": self.body,
+            "truncated": self.truncated,
+            "url": self.url,
+            "method": self.method,
+            "server": self.server,
+            "endpoint": self.endpoint,
+            "attempts": self.attempts,
+            "retryable": self.retryable,
+            "origin": self.origin,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form used in ``failures.jsonl`` and in error response bodies."""
+        data = self.fields()
+        data["origin"] = self.origin.to_dict() if self.origin is not None else None
+        return {"type": self.type, **data}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RollgymError:
+        """Rebuild an error from ``to_dict`` output; an unknown ``type`` becomes ``RollgymError``."""
+        if not isinstance(data, dict):
+            raise TypeError(f"error record must be a JSON object, got {type(data).__name__}")
+        klass = _REGISTRY.get(str(data.get("type")), RollgymError)
+        origin = data.get("origin")
+        return klass(
+            str(data.get("message", "")),
+            status=_opt_int(data.get("status")),
+            body=data.get("body"),
+            truncated=bool(data.get("truncated", False)),
+            url=data.get("url"),
+            method=data.get("method"),
+            server=data.get("server"),
+            endpoint=data.get("endpoint"),
+            attempts=_opt_int(data.get("attempts")) or 1,
+            retryable=bool(data.get("retryable", False)),
+            origin=cls.from_dict(origin) if isinstance(origin, dict) else None,
+        )
+
+    def with_fields(self, **changes: Any) -> Self:
+        """A copy with some fields replaced (e.g. the final ``attempts`` count)."""
+        data = self.fields()
+        data.update(changes)
+        return _restore(type(self), data)  # type: ignore[no-any-return]
+
+    def root(self) -> RollgymError:
+        """The innermost ``origin``: the server where the failure started."""
+        err: RollgymError = self
+        while err.origin is not None:
+            err = err.origin
+        return err
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.to_dict() == other.to_dict()
+
+    __hash__ = Exception.__hash__
+
+    def __str__(self) -> str:
+        where = " ".join(
+            p
+            for p in (
+                f"[{self.server}]" if self.server else "",
+                f"{self.method} {self.endpoint}" if self.method and self.endpoint else "",
+                f"-> {self.status}" if self.status is not None else "",
+                f"after {self.attempts} attempts" if self.attempts > 1 else "",
+            )
+            if p
+        )
+        text = f"{self.message} ({where})" if where else self.message
+        if self.origin is not None:
+            text += f"; caused by: {self.origin}"
+        return text
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, status={self.status!r}, server={self.server!r})"
+
+
+def _restore(klass: type[RollgymError], fields: dict[str, Any]) -> Any:
+    err = klass.__new__(klass)
+    Exception.__init__(err, fields["message"])
+    for name, value in fields.items():
+        setattr(err, name, value)
+    return err
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class ConfigError(RollgymError):
+    """A config file, CLI option or input file is wrong; the message names the file and key."""
+
+    type = "config_error"
+
+
+class InputError(ConfigError):
+    """One line of a task file is malformed; the message names the file and line."""
+
+    type = "input_error"
+
+
+class InvalidRequest(RollgymError):
+    """A request to a rollgym server is malformed: bad JSON, wrong fields, too large."""
+
+    type = "invalid_request"
+
+
+class HTTPStatusError(RollgymError):
+    """A server answered with a non-2xx status."""
+
+    type = "http_status"
+
+
+class ProtocolError(RollgymError):
+    """A server answered 2xx but the body is not what the protocol promises."""
+
+    type = "protocol_error"
+
+
+class TransportError(RollgymError):
+    """No usable answer came back."""
+
+    type = "transport_error"
+
+
+class ConnectError(TransportError):
+    """The connection could not be made, so nothing was sent: always safe to retry."""
+
+    type = "connect_error"
+    default_retryable = True
+
+
+class ConnectionLost(TransportError):
+    """The connection broke after the request was (maybe) sent: replay only if idempotent."""
+
+    type = "connection_lost"
+
+
+class ReadTimeout(TransportError):
+    """No answer within the per-attempt timeout."""
+
+    type = "read_timeout"
+
+
+class DeadlineExceeded(TransportError):
+    """The total deadline ran out (of one call across its attempts, or of a whole rollout)."""
+
+    type = "deadline_exceeded"
+
+
+class BudgetExhausted(RollgymError):
+    """The called server's retry budget refused another retry of a transient failure."""
+
+    type = "budget_exhausted"
+
+
+class CircuitOpen(RollgymError):
+    """The called server's circuit breaker is open: the request was not sent."""
+
+    type = "circuit_open"
+
+
+class RolloutError(RollgymError):
+    """The rollout could not finish for a reason of its own (e.g. it ran out of steps)."""
+
+    type = "rollout_error"
+
+
+class InternalError(RollgymError):
+    """An unexpected exception inside a rollgym server (a bug, or an environment's own code)."""
+
+    type = "internal_error"
+
+
+class RunAborted(RollgymError):
+    """The run-level failure budget stopped the run."""
+
+    type = "run_aborted"
+
+
+_REGISTRY[RollgymError.type] = RollgymError
+ALL_ERRORS: tuple[type[RollgymError], ...] = tuple(_REGISTRY.values())

@@ -1,0 +1,62 @@
+"""Spread calls over a server's replicas: least outstanding requests, sticky per rollout.
+
+A multi-turn rollout keeps its session on one replica: the first call with a sticky key picks the
+least-loaded replica and later calls with the same key go to the same one.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+_STICKY_MAX = 65536  # sticky keys remembered; old rollouts fall out first
+
+
+class Balancer:
+    def __init__(self, urls: tuple[str, ...]) -> None:
+        if not urls:
+            raise ValueError("a target needs at least one URL")
+        self.urls = urls
+        self._outstanding = dict.fromkeys(urls, 0)
+        self._sticky: OrderedDict[str, str] = OrderedDict()
+        self._down: set[str] = set()
+
+    def pick(self, sticky: str | None = None) -> str:
+        if len(self.urls) == 1:
+            return self.urls[0]
+        if sticky is not None:
+            url = self._sticky.get(sticky)
+            if url is not None and url not in self._down:
+                self._sticky.move_to_end(sticky)
+                return url
+        live = [u for u in self.urls if u not in self._down] or list(self.urls)
+        url = min(live, key=self._outstanding.__getitem__)
+        if sticky is not None:
+            self._sticky[sticky] = url
+            if len(self._sticky) > _STICKY_MAX:
+                self._sticky.popitem(last=False)
+        return url
+
+    def begin(self, url: str) -> None:
+        base = self._base(url)
+        if base is not None:
+            self._outstanding[base] += 1
+
+    def end(self, url: str) -> None:
+        base = self._base(url)
+        if base is not None:
+            self._outstanding[base] -= 1
+
+    def mark_down(self, url: str) -> None:
+        """Stop sending new requests to ``url`` (its process or node died)."""
+        self._down.add(url)
+
+    def mark_up(self, url: str) -> None:
+        self._down.discard(url)
+
+    def _base(self, url: str) -> str | None:
+        if len(self.urls) == 1:
+            return self.urls[0]
+        for base in self.urls:
+            if url.startswith(base):
+                return base
+        return None

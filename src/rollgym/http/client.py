@@ -1,0 +1,323 @@
+"""The HTTP client every rollgym process uses to call another server.
+
+One pooled aiohttp session per client (one client per process or event loop), explicit limits
+and timeouts, and the send path as a chain of small steps::
+
+    call -> _call_with_retries -> _attempt -> aiohttp
+
+Each ``Target`` carries the called server's own retry policy; a retry budget and a circuit
+breaker per target keep a failing server from being hammered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from rollgym.config import RetryPolicy
+from rollgym.errors import (
+    BudgetExhausted,
+    CircuitOpen,
+    DeadlineExceeded,
+    HTTPStatusError,
+    ReadTimeout,
+    RollgymError,
+)
+from rollgym.http.balancer import Balancer
+from rollgym.http.breaker import CircuitBreaker
+from rollgym.http.budget import RetryBudget
+from rollgym.http.policy import is_transient, parse_retry_after, retry_delay
+from rollgym.http.translate import raise_translated
+
+log = logging.getLogger("rollgym.http")
+
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server to call: its logical name, its replica URLs and its retry policy."""
+
+    name: str
+    urls: tuple[str, ...]
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+
+    @classmethod
+    def single(cls, name: str, url: str, policy: RetryPolicy | None = None) -> Target:
+        return cls(name, (url.rstrip("/"),), policy or RetryPolicy())
+
+
+@dataclass
+class TargetStats:
+    """Counters for one target, reported in metrics."""
+
+    calls: int = 0
+    attempts: int = 0
+    retries: int = 0
+    failures: int = 0
+    budget_refused: int = 0
+    circuit_rejected: int = 0
+
+
+@dataclass
+class _TargetState:
+    budget: RetryBudget
+    breaker: CircuitBreaker
+    balancer: Balancer
+    stats: TargetStats
+
+
+class HttpClient:
+    """Pooled JSON-over-HTTP client with per-target retry policy, budget and breaker."""
+
+    def __init__(self, *, limit: int = 8192, keepalive_timeout: float = 30.0) -> None:
+        # keepalive_timeout stays below the servers' (uvicorn: 75 s, set by rollgym.server), so
+        # the client drops an idle connection before the server closes it under our feet.
+        self._limit = limit
+        self._keepalive = keepalive_timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._targets: dict[str, _TargetState] = {}
+
+    async def __aenter__(self) -> HttpClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self._limit,
+                limit_per_host=0,
+                keepalive_timeout=self._keepalive,
+                enable_cleanup_closed=True,
+            )
+            # No session-wide timeout: every request sets its own (aiohttp's default of 300 s
+            # total is wrong both for minutes-long LLM calls and for fast tool calls).
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None),
+                json_serialize=lambda obj: orjson.dumps(obj).decode(),
+                skip_auto_headers=("User-Agent",),
+                auto_decompress=False,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    def _state(self, target: Target) -> _TargetState:
+        state = self._targets.get(target.name)
+        if state is None or state.balancer.urls != target.urls:
+            policy = target.policy
+            state = _TargetState(
+                budget=RetryBudget(policy.budget),
+                breaker=CircuitBreaker(target.name, policy.breaker),
+                balancer=Balancer(target.urls),
+                stats=state.stats if state else TargetStats(),
+            )
+            self._targets[target.name] = state
+        return state
+
+    def stats(self) -> dict[str, TargetStats]:
+        return {name: s.stats for name, s in self._targets.items()}
+
+    def breaker(self, name: str) -> CircuitBreaker | None:
+        state = self._targets.get(name)
+        return state.breaker if state else None
+
+    async def call(
+        self,
+        target: Target,
+        endpoint: str,
+        payload: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+        deadline: float | None = None,
+        sticky: str | None = None,
+    ) -> Any:
+        """POST ``payload`` as JSON to ``endpoint`` of ``target`` and return the decoded JSON.
+
+        Retries under the target's policy; raises a ``RollgymError`` whose ``attempts`` says how
+        many attempts were made. ``deadline`` (seconds) caps the total time further.
+        """
+        body = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+        return await self._call_with_retries(target, endpoint, body, headers, deadline, sticky)
+
+    async def _call_with_retries(
+        self,
+        target: Target,
+        endpoint: str,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        deadline: float | None,
+        sticky: str | None,
+    ) -> Any:
+        policy = target.policy
+        state = self._state(target)
+        stats = state.stats
+        stats.calls += 1
+        idempotent, max_attempts, attempt_timeout = policy.for_endpoint(endpoint)
+        total = policy.deadline if deadline is None else min(policy.deadline, deadline)
+        start = time.monotonic()
+        last: RollgymError | None = None
+        attempt = 0
+        while True:
+            attempt += 1
+            if not state.breaker.allow():
+                stats.circuit_rejected += 1
+                stats.failures += 1
+                raise CircuitOpen(
+                    f"circuit for {target.name} is open after repeated failures; not sent",
+                    server=target.name, endpoint=endpoint, method="POST",
+                    attempts=attempt - 1 or 1, origin=last,
+                )  # fmt: skip
+            remaining = total - (time.monotonic() - start)
+            url = state.balancer.pick(sticky) + endpoint
+            stats.attempts += 1
+            state.budget.record_request()
+            try:
+                return await self._attempt(
+                    target.name, url, endpoint, body, headers, min(attempt_timeout, remaining),
+                    policy.connect_timeout, state.balancer,
+                )  # fmt: skip
+            except _AttemptFailed as failed:
+                err, retry_after = failed.error, failed.retry_after
+            if isinstance(err, ReadTimeout) and remaining <= attempt_timeout:
+                err = DeadlineExceeded(
+                    f"{target.name}: total deadline of {total:g}s ran out",
+                    server=target.name, endpoint=endpoint, method="POST", url=err.url,
+                    retryable=False,
+                )  # fmt: skip
+            err.attempts = attempt
+            delay = retry_delay(
+                err, policy, idempotent=idempotent, attempt=attempt, retry_after=retry_after
+            )
+            transient = is_transient(err, policy, idempotent)
+            err.retryable = transient
+            if _counts_against_server(err):
+                state.breaker.record(False)
+            if delay is None or attempt >= max_attempts:
+                stats.failures += 1
+                log.debug(
+                    "%s %s: giving up after %d attempt(s): %s", target.name, endpoint, attempt, err
+                )
+                raise err
+            if time.monotonic() - start + delay >= total:
+                stats.failures += 1
+                raise DeadlineExceeded(
+                    f"{target.name}: no time left for another attempt within {total:g}s",
+                    server=target.name, endpoint=endpoint, method="POST", url=err.url,
+                    attempts=attempt, origin=err,
+                )  # fmt: skip
+            if not state.budget.try_retry():
+                stats.budget_refused += 1
+                stats.failures += 1
+                raise BudgetExhausted(
+                    f"retry budget for {target.name} is spent; not retrying {err.type}",
+                    server=target.name, endpoint=endpoint, method="POST", url=err.url,
+                    status=err.status, body=err.body, attempts=attempt, origin=err,
+                )  # fmt: skip
+            stats.retries += 1
+            log.debug(
+                "%s %s: attempt %d/%d failed (%s); retrying in %.3fs",
+                target.name, endpoint, attempt, max_attempts, err, delay,
+            )  # fmt: skip
+            last = err
+            await asyncio.sleep(delay)
+
+    async def _attempt(
+        self,
+        server: str,
+        url: str,
+        endpoint: str,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        timeout: float,
+        connect_timeout: float,
+        balancer: Balancer,
+    ) -> Any:
+        session = self._get_session()
+        hdrs = {**JSON_HEADERS, **headers} if headers else JSON_HEADERS
+        client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
+        balancer.begin(url)
+        try:
+            async with asyncio.timeout(max(timeout, 0.001)):
+                async with session.post(
+                    url, data=body, headers=hdrs, timeout=client_timeout
+                ) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+                    retry_after = resp.headers.get("Retry-After") if status >= 400 else None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            try:
+                raise_translated(
+                    exc, server=server, method="POST", url=url, endpoint=endpoint, timeout=timeout
+                )
+            except RollgymError as err:
+                raise _AttemptFailed(err) from exc
+            raise  # unreachable: raise_translated always raises
+        finally:
+            balancer.end(url)
+        if status >= 400:
+            raise _AttemptFailed(
+                status_error(server, url, endpoint, status, raw), parse_retry_after(retry_after)
+            )
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            try:
+                raise_translated(
+                    exc, server=server, method="POST", url=url, endpoint=endpoint, timeout=timeout
+                )
+            except RollgymError as err:
+                err.body = raw[:4096].decode("utf-8", "replace")
+                raise _AttemptFailed(err) from exc
+            raise
+
+
+class _AttemptFailed(Exception):
+    """One failed attempt, with the ``Retry-After`` seconds the server asked for (if any)."""
+
+    def __init__(self, error: RollgymError, retry_after: float | None = None) -> None:
+        self.error = error
+        self.retry_after = retry_after
+
+
+def status_error(server: str, url: str, endpoint: str, status: int, raw: bytes) -> HTTPStatusError:
+    """An ``HTTPStatusError`` from a non-2xx answer; a rollgym error body becomes the origin."""
+    message = f"{server} answered {status} on POST {endpoint}"
+    origin: RollgymError | None = None
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        inner = data["error"]
+        if inner.get("message"):
+            message += f": {inner['message']}"
+        if isinstance(inner.get("origin"), dict):
+            origin = RollgymError.from_dict(inner["origin"])
+    elif isinstance(data, dict) and isinstance(data.get("detail"), (str, list)):
+        message += f": {str(data['detail'])[:300]}"
+    return HTTPStatusError(
+        message, status=status, body=raw, url=url, method="POST", server=server,
+        endpoint=endpoint, origin=origin,
+    )  # fmt: skip
+
+
+def _counts_against_server(err: RollgymError) -> bool:
+    if isinstance(err, HTTPStatusError):
+        return (err.status or 0) >= 500
+    return err.type in ("connect_error", "connection_lost", "read_timeout", "protocol_error")

@@ -1,0 +1,81 @@
+"""Retry decisions: which failure may be tried again, and after how long.
+
+The rules, per DESIGN.md: nothing sent (connect refused) -> retry; 502/503/504 -> retry; 500, a
+reset or a timeout after the request was sent, or a garbled 2xx -> retry only on an idempotent
+endpoint; 4xx -> never, except 408/429 when the policy lists them (honouring ``Retry-After`` up
+to a cap; past the cap, fail at once rather than sleep).
+"""
+
+from __future__ import annotations
+
+import random
+from email.utils import parsedate_to_datetime
+from time import time
+
+from rollgym.config import RetryPolicy
+from rollgym.errors import (
+    ConnectError,
+    ConnectionLost,
+    HTTPStatusError,
+    ProtocolError,
+    ReadTimeout,
+    RollgymError,
+)
+
+
+def is_transient(err: RollgymError, policy: RetryPolicy, idempotent: bool) -> bool:
+    """Whether ``err`` may be retried at all under ``policy`` (ignoring attempts and time)."""
+    if isinstance(err, ConnectError):
+        return err.retryable
+    if isinstance(err, HTTPStatusError):
+        status = err.status or 0
+        if status in policy.retry_statuses:
+            return True
+        if status == 500:
+            return idempotent
+        return status in policy.retry_4xx
+    if isinstance(err, (ConnectionLost, ReadTimeout, ProtocolError)):
+        return idempotent
+    return False
+
+
+def backoff(policy: RetryPolicy, attempt: int, rng: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter before attempt ``attempt + 1``."""
+    ceiling = min(
+        policy.backoff_max, policy.backoff_initial * policy.backoff_multiplier ** (attempt - 1)
+    )
+    return (rng or random).uniform(0, ceiling)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date); None if absent/bad."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time())
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def retry_delay(
+    err: RollgymError,
+    policy: RetryPolicy,
+    *,
+    idempotent: bool,
+    attempt: int,
+    retry_after: float | None = None,
+) -> float | None:
+    """Seconds to wait before the next attempt, or None when ``err`` must not be retried."""
+    if not is_transient(err, policy, idempotent):
+        return None
+    delay = backoff(policy, attempt)
+    if retry_after is not None and isinstance(err, HTTPStatusError):
+        if retry_after > policy.retry_after_cap:
+            return None
+        delay = max(delay, retry_after)
+    return delay

@@ -1,0 +1,64 @@
+"""The one place where aiohttp's exceptions become rollgym errors.
+
+aiohttp's own errors hold ``CIMultiDictProxy`` headers and request objects that do not pickle;
+nothing from aiohttp may escape past this module. Every branch raises ``from`` the original.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from rollgym.errors import (
+    ConnectError,
+    ConnectionLost,
+    HTTPStatusError,
+    ProtocolError,
+    ReadTimeout,
+    RollgymError,
+    TransportError,
+)
+
+
+def translate(
+    exc: BaseException, *, server: str, method: str, url: str, endpoint: str, timeout: float
+) -> RollgymError:
+    """Map an exception from one aiohttp attempt to the matching rollgym error."""
+    where: dict[str, Any] = {"server": server, "method": method, "url": url, "endpoint": endpoint}
+    if isinstance(exc, RollgymError):
+        return exc
+    # Order matters: the connector errors are subclasses of ClientOSError.
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return ConnectError(
+            f"cannot connect to {server} at {exc.host}:{exc.port}: {exc.os_error.strerror or exc}",
+            **where,
+        )
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return ConnectError(f"timed out connecting to {server}", **where)
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+        return ReadTimeout(f"{server} did not answer within {timeout:g}s", **where)
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
+        return ConnectionLost(f"{server} closed the connection: {exc}", **where)
+    if isinstance(exc, aiohttp.ClientOSError):
+        return ConnectionLost(f"connection to {server} broke: {exc.strerror or exc}", **where)
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return HTTPStatusError(
+            f"{server} answered {exc.status}: {exc.message}", status=exc.status, **where
+        )
+    if isinstance(exc, aiohttp.InvalidURL):
+        return ConnectError(f"invalid URL for {server}: {url}", retryable=False, **where)
+    if isinstance(exc, aiohttp.ClientError):
+        return TransportError(f"{server}: {type(exc).__name__}: {exc}", **where)
+    if isinstance(exc, (ValueError, UnicodeDecodeError)):
+        return ProtocolError(f"{server} sent a body that is not valid JSON: {exc}", **where)
+    return TransportError(f"{server}: unexpected {type(exc).__name__}: {exc}", **where)
+
+
+def raise_translated(
+    exc: BaseException, *, server: str, method: str, url: str, endpoint: str, timeout: float
+) -> None:
+    raise translate(
+        exc, server=server, method=method, url=url, endpoint=endpoint, timeout=timeout
+    ) from exc

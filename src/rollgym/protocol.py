@@ -1,0 +1,110 @@
+"""The wire contracts of DESIGN.md as code: task rows, verify results, ledger records.
+
+Responses API objects themselves (requests, responses, items) are the ``openai`` package's
+types; on the hot path they travel as plain dicts, and the tests check them against those types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+HEADER_ROLLOUT = "x-rollgym-rollout"
+"""Header carrying ``task_index:rollout_index`` on every call made for one rollout."""
+
+
+class AgentRef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+
+class ResponsesCreateParams(BaseModel):
+    """The part of the Responses API create parameters that the collector checks up front."""
+
+    model_config = ConfigDict(extra="allow")
+    input: str | list[Any]
+
+
+class TaskRow(BaseModel):
+    """One line of a task file (NeMo Gym compatible): create params plus environment data."""
+
+    model_config = ConfigDict(extra="allow")
+    responses_create_params: ResponsesCreateParams
+    agent_ref: AgentRef | None = None
+    task_index: int | None = Field(default=None, ge=0)
+    rollout_index: int | None = Field(default=None, ge=0)
+
+
+def rollout_key(row: dict[str, Any]) -> str:
+    return f"{row.get('task_index')}:{row.get('rollout_index')}"
+
+
+def output_text(response: dict[str, Any]) -> str:
+    """The text of the last assistant message in a Responses API response (``""`` if none)."""
+    for item in reversed(response.get("output") or []):
+        if isinstance(item, dict) and item.get("type") == "message":
+            parts = item.get("content") or []
+            return "".join(
+                p.get("text", "")
+                for p in parts
+                if isinstance(p, dict) and p.get("type") == "output_text"
+            )
+    return ""
+
+
+def function_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``function_call`` items of a Responses API response, in order."""
+    return [
+        item
+        for item in response.get("output") or []
+        if isinstance(item, dict) and item.get("type") == "function_call"
+    ]
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """A verified rollout, as one line of ``rollouts.jsonl``."""
+
+    task_index: int
+    rollout_index: int
+    reward: float
+    attempts: int
+    duration_s: float
+    verified: dict[str, Any]  # the verify response: task fields, response, reward, metrics
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                **self.verified,
+                "task_index": self.task_index,
+                "rollout_index": self.rollout_index,
+                "reward": self.reward,
+                "attempts": self.attempts,
+                "duration_s": round(self.duration_s, 4),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class RolloutFailure:
+    """A rollout that failed, as one line of ``failures.jsonl``: indices + the error record."""
+
+    task_index: int
+    rollout_index: int
+    attempts: int
+    duration_s: float
+    error: dict[str, Any]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "task_index": self.task_index,
+                "rollout_index": self.rollout_index,
+                "attempts": self.attempts,
+                "duration_s": round(self.duration_s, 4),
+                "error": self.error,
+            }
+        )

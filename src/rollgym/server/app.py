@@ -1,0 +1,146 @@
+"""App factory shared by every rollgym server: health, uniform error bodies, fast JSON.
+
+Every error leaves a rollgym server as ``{"error": {"type", "message", "status", "server",
+"retryable", "origin"?}}``. A failure that came from another server is answered 502 (504 for a
+timeout) with that server's error as ``origin``, so the caller can tell who failed and how.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from rollgym.errors import (
+    ConfigError,
+    DeadlineExceeded,
+    HTTPStatusError,
+    InternalError,
+    InvalidRequest,
+    ReadTimeout,
+    RollgymError,
+    TransportError,
+)
+
+if TYPE_CHECKING:
+    from rollgym.server.base import BaseServer
+
+log = logging.getLogger("rollgym.server")
+
+MAX_BODY_BYTES = 32 * 1024 * 1024  # a request body past this is refused with 413
+
+
+class JSONResponse(Response):
+    """A JSON response encoded with orjson (several times faster than the stdlib)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON; a malformed or oversized body is an ``InvalidRequest`` (4xx)."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+        raise InvalidRequest(f"request body of {size} bytes exceeds {MAX_BODY_BYTES}", status=413)
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise InvalidRequest(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}", status=400) from None
+
+
+def error_response(server: str, err: RollgymError) -> JSONResponse:
+    """The uniform error body for ``err`` raised while serving a request on ``server``."""
+    if isinstance(err, InvalidRequest):
+        status, payload = err.status or 400, err.to_dict()
+        payload.update(status=status, server=server)
+    elif isinstance(err, ConfigError):
+        status, payload = 400, err.to_dict()
+        payload.update(status=status, server=server)
+    elif err.server is not None and err.server != server:
+        # Failed while calling another server: this server is a gateway for that failure.
+        status = 504 if isinstance(err, (ReadTimeout, DeadlineExceeded)) else 502
+        payload = {
+            "type": "upstream_error",
+            "message": f"{err.server} failed: {err.message}",
+            "status": status,
+            "server": server,
+            "retryable": False,
+            "origin": err.to_dict(),
+        }
+    else:
+        status = err.status if isinstance(err, HTTPStatusError) and err.status else 500
+        if isinstance(err, TransportError):
+            status = 504
+        payload = err.to_dict()
+        payload.update(status=status, server=server)
+    return JSONResponse({"error": payload}, status_code=status)
+
+
+def build_app(server: BaseServer) -> FastAPI:
+    """A FastAPI app for ``server`` with health, error handlers and its own routes."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await server.startup()
+        try:
+            yield
+        finally:
+            await server.shutdown()
+
+    app = FastAPI(title=f"rollgym {server.kind}: {server.name}", lifespan=lifespan)
+
+    async def on_rollgym_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RollgymError)
+        if not isinstance(exc, InvalidRequest):
+            log.warning("%s %s failed: %s", request.method, request.url.path, exc)
+        return error_response(server.name, exc)
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return error_response(server.name, InvalidRequest(problems, status=422))
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("%s %s crashed", request.method, request.url.path)
+        err = InternalError(f"{type(exc).__name__}: {exc}", server=server.name)
+        return error_response(server.name, err)
+
+    app.add_exception_handler(RollgymError, on_rollgym_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(Exception, on_unexpected)
+
+    async def health() -> Response:
+        return JSONResponse({"status": "ok", "server": server.name, "kind": server.kind})
+
+    app.add_api_route("/health", health, methods=["GET"])
+    server.add_routes(app)
+    return app
+
+
+def json_route(
+    handler: Callable[[Request], Awaitable[Any]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """Wrap a handler that returns plain JSON data into a raw Starlette endpoint (no pydantic
+    validation on the hot path; handlers validate what they need themselves)."""
+
+    async def endpoint(request: Request) -> Response:
+        result = await handler(request)
+        if isinstance(result, Response):
+            return result
+        return JSONResponse(result)
+
+    return endpoint

@@ -1,0 +1,268 @@
+"""Resources servers: an environment's tools and verifier behind HTTP.
+
+Writing an environment takes one small class::
+
+    class Weather(ResourcesServer):
+        @tool
+        async def get_weather(self, session: Session, city: str) -> dict:
+            "Current weather for a city."
+            return {"city": city, "temp_c": 21}
+
+        async def verify(self, session: Session, task: dict, response: dict) -> float:
+            return 1.0 if "21" in output_text(response) else 0.0
+
+Typed tool arguments become the tool's JSON schema (``GET /tools``) and are validated on every
+call (a bad call answers 422, which the agent hands back to the model). Each rollout gets its own
+``Session`` from ``POST /seed_session``; its id travels in the ``x-rollgym-session`` header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar, get_type_hints
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from starlette.requests import Request
+from starlette.routing import Route
+
+from rollgym.errors import DeadlineExceeded, InternalError, InvalidRequest
+from rollgym.protocol import output_text
+from rollgym.server.app import JSONResponse, json_route, read_json
+from rollgym.server.base import BaseServer, ServerContext
+
+SESSION_HEADER = "x-rollgym-session"
+_MAX_SESSIONS = 200_000  # sessions never verified (abandoned rollouts) fall out oldest first
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+@dataclass
+class Session:
+    """Per-rollout state, isolated between concurrent rollouts."""
+
+    id: str
+    task: dict[str, Any]
+    data: dict[str, Any] = field(default_factory=dict)
+    created: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    arguments: type[BaseModel]
+    method_name: str
+
+    def schema(self) -> dict[str, Any]:
+        """The tool as an OpenAI Responses API function tool."""
+        params = self.arguments.model_json_schema()
+        params.pop("title", None)
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": params,
+            "strict": False,
+        }
+
+
+def tool(fn: F) -> F:
+    """Mark a ``ResourcesServer`` method as a tool callable at ``POST /<name>``."""
+    fn.__rollgym_tool__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+def _tool_spec(name: str, fn: Callable[..., Any]) -> ToolSpec:
+    hints = get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters.values())[2:]  # skip self, session
+    fields: dict[str, Any] = {}
+    for p in params:
+        annotation = hints.get(p.name, Any)
+        fields[p.name] = (annotation, ... if p.default is inspect.Parameter.empty else p.default)
+    model = create_model(
+        f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    doc = inspect.getdoc(fn) or name
+    return ToolSpec(name=name, description=doc.strip(), arguments=model, method_name=name)
+
+
+class ResourcesServer(BaseServer):
+    """Base class of an environment. Override ``verify``; add ``@tool`` methods; optionally
+    ``seed_session`` and ``aggregate_metrics``."""
+
+    kind: ClassVar[str] = "resources"
+    verify_timeout: ClassVar[float] = 60.0
+    cpu_verify_workers: ClassVar[int] = 2
+    tools: ClassVar[dict[str, ToolSpec]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.tools = {
+            name: _tool_spec(name, fn)
+            for name, fn in inspect.getmembers(cls, inspect.isfunction)
+            if getattr(fn, "__rollgym_tool__", False)
+        }
+        for name in cls.tools:
+            if name in ("health", "verify", "seed_session", "aggregate_metrics", "tools"):
+                raise TypeError(f"{cls.__name__}: tool name {name!r} clashes with an endpoint")
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._pool: ProcessPoolExecutor | None = None
+
+    # -- the authoring API ---------------------------------------------------------------
+
+    async def seed_session(self, session: Session) -> None:
+        """Prepare per-rollout state in ``session.data`` (``session.task`` is the task row)."""
+
+    async def verify(self, session: Session, task: dict[str, Any], response: dict[str, Any]) -> Any:
+        """Score ``response`` for ``task``: a float reward, or a dict with ``reward`` and metrics."""
+        raise NotImplementedError(f"{type(self).__name__} must implement verify()")
+
+    async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Environment-level metrics over finished rollouts (reward, metrics, task fields)."""
+        return {}
+
+    async def run_cpu(
+        self, fn: Callable[..., Any], *args: Any, timeout: float | None = None
+    ) -> Any:
+        """Run a CPU-bound, picklable ``fn`` in a process pool where a timeout can stop it.
+
+        A function still running at the timeout has its worker processes killed (a thread
+        could not be stopped) and the call fails with ``DeadlineExceeded``.
+        """
+        timeout = self.verify_timeout if timeout is None else timeout
+        if self._pool is None:
+            self._pool = _new_pool(self.cpu_verify_workers)
+        pool = self._pool
+        future = asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            if self._pool is pool:
+                self._pool = None
+            _kill_pool(pool)
+            raise DeadlineExceeded(
+                f"{type(self).__name__}: CPU work did not finish within {timeout:g}s",
+                server=self.name,
+            ) from None
+
+    # -- transport -----------------------------------------------------------------------
+
+    def add_routes(self, app: FastAPI) -> None:
+        app.router.routes.append(Route("/seed_session", json_route(self._seed), methods=["POST"]))
+        app.router.routes.append(Route("/verify", json_route(self._verify), methods=["POST"]))
+        app.router.routes.append(
+            Route("/aggregate_metrics", json_route(self._aggregate), methods=["POST"])
+        )
+        app.router.routes.append(Route("/tools", json_route(self._list_tools), methods=["GET"]))
+        for name in self.tools:
+            app.router.routes.append(
+                Route(f"/{name}", json_route(self._tool_endpoint(name)), methods=["POST"])
+            )
+
+    async def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        await super().shutdown()
+
+    async def _list_tools(self, request: Request) -> Any:
+        return [spec.schema() for spec in self.tools.values()]
+
+    async def _seed(self, request: Request) -> Any:
+        task = await read_json(request)
+        if not isinstance(task, dict):
+            raise InvalidRequest("seed_session expects the task row as a JSON object", status=422)
+        session = Session(id=uuid.uuid4().hex, task=task)
+        await self.seed_session(session)
+        self._sessions[session.id] = session
+        if len(self._sessions) > _MAX_SESSIONS:
+            self._sessions.popitem(last=False)
+        return {"session_id": session.id}
+
+    def _session(self, request: Request, *, pop: bool = False) -> Session:
+        sid = request.headers.get(SESSION_HEADER)
+        if sid is None:
+            # A stateless call (no seed_session) gets a throwaway session.
+            return Session(id="", task={})
+        session = self._sessions.pop(sid, None) if pop else self._sessions.get(sid)
+        if session is None:
+            raise InvalidRequest(
+                f"unknown session {sid!r} (not seeded, or already verified)", status=404
+            )
+        return session
+
+    def _tool_endpoint(self, name: str) -> Callable[[Request], Awaitable[Any]]:
+        spec = self.tools[name]
+        method = getattr(self, spec.method_name)
+
+        async def call_tool(request: Request) -> Any:
+            raw = await read_json(request)
+            if not isinstance(raw, dict):
+                raise InvalidRequest(f"tool {name} expects a JSON object of arguments", status=422)
+            try:
+                args = spec.arguments.model_validate(raw)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                    for e in exc.errors()
+                )
+                raise InvalidRequest(
+                    f"bad arguments for tool {name}: {problems}", status=422
+                ) from None
+            session = self._session(request)
+            return await method(session, **dict(args))
+
+        return call_tool
+
+    async def _verify(self, request: Request) -> Any:
+        body = await read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("response"), dict):
+            raise InvalidRequest("verify expects the task row plus a 'response' object", status=422)
+        session = self._session(request, pop=True)
+        if not session.task:
+            session.task = body
+        response = body["response"]
+        result = await self.verify(session, body, response)
+        if isinstance(result, dict):
+            if "reward" not in result:
+                raise InternalError(
+                    f"{type(self).__name__}.verify returned a dict without 'reward'"
+                )
+            out = {**body, **result}
+        else:
+            out = {**body, "reward": float(result)}
+        out["reward"] = float(out["reward"])
+        return JSONResponse(out)
+
+    async def _aggregate(self, request: Request) -> Any:
+        body = await read_json(request)
+        rollouts = body.get("rollouts") if isinstance(body, dict) else None
+        if not isinstance(rollouts, list):
+            raise InvalidRequest("aggregate_metrics expects {'rollouts': [...]}", status=422)
+        return await self.aggregate_metrics(rollouts)
+
+
+def _new_pool(workers: int) -> ProcessPoolExecutor:
+    import multiprocessing
+
+    # spawn: a fork of a process running an event loop and threads is unsafe.
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _kill_pool(pool: ProcessPoolExecutor) -> None:
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["ResourcesServer", "Session", "output_text", "tool"]

@@ -1,0 +1,77 @@
+"""Helpers for testing servers for real: uvicorn on 127.0.0.1 with an OS-assigned port."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+
+from rollgym.config import ServerConfig
+from rollgym.http import Target
+from rollgym.server.app import build_app
+from rollgym.server.base import BaseServer, ServerContext, resolve_impl
+
+
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+@asynccontextmanager
+async def serve_asgi(app: Any, *, timeout: float = 10.0) -> AsyncIterator[str]:
+    """Serve an ASGI app on a real socket in the current event loop; yield its base URL."""
+    sock = bind_socket()
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", timeout_keep_alive=75, access_log=False
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(timeout):
+            while not server.started:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        try:
+            async with asyncio.timeout(timeout):
+                await task
+        except TimeoutError:
+            task.cancel()
+        sock.close()
+
+
+@asynccontextmanager
+async def serve_server(
+    impl: str | type[BaseServer],
+    *,
+    name: str = "server",
+    kind: str | None = None,
+    options: dict[str, Any] | None = None,
+    peers: dict[str, Target] | None = None,
+    retry: dict[str, Any] | None = None,
+) -> AsyncIterator[tuple[str, BaseServer]]:
+    """Build a rollgym server from ``impl`` and serve it for real; yield (url, server)."""
+    klass = resolve_impl(impl) if isinstance(impl, str) else impl
+    cfg = ServerConfig.model_validate(
+        {
+            "kind": kind or klass.kind,
+            "impl": impl if isinstance(impl, str) else f"{klass.__module__}:{klass.__name__}",
+            "options": options or {},
+            "retry": retry or {},
+        }
+    )
+    server = klass(ServerContext(name=name, config=cfg, peers=dict(peers or {})))
+    async with serve_asgi(build_app(server)) as url:
+        yield url, server
