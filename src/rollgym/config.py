@@ -156,7 +156,15 @@ class CollectConfig(_Strict):
     repeats: int = Field(default=1, ge=1, le=100_000)
     limit: int | None = Field(default=None, ge=1)
     rollout_timeout: float = Field(default=600.0, gt=0)
-    max_rollout_attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS_CAP)
+    max_rollout_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=MAX_ATTEMPTS_CAP,
+        description="total attempts of one rollout, counted across --resume",
+    )
+    retry_in_run: bool = Field(
+        default=False, description="retry a retryable failed rollout within the same run"
+    )
     pass_threshold: float = 1.0
     max_failures: int | None = Field(default=None, ge=1)
     max_failure_rate: float | None = Field(default=None, gt=0, le=1)

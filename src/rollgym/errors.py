@@ -21,6 +21,7 @@ this one, as the same kind of record.
     ├── CircuitOpen            the called server's circuit breaker is open
     ├── RolloutError           the rollout itself could not finish (e.g. too many steps)
     ├── InternalError          a bug or unexpected exception inside a rollgym server
+    ├── LaunchError            a server could not be started or never became healthy
     └── RunAborted             the run-level failure budget stopped the run
 
 aiohttp's exceptions become these in exactly one place: ``rollgym.http.translate``.
@@ -45,7 +46,8 @@ _REGISTRY: dict[str, type[RollgymError]] = {}
 
 
 def redact_url(url: str | None) -> str | None:
-    """Drop userinfo and the values of secret-looking query parameters from ``url``."""
+    """Drop userinfo, the fragment and the values of secret-looking query parameters from
+    ``url``, and mask API-key-looking path segments."""
     if not url:
         return url
     try:
@@ -59,7 +61,8 @@ def redact_url(url: str | None) -> str | None:
         query = urlencode(
             [(k, "REDACTED" if _SECRET_PARAM.search(k) else v) for k, v in pairs], safe="/:"
         )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    path = _KEYLIKE.sub("REDACTED", parts.path)
+    return urlunsplit((parts.scheme, netloc, path, query, ""))
 
 
 def redact_text(text: str) -> str:
@@ -68,14 +71,21 @@ def redact_text(text: str) -> str:
     return _KEYLIKE.sub("REDACTED", text)
 
 
-def bound_body(body: str | bytes | None) -> tuple[str | None, bool]:
+def bound_body(body: str | bytes | bytearray | None) -> tuple[str | None, bool]:
     """Decode and cut a response body to ``BODY_LIMIT`` characters; return (text, truncated)."""
     if body is None:
         return None, False
-    if isinstance(body, bytes):
-        body = body[: BODY_LIMIT * 4].decode("utf-8", errors="replace")
-    truncated = len(body) > BODY_LIMIT
-    return redact_text(body[:BODY_LIMIT]), truncated
+    truncated = False
+    if isinstance(body, (bytes, bytearray)):
+        raw = bytes(body)
+        # A UTF-8 character is at most 4 bytes, so this many bytes always hold BODY_LIMIT
+        # characters; anything past it was cut even when the decoded text fits the limit.
+        truncated = len(raw) > BODY_LIMIT * 4
+        body = raw[: BODY_LIMIT * 4].decode("utf-8", errors="replace")
+    # Redact before cutting, so a secret that straddles the cut is still recognised whole.
+    text = redact_text(body)
+    truncated = truncated or len(text) > BODY_LIMIT
+    return text[:BODY_LIMIT], truncated
 
 
 class RollgymError(Exception):
@@ -99,22 +109,28 @@ class RollgymError(Exception):
         retryable: bool | None = None,
         origin: RollgymError | None = None,
     ) -> None:
+        message = redact_text(str(message))
+        # ``args`` too gets the redacted message: anything that prints ``err.args`` must not
+        # show a token the message carried.
         super().__init__(message)
-        self.message = redact_text(message)
-        self.status = status
+        self.message = message
+        self.status = None if status is None else int(status)
         self.body, cut = bound_body(body)
-        self.truncated = truncated or cut
-        self.url = redact_url(url)
-        self.method = method
-        self.server = server
-        self.endpoint = endpoint
-        self.attempts = attempts
-        self.retryable = self.default_retryable if retryable is None else retryable
-        self.origin = origin
+        self.truncated = bool(truncated) or cut
+        self.url = redact_url(None if url is None else str(url))
+        self.method = _opt_str(method)
+        self.server = _opt_str(server)
+        self.endpoint = _opt_str(endpoint)
+        self.attempts = int(attempts)
+        self.retryable = self.default_retryable if retryable is None else bool(retryable)
+        self.origin = _as_origin(origin)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _REGISTRY[cls.type] = cls
+        # Only a class that names its own ``type`` is registered: a subclass that inherits the
+        # ``type`` of its parent must not take over the parent's records in ``from_dict``.
+        if "type" in cls.__dict__:
+            _REGISTRY[cls.type] = cls
 
     # Pickle through the plain fields: Exception's default reduce would call __init__ with
     # positional args only and lose every keyword field.
@@ -150,24 +166,41 @@ class RollgymError(Exception):
             raise TypeError(f"error record must be a JSON object, got {type(data).__name__}")
         klass = _REGISTRY.get(str(data.get("type")), RollgymError)
         origin = data.get("origin")
+        retryable = data.get("retryable")
+        attempts = _opt_int(data.get("attempts"))
+        body = data.get("body")
         return klass(
-            str(data.get("message", "")),
+            str(data.get("message") or ""),
             status=_opt_int(data.get("status")),
-            body=data.get("body"),
+            body=body if isinstance(body, str) else None,
             truncated=bool(data.get("truncated", False)),
-            url=data.get("url"),
-            method=data.get("method"),
-            server=data.get("server"),
-            endpoint=data.get("endpoint"),
-            attempts=_opt_int(data.get("attempts")) or 1,
-            retryable=bool(data.get("retryable", False)),
+            url=_opt_str(data.get("url")),
+            method=_opt_str(data.get("method")),
+            server=_opt_str(data.get("server")),
+            endpoint=_opt_str(data.get("endpoint")),
+            attempts=1 if attempts is None else attempts,
+            # A record without the key gets the class default (a connect error stays retryable).
+            retryable=retryable if isinstance(retryable, bool) else None,
             origin=cls.from_dict(origin) if isinstance(origin, dict) else None,
         )
 
     def with_fields(self, **changes: Any) -> Self:
-        """A copy with some fields replaced (e.g. the final ``attempts`` count)."""
+        """A copy with some fields replaced (e.g. the final ``attempts`` count); new values are
+        bounded and redacted like the constructor's."""
+        unknown = set(changes) - set(_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown error fields: {sorted(unknown)}")
         data = self.fields()
         data.update(changes)
+        if "message" in changes:
+            data["message"] = redact_text(str(data["message"]))
+        if "body" in changes:
+            data["body"], cut = bound_body(data["body"])
+            data["truncated"] = bool(data["truncated"]) or cut
+        if "url" in changes:
+            data["url"] = redact_url(data["url"])
+        if "origin" in changes:
+            data["origin"] = _as_origin(data["origin"])
         return _restore(type(self), data)  # type: ignore[no-any-return]
 
     def root(self) -> RollgymError:
@@ -210,8 +243,28 @@ def _restore(klass: type[RollgymError], fields: dict[str, Any]) -> Any:
     return err
 
 
+_FIELDS = (
+    "message", "status", "body", "truncated", "url", "method", "server", "endpoint",
+    "attempts", "retryable", "origin",
+)  # fmt: skip
+
+
 def _opt_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _as_origin(origin: Any) -> RollgymError | None:
+    # A foreign exception (aiohttp's, say) may hold objects that do not pickle: keep only its
+    # type name and text, as a plain record.
+    if origin is None or isinstance(origin, RollgymError):
+        return origin
+    if isinstance(origin, BaseException):
+        return RollgymError(f"{type(origin).__name__}: {origin}")
+    raise TypeError(f"origin must be a RollgymError, not {type(origin).__name__}")
 
 
 class ConfigError(RollgymError):
@@ -297,6 +350,12 @@ class InternalError(RollgymError):
     """An unexpected exception inside a rollgym server (a bug, or an environment's own code)."""
 
     type = "internal_error"
+
+
+class LaunchError(RollgymError):
+    """A server process could not be started, or did not become healthy in time."""
+
+    type = "launch_error"
 
 
 class RunAborted(RollgymError):

@@ -56,7 +56,12 @@ class Balancer:
     def _base(self, url: str) -> str | None:
         if len(self.urls) == 1:
             return self.urls[0]
+        # The longest base that ``url`` extends at a path boundary: a plain prefix test would
+        # give http://h:80 the calls of http://h:8000.
+        best: str | None = None
         for base in self.urls:
-            if url.startswith(base):
-                return base
-        return None
+            if (url == base or url.startswith(base.rstrip("/") + "/")) and (
+                best is None or len(base) > len(best)
+            ):
+                best = base
+        return best

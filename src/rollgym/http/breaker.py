@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 from rollgym.config import BreakerConfig
 
@@ -21,7 +22,9 @@ CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
 
 class CircuitBreaker:
-    def __init__(self, name: str, config: BreakerConfig, clock: object = time.monotonic) -> None:
+    def __init__(
+        self, name: str, config: BreakerConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.name = name
         self.config = config
         self._clock = clock
@@ -34,7 +37,7 @@ class CircuitBreaker:
         self.rejected = 0
 
     def _now(self) -> float:
-        return self._clock()  # type: ignore[operator,no-any-return]
+        return self._clock()
 
     def allow(self) -> bool:
         """Whether a request may be sent now."""
@@ -50,7 +53,14 @@ class CircuitBreaker:
         self.rejected += 1
         return False
 
+    def release(self) -> None:
+        """The half-open probe ended without an answer (it was cancelled): let another probe
+        through instead of staying half-open with a probe that will never report."""
+        if self.state == HALF_OPEN:
+            self._probing = False
+
     def record(self, ok: bool) -> None:
+        """Report the outcome of one request that was sent: ``ok`` unless the server failed."""
         if not self.config.enabled:
             return
         now = self._now()

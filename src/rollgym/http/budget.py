@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from rollgym.config import RetryBudgetConfig
 
@@ -16,14 +17,18 @@ _BUCKET = 1.0  # seconds per bucket; the window is a ring of buckets
 
 
 class RetryBudget:
-    def __init__(self, config: RetryBudgetConfig, clock: object = time.monotonic) -> None:
+    """Counts first attempts (requests) and retries per one-second bucket over ``window``."""
+
+    def __init__(
+        self, config: RetryBudgetConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.config = config
         self._clock = clock
         self._buckets: deque[list[float]] = deque()  # [bucket_start, requests, retries]
         self.refused = 0
 
     def _now_bucket(self) -> list[float]:
-        now: float = self._clock()  # type: ignore[operator]
+        now = self._clock()
         start = now - now % _BUCKET
         horizon = now - self.config.window
         while self._buckets and self._buckets[0][0] + _BUCKET <= horizon:
@@ -33,6 +38,8 @@ class RetryBudget:
         return self._buckets[-1]
 
     def record_request(self) -> None:
+        """Count one call (its first attempt). Retries are not requests here: counting them
+        would let every retry raise the budget for the next one."""
         self._now_bucket()[1] += 1
 
     def try_retry(self) -> bool:

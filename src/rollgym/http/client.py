@@ -106,7 +106,8 @@ class HttpClient:
                 timeout=aiohttp.ClientTimeout(total=None),
                 json_serialize=lambda obj: orjson.dumps(obj).decode(),
                 skip_auto_headers=("User-Agent",),
-                auto_decompress=False,
+                # aiohttp always sends ``Accept-Encoding: gzip, deflate``, so a server behind
+                # GZip middleware answers compressed: the body must be decompressed to be read.
             )
         return self._session
 
@@ -117,8 +118,13 @@ class HttpClient:
 
     def _state(self, target: Target) -> _TargetState:
         state = self._targets.get(target.name)
-        if state is None or state.balancer.urls != target.urls:
-            policy = target.policy
+        policy = target.policy
+        if (
+            state is None
+            or state.balancer.urls != target.urls
+            or state.budget.config != policy.budget
+            or state.breaker.config != policy.breaker
+        ):
             state = _TargetState(
                 budget=RetryBudget(policy.budget),
                 breaker=CircuitBreaker(target.name, policy.breaker),
@@ -184,19 +190,33 @@ class HttpClient:
             remaining = total - (time.monotonic() - start)
             url = state.balancer.pick(sticky) + endpoint
             stats.attempts += 1
-            state.budget.record_request()
+            if attempt == 1:
+                # The budget counts calls; retries are what it limits (see RetryBudget).
+                state.budget.record_request()
             try:
-                return await self._attempt(
+                result = await self._attempt(
                     target.name, url, endpoint, body, headers, min(attempt_timeout, remaining),
                     policy.connect_timeout, state.balancer,
                 )  # fmt: skip
             except _AttemptFailed as failed:
                 err, retry_after = failed.error, failed.retry_after
+            except BaseException:
+                # Cancelled mid-attempt: there is no outcome to report, but a half-open probe
+                # that never reports would keep the circuit shut for good.
+                state.breaker.release()
+                raise
+            else:
+                # Every answered attempt reports to the breaker: successes reset its count of
+                # failures in a row, and a successful half-open probe closes it.
+                state.breaker.record(True)
+                return result
+            # A 4xx is the caller's problem: the server answered, so it counts as healthy.
+            state.breaker.record(not _counts_against_server(err))
             if isinstance(err, ReadTimeout) and remaining <= attempt_timeout:
                 err = DeadlineExceeded(
                     f"{target.name}: total deadline of {total:g}s ran out",
                     server=target.name, endpoint=endpoint, method="POST", url=err.url,
-                    retryable=False,
+                    retryable=False, origin=err,
                 )  # fmt: skip
             err.attempts = attempt
             delay = retry_delay(
@@ -204,8 +224,6 @@ class HttpClient:
             )
             transient = is_transient(err, policy, idempotent)
             err.retryable = transient
-            if _counts_against_server(err):
-                state.breaker.record(False)
             if delay is None or attempt >= max_attempts:
                 stats.failures += 1
                 log.debug(
@@ -282,8 +300,8 @@ class HttpClient:
                     exc, server=server, method="POST", url=url, endpoint=endpoint, timeout=timeout
                 )
             except RollgymError as err:
-                err.body = raw[:4096].decode("utf-8", "replace")
-                raise _AttemptFailed(err) from exc
+                # Through with_fields, so the body is bounded and redacted like any other.
+                raise _AttemptFailed(err.with_fields(status=status, body=raw)) from exc
             raise
 
 

@@ -53,6 +53,11 @@ def translate(
         return TransportError(f"{server}: {type(exc).__name__}: {exc}", **where)
     if isinstance(exc, (ValueError, UnicodeDecodeError)):
         return ProtocolError(f"{server} sent a body that is not valid JSON: {exc}", **where)
+    if isinstance(exc, ConnectionRefusedError):
+        return ConnectError(f"cannot connect to {server}: {exc.strerror or exc}", **where)
+    if isinstance(exc, OSError):
+        # A socket error that aiohttp did not wrap: the request may have been sent.
+        return ConnectionLost(f"connection to {server} broke: {exc.strerror or exc}", **where)
     return TransportError(f"{server}: unexpected {type(exc).__name__}: {exc}", **where)
 
 

@@ -20,6 +20,7 @@ BUILTIN_IMPLS: dict[str, str] = {
     "lookup": "rollgym.envs.lookup.server:LookupEnv",
     "mcqa": "rollgym.envs.mcqa.server:MCQAEnv",
     "math": "rollgym.envs.math.server:MathEnv",
+    "echo": "rollgym.envs.echo.server:EchoEnv",
 }
 
 

@@ -87,9 +87,7 @@ def _tool_spec(name: str, fn: Callable[..., Any]) -> ToolSpec:
     for p in params:
         annotation = hints.get(p.name, Any)
         fields[p.name] = (annotation, ... if p.default is inspect.Parameter.empty else p.default)
-    model = create_model(
-        f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
     doc = inspect.getdoc(fn) or name
     return ToolSpec(name=name, description=doc.strip(), arguments=model, method_name=name)
 
@@ -164,7 +162,9 @@ class ResourcesServer(BaseServer):
         app.router.routes.append(
             Route("/aggregate_metrics", json_route(self._aggregate), methods=["POST"])
         )
-        app.router.routes.append(Route("/tools", json_route(self._list_tools), methods=["GET"]))
+        app.router.routes.append(
+            Route("/tools", json_route(self._list_tools), methods=["GET", "POST"])
+        )
         for name in self.tools:
             app.router.routes.append(
                 Route(f"/{name}", json_route(self._tool_endpoint(name)), methods=["POST"])

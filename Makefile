@@ -1,0 +1,33 @@
+# The same commands run locally and in CI (.ci/run calls `make test`).
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: install test lint demo bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed
+
+lint: install
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy src
+
+test: lint
+	$(BIN)/pytest -q
+
+demo: install
+	rm -rf out/demo
+	$(BIN)/rollgym run src/rollgym/envs/lookup/config.yaml --output out/demo; \
+	  code=$$?; [ $$code -le 1 ] || exit $$code
+
+bench: install
+	$(BIN)/python bench/throughput.py
+
+clean:
+	rm -rf $(VENV) out

@@ -1,0 +1,168 @@
+"""The tool-calling agent: ``POST /run`` turns one task row into one verified rollout.
+
+    seed_session -> model -> tool calls -> model -> ... (at most max_steps model calls) -> verify
+
+A tool's own 4xx answer (bad arguments, unknown key) is the tool's output, handed back to the
+model as a ``function_call_output``. An infrastructure failure (model, tool or verify failing
+after the called server's retries) fails the rollout with the typed error as ``origin``.
+If the caller disconnects, the rollout is cancelled with the requests it has in flight, so
+nobody keeps a broken upstream under load for work nobody will read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, ClassVar
+
+import orjson
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rollgym.errors import HTTPStatusError, InvalidRequest, ProtocolError
+from rollgym.http import Target
+from rollgym.protocol import HEADER_ROLLOUT, function_calls, rollout_key
+from rollgym.server.app import JSONResponse, read_json
+from rollgym.server.base import BaseServer
+from rollgym.server.resources import SESSION_HEADER
+
+
+class ToolAgent(BaseServer):
+    """Options: ``model`` and ``resources`` (server names), ``max_steps`` (default 10),
+    ``model_timeout``, ``tool_timeout``, ``verify_timeout`` (seconds, per call)."""
+
+    kind: ClassVar[str] = "agent"
+
+    async def startup(self) -> None:
+        self.model: Target = self.peer(self.option("model", "model"))
+        self.resources: Target = self.peer(self.option("resources", "resources"))
+        self.max_steps = int(self.option("max_steps", 10))
+        self.model_timeout = float(self.option("model_timeout", 600.0))
+        self.tool_timeout = float(self.option("tool_timeout", 120.0))
+        self.verify_timeout = float(self.option("verify_timeout", 300.0))
+        self._tools: list[dict[str, Any]] | None = None
+
+    def add_routes(self, app: FastAPI) -> None:
+        app.router.routes.append(Route("/run", self._run_endpoint, methods=["POST"]))
+
+    async def _run_endpoint(self, request: Request) -> Response:
+        row = await read_json(request)
+        if not isinstance(row, dict) or not isinstance(row.get("responses_create_params"), dict):
+            raise InvalidRequest(
+                "/run expects a task row with 'responses_create_params'", status=422
+            )
+        rollout = asyncio.create_task(self.run(row))
+        watcher = asyncio.create_task(_wait_disconnect(request))
+        try:
+            await asyncio.wait({rollout, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not rollout.done():
+                # The caller went away (or this handler was cancelled): stop the rollout too.
+                rollout.cancel()
+                await asyncio.gather(rollout, return_exceptions=True)
+        if rollout.cancelled():
+            return Response(status_code=499)
+        return JSONResponse(rollout.result())
+
+    async def _server_tools(self) -> list[dict[str, Any]]:
+        if self._tools is None:
+            tools = await self.client.call(self.resources, "/tools", {}, deadline=self.tool_timeout)
+            self._tools = tools if isinstance(tools, list) else []
+        return self._tools
+
+    async def run(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Run one rollout of ``row`` and return the verify response."""
+        key = rollout_key(row)
+        headers = {HEADER_ROLLOUT: key}
+        seeded = await self.client.call(
+            self.resources, "/seed_session", row, headers=headers, deadline=self.tool_timeout,
+            sticky=key,
+        )  # fmt: skip
+        session_id = str(seeded.get("session_id", "")) if isinstance(seeded, dict) else ""
+        res_headers = {**headers, SESSION_HEADER: session_id} if session_id else headers
+
+        params = dict(row["responses_create_params"])
+        raw_input = params.get("input")
+        items: list[Any] = (
+            [{"type": "message", "role": "user", "content": raw_input}]
+            if isinstance(raw_input, str)
+            else list(raw_input or [])
+        )
+        if not params.get("tools"):
+            tools = await self._server_tools()
+            if tools:
+                params["tools"] = tools
+
+        outputs: list[Any] = []
+        response: dict[str, Any] = {}
+        steps = 0
+        started = time.monotonic()
+        while steps < self.max_steps:
+            steps += 1
+            response = await self.client.call(
+                self.model, "/v1/responses", {**params, "input": items + outputs},
+                headers=headers, deadline=self.model_timeout, sticky=key,
+            )  # fmt: skip
+            new = response.get("output") if isinstance(response, dict) else None
+            if not isinstance(new, list):
+                raise ProtocolError(
+                    "model response has no 'output' list", server=self.model.name,
+                    endpoint="/v1/responses", body=orjson.dumps(response),
+                )  # fmt: skip
+            outputs.extend(new)
+            calls = function_calls(response)
+            if not calls:
+                break
+            results = await asyncio.gather(*(self._call_tool(c, res_headers, key) for c in calls))
+            outputs.extend(results)
+
+        final = {**response, "output": outputs}
+        verified = await self.client.call(
+            self.resources, "/verify", {**row, "response": final},
+            headers=res_headers, deadline=self.verify_timeout, sticky=key,
+        )  # fmt: skip
+        if isinstance(verified, dict):
+            verified.setdefault("num_steps", steps)
+            verified.setdefault("agent_seconds", round(time.monotonic() - started, 4))
+        return verified  # type: ignore[no-any-return]
+
+    async def _call_tool(
+        self, call: dict[str, Any], headers: dict[str, str], key: str
+    ) -> dict[str, Any]:
+        name = str(call.get("name", ""))
+        raw_args = call.get("arguments") or "{}"
+        try:
+            args = orjson.loads(raw_args) if isinstance(raw_args, str) else raw_args
+        except orjson.JSONDecodeError as exc:
+            output = orjson.dumps({"error": f"arguments are not valid JSON: {exc}"}).decode()
+            return _tool_output(call, output)
+        if not name.isidentifier():
+            return _tool_output(call, orjson.dumps({"error": f"unknown tool {name!r}"}).decode())
+        try:
+            result = await self.client.call(
+                self.resources, f"/{name}", args, headers=headers, deadline=self.tool_timeout,
+                sticky=key,
+            )  # fmt: skip
+        except HTTPStatusError as err:
+            if err.status is not None and 400 <= err.status < 500:
+                # The tool refused the call (bad arguments, unknown tool): the model's problem.
+                return _tool_output(call, orjson.dumps({"error": err.message}).decode())
+            raise
+        output = result if isinstance(result, str) else orjson.dumps(result).decode()
+        return _tool_output(call, output)
+
+
+def _tool_output(call: dict[str, Any], output: str) -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": call.get("call_id", ""), "output": output}
+
+
+async def _wait_disconnect(request: Request) -> None:
+    # After the body is read, the next ASGI message is http.disconnect, sent when the client
+    # closes the connection (or after our response is sent, by which time we no longer wait).
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return

@@ -1,0 +1,51 @@
+"""The ``rollgym`` command line. One module per command; errors end as one clear line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+from rich.console import Console
+
+from rollgym.errors import RollgymError
+
+app = typer.Typer(
+    name="rollgym",
+    help=(
+        "Collect reinforcement-learning rollouts from HTTP environments; every rollout ends as "
+        "a recorded result or a typed failure.\n\n"
+        "Exit codes of run/collect: 0 all rollouts succeeded; 1 the run completed but some "
+        "rollouts failed; 2 the run could not start or was aborted."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+err_console = Console(stderr=True)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _register() -> None:
+    from rollgym.cli import chaos, run, serve
+
+    serve.register(app)
+    run.register(app)
+    chaos.register(app)
+
+
+def main() -> None:
+    _register()
+    try:
+        app()
+    except RollgymError as err:
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False)
+        sys.exit(2)

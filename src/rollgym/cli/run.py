@@ -1,0 +1,290 @@
+"""``rollgym run`` (start servers, collect, stop) and ``rollgym collect`` (running servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rollgym.collect import EXIT_ABORTED, Collector, RunOutcome, prepare_run
+from rollgym.config import CollectConfig, Config, load_config
+from rollgym.errors import ConfigError, RollgymError
+from rollgym.launch import Supervisor
+
+ConfigArg = Annotated[
+    Path, typer.Argument(help="YAML config naming the servers and collect defaults.")
+]
+InputOpt = Annotated[
+    Path | None,
+    typer.Option("--input", "-i", help="Task file (JSONL). Default: collect.input of the config."),
+]
+OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Output directory of the run.")]
+AgentOpt = Annotated[
+    str | None, typer.Option(help="Agent server to run. Default: the config's only agent.")
+]
+RepeatsOpt = Annotated[
+    int | None, typer.Option(help="Rollouts per task (a GRPO group). Default: collect.repeats (1).")
+]
+ConcOpt = Annotated[
+    int | None, typer.Option(help="Rollouts in flight at once. Default: collect.concurrency (64).")
+]
+LimitOpt = Annotated[int | None, typer.Option(help="Use only the first L tasks. Default: all.")]
+ResumeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Finish the run in --output: redo rollouts without a success record, never a success.",
+    ),
+]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option(help="Deadline of one rollout, seconds. Default: collect.rollout_timeout (600)."),
+]
+MaxFailOpt = Annotated[
+    int | None, typer.Option(help="Abort after this many failed rollouts. Default: no limit.")
+]
+RateOpt = Annotated[
+    float | None,
+    typer.Option(help="Abort when this fraction of finished rollouts failed. Default: no limit."),
+]
+SamplesOpt = Annotated[
+    int | None,
+    typer.Option(help="Finished rollouts needed before --max-failure-rate applies. Default: 20."),
+]
+AttemptsOpt = Annotated[
+    int | None,
+    typer.Option(help="Total attempts per rollout across --resume. Default: 3."),
+]
+ThresholdOpt = Annotated[
+    float | None, typer.Option(help="Reward at which a rollout passes (pass@k). Default: 1.0.")
+]
+ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
+LogOpt = Annotated[str, typer.Option(help="Log level (DEBUG shows every retry decision).")]
+
+
+def _collect_config(cfg: Config, **overrides: Any) -> CollectConfig:
+    data = cfg.collect.model_dump()
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return CollectConfig.model_validate(data)
+    except Exception as exc:  # pydantic's ValidationError: name the option
+        raise ConfigError(f"invalid option: {exc}") from None
+
+
+def _input_path(cfg: Config, given: Path | None) -> Path:
+    if given is not None:
+        return given
+    if cfg.collect.input is None:
+        raise ConfigError(f"{cfg.source}: no --input given and no collect.input in the config")
+    return cfg.base_dir() / cfg.collect.input
+
+
+def print_outcome(outcome: RunOutcome) -> None:
+    console = Console()
+    m = outcome.metrics
+    counts, reward = m["counts"], m["reward"]
+    table = Table(title=f"rollgym run: {outcome.status}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row(
+        "rollouts",
+        f"{counts['succeeded']} ok, {counts['failed']} failed, {counts['pending']} pending "
+        f"of {counts['total']}",
+    )
+    if reward["mean"] is not None:
+        table.add_row("reward", f"mean {reward['mean']:.4f}  std {reward['std']:.4f}")
+    for key, value in m["pass_at_k"].items():
+        table.add_row(key, f"{value:.4f}")
+    if m["failures"]["by_type"]:
+        table.add_row(
+            "failures",
+            ", ".join(f"{k}: {v}" for k, v in m["failures"]["by_type"].items())
+            + "  (by server: "
+            + ", ".join(f"{k}: {v}" for k, v in m["failures"]["by_server"].items())
+            + ")",
+        )
+    timing = m["timing"]
+    table.add_row(
+        "time", f"{timing['wall_seconds']:.1f}s, {timing['rollouts_per_second']} rollouts/s"
+    )
+    if outcome.abort_reason:
+        table.add_row("[red]aborted", outcome.abort_reason)
+    out = outcome.out_dir
+    table.add_row("output", f"{out}/ rollouts.jsonl failures.jsonl metrics.json run.json")
+    console.print(table)
+    if outcome.abort_reason:
+        console.print(
+            f"Summary of failures is in {out / 'run.json'} (abort); finish later with --resume."
+        )
+
+
+async def _run(
+    cfg: Config,
+    collect: CollectConfig,
+    input_path: Path,
+    output: Path,
+    resume: bool,
+    agent: str | None,
+    progress: bool,
+    log_level: str,
+    urls: dict[str, list[str]] | None,
+) -> RunOutcome:
+    prepared = prepare_run(cfg, collect, input_path, output, resume=resume)
+    if urls is not None:
+        return await Collector(prepared, urls, agent=agent, progress=progress).execute()
+    supervisor = Supervisor(cfg, log_dir=output / "logs", log_level=log_level)
+    t0 = time.monotonic()
+    try:
+        started = await supervisor.start()
+        prepared.run_info["startup_seconds"] = round(time.monotonic() - t0, 3)
+        return await Collector(prepared, started, agent=agent, progress=progress).execute()
+    finally:
+        await supervisor.stop()
+
+
+def _finish(outcome: RunOutcome) -> None:
+    print_outcome(outcome)
+    raise typer.Exit(outcome.exit_code)
+
+
+def _parse_servers(values: list[str]) -> dict[str, list[str]]:
+    urls: dict[str, list[str]] = {}
+    for value in values:
+        if "=" in value:
+            name, url = value.split("=", 1)
+            urls.setdefault(name.strip(), []).append(url.strip())
+            continue
+        path = Path(value)
+        try:
+            data = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise ConfigError(
+                f"--servers {value}: not NAME=URL nor a readable JSON file: {exc}"
+            ) from None
+        for name, got in data.items():
+            urls.setdefault(name, []).extend([got] if isinstance(got, str) else got)
+    return urls
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def run(
+        config: ConfigArg,
+        output: OutputOpt,
+        input: InputOpt = None,
+        agent: AgentOpt = None,
+        repeats: RepeatsOpt = None,
+        concurrency: ConcOpt = None,
+        limit: LimitOpt = None,
+        resume: ResumeOpt = False,
+        rollout_timeout: TimeoutOpt = None,
+        max_failures: MaxFailOpt = None,
+        max_failure_rate: RateOpt = None,
+        min_failure_samples: SamplesOpt = None,
+        max_rollout_attempts: AttemptsOpt = None,
+        pass_threshold: ThresholdOpt = None,
+        progress: ProgressOpt = True,
+        log_level: LogOpt = "WARNING",
+    ) -> None:
+        """Start the servers of CONFIG, collect rollouts of the input into --output, stop them.
+
+        Writes tasks.jsonl, rollouts.jsonl, failures.jsonl, metrics.json and run.json.
+        Exit code 0: all rollouts succeeded; 1: completed with failed rollouts; 2: could not
+        start or aborted (finish it with --resume)."""
+        from rollgym.cli.main import setup_logging
+
+        setup_logging(log_level)
+        cfg = load_config(config)
+        collect = _collect_config(
+            cfg, repeats=repeats, concurrency=concurrency, limit=limit,
+            rollout_timeout=rollout_timeout, max_failures=max_failures,
+            max_failure_rate=max_failure_rate, min_failure_samples=min_failure_samples,
+            max_rollout_attempts=max_rollout_attempts, pass_threshold=pass_threshold,
+        )  # fmt: skip
+        outcome = _guarded(
+            _run(
+                cfg,
+                collect,
+                _input_path(cfg, input),
+                output,
+                resume,
+                agent,
+                progress,
+                log_level,
+                None,
+            )
+        )
+        _finish(outcome)
+
+    @app.command()
+    def collect(
+        config: ConfigArg,
+        output: OutputOpt,
+        servers: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--servers",
+                "-s",
+                help="Running servers: NAME=URL (repeatable), or the JSON file written by "
+                "`rollgym serve --write-urls`. Default: the `url:` of each server in the config.",
+            ),
+        ] = None,
+        input: InputOpt = None,
+        agent: AgentOpt = None,
+        repeats: RepeatsOpt = None,
+        concurrency: ConcOpt = None,
+        limit: LimitOpt = None,
+        resume: ResumeOpt = False,
+        rollout_timeout: TimeoutOpt = None,
+        max_failures: MaxFailOpt = None,
+        max_failure_rate: RateOpt = None,
+        min_failure_samples: SamplesOpt = None,
+        max_rollout_attempts: AttemptsOpt = None,
+        pass_threshold: ThresholdOpt = None,
+        progress: ProgressOpt = True,
+        log_level: LogOpt = "WARNING",
+    ) -> None:
+        """Collect against servers that are already running (one set of servers, many runs).
+        Same outputs and exit codes as `run`."""
+        from rollgym.cli.main import setup_logging
+
+        setup_logging(log_level)
+        cfg = load_config(config)
+        urls = {n: [s.url] for n, s in cfg.servers.items() if s.url}
+        urls.update(_parse_servers(servers or []))
+        collect_cfg = _collect_config(
+            cfg, repeats=repeats, concurrency=concurrency, limit=limit,
+            rollout_timeout=rollout_timeout, max_failures=max_failures,
+            max_failure_rate=max_failure_rate, min_failure_samples=min_failure_samples,
+            max_rollout_attempts=max_rollout_attempts, pass_threshold=pass_threshold,
+        )  # fmt: skip
+        outcome = _guarded(
+            _run(
+                cfg,
+                collect_cfg,
+                _input_path(cfg, input),
+                output,
+                resume,
+                agent,
+                progress,
+                log_level,
+                urls,
+            )
+        )
+        _finish(outcome)
+
+
+def _guarded(coro: Any) -> RunOutcome:
+    try:
+        result: RunOutcome = asyncio.run(coro)
+    except RollgymError:
+        raise
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_ABORTED) from None
+    return result

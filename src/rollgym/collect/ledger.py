@@ -1,0 +1,154 @@
+"""The ledger: ``rollouts.jsonl`` + ``failures.jsonl``, one record per rollout, resumable.
+
+Each record is written and flushed the moment its rollout finishes, so a killed run keeps what it
+finished. On resume, recorded successes are never redone; failures with attempts left are taken
+out of ``failures.jsonl`` (kept in ``failures.history.jsonl``) and dispatched again, so that after
+a completed run every rollout of ``tasks.jsonl`` has exactly one record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import IO
+
+import orjson
+
+from rollgym.protocol import RolloutFailure, RolloutResult
+
+log = logging.getLogger("rollgym.collect")
+
+
+def _repair_tail(path: Path) -> None:
+    """Cut a torn last line (a run killed mid-write) so the file is whole JSONL again."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - 1))
+        if fh.read(1) == b"\n":
+            return
+        # Walk back to the last newline.
+        pos = size
+        chunk = 4096
+        while pos > 0:
+            start = max(0, pos - chunk)
+            fh.seek(start)
+            data = fh.read(pos - start)
+            idx = data.rfind(b"\n")
+            if idx >= 0:
+                fh.truncate(start + idx + 1)
+                log.warning("%s: dropped a torn last line left by an interrupted run", path)
+                return
+            pos = start
+        fh.truncate(0)
+
+
+class Ledger:
+    """Where rollouts are recorded. ``repeats`` maps (task, rollout) to a slot in a bitmap."""
+
+    def __init__(self, out_dir: Path, total: int, repeats: int) -> None:
+        self.out_dir = out_dir
+        self.total = total
+        self.repeats = repeats
+        self.rollouts_path = out_dir / "rollouts.jsonl"
+        self.failures_path = out_dir / "failures.jsonl"
+        self.history_path = out_dir / "failures.history.jsonl"
+        self._done = bytearray(total)  # 1 = success recorded, 2 = final failure recorded
+        self.prior_attempts: dict[int, int] = {}
+        self.succeeded = 0
+        self.failed = 0
+        self._ok: IO[bytes] | None = None
+        self._bad: IO[bytes] | None = None
+
+    def slot(self, task_index: int, rollout_index: int) -> int:
+        return task_index * self.repeats + rollout_index
+
+    def load(self, max_attempts: int) -> None:
+        """Read existing records (resume): successes stay done; failures with attempts left are
+        moved to the history file and become pending again."""
+        for path in (self.rollouts_path, self.failures_path):
+            _repair_tail(path)
+        if self.rollouts_path.exists():
+            with self.rollouts_path.open("rb") as fh:
+                for line in fh:
+                    rec = orjson.loads(line)
+                    slot = self.slot(rec["task_index"], rec["rollout_index"])
+                    if self._done[slot] != 1:
+                        self._done[slot] = 1
+                        self.succeeded += 1
+        if not self.failures_path.exists():
+            return
+        keep: list[bytes] = []
+        retry: list[bytes] = []
+        with self.failures_path.open("rb") as fh:
+            for line in fh:
+                rec = orjson.loads(line)
+                slot = self.slot(rec["task_index"], rec["rollout_index"])
+                if self._done[slot]:
+                    retry.append(line)  # superseded (a success, or a duplicate): history only
+                    continue
+                attempts = int(rec.get("attempts", 1))
+                if attempts >= max_attempts:
+                    self._done[slot] = 2
+                    self.failed += 1
+                    keep.append(line)
+                else:
+                    self.prior_attempts[slot] = attempts
+                    retry.append(line)
+        if retry:
+            with self.history_path.open("ab") as hist:
+                hist.writelines(retry)
+                hist.flush()
+                os.fsync(hist.fileno())
+        tmp = self.failures_path.with_suffix(".jsonl.tmp")
+        with tmp.open("wb") as fh:
+            fh.writelines(keep)
+        tmp.replace(self.failures_path)
+
+    def is_done(self, task_index: int, rollout_index: int) -> bool:
+        return self._done[self.slot(task_index, rollout_index)] != 0
+
+    def attempts_so_far(self, task_index: int, rollout_index: int) -> int:
+        return self.prior_attempts.get(self.slot(task_index, rollout_index), 0)
+
+    @property
+    def pending(self) -> int:
+        return self.total - self.succeeded - self.failed
+
+    def open(self) -> None:
+        self._ok = self.rollouts_path.open("ab")
+        self._bad = self.failures_path.open("ab")
+
+    def record_success(self, result: RolloutResult) -> None:
+        slot = self.slot(result.task_index, result.rollout_index)
+        if self._done[slot]:
+            log.error("duplicate record for %s:%s ignored", result.task_index, result.rollout_index)
+            return
+        assert self._ok is not None
+        self._ok.write(result.to_json() + b"\n")
+        self._ok.flush()
+        self._done[slot] = 1
+        self.succeeded += 1
+
+    def record_failure(self, failure: RolloutFailure) -> None:
+        slot = self.slot(failure.task_index, failure.rollout_index)
+        if self._done[slot]:
+            log.error(
+                "duplicate record for %s:%s ignored", failure.task_index, failure.rollout_index
+            )
+            return
+        assert self._bad is not None
+        self._bad.write(failure.to_json() + b"\n")
+        self._bad.flush()
+        self._done[slot] = 2
+        self.failed += 1
+
+    def close(self) -> None:
+        for fh in (self._ok, self._bad):
+            if fh is not None and not fh.closed:
+                fh.flush()
+                os.fsync(fh.fileno())
+                fh.close()

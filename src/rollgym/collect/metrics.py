@@ -1,0 +1,145 @@
+"""Metrics of a run, computed by streaming the ledger files (never all in memory at once).
+
+pass@k uses the unbiased estimator of Chen et al. (2021): for a task with n scored rollouts of
+which c pass, pass@k = 1 - C(n-c, k) / C(n, k); averaged over tasks with n >= k. Failed rollouts
+are not scored (a failure is never a reward of 0), so they lower n, not c.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+_NOT_METRICS = frozenset(
+    {"task_index", "rollout_index", "reward", "attempts", "duration_s", "agent_seconds"}
+)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task with ``n`` samples of which ``c`` passed."""
+    if k > n:
+        raise ValueError(f"k={k} exceeds n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class _Task:
+    n: int = 0
+    passed: int = 0
+    reward_sum: float = 0.0
+    failed: int = 0
+
+
+@dataclass
+class RunMetrics:
+    total: int
+    succeeded: int = 0
+    failed: int = 0
+    reward_mean: float | None = None
+    reward_std: float | None = None
+    pass_at_k: dict[str, float] = field(default_factory=dict)
+    failures_by_type: dict[str, int] = field(default_factory=dict)
+    failures_by_server: dict[str, int] = field(default_factory=dict)
+    failures_by_status: dict[str, int] = field(default_factory=dict)
+    env_metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "counts": {
+                "total": self.total,
+                "succeeded": self.succeeded,
+                "failed": self.failed,
+                "pending": self.total - self.succeeded - self.failed,
+            },
+            "reward": {"mean": self.reward_mean, "std": self.reward_std},
+            "pass_at_k": self.pass_at_k,
+            "failures": {
+                "by_type": self.failures_by_type,
+                "by_server": self.failures_by_server,
+                "by_status": self.failures_by_status,
+            },
+            "env_metrics": self.env_metrics,
+        }
+
+
+def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 1.0) -> RunMetrics:
+    """Metrics over ``rollouts.jsonl`` and ``failures.jsonl``; writes ``per_task.jsonl``."""
+    tasks: dict[int, _Task] = {}
+    m = RunMetrics(total=total)
+    count, mean, m2 = 0, 0.0, 0.0  # Welford: numerically stable streaming mean/variance
+    metric_sums: dict[str, float] = {}
+    metric_counts: Counter[str] = Counter()
+    rollouts = out_dir / "rollouts.jsonl"
+    if rollouts.exists():
+        with rollouts.open("rb") as fh:
+            for line in fh:
+                rec = orjson.loads(line)
+                reward = float(rec["reward"])
+                t = tasks.setdefault(rec["task_index"], _Task())
+                t.n += 1
+                t.reward_sum += reward
+                t.passed += reward >= threshold
+                count += 1
+                delta = reward - mean
+                mean += delta / count
+                m2 += delta * (reward - mean)
+                for key, value in rec.items():
+                    if key in _NOT_METRICS or isinstance(value, bool):
+                        continue
+                    if isinstance(value, (int, float)):
+                        metric_sums[key] = metric_sums.get(key, 0.0) + value
+                        metric_counts[key] += 1
+    m.succeeded = count
+    if count:
+        m.reward_mean = mean
+        m.reward_std = math.sqrt(m2 / count)
+    by_type: Counter[str] = Counter()
+    by_server: Counter[str] = Counter()
+    by_status: Counter[str] = Counter()
+    failures = out_dir / "failures.jsonl"
+    if failures.exists():
+        with failures.open("rb") as fh:
+            for line in fh:
+                rec = orjson.loads(line)
+                m.failed += 1
+                tasks.setdefault(rec["task_index"], _Task()).failed += 1
+                err = rec.get("error") or {}
+                while isinstance(err.get("origin"), dict):
+                    err = err["origin"]  # attribute the failure to the server where it started
+                by_type[str(err.get("type"))] += 1
+                by_server[str(err.get("server"))] += 1
+                by_status[
+                    str(err.get("status") if err.get("status") is not None else err.get("type"))
+                ] += 1
+    m.failures_by_type = dict(by_type)
+    m.failures_by_server = dict(by_server)
+    m.failures_by_status = dict(by_status)
+    for k in range(1, repeats + 1):
+        values = [pass_at_k(t.n, t.passed, k) for t in tasks.values() if t.n >= k]
+        if values:
+            m.pass_at_k[f"pass@{k}"] = sum(values) / len(values)
+    m.env_metrics = {k: metric_sums[k] / metric_counts[k] for k in sorted(metric_sums)}
+    with (out_dir / "per_task.jsonl").open("wb") as fh:
+        for index in sorted(tasks):
+            t = tasks[index]
+            fh.write(
+                orjson.dumps(
+                    {
+                        "task_index": index,
+                        "scored": t.n,
+                        "passed": t.passed,
+                        "failed": t.failed,
+                        "pass_rate": t.passed / t.n if t.n else None,
+                        "reward_mean": t.reward_sum / t.n if t.n else None,
+                    }
+                )
+                + b"\n"
+            )
+    return m

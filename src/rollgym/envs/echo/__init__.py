@@ -1,0 +1,1 @@
+"""A trivial environment for benchmarks and tests: one tool that echoes its argument."""

@@ -1,0 +1,61 @@
+"""``MathEnv``: math answers checked symbolically, off the event loop, under a deadline.
+
+Task field ``expected_answer`` is the gold answer in any form math-verify reads (``12``,
+``\\frac{3}{4}``, ``3\\sqrt{2}``, ``x^2+1``). The reply's final answer (``\\boxed{...}`` first,
+else the last expression) is compared with it, so ``1/2``, ``0.5`` and ``\\frac{1}{2}`` score
+the same. Metric ``answer_parsed`` (1/0) separates "no readable answer" from "wrong answer".
+
+Option ``verify_timeout`` (seconds, default 30) bounds each check; a check still running then is
+stopped with its worker process and the verify fails with ``DeadlineExceeded``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from rollgym.envs.math.check import MathCheck, check_answer
+from rollgym.errors import InvalidRequest
+from rollgym.protocol import output_text
+from rollgym.server.base import ServerContext
+from rollgym.server.resources import ResourcesServer, Session
+
+
+class MathEnv(ResourcesServer):
+    """Math problems; reward 1.0 when the reply's answer equals ``expected_answer``."""
+
+    verify_timeout: ClassVar[float] = 30.0
+    # Module-level and picklable: it runs in a spawn worker process.
+    checker: ClassVar[Callable[[str, str], MathCheck]] = staticmethod(check_answer)
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self.check_timeout = float(self.option("verify_timeout", self.verify_timeout))
+
+    async def verify(
+        self, session: Session, task: dict[str, Any], response: dict[str, Any]
+    ) -> dict[str, float | int]:
+        expected = task.get("expected_answer")
+        if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+            expected = str(expected)
+        if not isinstance(expected, str) or not expected.strip():
+            raise InvalidRequest("math task needs 'expected_answer' (a non-empty string)", status=422)
+        result: MathCheck = await self.run_cpu(
+            type(self).checker, expected, output_text(response), timeout=self.check_timeout
+        )
+        if not result.gold_parsed:
+            raise InvalidRequest(
+                f"math task's expected_answer {expected!r} cannot be parsed by math-verify",
+                status=422,
+            )
+        return {"reward": 1.0 if result.correct else 0.0, "answer_parsed": int(result.answer_parsed)}
+
+    async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+        flags = [
+            float(r["answer_parsed"])
+            for r in rollouts
+            if isinstance(r.get("answer_parsed"), (int, float))
+        ]
+        if not flags:
+            return {}
+        return {"answer_parse_rate": sum(flags) / len(flags)}

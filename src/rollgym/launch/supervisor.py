@@ -1,0 +1,196 @@
+"""The process supervisor behind ``rollgym serve`` and ``rollgym run``.
+
+Ports are bound here, before any server starts, and each listening socket is handed to its
+server process; so every server is told where the others are without a port race. Children get
+SIGTERM if this process dies (Linux parent-death signal), so no orphan outlives its run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import aiohttp
+import orjson
+
+from rollgym.config import Config
+from rollgym.errors import LaunchError
+from rollgym.launch.worker import SPEC_ENV
+from rollgym.server.base import resolve_impl
+
+log = logging.getLogger("rollgym.launch")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class ManagedServer:
+    name: str
+    replica: int
+    url: str
+    sock: socket.socket | None
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    log_file: IO[bytes] | None = field(default=None, repr=False)
+
+
+class Supervisor:
+    """Start the servers of ``config`` (all but those given by ``url``), and stop them."""
+
+    def __init__(
+        self, config: Config, *, log_dir: Path | None = None, log_level: str = "WARNING"
+    ) -> None:
+        self.config = config
+        self.log_dir = log_dir
+        self.log_level = log_level
+        self.servers: list[ManagedServer] = []
+        self.urls: dict[str, list[str]] = {}
+
+    def _bind(self) -> None:
+        for name, cfg in self.config.servers.items():
+            resolve_impl(cfg.impl, cfg.kind)  # fail before anything starts
+            if cfg.url:
+                self.urls[name] = [cfg.url.rstrip("/")]
+                continue
+            for replica in range(cfg.replicas):
+                port = (cfg.port + replica) if cfg.port else 0
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind((cfg.host, port))
+                except OSError as exc:
+                    sock.close()
+                    raise LaunchError(
+                        f"server {name}: cannot listen on {cfg.host}:{port}: {exc.strerror}",
+                        server=name,
+                    ) from None
+                sock.listen(4096)
+                host, bound = sock.getsockname()[:2]
+                url = f"http://{host}:{bound}"
+                self.servers.append(ManagedServer(name, replica, url, sock))
+                self.urls.setdefault(name, []).append(url)
+
+    def _spawn(self, server: ManagedServer) -> None:
+        assert server.sock is not None
+        fd = server.sock.fileno()
+        spec = {
+            "name": server.name,
+            "config": self.config.model_dump(mode="json"),
+            "urls": self.urls,
+            "fd": fd,
+            "log_level": self.log_level,
+        }
+        env = {**os.environ, SPEC_ENV: orjson.dumps(spec).decode()}
+        out: int | IO[bytes] | None = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            suffix = f".{server.replica}" if self.config.servers[server.name].replicas > 1 else ""
+            server.log_path = self.log_dir / f"{server.name}{suffix}.log"
+            server.log_file = open(server.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            out = server.log_file
+        server.proc = subprocess.Popen(
+            [sys.executable, "-m", "rollgym.launch.worker"],
+            env=env,
+            pass_fds=(fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT if out is not None else None,
+            start_new_session=True,  # Ctrl-C reaches us only; we stop the children in order
+            preexec_fn=_die_with_parent,
+        )
+        server.sock.close()  # the child holds its own copy
+        server.sock = None
+
+    async def start(self, timeout: float = 30.0) -> dict[str, list[str]]:
+        """Start every server and wait until each answers ``/health``; return name -> URLs."""
+        self._bind()
+        try:
+            for server in self.servers:
+                self._spawn(server)
+            await self._wait_healthy(timeout)
+        except BaseException:
+            await self.stop()
+            raise
+        return self.urls
+
+    async def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(self.servers)
+        probe_timeout = aiohttp.ClientTimeout(total=1.0)
+        async with aiohttp.ClientSession(timeout=probe_timeout) as session:
+            while pending:
+                for server in list(pending):
+                    assert server.proc is not None
+                    code = server.proc.poll()
+                    if code is not None:
+                        raise LaunchError(
+                            f"server {server.name} exited with code {code} while starting"
+                            + self._log_tail(server),
+                            server=server.name,
+                        )
+                    try:
+                        async with session.get(server.url + "/health") as resp:
+                            if resp.status == 200:
+                                pending.remove(server)
+                    except (aiohttp.ClientError, TimeoutError):
+                        pass  # not listening yet
+                if not pending:
+                    return
+                if time.monotonic() > deadline:
+                    names = ", ".join(s.name for s in pending)
+                    raise LaunchError(f"servers not healthy after {timeout:g}s: {names}")
+                await asyncio.sleep(0.05)
+
+    def _log_tail(self, server: ManagedServer, lines: int = 15) -> str:
+        if server.log_path is None or not server.log_path.exists():
+            return ""
+        tail = server.log_path.read_text(errors="replace").splitlines()[-lines:]
+        return f"; last lines of {server.log_path}:\n  " + "\n  ".join(tail)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM every child, wait up to ``timeout``, then SIGKILL what is left."""
+        for server in self.servers:
+            if server.proc is not None and server.proc.poll() is None:
+                server.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for server in self.servers:
+            proc = server.proc
+            if proc is None:
+                continue
+            remaining = max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(proc.wait, remaining)
+            if proc.poll() is None:
+                log.warning("server %s did not stop within %gs; killing it", server.name, timeout)
+                proc.kill()
+                proc.wait()
+            if server.log_file is not None:
+                server.log_file.close()
+            if server.sock is not None:
+                server.sock.close()
+
+    def kill(self, name: str, replica: int = 0) -> None:
+        """SIGKILL one server process (fault tests)."""
+        for server in self.servers:
+            if server.name == name and server.replica == replica and server.proc is not None:
+                server.proc.kill()
+                server.proc.wait()
+
+    def pids(self) -> list[int]:
+        return [s.proc.pid for s in self.servers if s.proc is not None]

@@ -1,0 +1,55 @@
+"""Entry point of one server process: ``python -m rollgym.launch.worker``.
+
+The supervisor passes a listening socket (so ports are chosen before any server starts, with no
+race) and a JSON spec in ``ROLLGYM_WORKER``: the server's name, the run's config and the URLs of
+every server, so each one knows where the others are.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+
+import orjson
+import uvicorn
+
+from rollgym.config import Config
+from rollgym.server.app import build_app
+from rollgym.server.base import ServerContext, resolve_impl
+
+SPEC_ENV = "ROLLGYM_WORKER"
+KEEPALIVE_S = 75  # above the client pool's 30 s, so the client closes idle connections first
+
+
+def main() -> None:
+    spec = orjson.loads(os.environ[SPEC_ENV])
+    name: str = spec["name"]
+    logging.basicConfig(
+        level=spec.get("log_level", "WARNING"),
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+    )
+    config = Config.model_validate(spec["config"])
+    server_cfg = config.servers[name]
+    klass = resolve_impl(server_cfg.impl, server_cfg.kind)
+    server = klass(ServerContext.from_run(name, config, spec["urls"]))
+    sock = socket.socket(fileno=int(spec["fd"]))
+    uv_config = uvicorn.Config(
+        build_app(server),
+        loop="uvloop",
+        http="httptools",
+        log_level=spec.get("log_level", "warning").lower(),
+        access_log=False,
+        timeout_keep_alive=KEEPALIVE_S,
+        timeout_graceful_shutdown=5,
+        backlog=4096,
+    )
+    uvicorn.Server(uv_config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(0)

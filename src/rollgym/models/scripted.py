@@ -1,0 +1,286 @@
+"""The scripted model: a deterministic stand-in for an LLM, for demos, tests and benchmarks.
+
+It is NOT a language model. It answers OpenAI-compatible ``/v1/responses`` and
+``/v1/chat/completions`` requests by following a script carried in the request's
+``metadata.rollgym_script`` (a JSON list of turns; turn i answers the model's i-th turn):
+
+- ``{"call": "tool", "arguments": {...}}`` or ``{"calls": [{"name", "arguments"}, ...]}``
+- ``{"say": "text"}`` or ``{"say": ["alt 1", "alt 2"]}``: one alternative per rollout, chosen by
+  a hash of the rollout id (the ``x-rollgym-rollout`` header), so repeats can differ but a rerun
+  gives the same answers. ``{tool_output}`` in the text is replaced by the last tool output.
+
+Without a script it calls the first declared tool once (string arguments filled from the last
+user message) and then says the tool's output; with no tools it says a fixed sentence.
+Option ``latency`` (seconds) delays every answer, to stand in for model time in benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from typing import Any, ClassVar
+
+import orjson
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.routing import Route
+
+from rollgym.errors import InvalidRequest
+from rollgym.protocol import HEADER_ROLLOUT
+from rollgym.server.app import json_route, read_json
+from rollgym.server.base import BaseServer
+
+NO_SCRIPT_ANSWER = "I have no script for this task."
+
+
+class ScriptedModel(BaseServer):
+    kind: ClassVar[str] = "model"
+
+    def add_routes(self, app: FastAPI) -> None:
+        app.router.routes.append(
+            Route("/v1/responses", json_route(self._responses), methods=["POST"])
+        )
+        app.router.routes.append(
+            Route("/v1/chat/completions", json_route(self._chat), methods=["POST"])
+        )
+
+    async def _delay(self) -> None:
+        latency = float(self.option("latency", 0.0))
+        if latency > 0:
+            await asyncio.sleep(latency)
+
+    async def _responses(self, request: Request) -> Any:
+        params = await read_json(request)
+        if not isinstance(params, dict) or "input" not in params:
+            raise InvalidRequest("a Responses API request needs 'input'", status=400)
+        items = _input_items(params["input"])
+        turn, tool_output, user_text = _history(items)
+        action = decide(params, turn, tool_output, user_text, request.headers.get(HEADER_ROLLOUT))
+        await self._delay()
+        return build_response(params, action)
+
+    async def _chat(self, request: Request) -> Any:
+        params = await read_json(request)
+        if not isinstance(params, dict) or not isinstance(params.get("messages"), list):
+            raise InvalidRequest("a chat completions request needs 'messages'", status=400)
+        turn, tool_output, user_text = _chat_history(params["messages"])
+        tools = [
+            {
+                "name": t.get("function", {}).get("name"),
+                "parameters": t.get("function", {}).get("parameters"),
+            }
+            for t in params.get("tools") or []
+            if isinstance(t, dict)
+        ]
+        action = decide(
+            {"metadata": params.get("metadata"), "tools": tools},
+            turn,
+            tool_output,
+            user_text,
+            request.headers.get(HEADER_ROLLOUT),
+        )
+        await self._delay()
+        return build_chat_completion(params, action)
+
+
+# -- deciding what to say -------------------------------------------------------------------
+
+
+def _input_items(raw: Any) -> list[dict[str, Any]]:
+    if isinstance(raw, str):
+        return [{"type": "message", "role": "user", "content": raw}]
+    if not isinstance(raw, list):
+        raise InvalidRequest("'input' must be a string or a list of items", status=400)
+    return [i for i in raw if isinstance(i, dict)]
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def _history(items: list[dict[str, Any]]) -> tuple[int, str | None, str]:
+    """(model turns so far, last tool output, last user text) of a Responses API input."""
+    turns, in_turn = 0, False
+    tool_output: str | None = None
+    user_text = ""
+    for item in items:
+        kind = item.get("type", "message")
+        by_model = kind in ("function_call", "reasoning") or (
+            kind == "message" and item.get("role") == "assistant"
+        )
+        if by_model and not in_turn:
+            turns += 1
+        in_turn = by_model
+        if kind == "function_call_output":
+            out = item.get("output")
+            tool_output = out if isinstance(out, str) else orjson.dumps(out).decode()
+        elif kind == "message" and item.get("role") == "user":
+            user_text = _text_of(item.get("content"))
+    return turns, tool_output, user_text
+
+
+def _chat_history(messages: list[Any]) -> tuple[int, str | None, str]:
+    turns, in_turn = 0, False
+    tool_output: str | None = None
+    user_text = ""
+    for msg in messages:
+        if not isinstance(msg, dict):
+            continue
+        role = msg.get("role")
+        if role == "assistant" and not in_turn:
+            turns += 1
+        in_turn = role == "assistant"
+        if role == "tool":
+            tool_output = _text_of(msg.get("content"))
+        elif role == "user":
+            user_text = _text_of(msg.get("content"))
+    return turns, tool_output, user_text
+
+
+def _pick(options: list[Any], rollout: str | None, turn: int) -> Any:
+    digest = hashlib.blake2b(f"{rollout}|{turn}".encode(), digest_size=8).digest()
+    return options[int.from_bytes(digest, "big") % len(options)]
+
+
+def decide(
+    params: dict[str, Any], turn: int, tool_output: str | None, user_text: str, rollout: str | None
+) -> dict[str, Any]:
+    """The action for this turn: ``{"say": text}`` or ``{"calls": [{"name", "arguments"}]}``."""
+    metadata = params.get("metadata") or {}
+    script_raw = metadata.get("rollgym_script") if isinstance(metadata, dict) else None
+    if script_raw is not None:
+        try:
+            script = orjson.loads(script_raw) if isinstance(script_raw, str) else script_raw
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(
+                f"metadata.rollgym_script is not valid JSON: {exc}", status=400
+            ) from None
+        if not isinstance(script, list) or not script:
+            raise InvalidRequest(
+                "metadata.rollgym_script must be a non-empty list of turns", status=400
+            )
+        step = script[min(turn, len(script) - 1)]
+        if not isinstance(step, dict):
+            raise InvalidRequest(f"script turn {turn} must be an object", status=400)
+        if "call" in step:
+            return {"calls": [{"name": step["call"], "arguments": step.get("arguments", {})}]}
+        if "calls" in step:
+            return {"calls": list(step["calls"])}
+        say = step.get("say", "")
+        text = _pick(say, rollout, turn) if isinstance(say, list) and say else str(say)
+        return {"say": str(text).replace("{tool_output}", tool_output or "")}
+    tools = [t for t in params.get("tools") or [] if isinstance(t, dict) and t.get("name")]
+    if tools and tool_output is None:
+        first = tools[0]
+        props = ((first.get("parameters") or {}).get("properties") or {}).items()
+        args = {k: user_text for k, v in props if isinstance(v, dict) and v.get("type") == "string"}
+        return {"calls": [{"name": first["name"], "arguments": args}]}
+    if tool_output is not None:
+        return {"say": tool_output}
+    return {"say": NO_SCRIPT_ANSWER}
+
+
+# -- building the answer --------------------------------------------------------------------
+
+
+def _usage(params: dict[str, Any], text: str) -> tuple[int, int]:
+    # Whitespace "tokens": a stand-in count so that usage fields are present and plausible.
+    prompt = len(orjson.dumps(params.get("input", params.get("messages", "")))) // 4
+    return prompt, max(1, len(text.split()))
+
+
+def build_response(params: dict[str, Any], action: dict[str, Any]) -> dict[str, Any]:
+    """A complete Responses API response object for ``action``."""
+    output: list[dict[str, Any]] = []
+    if "say" in action:
+        text = action["say"]
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex[:24]}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
+    else:
+        text = ""
+        for call in action["calls"]:
+            args = call.get("arguments", {})
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{uuid.uuid4().hex[:24]}",
+                    "call_id": f"call_{uuid.uuid4().hex[:24]}",
+                    "name": call["name"],
+                    "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
+                    "status": "completed",
+                }
+            )
+            text += output[-1]["arguments"]
+    n_in, n_out = _usage(params, text)
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": params.get("model") or "rollgym-scripted",
+        "status": "completed",
+        "output": output,
+        "parallel_tool_calls": bool(params.get("parallel_tool_calls", True)),
+        "tool_choice": params.get("tool_choice", "auto"),
+        "tools": params.get("tools") or [],
+        "temperature": params.get("temperature"),
+        "top_p": params.get("top_p"),
+        "max_output_tokens": params.get("max_output_tokens"),
+        "metadata": params.get("metadata") or {},
+        "instructions": params.get("instructions"),
+        "error": None,
+        "incomplete_details": None,
+        "usage": {
+            "input_tokens": n_in,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": n_out,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": n_in + n_out,
+        },
+    }
+
+
+def build_chat_completion(params: dict[str, Any], action: dict[str, Any]) -> dict[str, Any]:
+    """A complete chat completion object for ``action``."""
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    if "say" in action:
+        message["content"] = text = action["say"]
+        finish = "stop"
+    else:
+        calls: list[dict[str, Any]] = []
+        for call in action["calls"]:
+            args = call.get("arguments", {})
+            calls.append(
+                {
+                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
+                    },
+                }
+            )
+        message["tool_calls"] = calls
+        text = "".join(c["function"]["arguments"] for c in calls)
+        finish = "tool_calls"
+    n_in, n_out = _usage(params, text)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": params.get("model") or "rollgym-scripted",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out},
+    }
