@@ -125,6 +125,31 @@ def kind_defaults(kind: ServerKind) -> dict[str, Any]:
     return {"max_attempts": 1, "idempotent": False, "attempt_timeout": 3600.0}
 
 
+FaultKind = Literal[
+    "status", "reset_before", "reset_after", "delay", "hang", "malformed_json", "truncated_json"
+]
+
+
+class Fault(_Strict):
+    """One kind of injected fault (see ``rollgym.chaos``)."""
+
+    kind: FaultKind
+    rate: float = Field(default=0.0, ge=0, le=1)
+    status: int = Field(default=503, ge=400, le=599)
+    retry_after: float | None = Field(default=None, ge=0)
+    seconds: float = Field(default=3600.0, ge=0, le=3600)
+    paths: list[str] | None = None
+
+
+class ChaosSpec(_Strict):
+    """A server's ``chaos:`` section: faults injected by a proxy in front of it. Off if absent."""
+
+    seed: int = 0
+    faults: list[Fault] = Field(default_factory=list)
+    sequence: list[int | Literal["ok"]] = Field(default_factory=list)
+    paths: list[str] | None = Field(default=None, description="only these paths (default: all)")
+
+
 class ServerConfig(_Strict):
     """One server of the run: what it is, how to reach or start it, how to retry calls to it."""
 
@@ -136,7 +161,7 @@ class ServerConfig(_Strict):
     port: int | None = Field(default=None, ge=0, le=65535)
     url: str | None = Field(default=None, description="an already-running server; not launched")
     replicas: int = Field(default=1, ge=1, le=64)
-    chaos: dict[str, Any] | None = Field(default=None, description="fault injection (tests/demos)")
+    chaos: ChaosSpec | None = Field(default=None, description="fault injection (tests/demos)")
 
     @model_validator(mode="before")
     @classmethod

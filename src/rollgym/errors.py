@@ -204,9 +204,13 @@ class RollgymError(Exception):
         return _restore(type(self), data)  # type: ignore[no-any-return]
 
     def root(self) -> RollgymError:
-        """The innermost ``origin``: the server where the failure started."""
+        """The error of the server where the failure started: follows ``origin`` while it names
+        another server (a gateway's 502 -> the model's 500), but not into a cause recorded by
+        the same server (a deadline's last read timeout)."""
         err: RollgymError = self
-        while err.origin is not None:
+        while err.origin is not None and (
+            err.origin.server != err.server or isinstance(err, HTTPStatusError)
+        ):
             err = err.origin
         return err
 
@@ -233,6 +237,11 @@ class RollgymError(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, status={self.status!r}, server={self.server!r})"
+
+
+def is_known_type(name: object) -> bool:
+    """Whether ``name`` is the ``type`` of a class in this tree."""
+    return isinstance(name, str) and name in _REGISTRY
 
 
 def _restore(klass: type[RollgymError], fields: dict[str, Any]) -> Any:

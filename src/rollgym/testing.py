@@ -75,3 +75,14 @@ async def serve_server(
     server = klass(ServerContext(name=name, config=cfg, peers=dict(peers or {})))
     async with serve_asgi(build_app(server)) as url:
         yield url, server
+
+
+def spin(seconds: float) -> float:
+    """Burn CPU for ``seconds`` (a stand-in for a stuck verifier; picklable for process pools)."""
+    import time
+
+    end = time.monotonic() + seconds
+    x = 0.0
+    while time.monotonic() < end:
+        x += 1.0
+    return x

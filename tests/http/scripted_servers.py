@@ -13,7 +13,7 @@ import socket
 import struct
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,10 +88,8 @@ class Script:
         if reply.delay:
             # Wait on an event rather than a bare sleep, so teardown can end a hanging handler
             # at once instead of waiting for uvicorn's graceful shutdown.
-            try:
+            with suppress(TimeoutError):
                 await asyncio.wait_for(self.release.wait(), reply.delay)
-            except TimeoutError:
-                pass
         body = reply.body
         if body is None:
             body = orjson.dumps({"ok": reply.status < 400, "hit": n, "path": path})
@@ -169,6 +167,15 @@ async def serve_raw(script: RawScript) -> AsyncIterator[str]:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def dead_url() -> str:

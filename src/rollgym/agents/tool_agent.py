@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any, ClassVar
 
 import orjson
@@ -156,7 +157,15 @@ class ToolAgent(BaseServer):
 
 
 def _tool_output(call: dict[str, Any], output: str) -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": call.get("call_id", ""), "output": output}
+    # ``id`` and ``status`` make the item a valid output item too: the verified response carries
+    # it in its ``output`` list, which must still parse as an OpenAI ``Response``.
+    return {
+        "type": "function_call_output",
+        "id": f"fco_{uuid.uuid4().hex[:24]}",
+        "call_id": call.get("call_id", ""),
+        "output": output,
+        "status": "completed",
+    }
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -1,9 +1,56 @@
-"""``rollgym chaos``: placeholder registration; filled by the reliability work."""
+"""``rollgym chaos``: a fault-injecting proxy in front of any running server."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+from pathlib import Path
+from typing import Annotated
+
 import typer
+import yaml
+from pydantic import ValidationError
+
+from rollgym.config import ChaosSpec, format_validation_error
+from rollgym.errors import ConfigError
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    @app.command()
+    def chaos(
+        upstream: Annotated[
+            str, typer.Argument(help="URL of the server to put faults in front of.")
+        ],
+        spec: Annotated[
+            Path,
+            typer.Option(help="YAML/JSON file with the fault schedule (see the README)."),
+        ],
+        port: Annotated[int, typer.Option(help="Port to listen on (127.0.0.1); 0 picks one.")] = 0,
+        name: Annotated[str, typer.Option(help="Server name in injected error bodies.")] = "chaos",
+    ) -> None:
+        """Forward every request to UPSTREAM, injecting the faults of --spec on a seeded,
+        reproducible schedule (5xx/4xx answers, connection resets, delays, hangs, bad JSON).
+        Point a client or a config's `url:` at the printed URL. Ctrl-C stops it."""
+        try:
+            data = yaml.safe_load(spec.read_text())
+            chaos_spec = ChaosSpec.model_validate(data)
+        except OSError as exc:
+            raise ConfigError(f"{spec}: cannot read: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{spec}: not valid YAML: {exc}") from None
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(str(spec), exc)) from None
+        asyncio.run(_serve(upstream, chaos_spec, port, name))
+
+
+async def _serve(upstream: str, spec: ChaosSpec, port: int, name: str) -> None:
+    from rollgym.chaos import chaos_proxy
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with chaos_proxy(upstream, spec, name=name, port=port) as (url, proxy):
+        print(f"chaos proxy for {upstream} listening on {url}", flush=True)
+        await stop.wait()
+        print(f"stopped; {proxy.stats()}", flush=True)

@@ -12,10 +12,23 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from typer.core import TyperCommand
+
 from rollgym.collect import EXIT_ABORTED, Collector, RunOutcome, prepare_run
 from rollgym.config import CollectConfig, Config, load_config
 from rollgym.errors import ConfigError, RollgymError
 from rollgym.launch import Supervisor
+
+
+class PlainHelpCommand(TyperCommand):
+    """A command whose ``--help`` is click's plain layout. Rich's option table cuts long option
+    names to fit the terminal (``--max-rollout-attem…`` at 80 columns), so a reader could not
+    learn the option from the help; click's layout wraps the descriptions instead."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rich_markup_mode = None
+
 
 ConfigArg = Annotated[
     Path, typer.Argument(help="YAML config naming the servers and collect defaults.")
@@ -99,7 +112,11 @@ def print_outcome(outcome: RunOutcome) -> None:
     )
     if reward["mean"] is not None:
         table.add_row("reward", f"mean {reward['mean']:.4f}  std {reward['std']:.4f}")
-    for key, value in m["pass_at_k"].items():
+    shown = list(m["pass_at_k"].items())
+    if len(shown) > 6:  # all k are in metrics.json; print powers of two and the largest
+        keep = {f"pass@{2**i}" for i in range(20)} | {shown[-1][0]}
+        shown = [(k, v) for k, v in shown if k in keep]
+    for key, value in shown:
         table.add_row(key, f"{value:.4f}")
     if m["failures"]["by_type"]:
         table.add_row(
@@ -173,7 +190,7 @@ def _parse_servers(values: list[str]) -> dict[str, list[str]]:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(cls=PlainHelpCommand)
     def run(
         config: ConfigArg,
         output: OutputOpt,
@@ -195,8 +212,8 @@ def register(app: typer.Typer) -> None:
         """Start the servers of CONFIG, collect rollouts of the input into --output, stop them.
 
         Writes tasks.jsonl, rollouts.jsonl, failures.jsonl, metrics.json and run.json.
-        Exit code 0: all rollouts succeeded; 1: completed with failed rollouts; 2: could not
-        start or aborted (finish it with --resume)."""
+
+        {EXIT_CODES}"""
         from rollgym.cli.main import setup_logging
 
         setup_logging(log_level)
@@ -222,7 +239,7 @@ def register(app: typer.Typer) -> None:
         )
         _finish(outcome)
 
-    @app.command()
+    @app.command(cls=PlainHelpCommand)
     def collect(
         config: ConfigArg,
         output: OutputOpt,
@@ -250,8 +267,10 @@ def register(app: typer.Typer) -> None:
         progress: ProgressOpt = True,
         log_level: LogOpt = "WARNING",
     ) -> None:
-        """Collect against servers that are already running (one set of servers, many runs).
-        Same outputs and exit codes as `run`."""
+        """Collect against servers that are already running (one set of servers, many runs),
+        with the same outputs as `run`.
+
+        {EXIT_CODES}"""
         from rollgym.cli.main import setup_logging
 
         setup_logging(log_level)

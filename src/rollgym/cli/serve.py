@@ -1,9 +1,10 @@
-"""``rollgym serve``: start a config's servers and keep them up until Ctrl-C."""
+"""``rollgym serve``: start a config's servers and keep them up until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -12,17 +13,21 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rollgym.config import load_config
+from rollgym.cli.run import PlainHelpCommand
+from rollgym.config import Config, load_config
 from rollgym.launch import Supervisor
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(cls=PlainHelpCommand)
     def serve(
         config: Annotated[Path, typer.Argument(help="YAML config naming the servers.")],
         write_urls: Annotated[
             Path | None,
-            typer.Option(help="Write the servers' URLs as JSON here (for `collect --servers`)."),
+            typer.Option(
+                help="Write the servers' URLs as JSON here once all are healthy "
+                "(for `collect --servers`)."
+            ),
         ] = None,
         startup_timeout: Annotated[
             float, typer.Option(help="Seconds to wait for every /health.")
@@ -30,7 +35,10 @@ def register(app: typer.Typer) -> None:
         log_level: Annotated[str, typer.Option(help="Log level of the servers.")] = "WARNING",
     ) -> None:
         """Start every server of CONFIG on 127.0.0.1 (free ports unless fixed), wait until all
-        are healthy, print their URLs, and stop them all on Ctrl-C or SIGTERM."""
+        are healthy, print their URLs, and stop them all on Ctrl-C or SIGTERM.
+
+        Exit code 0: the servers ran and were stopped; 2: the config is invalid or a server
+        could not start (its log is shown)."""
         from rollgym.cli.main import setup_logging
 
         setup_logging(log_level)
@@ -38,28 +46,38 @@ def register(app: typer.Typer) -> None:
         asyncio.run(_serve(cfg, write_urls, startup_timeout, log_level))
 
 
-async def _serve(cfg: object, write_urls: Path | None, timeout: float, log_level: str) -> None:
-    from rollgym.config import Config
+def _print_urls(cfg: Config, urls: dict[str, list[str]]) -> None:
+    table = Table(title="rollgym servers (Ctrl-C stops them)")
+    table.add_column("name")
+    table.add_column("kind")
+    table.add_column("impl")
+    table.add_column("url", overflow="fold")
+    for name, server in cfg.servers.items():
+        table.add_row(name, server.kind, server.impl, ", ".join(urls[name]))
+    Console().print(table)
+    # stdout is block-buffered when piped: a script waiting for the URLs must see them now,
+    # not when the servers stop.
+    sys.stdout.flush()
 
-    assert isinstance(cfg, Config)
+
+def _write_urls(path: Path, urls: dict[str, list[str]]) -> None:
+    # Through a temporary file: whoever polls for this file must never read half of it.
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(urls, option=orjson.OPT_INDENT_2))
+    tmp.replace(path)
+
+
+async def _serve(cfg: Config, write_urls: Path | None, timeout: float, log_level: str) -> None:
     supervisor = Supervisor(cfg, log_level=log_level)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    urls = await supervisor.start(timeout=timeout)
     try:
-        table = Table(title="rollgym servers (Ctrl-C stops them)")
-        table.add_column("name")
-        table.add_column("kind")
-        table.add_column("impl")
-        table.add_column("url")
-        for name, server in cfg.servers.items():
-            table.add_row(name, server.kind, server.impl, ", ".join(urls[name]))
-        Console().print(table)
+        urls = await supervisor.start(timeout=timeout)
+        _print_urls(cfg, urls)
         if write_urls is not None:
-            data = orjson.dumps(urls, option=orjson.OPT_INDENT_2)
-            await asyncio.to_thread(write_urls.write_bytes, data)
+            await asyncio.to_thread(_write_urls, write_urls, urls)
         await stop.wait()
     finally:
         await supervisor.stop()

@@ -93,21 +93,18 @@ def prepare_run(
             raise ConfigError(f"{out_dir}: nothing to resume (no run.json / tasks.jsonl)")
         previous = orjson.loads(run_json.read_bytes())
         before = previous.get("inputs", {})
-        for key in ("input_sha256", "repeats", "limit"):
-            if before.get(key) != fingerprint[key]:
-                raise ConfigError(
-                    f"{out_dir}: cannot resume: {key} differs from the original run "
-                    f"({before.get(key)!r} then, {fingerprint[key]!r} now); resume with the "
-                    "same input, --repeats and --limit, or start a new output directory"
-                )
+        _check_same_inputs(out_dir, before, fingerprint)
         total = int(previous["total"])
         run_info = previous
         run_info.setdefault("resumes", []).append(_now())
     else:
-        if (out_dir / "rollouts.jsonl").exists() or (out_dir / "failures.jsonl").exists():
+        earlier = [name for name in _RUN_FILES if (out_dir / name).exists()]
+        if earlier:
+            # Even a run killed before its first record left run.json and tasks.jsonl: starting
+            # over would silently replace them under a run someone may want to resume.
             raise ConfigError(
-                f"{out_dir}: holds an earlier run; pass --resume to finish it, "
-                "or choose another --output directory"
+                f"{out_dir}: holds an earlier run ({', '.join(earlier)}); pass --resume to "
+                "finish it, or choose another --output directory"
             )
         out_dir.mkdir(parents=True, exist_ok=True)
         total = materialize(input_path, tasks_path, collect.repeats, collect.limit)
@@ -125,6 +122,30 @@ def prepare_run(
     )
     _write_json(run_json, run_info)
     return PreparedRun(config, collect, out_dir, info, total, resume, run_info)
+
+
+_RUN_FILES = ("run.json", "tasks.jsonl", "rollouts.jsonl", "failures.jsonl")
+
+# What must match between a run and its resume, with the name a person knows it by.
+_RESUME_KEYS = {
+    "input_sha256": "the input file's content",
+    "repeats": "--repeats",
+    "limit": "--limit",
+}
+
+
+def _check_same_inputs(out_dir: Path, before: dict[str, Any], now: dict[str, Any]) -> None:
+    for key, what in _RESUME_KEYS.items():
+        if before.get(key) != now[key]:
+            then, later = before.get(key), now[key]
+            if key == "input_sha256":
+                then = f"{before.get('input')} sha256 {str(then)[:12]}"
+                later = f"{now['input']} sha256 {str(later)[:12]}"
+            raise ConfigError(
+                f"{out_dir}: cannot resume: {what} differs from the original run "
+                f"({then} then, {later} now); resume with the same input, --repeats and "
+                "--limit, or start a new output directory"
+            )
 
 
 class Collector:
@@ -226,15 +247,23 @@ class Collector:
             return None
 
     async def _worker(self, queue: Iterator[tuple[int, int, bytes]]) -> None:
-        for task_index, rollout_index, raw in queue:
-            if self.abort_reason is not None:
-                return
-            err = await self._one(task_index, rollout_index, raw)
-            self.completed_now += 1
-            self.progress.advance(failed=err is not None)
-            reason = self.budget.observe(err)
-            if reason is not None and self.abort_reason is None:
-                self.abort(reason)
+        try:
+            for task_index, rollout_index, raw in queue:
+                if self.abort_reason is not None:
+                    return
+                err = await self._one(task_index, rollout_index, raw)
+                self.completed_now += 1
+                self.progress.advance(failed=err is not None)
+                reason = self.budget.observe(err)
+                if reason is not None and self.abort_reason is None:
+                    self.abort(reason)
+        except Exception as exc:
+            # The collector itself broke (the ledger cannot be written, the task file went
+            # bad): no rollout can be recorded any more, so stop the run and say why, instead
+            # of losing this worker silently in gather().
+            log.exception("collector worker crashed")
+            if self.abort_reason is None:
+                self.abort(f"collector error: {type(exc).__name__}: {exc}")
 
     def abort(self, reason: str) -> None:
         """Stop dispatching and cancel in-flight rollouts (they stay pending for --resume)."""

@@ -10,40 +10,76 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import orjson
 
+from rollgym.errors import InputError
 from rollgym.protocol import RolloutFailure, RolloutResult
 
 log = logging.getLogger("rollgym.collect")
 
 
 def _repair_tail(path: Path) -> None:
-    """Cut a torn last line (a run killed mid-write) so the file is whole JSONL again."""
+    """Make a file whose last line has no newline (a run killed mid-write) whole JSONL again:
+    a complete record just gets its newline, a torn one is cut off (its rollout is redone)."""
     if not path.exists() or path.stat().st_size == 0:
         return
     with path.open("rb+") as fh:
-        fh.seek(0, os.SEEK_END)
-        size = fh.tell()
-        fh.seek(max(0, size - 1))
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(size - 1)
         if fh.read(1) == b"\n":
             return
-        # Walk back to the last newline.
-        pos = size
-        chunk = 4096
-        while pos > 0:
-            start = max(0, pos - chunk)
-            fh.seek(start)
-            data = fh.read(pos - start)
-            idx = data.rfind(b"\n")
-            if idx >= 0:
-                fh.truncate(start + idx + 1)
-                log.warning("%s: dropped a torn last line left by an interrupted run", path)
-                return
-            pos = start
-        fh.truncate(0)
+        start = _last_line_start(fh, size)
+        fh.seek(start)
+        tail = fh.read(size - start)
+        if _is_record(tail):
+            # Killed between the record and its newline: the record is whole, keep it, or a
+            # recorded success would be redone.
+            fh.seek(size)
+            fh.write(b"\n")
+            return
+        fh.truncate(start)
+        log.warning("%s: dropped a torn last line left by an interrupted run", path)
+
+
+def _last_line_start(fh: IO[bytes], size: int) -> int:
+    """Offset just past the last newline before ``size`` (0 when there is none)."""
+    pos, chunk = size, 4096
+    while pos > 0:
+        start = max(0, pos - chunk)
+        fh.seek(start)
+        idx = fh.read(pos - start).rfind(b"\n")
+        if idx >= 0:
+            return start + idx + 1
+        pos = start
+    return 0
+
+
+def _is_record(raw: bytes) -> bool:
+    try:
+        rec = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(rec, dict) and "task_index" in rec and "rollout_index" in rec
+
+
+def _records(path: Path) -> Iterator[tuple[bytes, dict[str, Any]]]:
+    """(raw line, record) of every line of a ledger file; a corrupt line is an error naming it
+    (only the last line can be torn by a kill, and ``_repair_tail`` has fixed that one)."""
+    with path.open("rb") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise InputError(f"{path}:{lineno}: corrupt ledger record: {exc}") from None
+            if not _is_record(line):
+                raise InputError(f"{path}:{lineno}: ledger record without task/rollout index")
+            yield line, rec
 
 
 class Ledger:
@@ -72,32 +108,28 @@ class Ledger:
         for path in (self.rollouts_path, self.failures_path):
             _repair_tail(path)
         if self.rollouts_path.exists():
-            with self.rollouts_path.open("rb") as fh:
-                for line in fh:
-                    rec = orjson.loads(line)
-                    slot = self.slot(rec["task_index"], rec["rollout_index"])
-                    if self._done[slot] != 1:
-                        self._done[slot] = 1
-                        self.succeeded += 1
+            for _, rec in _records(self.rollouts_path):
+                slot = self.slot(rec["task_index"], rec["rollout_index"])
+                if self._done[slot] != 1:
+                    self._done[slot] = 1
+                    self.succeeded += 1
         if not self.failures_path.exists():
             return
         keep: list[bytes] = []
         retry: list[bytes] = []
-        with self.failures_path.open("rb") as fh:
-            for line in fh:
-                rec = orjson.loads(line)
-                slot = self.slot(rec["task_index"], rec["rollout_index"])
-                if self._done[slot]:
-                    retry.append(line)  # superseded (a success, or a duplicate): history only
-                    continue
-                attempts = int(rec.get("attempts", 1))
-                if attempts >= max_attempts:
-                    self._done[slot] = 2
-                    self.failed += 1
-                    keep.append(line)
-                else:
-                    self.prior_attempts[slot] = attempts
-                    retry.append(line)
+        for line, rec in _records(self.failures_path):
+            slot = self.slot(rec["task_index"], rec["rollout_index"])
+            if self._done[slot]:
+                retry.append(line)  # superseded (a success, or a duplicate): history only
+                continue
+            attempts = int(rec.get("attempts", 1))
+            if attempts >= max_attempts:
+                self._done[slot] = 2
+                self.failed += 1
+                keep.append(line)
+            else:
+                self.prior_attempts[slot] = attempts
+                retry.append(line)
         if retry:
             with self.history_path.open("ab") as hist:
                 hist.writelines(retry)
@@ -106,6 +138,8 @@ class Ledger:
         tmp = self.failures_path.with_suffix(".jsonl.tmp")
         with tmp.open("wb") as fh:
             fh.writelines(keep)
+            fh.flush()
+            os.fsync(fh.fileno())  # durable before it replaces the only copy of those records
         tmp.replace(self.failures_path)
 
     def is_done(self, task_index: int, rollout_index: int) -> bool:

@@ -111,8 +111,12 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
                 m.failed += 1
                 tasks.setdefault(rec["task_index"], _Task()).failed += 1
                 err = rec.get("error") or {}
-                while isinstance(err.get("origin"), dict):
-                    err = err["origin"]  # attribute the failure to the server where it started
+                # Attribute the failure to the server where it started (see RollgymError.root).
+                while isinstance(err.get("origin"), dict) and (
+                    err["origin"].get("server") != err.get("server")
+                    or err.get("type") == "http_status"
+                ):
+                    err = err["origin"]
                 by_type[str(err.get("type"))] += 1
                 by_server[str(err.get("server"))] += 1
                 by_status[

@@ -29,6 +29,7 @@ from rollgym.errors import (
     HTTPStatusError,
     ReadTimeout,
     RollgymError,
+    is_known_type,
 )
 from rollgym.http.balancer import Balancer
 from rollgym.http.breaker import CircuitBreaker
@@ -199,7 +200,7 @@ class HttpClient:
                     policy.connect_timeout, state.balancer,
                 )  # fmt: skip
             except _AttemptFailed as failed:
-                err, retry_after = failed.error, failed.retry_after
+                err, retry_after, final = failed.error, failed.retry_after, failed.final
             except BaseException:
                 # Cancelled mid-attempt: there is no outcome to report, but a half-open probe
                 # that never reports would keep the circuit shut for good.
@@ -222,7 +223,11 @@ class HttpClient:
             delay = retry_delay(
                 err, policy, idempotent=idempotent, attempt=attempt, retry_after=retry_after
             )
-            transient = is_transient(err, policy, idempotent)
+            transient = is_transient(err, policy, idempotent) and not final
+            if final:
+                # The server said its answer is final (e.g. a gateway whose own upstream
+                # already used its retries): retrying here would multiply the attempts.
+                delay = None
             err.retryable = transient
             if delay is None or attempt >= max_attempts:
                 stats.failures += 1
@@ -290,7 +295,9 @@ class HttpClient:
             balancer.end(url)
         if status >= 400:
             raise _AttemptFailed(
-                status_error(server, url, endpoint, status, raw), parse_retry_after(retry_after)
+                status_error(server, url, endpoint, status, raw),
+                parse_retry_after(retry_after),
+                final=_declared_final(raw),
             )
         try:
             return orjson.loads(raw)
@@ -308,9 +315,24 @@ class HttpClient:
 class _AttemptFailed(Exception):
     """One failed attempt, with the ``Retry-After`` seconds the server asked for (if any)."""
 
-    def __init__(self, error: RollgymError, retry_after: float | None = None) -> None:
+    def __init__(
+        self, error: RollgymError, retry_after: float | None = None, *, final: bool = False
+    ) -> None:
         self.error = error
         self.retry_after = retry_after
+        self.final = final
+
+
+def _declared_final(raw: bytes) -> bool:
+    """Whether a rollgym error body says ``"retryable": false`` (only rollgym servers say so)."""
+    if b'"retryable"' not in raw:
+        return False
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    inner = data.get("error") if isinstance(data, dict) else None
+    return isinstance(inner, dict) and inner.get("retryable") is False
 
 
 def status_error(server: str, url: str, endpoint: str, status: int, raw: bytes) -> HTTPStatusError:
@@ -327,6 +349,9 @@ def status_error(server: str, url: str, endpoint: str, status: int, raw: bytes) 
             message += f": {inner['message']}"
         if isinstance(inner.get("origin"), dict):
             origin = RollgymError.from_dict(inner["origin"])
+        elif is_known_type(inner.get("type")) and inner.get("type") != "http_status":
+            # The server's own typed error (a verify deadline, a crash): keep it as the cause.
+            origin = RollgymError.from_dict(inner)
     elif isinstance(data, dict) and isinstance(data.get("detail"), (str, list)):
         message += f": {str(data['detail'])[:300]}"
     return HTTPStatusError(

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -34,9 +35,18 @@ log = logging.getLogger("rollgym.launch")
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _die_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` dies."""
+
+    def preexec() -> None:  # runs in the child between fork and exec
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        # The parent may have died between fork and prctl; then no signal will ever come and
+        # the child would serve on as an orphan. Its parent is someone else by now: leave.
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 @dataclass
@@ -112,15 +122,15 @@ class Supervisor:
             stdout=out,
             stderr=subprocess.STDOUT if out is not None else None,
             start_new_session=True,  # Ctrl-C reaches us only; we stop the children in order
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with(os.getpid()),
         )
         server.sock.close()  # the child holds its own copy
         server.sock = None
 
     async def start(self, timeout: float = 30.0) -> dict[str, list[str]]:
         """Start every server and wait until each answers ``/health``; return name -> URLs."""
-        self._bind()
         try:
+            self._bind()  # inside: a bind that fails must not leak the sockets bound before it
             for server in self.servers:
                 self._spawn(server)
             await self._wait_healthy(timeout)
@@ -171,19 +181,22 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         for server in self.servers:
             proc = server.proc
-            if proc is None:
-                continue
-            remaining = max(0.0, deadline - time.monotonic())
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(proc.wait, remaining)
-            if proc.poll() is None:
-                log.warning("server %s did not stop within %gs; killing it", server.name, timeout)
-                proc.kill()
-                proc.wait()
+            if proc is not None:
+                remaining = max(0.0, deadline - time.monotonic())
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(proc.wait, remaining)
+                if proc.poll() is None:
+                    log.warning(
+                        "server %s did not stop within %gs; killing it", server.name, timeout
+                    )
+                    proc.kill()
+                    proc.wait()
+            # A server never spawned (an earlier one failed to start) still holds its socket.
             if server.log_file is not None:
                 server.log_file.close()
             if server.sock is not None:
                 server.sock.close()
+                server.sock = None
 
     def kill(self, name: str, replica: int = 0) -> None:
         """SIGKILL one server process (fault tests)."""
@@ -194,3 +207,36 @@ class Supervisor:
 
     def pids(self) -> list[int]:
         return [s.proc.pid for s in self.servers if s.proc is not None]
+
+    async def restart(self, name: str, replica: int = 0, timeout: float = 30.0) -> None:
+        """Start a killed server again on the same port (fault tests: a server comes back)."""
+        for server in self.servers:
+            if server.name != name or server.replica != replica:
+                continue
+            if server.proc is not None and server.proc.poll() is None:
+                raise LaunchError(f"server {name} is still running", server=name)
+            host, port = server.url.removeprefix("http://").rsplit(":", 1)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, int(port)))
+            sock.listen(4096)
+            server.sock = sock
+            if server.log_file is not None:
+                server.log_file.close()
+            self._spawn(server)
+            await self._wait_healthy_one(server, timeout)
+            return
+        raise LaunchError(f"no server {name} replica {replica} in this run", server=name)
+
+    async def _wait_healthy_one(self, server: ManagedServer, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
+            while time.monotonic() < deadline:
+                try:
+                    async with session.get(server.url + "/health") as resp:
+                        if resp.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.05)
+        raise LaunchError(f"server {server.name} not healthy after restart", server=server.name)

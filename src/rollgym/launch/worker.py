@@ -15,7 +15,7 @@ import sys
 import orjson
 import uvicorn
 
-from rollgym.config import Config
+from rollgym.config import ChaosSpec, Config
 from rollgym.server.app import build_app
 from rollgym.server.base import ServerContext, resolve_impl
 
@@ -45,7 +45,32 @@ def main() -> None:
         timeout_graceful_shutdown=5,
         backlog=4096,
     )
-    uvicorn.Server(uv_config).run(sockets=[sock])
+    if server_cfg.chaos is None:
+        uvicorn.Server(uv_config).run(sockets=[sock])
+        return
+    import uvloop
+
+    uvloop.run(_serve_behind_chaos(uvicorn.Server(uv_config), sock, server_cfg.chaos, name))
+
+
+async def _serve_behind_chaos(
+    server: uvicorn.Server, public: socket.socket, spec: ChaosSpec, name: str
+) -> None:
+    """Serve on a private port with the chaos proxy on the public socket, in one loop."""
+    from aiohttp import web
+
+    from rollgym.chaos import ChaosProxy
+    from rollgym.testing import bind_socket
+
+    private = bind_socket()
+    upstream = f"http://127.0.0.1:{private.getsockname()[1]}"
+    runner = web.AppRunner(ChaosProxy(upstream, spec, name).app(), access_log=None)
+    await runner.setup()
+    await web.SockSite(runner, public).start()
+    try:
+        await server.serve(sockets=[private])  # returns on SIGTERM/SIGINT
+    finally:
+        await runner.cleanup()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from fastapi import FastAPI
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -75,8 +75,8 @@ class OpenAIProxy(BaseServer):
         self.upstream = Target(
             f"{self.name}.upstream", (base_url.rstrip("/"),), _upstream_policy(self.options, where)
         )
+        # A SecretStr: the key stays out of reprs, tracebacks with locals and state dumps.
         self._api_key = _api_key(self.options.get("api_key_env"), where)
-        self._auth = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
 
     def add_routes(self, app: FastAPI) -> None:
         routes = (("/v1/responses", self._responses), ("/v1/chat/completions", self._chat))
@@ -113,7 +113,10 @@ class OpenAIProxy(BaseServer):
     async def _call_upstream(self, payload: dict[str, Any]) -> Any:
         if self.extra_body:
             payload = {**self.extra_body, **payload}
-        return await self.client.call(self.upstream, CHAT_ENDPOINT, payload, headers=self._auth)
+        headers = None
+        if self._api_key is not None:
+            headers = {"Authorization": f"Bearer {self._api_key.get_secret_value()}"}
+        return await self.client.call(self.upstream, CHAT_ENDPOINT, payload, headers=headers)
 
     def _scrubbed(self, handler: Handler) -> Handler:
         """``handler`` with the API key removed from any error it raises.
@@ -132,8 +135,8 @@ class OpenAIProxy(BaseServer):
         return run
 
     def _scrub(self, err: RollgymError) -> RollgymError:
-        key = self._api_key
-        if not key or len(key) < _MIN_SCRUB_LEN:
+        key = self._api_key.get_secret_value() if self._api_key is not None else ""
+        if len(key) < _MIN_SCRUB_LEN:
             return err
         changes: dict[str, Any] = {
             name: value.replace(key, _REDACTED)
@@ -170,7 +173,7 @@ def _upstream_policy(options: dict[str, Any], where: str) -> RetryPolicy:
         raise ConfigError(format_validation_error(f"{where}.upstream_retry", exc)) from None
 
 
-def _api_key(env_name: Any, where: str) -> str | None:
+def _api_key(env_name: Any, where: str) -> SecretStr | None:
     if env_name is None:
         return None
     if not isinstance(env_name, str) or not env_name:
@@ -179,4 +182,4 @@ def _api_key(env_name: Any, where: str) -> str | None:
     if not key:
         # Name the variable, never a value.
         raise ConfigError(f"{where}.api_key_env: environment variable {env_name} is not set")
-    return key
+    return SecretStr(key)

@@ -148,6 +148,18 @@ def _pick(options: list[Any], rollout: str | None, turn: int) -> Any:
     return options[int.from_bytes(digest, "big") % len(options)]
 
 
+def _script_calls(calls: Any, turn: int) -> list[dict[str, Any]]:
+    # A malformed script is the caller's mistake (400), not a crash of the model server (500).
+    if not isinstance(calls, list) or not calls:
+        raise InvalidRequest(f"script turn {turn}: 'calls' must be a non-empty list", status=400)
+    for call in calls:
+        if not (isinstance(call, dict) and isinstance(call.get("name"), str)):
+            raise InvalidRequest(
+                f"script turn {turn}: each of 'calls' needs a string 'name'", status=400
+            )
+    return [{"name": c["name"], "arguments": c.get("arguments", {})} for c in calls]
+
+
 def decide(
     params: dict[str, Any], turn: int, tool_output: str | None, user_text: str, rollout: str | None
 ) -> dict[str, Any]:
@@ -169,9 +181,10 @@ def decide(
         if not isinstance(step, dict):
             raise InvalidRequest(f"script turn {turn} must be an object", status=400)
         if "call" in step:
-            return {"calls": [{"name": step["call"], "arguments": step.get("arguments", {})}]}
+            call = {"name": step["call"], "arguments": step.get("arguments", {})}
+            return {"calls": _script_calls([call], turn)}
         if "calls" in step:
-            return {"calls": list(step["calls"])}
+            return {"calls": _script_calls(step["calls"], turn)}
         say = step.get("say", "")
         text = _pick(say, rollout, turn) if isinstance(say, list) and say else str(say)
         return {"say": str(text).replace("{tool_output}", tool_output or "")}
@@ -193,6 +206,16 @@ def _usage(params: dict[str, Any], text: str) -> tuple[int, int]:
     # Whitespace "tokens": a stand-in count so that usage fields are present and plausible.
     prompt = len(orjson.dumps(params.get("input", params.get("messages", "")))) // 4
     return prompt, max(1, len(text.split()))
+
+
+def _string_metadata(metadata: Any) -> dict[str, str]:
+    # The Responses API's metadata maps keys to strings; a script given as a JSON list (handy
+    # in task files) is echoed back as its JSON text, so the response stays a valid Response.
+    if not isinstance(metadata, dict):
+        return {}
+    return {
+        str(k): v if isinstance(v, str) else orjson.dumps(v).decode() for k, v in metadata.items()
+    }
 
 
 def build_response(params: dict[str, Any], action: dict[str, Any]) -> dict[str, Any]:
@@ -238,7 +261,7 @@ def build_response(params: dict[str, Any], action: dict[str, Any]) -> dict[str, 
         "temperature": params.get("temperature"),
         "top_p": params.get("top_p"),
         "max_output_tokens": params.get("max_output_tokens"),
-        "metadata": params.get("metadata") or {},
+        "metadata": _string_metadata(params.get("metadata")),
         "instructions": params.get("instructions"),
         "error": None,
         "incomplete_details": None,

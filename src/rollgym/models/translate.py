@@ -323,7 +323,9 @@ def _first_choice(completion: Any, upstream: str) -> tuple[dict[str, Any], dict[
 
 
 def _tool_calls(message: dict[str, Any], upstream: str, completion: Any) -> list[Any]:
-    calls = message.get("tool_calls") or []
+    calls = message.get("tool_calls")
+    if calls is None:
+        return []
     if not isinstance(calls, list):
         raise _protocol(upstream, "choices[0].message.tool_calls is not a list", completion)
     return calls

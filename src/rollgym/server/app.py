@@ -126,7 +126,16 @@ def build_app(server: BaseServer) -> FastAPI:
     async def health() -> Response:
         return JSONResponse({"status": "ok", "server": server.name, "kind": server.kind})
 
+    async def stats() -> Response:
+        # What this server's calls to others went through: retries, budget, breaker state.
+        out = {}
+        for name, st in server.client.stats().items():
+            breaker = server.client.breaker(name)
+            out[name] = {**vars(st), "breaker": breaker.state if breaker else None}
+        return JSONResponse({"server": server.name, "calls": out})
+
     app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/stats", stats, methods=["GET"])
     server.add_routes(app)
     return app
 

@@ -228,11 +228,13 @@ class ResourcesServer(BaseServer):
         body = await read_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("response"), dict):
             raise InvalidRequest("verify expects the task row plus a 'response' object", status=422)
-        session = self._session(request, pop=True)
+        session = self._session(request)
         if not session.task:
             session.task = body
         response = body["response"]
         result = await self.verify(session, body, response)
+        # Dropped only once verified, so a retried /verify (idempotent) still finds it.
+        self._sessions.pop(session.id, None)
         if isinstance(result, dict):
             if "reward" not in result:
                 raise InternalError(

@@ -19,6 +19,8 @@ class EchoEnv(ResourcesServer):
         """Return the text unchanged."""
         return {"echo": text}
 
-    async def verify(self, session: Session, task: dict[str, Any], response: dict[str, Any]) -> float:
+    async def verify(
+        self, session: Session, task: dict[str, Any], response: dict[str, Any]
+    ) -> float:
         expected = str(task.get("expected_answer", ""))
         return 1.0 if expected and expected in output_text(response) else 0.0

@@ -43,8 +43,7 @@ class LookupEnv(ResourcesServer):
 
     @tool
     async def lookup(self, session: Session, key: str) -> dict[str, Any]:
-        """Look up one entry of the Norrowvale registry by its key: a town name (for example
-        'Brackenholt') or a product code (for example 'QX-4471'). Returns the entry's fields."""
+        """Look up a Norrowvale registry entry by key: a town name or a product code (QX-4471)."""
         # Every call counts as using the tool, found or not; a stateless call has no seed.
         session.data.setdefault("lookups", []).append(key)
         canonical = canonical_key(key)

@@ -6,12 +6,15 @@ else the last expression) is compared with it, so ``1/2``, ``0.5`` and ``\\frac{
 the same. Metric ``answer_parsed`` (1/0) separates "no readable answer" from "wrong answer".
 
 Option ``verify_timeout`` (seconds, default 30) bounds each check; a check still running then is
-stopped with its worker process and the verify fails with ``DeadlineExceeded``.
+stopped with its worker process and the verify fails with ``DeadlineExceeded``; a check that
+lost its worker to another check's timeout is run once more.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar
 
 from rollgym.envs.math.check import MathCheck, check_answer
@@ -19,6 +22,8 @@ from rollgym.errors import InvalidRequest
 from rollgym.protocol import output_text
 from rollgym.server.base import ServerContext
 from rollgym.server.resources import ResourcesServer, Session
+
+log = logging.getLogger("rollgym.envs.math")
 
 
 class MathEnv(ResourcesServer):
@@ -39,16 +44,34 @@ class MathEnv(ResourcesServer):
         if isinstance(expected, (int, float)) and not isinstance(expected, bool):
             expected = str(expected)
         if not isinstance(expected, str) or not expected.strip():
-            raise InvalidRequest("math task needs 'expected_answer' (a non-empty string)", status=422)
-        result: MathCheck = await self.run_cpu(
-            type(self).checker, expected, output_text(response), timeout=self.check_timeout
-        )
+            raise InvalidRequest(
+                "math task needs 'expected_answer' (a non-empty string)", status=422
+            )
+        result = await self._check(expected, output_text(response))
         if not result.gold_parsed:
             raise InvalidRequest(
                 f"math task's expected_answer {expected!r} cannot be parsed by math-verify",
                 status=422,
             )
-        return {"reward": 1.0 if result.correct else 0.0, "answer_parsed": int(result.answer_parsed)}
+        return {
+            "reward": 1.0 if result.correct else 0.0,
+            "answer_parsed": int(result.answer_parsed),
+        }
+
+    async def _check(self, expected: str, answer: str) -> MathCheck:
+        try:
+            result: MathCheck = await self.run_cpu(
+                type(self).checker, expected, answer, timeout=self.check_timeout
+            )
+        except BrokenProcessPool:
+            # The pool is shared: when another check times out, run_cpu kills every worker, and
+            # the checks running beside it fail through no fault of their own. Pure work, so
+            # run it once more (on a fresh pool); a second failure is this check's own.
+            log.info("%s: check lost to a broken worker pool, running it once more", self.name)
+            result = await self.run_cpu(
+                type(self).checker, expected, answer, timeout=self.check_timeout
+            )
+        return result
 
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
         flags = [

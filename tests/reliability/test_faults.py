@@ -1,0 +1,217 @@
+"""Faults against real server processes: soak, fail-fast abort, hangs, a model that dies.
+
+Servers are started by the real Supervisor (one process each, on 127.0.0.1); the collector runs
+in the test's event loop so the test can kill and restart a server mid-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from rollgym.collect import EXIT_ABORTED, EXIT_OK, Collector, prepare_run
+from rollgym.config import parse_config
+from rollgym.launch import Supervisor
+
+FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05}
+
+
+def write_tasks(path: Path, n: int) -> Path:
+    with path.open("w") as fh:
+        for i in range(n):
+            script = [
+                {"call": "echo", "arguments": {"text": f"v{i}"}},
+                {"say": "The answer is {tool_output}"},
+            ]
+            row = {
+                "responses_create_params": {
+                    "input": f"echo v{i}",
+                    "metadata": {"rollgym_script": json.dumps(script)},
+                },
+                "expected_answer": f"v{i}",
+            }
+            fh.write(json.dumps(row) + "\n")
+    return path
+
+
+def make_config(model: dict[str, Any] | None = None, **collect: Any) -> Any:
+    return parse_config(
+        {
+            "servers": {
+                "model": {
+                    "kind": "model",
+                    "impl": "scripted",
+                    "retry": FAST_RETRY,
+                    **(model or {}),
+                },
+                "env": {"kind": "resources", "impl": "echo", "retry": FAST_RETRY},
+                "agent": {
+                    "kind": "agent",
+                    "impl": "tool_agent",
+                    "options": {"model": "model", "resources": "env"},
+                },
+            },
+            "collect": collect,
+        },
+        "test-config",
+    )
+
+
+def ledger_check(out: Path) -> tuple[int, int]:
+    """Assert the DESIGN.md invariant; return (succeeded, failed)."""
+    expected = {
+        (r["task_index"], r["rollout_index"])
+        for r in map(orjson.loads, (out / "tasks.jsonl").read_bytes().splitlines())
+    }
+    seen: list[tuple[int, int]] = []
+    counts = []
+    for name in ("rollouts.jsonl", "failures.jsonl"):
+        path = out / name
+        lines = path.read_bytes().splitlines() if path.exists() else []
+        counts.append(len(lines))
+        seen.extend((r["task_index"], r["rollout_index"]) for r in map(orjson.loads, lines))
+    assert len(seen) == len(set(seen)), "a rollout was recorded twice"
+    assert set(seen) == expected, f"lost rollouts: {sorted(expected - set(seen))[:10]}"
+    return counts[0], counts[1]
+
+
+async def run_collection(cfg: Any, tasks: Path, out: Path, *, resume: bool = False) -> Any:
+    prepared = prepare_run(cfg, cfg.collect, tasks, out, resume=resume)
+    supervisor = Supervisor(cfg, log_dir=out / "logs")
+    try:
+        urls = await supervisor.start()
+        return await Collector(prepared, urls, progress=False).execute()
+    finally:
+        await supervisor.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_soak_10pct_503_1pct_reset_loses_nothing(tmp_path: Path) -> None:
+    chaos = {
+        "seed": 11,
+        "paths": ["/v1/responses"],
+        "faults": [
+            {"kind": "status", "status": 503, "rate": 0.10},
+            {"kind": "reset_after", "rate": 0.01},
+        ],
+    }
+    cfg = make_config({"chaos": chaos}, concurrency=128, repeats=40)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 25)  # 1,000 rollouts
+    outcome = await run_collection(cfg, tasks, tmp_path / "out")
+    ok, failed = ledger_check(tmp_path / "out")
+    assert ok + failed == 1000
+    # 10% 503 with 3 attempts: a model call fails for good about 1 time in 1,000.
+    assert ok >= 980, outcome.metrics["failures"]
+    assert outcome.metrics["reward"]["mean"] == pytest.approx(1.0)
+
+
+@pytest.mark.timeout(60)
+async def test_always_failing_model_aborts_fast_with_summary(tmp_path: Path) -> None:
+    chaos = {
+        "seed": 1,
+        "faults": [{"kind": "status", "status": 500, "rate": 1.0}],
+        "paths": ["/v1/responses"],
+    }
+    cfg = make_config(
+        {"chaos": chaos}, concurrency=32, repeats=10, max_failure_rate=0.5, min_failure_samples=20
+    )
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 100)  # 1,000 rollouts
+    started = time.monotonic()
+    outcome = await run_collection(cfg, tasks, tmp_path / "out")
+    elapsed = time.monotonic() - started
+    assert outcome.exit_code == EXIT_ABORTED
+    assert elapsed < 20, f"abort took {elapsed:.1f}s"
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["status"] == "aborted"
+    abort = run["abort"]
+    assert abort["by_server"].get("model", 0) >= 20
+    assert "500" in abort["by_status"]
+    assert "injected 500" in abort["sample_error"]["body"]
+    # Retried under the model policy (3 attempts), or cut short by the retry budget.
+    assert 2 <= abort["max_attempts_per_request"] <= 3
+    # Nothing near the full 1,000 was tried: the run stopped early.
+    ok, failed = outcome.metrics["counts"]["succeeded"], outcome.metrics["counts"]["failed"]
+    assert ok == 0 and failed < 200
+
+
+@pytest.mark.timeout(60)
+async def test_hanging_model_costs_one_rollout_deadline(tmp_path: Path) -> None:
+    chaos = {
+        "seed": 3,
+        "paths": ["/v1/responses"],
+        "faults": [{"kind": "hang", "rate": 0.05, "seconds": 3600}],
+    }
+    cfg = make_config({"chaos": chaos}, concurrency=64, repeats=10, rollout_timeout=1.5)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 20)
+    started = time.monotonic()
+    outcome = await run_collection(cfg, tasks, tmp_path / "out")
+    assert time.monotonic() - started < 30
+    ok, failed = ledger_check(tmp_path / "out")
+    assert failed > 0 and ok > 150
+    assert set(outcome.metrics["failures"]["by_type"]) == {"deadline_exceeded"}
+
+
+@pytest.mark.timeout(90)
+async def test_model_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path) -> None:
+    cfg = make_config(
+        {"options": {"latency": 0.02}}, concurrency=16, repeats=20, max_rollout_attempts=3
+    )
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 20)  # 400 rollouts
+    out = tmp_path / "out"
+    prepared = prepare_run(cfg, cfg.collect, tasks, out, resume=False)
+    supervisor = Supervisor(cfg, log_dir=out / "logs")
+    try:
+        urls = await supervisor.start()
+        collector = Collector(prepared, urls, progress=False)
+        run = asyncio.create_task(collector.execute())
+        while collector.ledger.succeeded < 60:
+            await asyncio.sleep(0.02)
+        supervisor.kill("model")
+        await asyncio.sleep(0.5)
+        await supervisor.restart("model")
+        outcome = await run
+    finally:
+        await supervisor.stop()
+    ok_before, failed = ledger_check(out)
+    assert failed > 0, "killing the model should have failed some rollouts"
+    assert ok_before > 60
+    first_ids = {
+        r["response"]["id"]
+        for r in map(orjson.loads, (out / "rollouts.jsonl").read_bytes().splitlines())
+    }
+    assert outcome.exit_code != EXIT_OK
+    # Resume finishes the failed ones and redoes no success.
+    resumed = await run_collection(cfg, tasks, out, resume=True)
+    assert resumed.exit_code == EXIT_OK
+    ok_after, failed_after = ledger_check(out)
+    assert (ok_after, failed_after) == (400, 0)
+    rows = [orjson.loads(x) for x in (out / "rollouts.jsonl").read_bytes().splitlines()]
+    kept = [r for r in rows if r["response"]["id"] in first_ids]
+    assert len(kept) == ok_before
+    assert all(r["attempts"] == 1 for r in kept)
+    assert any(r["attempts"] == 2 for r in rows)
+
+
+@pytest.mark.timeout(30)
+async def test_server_rejects_bad_bodies_and_keeps_serving(tmp_path: Path) -> None:
+    from rollgym.server.app import MAX_BODY_BYTES
+    from rollgym.testing import serve_server
+
+    async with serve_server("echo") as (url, _server), aiohttp.ClientSession() as http:
+        async with http.post(url + "/verify", data=b"{not json") as resp:
+            assert resp.status == 400
+            body = await resp.json()
+            assert body["error"]["type"] == "invalid_request"
+        big = b"x" * (MAX_BODY_BYTES + 1)
+        async with http.post(url + "/seed_session", data=big) as resp:
+            assert resp.status == 413
+        async with http.post(url + "/echo", json={"text": "still alive"}) as resp:
+            assert resp.status == 200
+            assert (await resp.json()) == {"echo": "still alive"}
