@@ -38,9 +38,7 @@ class Generated:
     rewarded: list[bool]  # per alternative of the final "say" turn: should it earn reward 1?
 
 
-def _row(
-    prompt: str, script: list[dict[str, Any]], expected: str, **fields: Any
-) -> dict[str, Any]:
+def _row(prompt: str, script: list[dict[str, Any]], expected: str, **fields: Any) -> dict[str, Any]:
     text = json.dumps(script, ensure_ascii=False, separators=(",", ":"))
     if len(text) > MAX_SCRIPT_CHARS:
         raise ValueError(f"script of {len(text)} chars exceeds {MAX_SCRIPT_CHARS}: {prompt!r}")
@@ -70,19 +68,29 @@ def _say(alternatives: list[tuple[str, bool]]) -> dict[str, Any]:
 _TOWN_FIELDS = {
     "population": (
         "How many people live in {key}?",
-        ["The registry lists {key} with a population of {v:,}.", "{key} has {v} residents.",
-         "Registry entry: {tool_output}. So {key} has {v} inhabitants."],
+        [
+            "The registry lists {key} with a population of {v:,}.",
+            "{key} has {v} residents.",
+            "Registry entry: {tool_output}. So {key} has {v} inhabitants.",
+        ],
         ["{key} has a population of {w:,}.", "I could not find how many people live in {key}."],
     ),
     "founded": (
         "In what year was {key} founded?",
-        ["{key} was founded in {v}.", "According to the registry: {v}.",
-         "The entry says {tool_output}, so the answer is {v}."],
+        [
+            "{key} was founded in {v}.",
+            "According to the registry: {v}.",
+            "The entry says {tool_output}, so the answer is {v}.",
+        ],
         ["{key} was founded in {w}.", "The registry entry does not give a founding year."],
     ),
     "mayor": (
         "Who is the mayor of {key}?",
-        ["The mayor of {key} is {v}.", "{v} is the mayor.", "Per the registry ({tool_output}): {v}."],
+        [
+            "The mayor of {key} is {v}.",
+            "{v} is the mayor.",
+            "Per the registry ({tool_output}): {v}.",
+        ],
         ["The mayor of {key} is {w}.", "{key} has no mayor listed."],
     ),
     "region": (
@@ -99,7 +107,11 @@ _PRODUCT_FIELDS = {
     ),
     "stock": (
         "How many units of product {key} are in stock?",
-        ["There are {v} units of {key} in stock.", "Stock: {v}.", "{tool_output} shows {v} in stock."],
+        [
+            "There are {v} units of {key} in stock.",
+            "Stock: {v}.",
+            "{tool_output} shows {v} in stock.",
+        ],
         ["There are {w} units in stock.", "It is out of stock."],
     ),
     "product": (
@@ -109,27 +121,43 @@ _PRODUCT_FIELDS = {
     ),
 }
 _TOWN_QUESTIONS = [
-    ("Brackenholt", "population"), ("Velmora", "founded"), ("Ashgrove Ferry", "mayor"),
-    ("Duncaster", "population"), ("Kestrel Point", "region"), ("Orrin's Reach", "founded"),
-    ("Tallowmere", "mayor"), ("Quillon", "population"), ("Serrowby", "region"),
+    ("Brackenholt", "population"),
+    ("Velmora", "founded"),
+    ("Ashgrove Ferry", "mayor"),
+    ("Duncaster", "population"),
+    ("Kestrel Point", "region"),
+    ("Orrin's Reach", "founded"),
+    ("Tallowmere", "mayor"),
+    ("Quillon", "population"),
+    ("Serrowby", "region"),
     ("Mirefield", "founded"),
 ]
 _PRODUCT_QUESTIONS = [
-    ("QX-4471", "price_eur"), ("BR-0925", "stock"), ("LM-3310", "product"),
-    ("ZT-7802", "price_eur"), ("KP-1567", "stock"), ("HV-6024", "product"),
+    ("QX-4471", "price_eur"),
+    ("BR-0925", "stock"),
+    ("LM-3310", "product"),
+    ("ZT-7802", "price_eur"),
+    ("KP-1567", "stock"),
+    ("HV-6024", "product"),
 ]
 _LOOKUP_PREAMBLE = "Use the lookup tool to consult the Norrowvale registry, then answer.\n\n"
 
 
 def _other(rng: random.Random, table: dict[str, dict[str, Any]], key: str, field: str) -> Any:
-    values = sorted({str(r[field]) for k, r in table.items() if k != key} - {str(table[key][field])})
+    values = sorted(
+        {str(r[field]) for k, r in table.items() if k != key} - {str(table[key][field])}
+    )
     value = rng.choice(values)
     return int(value) if value.isdigit() else value
 
 
 def _field_task(
-    rng: random.Random, table: dict[str, dict[str, Any]], key: str, field: str,
-    templates: tuple[str, list[str], list[str]], tools: list[dict[str, Any]],
+    rng: random.Random,
+    table: dict[str, dict[str, Any]],
+    key: str,
+    field: str,
+    templates: tuple[str, list[str], list[str]],
+    tools: list[dict[str, Any]],
 ) -> Generated:
     question, right, wrong = templates
     v, w = table[key][field], _other(rng, table, key, field)
@@ -162,8 +190,11 @@ def build_lookup() -> list[Generated]:
         v, w = TOWNS[town][field], _other(rng, TOWNS, town, field)
         alternatives = _mix(
             rng,
-            [f"{code} is stocked in {town}; {{tool_output}} gives {v}.",
-             f"The warehouse is in {town}, so the answer is {v}.", f"{v}."],
+            [
+                f"{code} is stocked in {town}; {{tool_output}} gives {v}.",
+                f"The warehouse is in {town}, so the answer is {v}.",
+                f"{v}.",
+            ],
             [f"The warehouse is in {town}, so the answer is {w}.", f"It is stocked in {town}."],
         )
         script = [
@@ -172,15 +203,20 @@ def build_lookup() -> list[Generated]:
             _say(alternatives),
         ]
         prompt = _LOOKUP_PREAMBLE + question.format(code=code)
-        out.append(Generated(_row(prompt, script, str(v), tools=tools), [ok for _, ok in alternatives]))
+        out.append(
+            Generated(_row(prompt, script, str(v), tools=tools), [ok for _, ok in alternatives])
+        )
 
     # Two lookups in one turn, then a comparison; only the chosen town is named.
     for a, b in [("Velmora", "Serrowby"), ("Quillon", "Duncaster"), ("Mirefield", "Tallowmere")]:
         big, small = sorted((a, b), key=lambda t: -TOWNS[t]["population"])
         alternatives = _mix(
             rng,
-            [f"{big} is larger, with {TOWNS[big]['population']:,} residents.",
-             f"{big} has more inhabitants.", f"More people live in {big}."],
+            [
+                f"{big} is larger, with {TOWNS[big]['population']:,} residents.",
+                f"{big} has more inhabitants.",
+                f"More people live in {big}.",
+            ],
             [f"{small} is larger.", f"{small} has more inhabitants."],
         )
         script = [
@@ -188,29 +224,48 @@ def build_lookup() -> list[Generated]:
             _say(alternatives),
         ]
         prompt = _LOOKUP_PREAMBLE + f"Which town has more inhabitants, {a} or {b}?"
-        out.append(Generated(_row(prompt, script, big, tools=tools), [ok for _, ok in alternatives]))
+        out.append(
+            Generated(_row(prompt, script, big, tools=tools), [ok for _, ok in alternatives])
+        )
 
     # A misspelled key answers 404 (with a suggestion); the script recovers with the right key.
-    for typo, key, field in [("Velmorra", "Velmora", "mayor"), ("kestrel pt", "Kestrel Point", "population")]:
+    for typo, key, field in [
+        ("Velmorra", "Velmora", "mayor"),
+        ("kestrel pt", "Kestrel Point", "population"),
+    ]:
         v = TOWNS[key][field]
-        alternatives = [(f"The registry spells it {key}; the answer is {v}.", True),
-                        (f"{v}.", True), (f"I could not find {typo} in the registry.", False)]
+        alternatives = [
+            (f"The registry spells it {key}; the answer is {v}.", True),
+            (f"{v}.", True),
+            (f"I could not find {typo} in the registry.", False),
+        ]
         script = [
             {"call": "lookup", "arguments": {"key": typo}},
             {"call": "lookup", "arguments": {"key": key}},
             _say(alternatives),
         ]
         question = _TOWN_FIELDS[field][0].format(key=typo)
-        out.append(Generated(_row(_LOOKUP_PREAMBLE + question, script, str(v), tools=tools),
-                             [ok for _, ok in alternatives]))
+        out.append(
+            Generated(
+                _row(_LOOKUP_PREAMBLE + question, script, str(v), tools=tools),
+                [ok for _, ok in alternatives],
+            )
+        )
 
     # No tool call at all: even a right number earns nothing (the registry is fictional).
     for key in ("Brackenholt", "Duncaster"):
         v = TOWNS[key]["founded"]
-        alternatives = [(f"{key} was founded in {v}.", False), (f"I believe {key} dates from 1700.", False)]
+        alternatives = [
+            (f"{key} was founded in {v}.", False),
+            (f"I believe {key} dates from 1700.", False),
+        ]
         question = _TOWN_FIELDS["founded"][0].format(key=key)
-        out.append(Generated(_row(_LOOKUP_PREAMBLE + question, [_say(alternatives)], str(v), tools=tools),
-                             [ok for _, ok in alternatives]))
+        out.append(
+            Generated(
+                _row(_LOOKUP_PREAMBLE + question, [_say(alternatives)], str(v), tools=tools),
+                [ok for _, ok in alternatives],
+            )
+        )
     return out
 
 
@@ -220,27 +275,67 @@ _MCQA_QUESTIONS: list[tuple[str, str, list[str]]] = [
     ("Which planet has the shortest year?", "Mercury", ["Venus", "Mars", "Jupiter"]),
     ("What is the chemical symbol for sodium?", "Na", ["So", "Sd", "S"]),
     ("How many sides does a hexagon have?", "6", ["5", "7", "8"]),
-    ("Which gas do plants take in for photosynthesis?", "Carbon dioxide", ["Oxygen", "Nitrogen", "Helium"]),
-    ("What is the boiling point of water at sea level, in degrees Celsius?", "100", ["90", "110", "212"]),
+    (
+        "Which gas do plants take in for photosynthesis?",
+        "Carbon dioxide",
+        ["Oxygen", "Nitrogen", "Helium"],
+    ),
+    (
+        "What is the boiling point of water at sea level, in degrees Celsius?",
+        "100",
+        ["90", "110", "212"],
+    ),
     ("Which data structure serves items first-in, first-out?", "Queue", ["Stack", "Heap", "Trie"]),
     ("What is 15% of 200?", "30", ["15", "20", "35"]),
     ("Which organ pumps blood through the body?", "Heart", ["Liver", "Lung", "Kidney"]),
-    ("What does HTTP status 404 mean?", "Not Found", ["Forbidden", "Bad Gateway", "Too Many Requests"]),
-    ("Which layer of the atmosphere do we live in?", "Troposphere", ["Stratosphere", "Mesosphere", "Thermosphere"]),
+    (
+        "What does HTTP status 404 mean?",
+        "Not Found",
+        ["Forbidden", "Bad Gateway", "Too Many Requests"],
+    ),
+    (
+        "Which layer of the atmosphere do we live in?",
+        "Troposphere",
+        ["Stratosphere", "Mesosphere", "Thermosphere"],
+    ),
     ("What is the largest prime number below 30?", "29", ["27", "23", "31"]),
-    ("Which sorting algorithm has worst-case O(n log n) time?", "Merge sort", ["Quicksort", "Bubble sort", "Insertion sort"]),
+    (
+        "Which sorting algorithm has worst-case O(n log n) time?",
+        "Merge sort",
+        ["Quicksort", "Bubble sort", "Insertion sort"],
+    ),
     ("How many bits are in a byte?", "8", ["4", "16", "10"]),
     ("Which metal is liquid at room temperature?", "Mercury", ["Iron", "Copper", "Aluminium"]),
     ("What is the square root of 169?", "13", ["12", "14", "16"]),
-    ("Which blood cells carry oxygen?", "Red blood cells", ["White blood cells", "Platelets", "Plasma cells"]),
+    (
+        "Which blood cells carry oxygen?",
+        "Red blood cells",
+        ["White blood cells", "Platelets", "Plasma cells"],
+    ),
     ("Which number is written as XL in Roman numerals?", "40", ["60", "90", "14"]),
     ("What is the freezing point of water in degrees Fahrenheit?", "32", ["0", "100", "-40"]),
-    ("Which shape has every point the same distance from its centre?", "Circle", ["Ellipse", "Square", "Parabola"]),
+    (
+        "Which shape has every point the same distance from its centre?",
+        "Circle",
+        ["Ellipse", "Square", "Parabola"],
+    ),
     ("How many minutes are in three hours?", "180", ["120", "160", "300"]),
-    ("Which part of a cell holds its DNA in animals?", "Nucleus", ["Ribosome", "Membrane", "Vacuole"]),
+    (
+        "Which part of a cell holds its DNA in animals?",
+        "Nucleus",
+        ["Ribosome", "Membrane", "Vacuole"],
+    ),
     ("What is the value of 2 to the power of 5?", "32", ["10", "25", "64"]),
-    ("Which instrument measures air pressure?", "Barometer", ["Thermometer", "Hygrometer", "Anemometer"]),
-    ("Which force keeps planets in orbit around the Sun?", "Gravity", ["Magnetism", "Friction", "Buoyancy"]),
+    (
+        "Which instrument measures air pressure?",
+        "Barometer",
+        ["Thermometer", "Hygrometer", "Anemometer"],
+    ),
+    (
+        "Which force keeps planets in orbit around the Sun?",
+        "Gravity",
+        ["Magnetism", "Friction", "Buoyancy"],
+    ),
 ]
 _MCQA_RIGHT = [
     "Let me check each option. \\boxed{{{x}}}",
@@ -280,7 +375,9 @@ def build_mcqa() -> list[Generated]:
         alternatives = _mix(
             rng, [t.format(**fill) for t in _MCQA_RIGHT], [t.format(**fill) for t in _MCQA_WRONG]
         )
-        listing = "\n".join(f"{letter}) {text}" for letter, text in zip(letters, options, strict=True))
+        listing = "\n".join(
+            f"{letter}) {text}" for letter, text in zip(letters, options, strict=True)
+        )
         prompt = f"{_MCQA_INSTRUCTIONS[i % len(_MCQA_INSTRUCTIONS)]}\n\n{question}\n\n{listing}"
         # Both forms of 'options' occur: a dict letter -> text, or a plain list.
         opts: dict[str, str] | list[str] = (
@@ -295,31 +392,101 @@ def build_mcqa() -> list[Generated]:
 
 # (question, expected_answer, equivalent right forms, wrong forms)
 _MATH_PROBLEMS: list[tuple[str, str, list[str], list[str]]] = [
-    ("Compute $\\frac{3}{4} + \\frac{1}{8}$.", "\\frac{7}{8}", ["\\frac{7}{8}", "0.875", "\\frac{14}{16}"], ["\\frac{4}{12}", "\\frac{1}{2}"]),
-    ("What is $\\sin(\\pi/6)$?", "\\frac{1}{2}", ["\\frac{1}{2}", "0.5", "1/2"], ["\\frac{\\sqrt{3}}{2}", "1"]),
-    ("Simplify $\\sqrt{72}$.", "6\\sqrt{2}", ["6\\sqrt{2}", "\\sqrt{2} \\cdot 6"], ["8\\sqrt{2}", "36\\sqrt{2}"]),
+    (
+        "Compute $\\frac{3}{4} + \\frac{1}{8}$.",
+        "\\frac{7}{8}",
+        ["\\frac{7}{8}", "0.875", "\\frac{14}{16}"],
+        ["\\frac{4}{12}", "\\frac{1}{2}"],
+    ),
+    (
+        "What is $\\sin(\\pi/6)$?",
+        "\\frac{1}{2}",
+        ["\\frac{1}{2}", "0.5", "1/2"],
+        ["\\frac{\\sqrt{3}}{2}", "1"],
+    ),
+    (
+        "Simplify $\\sqrt{72}$.",
+        "6\\sqrt{2}",
+        ["6\\sqrt{2}", "\\sqrt{2} \\cdot 6"],
+        ["8\\sqrt{2}", "36\\sqrt{2}"],
+    ),
     ("Solve $2x + 5 = 17$ for $x$.", "6", ["x = 6", "6"], ["11", "x = 8"]),
-    ("What is the sum of the integers from 1 to 100?", "5050", ["5050", "5,050"], ["5000", "10100"]),
-    ("Expand $(x+3)^2$.", "x^2+6x+9", ["x^2 + 6x + 9", "9 + 6x + x^2"], ["x^2 + 9", "x^2 + 3x + 9"]),
-    ("What is the area of a circle of radius 3?", "9\\pi", ["9\\pi", "28.274334"], ["6\\pi", "3\\pi"]),
-    ("Two fair coins are tossed. What is the probability that both land heads?", "\\frac{1}{4}", ["\\frac{1}{4}", "0.25", "1/4"], ["\\frac{1}{2}", "\\frac{1}{3}"]),
+    (
+        "What is the sum of the integers from 1 to 100?",
+        "5050",
+        ["5050", "5,050"],
+        ["5000", "10100"],
+    ),
+    (
+        "Expand $(x+3)^2$.",
+        "x^2+6x+9",
+        ["x^2 + 6x + 9", "9 + 6x + x^2"],
+        ["x^2 + 9", "x^2 + 3x + 9"],
+    ),
+    (
+        "What is the area of a circle of radius 3?",
+        "9\\pi",
+        ["9\\pi", "28.274334"],
+        ["6\\pi", "3\\pi"],
+    ),
+    (
+        "Two fair coins are tossed. What is the probability that both land heads?",
+        "\\frac{1}{4}",
+        ["\\frac{1}{4}", "0.25", "1/4"],
+        ["\\frac{1}{2}", "\\frac{1}{3}"],
+    ),
     ("What is the greatest common divisor of 84 and 120?", "12", ["12"], ["6", "24"]),
     ("What is the least common multiple of 6 and 8?", "24", ["24"], ["48", "2"]),
     ("Evaluate $\\log_2 64$.", "6", ["6", "6.0"], ["8", "32"]),
     ("What is the derivative of $x^3$ at $x = 2$?", "12", ["12"], ["8", "6"]),
     ("Evaluate $\\int_0^1 2x \\, dx$.", "1", ["1", "1.0"], ["2", "\\frac{1}{2}"]),
-    ("A right triangle has legs 5 and 12. How long is its hypotenuse?", "13", ["13", "\\sqrt{169}"], ["17", "\\sqrt{119}"]),
-    ("Compute $\\frac{2/3}{4/9}$.", "\\frac{3}{2}", ["\\frac{3}{2}", "1.5", "3/2"], ["\\frac{8}{27}", "\\frac{2}{3}"]),
+    (
+        "A right triangle has legs 5 and 12. How long is its hypotenuse?",
+        "13",
+        ["13", "\\sqrt{169}"],
+        ["17", "\\sqrt{119}"],
+    ),
+    (
+        "Compute $\\frac{2/3}{4/9}$.",
+        "\\frac{3}{2}",
+        ["\\frac{3}{2}", "1.5", "3/2"],
+        ["\\frac{8}{27}", "\\frac{2}{3}"],
+    ),
     ("Compute $7!/5!$.", "42", ["42"], ["2", "35"]),
-    ("In how many ways can 2 people be chosen from 6?", "15", ["15", "\\binom{6}{2}"], ["30", "12"]),
-    ("What is the slope of the line through $(1, 2)$ and $(3, 8)$?", "3", ["3", "\\frac{6}{2}"], ["\\frac{1}{3}", "6"]),
+    (
+        "In how many ways can 2 people be chosen from 6?",
+        "15",
+        ["15", "\\binom{6}{2}"],
+        ["30", "12"],
+    ),
+    (
+        "What is the slope of the line through $(1, 2)$ and $(3, 8)$?",
+        "3",
+        ["3", "\\frac{6}{2}"],
+        ["\\frac{1}{3}", "6"],
+    ),
     ("Solve $3x - 7 = 2x + 4$ for $x$.", "11", ["x = 11", "11"], ["-3", "3"]),
     ("What is the mean of 4, 8, 15, 16, 23 and 42?", "18", ["18", "18.0"], ["15.5", "16"]),
     ("What is $2^{10}$?", "1024", ["1024", "1,024"], ["1000", "2048"]),
     ("Simplify $\\frac{x^2-1}{x-1}$ for $x \\neq 1$.", "x+1", ["x + 1", "1 + x"], ["x - 1", "x^2"]),
-    ("Find both roots of $x^2 - 5x + 6 = 0$, separated by a comma.", "2, 3", ["2, 3", "3, 2"], ["-2, -3", "5, 6"]),
-    ("Write the solution set of $x^2 < 4$ as an interval.", "(-2, 2)", ["(-2, 2)"], ["[-2, 2]", "(-4, 4)"]),
-    ("Write $0.1 + 0.2$ as a fraction in lowest terms.", "\\frac{3}{10}", ["\\frac{3}{10}", "0.3"], ["\\frac{1}{5}", "\\frac{3}{100}"]),
+    (
+        "Find both roots of $x^2 - 5x + 6 = 0$, separated by a comma.",
+        "2, 3",
+        ["2, 3", "3, 2"],
+        ["-2, -3", "5, 6"],
+    ),
+    (
+        "Write the solution set of $x^2 < 4$ as an interval.",
+        "(-2, 2)",
+        ["(-2, 2)"],
+        ["[-2, 2]", "(-4, 4)"],
+    ),
+    (
+        "Write $0.1 + 0.2$ as a fraction in lowest terms.",
+        "\\frac{3}{10}",
+        ["\\frac{3}{10}", "0.3"],
+        ["\\frac{1}{5}", "\\frac{3}{100}"],
+    ),
 ]
 _MATH_WRAPPERS = [
     "Working step by step, the result is $\\boxed{{{f}}}$.",
@@ -340,7 +507,9 @@ def build_math() -> list[Generated]:
             [*wrong_texts, _NO_ANSWER],
         )
         prompt = f"{question} Put your final answer in \\boxed{{}}."
-        out.append(Generated(_row(prompt, [_say(alternatives)], expected), [ok for _, ok in alternatives]))
+        out.append(
+            Generated(_row(prompt, [_say(alternatives)], expected), [ok for _, ok in alternatives])
+        )
     return out
 
 
@@ -374,7 +543,9 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(text, encoding="utf-8")
         print(f"{path}: {len(tasks)} tasks, expected mean reward {mean:.2f}")
     if stale:
-        print("out of date (run scripts/gen_env_data.py):\n  " + "\n  ".join(stale), file=sys.stderr)
+        print(
+            "out of date (run scripts/gen_env_data.py):\n  " + "\n  ".join(stale), file=sys.stderr
+        )
         return 1
     return 0
 

@@ -47,9 +47,7 @@ class EnvClient:
         self, method: str, path: str, body: Any = None, session_id: str | None = None
     ) -> tuple[int, Any]:
         headers = {SESSION_HEADER: session_id} if session_id else {}
-        async with self.http.request(
-            method, self.url + path, json=body, headers=headers
-        ) as resp:
+        async with self.http.request(method, self.url + path, json=body, headers=headers) as resp:
             return resp.status, await resp.json()
 
     async def seed(self, task: dict[str, Any]) -> str:

@@ -113,9 +113,7 @@ def _task(options: Any, expected: Any = "B") -> dict[str, Any]:
 @pytest.mark.parametrize(
     "options", [{"A": "Lyon", "B": "Paris", "C": "Nice"}, ["Lyon", "Paris", "Nice"]]
 )
-async def test_verify_rewards_the_right_letter(
-    connect: Callable[..., Any], options: Any
-) -> None:
+async def test_verify_rewards_the_right_letter(connect: Callable[..., Any], options: Any) -> None:
     task = _task(options)
     cases = [
         ("\\boxed{B}", 1.0, 1),

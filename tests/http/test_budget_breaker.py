@@ -117,7 +117,7 @@ def test_zero_budget_never_allows() -> None:
 
 def breaker(clock: Clock, **cfg: float) -> CircuitBreaker:
     defaults: dict[str, float] = {"consecutive_failures": 3, "cooldown": 5.0, "min_requests": 1000}
-    return CircuitBreaker("model", BreakerConfig(**{**defaults, **cfg}), clock=clock)  # type: ignore[arg-type]
+    return CircuitBreaker("model", BreakerConfig(**{**defaults, **cfg}), clock=clock)
 
 
 def test_breaker_opens_after_consecutive_failures_and_rejects() -> None:

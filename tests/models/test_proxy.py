@@ -398,11 +398,6 @@ async def test_api_key_never_reaches_debug_logs(
     assert SECRET not in caplog.text  # ...without the key
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rollgym.http.client logs retried errors at DEBUG before the proxy can scrub them; "
-    "a bare key echoed by the upstream (not 'Bearer ...', not 'sk-...') is not redacted there",
-)
 async def test_bare_key_echo_never_reaches_debug_logs(
     upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,7 +11,6 @@ import orjson
 import typer
 from rich.console import Console
 from rich.table import Table
-
 from typer.core import TyperCommand
 
 from rollgym.collect import EXIT_ABORTED, Collector, RunOutcome, prepare_run
@@ -79,6 +78,22 @@ ThresholdOpt = Annotated[
 ]
 ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
 LogOpt = Annotated[str, typer.Option(help="Log level (DEBUG shows every retry decision).")]
+
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 all rollouts succeeded; 1 the run completed but some rollouts failed (see "
+    "failures.jsonl); 2 the run could not start (bad config or input) or was aborted (failure "
+    "budget, configuration error, interrupt): finish it with --resume."
+)
+RUN_HELP = (
+    "Start the servers of CONFIG, collect rollouts of the input into --output, stop them.\n\n"
+    "Writes tasks.jsonl, rollouts.jsonl, failures.jsonl, metrics.json and run.json.\n\n"
+    + EXIT_CODES_HELP
+)
+COLLECT_HELP = (
+    "Collect against servers that are already running (one set of servers, many runs), with "
+    "the same outputs as `run`.\n\n" + EXIT_CODES_HELP
+)
 
 
 def _collect_config(cfg: Config, **overrides: Any) -> CollectConfig:
@@ -184,13 +199,15 @@ def _parse_servers(values: list[str]) -> dict[str, list[str]]:
             raise ConfigError(
                 f"--servers {value}: not NAME=URL nor a readable JSON file: {exc}"
             ) from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"--servers {value}: expected a JSON object of NAME: URL(s)")
         for name, got in data.items():
-            urls.setdefault(name, []).extend([got] if isinstance(got, str) else got)
+            urls.setdefault(name, []).extend([got] if isinstance(got, str) else list(got))
     return urls
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(cls=PlainHelpCommand)
+    @app.command(cls=PlainHelpCommand, help=RUN_HELP)
     def run(
         config: ConfigArg,
         output: OutputOpt,
@@ -209,11 +226,6 @@ def register(app: typer.Typer) -> None:
         progress: ProgressOpt = True,
         log_level: LogOpt = "WARNING",
     ) -> None:
-        """Start the servers of CONFIG, collect rollouts of the input into --output, stop them.
-
-        Writes tasks.jsonl, rollouts.jsonl, failures.jsonl, metrics.json and run.json.
-
-        {EXIT_CODES}"""
         from rollgym.cli.main import setup_logging
 
         setup_logging(log_level)
@@ -239,7 +251,7 @@ def register(app: typer.Typer) -> None:
         )
         _finish(outcome)
 
-    @app.command(cls=PlainHelpCommand)
+    @app.command(cls=PlainHelpCommand, help=COLLECT_HELP)
     def collect(
         config: ConfigArg,
         output: OutputOpt,
@@ -267,10 +279,6 @@ def register(app: typer.Typer) -> None:
         progress: ProgressOpt = True,
         log_level: LogOpt = "WARNING",
     ) -> None:
-        """Collect against servers that are already running (one set of servers, many runs),
-        with the same outputs as `run`.
-
-        {EXIT_CODES}"""
         from rollgym.cli.main import setup_logging
 
         setup_logging(log_level)

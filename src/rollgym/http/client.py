@@ -30,6 +30,7 @@ from rollgym.errors import (
     ReadTimeout,
     RollgymError,
     is_known_type,
+    scrub_secrets,
 )
 from rollgym.http.balancer import Balancer
 from rollgym.http.breaker import CircuitBreaker
@@ -176,6 +177,7 @@ class HttpClient:
         idempotent, max_attempts, attempt_timeout = policy.for_endpoint(endpoint)
         total = policy.deadline if deadline is None else min(policy.deadline, deadline)
         start = time.monotonic()
+        secrets = _header_secrets(headers)
         last: RollgymError | None = None
         attempt = 0
         while True:
@@ -201,6 +203,8 @@ class HttpClient:
                 )  # fmt: skip
             except _AttemptFailed as failed:
                 err, retry_after, final = failed.error, failed.retry_after, failed.final
+                if secrets:
+                    scrub_secrets(err, secrets)
             except BaseException:
                 # Cancelled mid-attempt: there is no outcome to report, but a half-open probe
                 # that never reports would keep the circuit shut for good.
@@ -321,6 +325,26 @@ class _AttemptFailed(Exception):
         self.error = error
         self.retry_after = retry_after
         self.final = final
+
+
+_SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"}
+)
+_MIN_SECRET = 6  # shorter values would blank out ordinary words
+
+
+def _header_secrets(headers: Mapping[str, str] | None) -> list[str]:
+    """Credential values this request carries; never let an echo of them into an error."""
+    if not headers:
+        return []
+    out: list[str] = []
+    for name, value in headers.items():
+        if name.lower() in _SECRET_HEADERS:
+            out.append(value)
+            token = value.split(" ", 1)[-1].strip()  # "Bearer KEY" -> KEY
+            if len(token) >= _MIN_SECRET:
+                out.append(token)
+    return sorted(set(out), key=len, reverse=True)
 
 
 def _declared_final(raw: bytes) -> bool:

@@ -27,12 +27,16 @@ import orjson
 
 from rollgym.config import Config
 from rollgym.errors import LaunchError
-from rollgym.launch.worker import SPEC_ENV
 from rollgym.server.base import resolve_impl
 
 log = logging.getLogger("rollgym.launch")
 
 _PR_SET_PDEATHSIG = 1
+
+SPEC_ENV = "ROLLGYM_WORKER"
+"""The environment variable carrying a server process's JSON spec. Defined here, not in the
+worker module: ``python -m rollgym.launch.worker`` imports this package first, and a package
+that had already imported the worker would run it twice (runpy warns about exactly that)."""
 
 
 def _die_with(parent: int) -> Callable[[], None]:

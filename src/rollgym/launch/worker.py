@@ -16,10 +16,11 @@ import orjson
 import uvicorn
 
 from rollgym.config import ChaosSpec, Config
+from rollgym.launch.supervisor import SPEC_ENV
 from rollgym.server.app import build_app
 from rollgym.server.base import ServerContext, resolve_impl
 
-SPEC_ENV = "ROLLGYM_WORKER"
+__all__ = ["SPEC_ENV", "main"]
 KEEPALIVE_S = 75  # above the client pool's 30 s, so the client closes idle connections first
 
 

@@ -267,7 +267,8 @@ def build_response(params: dict[str, Any], action: dict[str, Any]) -> dict[str, 
         "incomplete_details": None,
         "usage": {
             "input_tokens": n_in,
-            "input_tokens_details": {"cached_tokens": 0},
+            # Every field the ``openai`` types require, so the response parses as a Response.
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": n_out,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": n_in + n_out,

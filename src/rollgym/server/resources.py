@@ -19,12 +19,14 @@ call (a bad call answers 422, which the agent hands back to the model). Each rol
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, get_type_hints
 
@@ -116,6 +118,8 @@ class ResourcesServer(BaseServer):
         super().__init__(ctx)
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._pool: ProcessPoolExecutor | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._pool_lock = asyncio.Lock()
 
     # -- the authoring API ---------------------------------------------------------------
 
@@ -135,24 +139,38 @@ class ResourcesServer(BaseServer):
     ) -> Any:
         """Run a CPU-bound, picklable ``fn`` in a process pool where a timeout can stop it.
 
-        A function still running at the timeout has its worker processes killed (a thread
-        could not be stopped) and the call fails with ``DeadlineExceeded``.
+        A call still running at its timeout fails with ``DeadlineExceeded``; its pool takes no
+        new work and is killed once its other calls have finished (a thread could not be
+        stopped at all, and killing the pool at once would break its neighbours' calls).
         """
         timeout = self.verify_timeout if timeout is None else timeout
-        if self._pool is None:
-            self._pool = _new_pool(self.cpu_verify_workers)
-        pool = self._pool
-        future = asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        pool = await self._cpu_pool(fn.__module__)
+        job = pool.submit(fn, *args)
         try:
-            return await asyncio.wait_for(future, timeout)
+            return await asyncio.wait_for(asyncio.wrap_future(job), timeout)
         except TimeoutError:
             if self._pool is pool:
-                self._pool = None
-            _kill_pool(pool)
+                self._pool = None  # new work goes to a fresh pool
+            self._retiring.add(asyncio.create_task(_retire(pool, job, timeout)))
             raise DeadlineExceeded(
                 f"{type(self).__name__}: CPU work did not finish within {timeout:g}s",
                 server=self.name,
             ) from None
+        except BrokenProcessPool:
+            if self._pool is pool:
+                self._pool = None
+            raise
+
+    async def _cpu_pool(self, module: str) -> ProcessPoolExecutor:
+        """The current pool, started and warmed first: spawning workers and importing the
+        function's module takes seconds, which must not count against a call's timeout."""
+        async with self._pool_lock:
+            if self._pool is None:
+                pool = _new_pool(self.cpu_verify_workers)
+                warm = [pool.submit(_warm, module) for _ in range(self.cpu_verify_workers)]
+                await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, warm)), 120)
+                self._pool = pool
+            return self._pool
 
     # -- transport -----------------------------------------------------------------------
 
@@ -259,6 +277,28 @@ def _new_pool(workers: int) -> ProcessPoolExecutor:
 
     # spawn: a fork of a process running an event loop and threads is unsafe.
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _warm(module: str) -> None:
+    importlib.import_module(module)
+    time.sleep(0.05)  # hold this worker so the next warm-up call lands on another one
+
+
+async def _retire(pool: ProcessPoolExecutor, stuck: Future[Any], grace: float) -> None:
+    """Kill ``pool`` once every call but the stuck one has finished (or after ``grace`` more
+    seconds, since each of those calls has its own timeout too)."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        pending = [f for f in _pending_jobs(pool) if f is not stuck]
+        if not pending:
+            break
+        await asyncio.sleep(0.05)
+    _kill_pool(pool)
+
+
+def _pending_jobs(pool: ProcessPoolExecutor) -> list[Future[Any]]:
+    items = getattr(pool, "_pending_work_items", {})
+    return [item.future for item in list(items.values()) if not item.future.done()]
 
 
 def _kill_pool(pool: ProcessPoolExecutor) -> None:

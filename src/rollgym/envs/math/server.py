@@ -13,7 +13,6 @@ lost its worker to another check's timeout is run once more.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar
 
@@ -31,7 +30,7 @@ class MathEnv(ResourcesServer):
 
     verify_timeout: ClassVar[float] = 30.0
     # Module-level and picklable: it runs in a spawn worker process.
-    checker: ClassVar[Callable[[str, str], MathCheck]] = staticmethod(check_answer)
+    checker: ClassVar[staticmethod[[str, str], MathCheck]] = staticmethod(check_answer)
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)

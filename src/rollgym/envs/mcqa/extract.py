@@ -19,12 +19,14 @@ _MATH_DELIMS = re.compile(r"\$+|\\[()\[\]]")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 # A lowercase letter is a choice only when nothing word-like follows: "answer is a lot" is not A.
-_LETTER = r"(?:\(\s*[A-Za-z]\s*\)|\[\s*[A-Za-z]\s*\]|[A-Z](?![\w'’-])|[a-z](?=\s*$|[.,;:!?)\]}]))"
+_LETTER = (
+    r"(?:\(\s*[A-Za-z]\s*\)|\[\s*[A-Za-z]\s*\]|[A-Z](?![\w'\u2019-])|[a-z](?=\s*$|[.,;:!?)\]}]))"
+)
 _MARKER = re.compile(
-    r"(?i:\banswer\b(?:\s+(?:is|would\s+be|should\s+be|must\s+be|will\s+be))?\s*(?:[:=\-–]\s*)?"
+    r"(?i:\banswer\b(?:\s+(?:is|would\s+be|should\s+be|must\s+be|will\s+be))?\s*(?:[:=\-\u2013]\s*)?"
     r"(?:is\s*:?\s*)?"
     r"|\b(?:correct|right|best|final)\s+(?:option|choice)\b(?:\s+(?:is|would\s+be|must\s+be))?"
-    r"\s*[:=\-–]?\s*"
+    r"\s*[:=\-\u2013]?\s*"
     r"|\bI(?:'d|\s+would|\s+will)?\s+(?:choose|pick|select|go\s+with)\s+)"
     r"(?i:(?:option|choice|letter)\s+)?(?:\\boxed\s*\{\s*)?"
     rf"(?P<choice>{_LETTER})",

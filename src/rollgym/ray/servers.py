@@ -1,0 +1,186 @@
+"""``RayServers``: a config's servers as processes spread over the nodes of a Ray cluster.
+
+Each server's ``replicas`` are laid out round-robin over the live nodes (so replicas of one
+server land on distinct nodes first); every node that gets a replica gets one ``ServerHost``
+actor, which binds the replicas' sockets, starts their processes and watches them. Start-up is
+two-phase like the local supervisor's: bind everywhere, then start everywhere with the full URL
+map, so each server knows every replica of the others. Servers with ``url:`` are not launched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from rollgym.config import Config
+from rollgym.errors import ConfigError, LaunchError
+from rollgym.ray.host import ServerHostActor
+from rollgym.ray.placement import NodeInfo, alive_nodes, get, on_node, spread
+from rollgym.server.base import resolve_impl
+
+log = logging.getLogger("rollgym.ray")
+
+
+@dataclass
+class Replica:
+    """One started replica: where it runs and whether it is still alive."""
+
+    name: str
+    replica: int
+    url: str
+    node: NodeInfo
+    pid: int | None = None
+    exit_code: int | None = None
+    alive: bool = True
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "server": self.name,
+            "replica": self.replica,
+            "url": self.url,
+            "node_id": self.node.node_id,
+            "node_ip": self.node.ip,
+            "pid": self.pid,
+            **({} if self.alive else {"exit_code": self.exit_code}),
+        }
+
+
+class RayServers:
+    """Start, watch and stop the servers of ``config`` on the current Ray cluster."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        log_dir: Path | None = None,
+        log_level: str = "WARNING",
+        nodes: list[NodeInfo] | None = None,
+    ) -> None:
+        self.config = config
+        self.log_dir = log_dir
+        self.log_level = log_level
+        self._nodes = nodes
+        self.replicas: list[Replica] = []
+        self.urls: dict[str, list[str]] = {}
+        self._hosts: dict[str, Any] = {}  # node id -> ServerHost actor handle
+
+    async def __aenter__(self) -> RayServers:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _layout(self, nodes: list[NodeInfo]) -> list[tuple[tuple[str, int], NodeInfo]]:
+        wanted: list[tuple[str, int]] = []
+        for name, cfg in self.config.servers.items():
+            resolve_impl(cfg.impl, cfg.kind)  # fail before anything starts
+            if getattr(cfg, "chaos", None) is not None and not cfg.url:
+                raise ConfigError(
+                    f"servers.{name}.chaos: fault injection is not supported with --ray yet"
+                )
+            if cfg.url:
+                self.urls[name] = [cfg.url.rstrip("/")]
+            else:
+                wanted.extend((name, r) for r in range(cfg.replicas))
+        return spread(wanted, nodes)
+
+    async def start(self, timeout: float = 60.0) -> dict[str, list[str]]:
+        """Start every replica, wait until each answers ``/health``; return name -> URLs."""
+        try:
+            await self._start(timeout)
+        except BaseException:
+            await self.stop()
+            raise
+        return self.urls
+
+    async def _start(self, timeout: float) -> None:
+        nodes = self._nodes or alive_nodes()
+        layout = self._layout(nodes)
+        config_json = self.config.model_dump(mode="json")
+        log_dir = str(self.log_dir.resolve()) if self.log_dir else None
+        for _, node in layout:
+            if node.node_id not in self._hosts:
+                self._hosts[node.node_id] = ServerHostActor.options(
+                    num_cpus=0,
+                    scheduling_strategy=on_node(node, soft=False),
+                ).remote(config_json, log_dir, self.log_level)
+        urls = await get(
+            [self._hosts[node.node_id].bind.remote(name, r) for (name, r), node in layout],
+            timeout,
+        )
+        for ((name, r), node), url in zip(layout, urls, strict=True):
+            self.replicas.append(Replica(name, r, url, node))
+            self.urls.setdefault(name, []).append(url)
+        pids: list[dict[str, int]] = await get(
+            [host.spawn.remote(self.urls) for host in self._hosts.values()], timeout
+        )
+        by_key = {k: v for part in pids for k, v in part.items()}
+        for rep in self.replicas:
+            rep.pid = by_key.get(f"{rep.name}.{rep.replica}")
+        await get([h.wait_healthy.remote(timeout) for h in self._hosts.values()], timeout + 10)
+        log.info(
+            "started %d replicas on %d nodes: %s",
+            len(self.replicas), len(self._hosts),
+            ", ".join(f"{r.name}.{r.replica}@{r.url}" for r in self.replicas),
+        )  # fmt: skip
+
+    def replica(self, name: str, index: int = 0) -> Replica:
+        for rep in self.replicas:
+            if rep.name == name and rep.replica == index:
+                return rep
+        raise KeyError(f"no replica {index} of server {name!r}")
+
+    async def poll(self, timeout: float = 10.0) -> list[Replica]:
+        """Find replicas that died since the last poll (their process ended, or their host's
+        node is gone); mark them dead and return them."""
+        lost: list[Replica] = []
+        for node_id, host in self._hosts.items():
+            on_node_ = [r for r in self.replicas if r.node.node_id == node_id and r.alive]
+            if not on_node_:
+                continue
+            try:
+                ended: dict[str, int] = await get(host.poll.remote(), timeout)
+            except (RayActorError, TimeoutError):
+                ended = {f"{r.name}.{r.replica}": -1 for r in on_node_}  # host or node gone
+            for rep in on_node_:
+                code = ended.get(f"{rep.name}.{rep.replica}")
+                if code is not None:
+                    rep.alive, rep.exit_code = False, code
+                    lost.append(rep)
+        for rep in lost:
+            log.warning(
+                "server %s replica %d at %s (node %s) is gone (exit code %s)",
+                rep.name, rep.replica, rep.url, rep.node.ip, rep.exit_code,
+            )  # fmt: skip
+        return lost
+
+    async def kill(self, name: str, replica: int = 0) -> None:
+        """SIGKILL one replica's process (fault tests and drills)."""
+        rep = self.replica(name, replica)
+        await get(self._hosts[rep.node.node_id].kill.remote(name, replica), 30)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop every replica (SIGTERM, then SIGKILL after ``timeout``) and their hosts."""
+        hosts, self._hosts = list(self._hosts.values()), {}
+        if not hosts:
+            return
+        results = await asyncio.gather(
+            *(get(h.stop.remote(timeout), timeout + 10) for h in hosts), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, LaunchError):
+                log.warning("stopping servers: %s", result)
+        for host in hosts:
+            with contextlib.suppress(Exception):
+                ray.kill(host)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [r.describe() for r in self.replicas]

@@ -1,0 +1,87 @@
+"""Test-only servers: a scripted model that fails on demand, an echo env that counts its calls.
+
+Server processes import them as ``tests.collect.fault_servers`` (with the repository root on
+``PYTHONPATH``); in-process tests pass the classes to ``rollgym.testing.serve_server``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+
+from rollgym.envs.echo.server import EchoEnv
+from rollgym.models.scripted import ScriptedModel
+from rollgym.protocol import HEADER_ROLLOUT
+from rollgym.server.app import JSONResponse
+from rollgym.server.base import ServerContext
+from rollgym.server.resources import Session, tool
+
+FAIL_MARKER = "FAIL-ME"
+FAULT_MESSAGE = "injected fault: NaN in logprobs"
+
+
+class FaultyModel(ScriptedModel):
+    """The scripted model, answering ``fail_status`` (500) on ``/v1/responses`` when the request
+    contains ``fail_marker``, or on every request while the file ``fail_while_exists`` exists
+    (delete it to "fix" the model). Counts requests and the faults it answered; with
+    ``request_log``, appends the rollout id of every request to that file."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self.requests = 0
+        self.faults = 0
+
+    def _failing(self, raw: bytes) -> bool:
+        marker = self.option("fail_marker")
+        if marker and marker.encode() in raw:
+            return True
+        path = self.option("fail_while_exists")
+        return bool(path) and Path(path).exists()
+
+    async def _responses(self, request: Request) -> Any:
+        self.requests += 1
+        log = self.option("request_log")
+        if log:
+            # One line per model call with its rollout id: a count that survives this process,
+            # to prove which rollouts a resumed run did (not) redo.
+            _append_line(log, str(request.headers.get(HEADER_ROLLOUT)))
+        raw = await request.body()  # cached: the scripted model reads it again
+        if not self._failing(raw):
+            return await super()._responses(request)
+        self.faults += 1
+        # Shaped like an OpenAI / vLLM error body, not a rollgym one: a real upstream does not
+        # declare its 500 final, so the caller's retry policy decides.
+        status = int(self.option("fail_status", 500))
+        error = {"message": FAULT_MESSAGE, "type": "server_error", "code": status}
+        return JSONResponse({"error": error}, status_code=status)
+
+
+def _append_line(path: str, line: str) -> None:
+    with open(path, "a") as fh:  # one small O_APPEND write: lines of concurrent calls never mix
+        fh.write(line + "\n")
+
+
+class CountingEcho(EchoEnv):
+    """The echo environment, counting calls of each endpoint in ``calls``."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self.calls: Counter[str] = Counter()
+
+    async def seed_session(self, session: Session) -> None:
+        self.calls["seed_session"] += 1
+
+    @tool
+    async def echo(self, session: Session, text: str) -> dict[str, Any]:
+        """Return the text unchanged."""
+        self.calls["echo"] += 1
+        return await super().echo(session, text)
+
+    async def verify(
+        self, session: Session, task: dict[str, Any], response: dict[str, Any]
+    ) -> float:
+        self.calls["verify"] += 1
+        return await super().verify(session, task, response)
