@@ -13,6 +13,9 @@ SIGTERM. Roles:
   and no framework logic: no validation, retries, breakers, balancing or error handling.
 - ``instant_agent``: answers ``/run`` at once with a verify-shaped record (and
   ``/aggregate_metrics`` with ``{}``): a fast stand-in to measure the collector alone.
+- ``collect`` (a client, not a server): the bare collector, ``--agent URL --input TASKS
+  --output FILE --concurrency C``: streams the task file, posts each row to ``/run`` with at
+  most C in flight and appends each answer to the output as it comes (the memory baseline).
 
 Every role counts requests per path and the time spent in its handlers, served at
 ``GET /_bench/stats`` (not counted), so the benchmark can print requests per rollout.
@@ -300,8 +303,10 @@ async def run_rollout(request: web.Request) -> web.Response:
             outputs.append(
                 {
                     "type": "function_call_output",
+                    "id": new_id("fco"),
                     "call_id": call["call_id"],
                     "output": orjson.dumps(result).decode(),
+                    "status": "completed",
                 }
             )
     final = {**response, "output": outputs}
@@ -387,6 +392,27 @@ async def serve(args: argparse.Namespace) -> None:
     await runner.cleanup()
 
 
+async def collect(args: argparse.Namespace) -> None:
+    url = args.agent.rstrip("/") + "/run"
+    headers = {"content-type": JSON}
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+    timeout = aiohttp.ClientTimeout(total=600)
+    with open(args.input, "rb") as tasks, open(args.output, "wb") as out:
+        rows = enumerate(tasks)
+
+        async def worker(session: aiohttp.ClientSession) -> None:
+            for i, line in rows:
+                row = orjson.loads(line)
+                row["task_index"], row["rollout_index"] = i, 0
+                async with session.post(url, data=orjson.dumps(row), headers=headers) as resp:
+                    body = await resp.read()
+                out.write(body + b"\n")
+                out.flush()
+
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            await asyncio.gather(*(worker(session) for _ in range(args.concurrency)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("role")
@@ -394,8 +420,15 @@ def main() -> None:
     parser.add_argument("--model", default="")
     parser.add_argument("--resources", default="")
     parser.add_argument("--upstream", default="")
+    parser.add_argument("--agent", default="")
+    parser.add_argument("--input", default="")
+    parser.add_argument("--output", default="")
+    parser.add_argument("--concurrency", type=int, default=256)
     args = parser.parse_args()
-    uvloop.run(serve(args))
+    if args.role == "collect":
+        asyncio.run(collect(args))  # the stdlib loop, as rollgym's collector uses
+    else:
+        uvloop.run(serve(args))
     sys.exit(0)
 
 

@@ -197,7 +197,7 @@ class Pipeline:
 
 
 async def start_rollgym(
-    variant: str, *, counting: bool = False, concurrency: int = 256
+    variant: str, *, counting: bool = False, concurrency: int = 256, log_dir: Path | None = None
 ) -> Pipeline:
     bare: list[BareProc] = []
     upstream = None
@@ -205,7 +205,7 @@ async def start_rollgym(
         bare.append(start_bare("upstream"))
         upstream = bare[0].url
     config = rollgym_config(variant, upstream, counting=counting, concurrency=concurrency)
-    supervisor = Supervisor(config)
+    supervisor = Supervisor(config, log_dir=log_dir)
     try:
         urls = await supervisor.start()
     except BaseException:
@@ -241,9 +241,13 @@ async def start_bare_pipeline(variant: str) -> Pipeline:
     return Pipeline("bare", variant, pids, urls, bare=procs, client=session)
 
 
-async def start_pipeline(kind: str, variant: str, **kw: Any) -> Pipeline:
+async def start_pipeline(
+    kind: str, variant: str, *, counting: bool = False, log_dir: Path | None = None
+) -> Pipeline:
+    """rollgym's servers (``counting``: with request counters) or the bare ones; server logs
+    go to ``log_dir`` (rollgym's; the bare servers log nothing)."""
     if kind == "rollgym":
-        return await start_rollgym(variant, **kw)
+        return await start_rollgym(variant, counting=counting, log_dir=log_dir)
     return await start_bare_pipeline(variant)
 
 
@@ -352,7 +356,7 @@ async def count_hops(
     variant: str, tasks: Path, out_dir: Path, kind: str = "rollgym"
 ) -> dict[str, Any]:
     """Requests per rollout by server and path, from a counting pass."""
-    pipe = await start_pipeline(kind, variant, counting=True)
+    pipe = await start_pipeline(kind, variant, counting=True, log_dir=out_dir / "logs")
     try:
         before = {name: await stats_of(url) for name, url in pipe.urls.items()}
         result = await collect(pipe, tasks, out_dir, 32)

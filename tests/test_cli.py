@@ -30,6 +30,7 @@ from tests.collect.stack import (
     task_row,
     write_tasks,
 )
+from tests.launch.procs import still_alive
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -80,23 +81,6 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
-
-
-def still_alive(pids: list[int], timeout: float = 8.0) -> list[int]:
-    """The pids still running after ``timeout`` seconds (zombies count as gone)."""
-    deadline = time.monotonic() + timeout
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = [p for p in alive if _running(p)]
-    return alive
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +204,46 @@ def test_a_killed_run_resumes_without_redoing_a_success_and_leaves_no_orphans(
     assert run["status"] == "completed" and len(run["resumes"]) == 1
 
 
+def test_sigterm_aborts_the_run_cleanly_and_resume_finishes_it(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "cfg.yaml", latency=0.15)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 30)
+    out = tmp_path / "out"
+    args = ["run", cfg, "-i", tasks, "-o", out, "--concurrency", "3", "--no-progress"]
+    proc = subprocess.Popen(
+        [ROLLGYM, *map(str, args)],
+        env=ENV,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        recorded = out / "rollouts.jsonl"
+        wait_for(
+            lambda: recorded.exists() and recorded.read_bytes().count(b"\n") >= 4, 30, "records"
+        )
+        servers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        proc.send_signal(signal.SIGTERM)  # what a scheduler sends before it kills
+        stdout, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    assert proc.returncode == 2, stderr
+    assert "interrupted by SIGTERM" in stdout
+    assert still_alive(servers, timeout=2) == []  # stopped by the run itself
+    run = orjson.loads((out / "run.json").read_bytes())
+    assert run["status"] == "aborted" and run["abort"]["reason"] == "interrupted by SIGTERM"
+    counts = orjson.loads((out / "metrics.json").read_bytes())["counts"]
+    assert counts["pending"] > 0 and counts["failed"] == 0  # cancelled, not failed
+    assert read_jsonl(out / "failures.jsonl") == []
+
+    done = rollgym(*args, "--resume")
+    assert done.returncode == 0, done.stderr
+    rollouts, _ = assert_ledger_invariant(out)
+    assert len(rollouts) == 30
+
+
 def test_the_failure_budget_aborts_and_resume_finishes_the_run(tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     broken.touch()
@@ -280,6 +304,14 @@ def test_serve_starts_the_servers_and_sigterm_stops_them_all(tmp_path: Path) -> 
         with urllib.request.urlopen(request, timeout=10) as resp:
             body = orjson.loads(resp.read())
         assert body["reward"] == 1.0 and body["expected_answer"] == "v4"
+
+        # Many runs against one set of servers: `collect` reads the URLs serve wrote.
+        tasks = write_tasks(tmp_path / "tasks.jsonl", 3)
+        out = tmp_path / "out"
+        args = ["-i", tasks, "-o", out, "--no-progress"]
+        done = rollgym("collect", cfg, "--servers", urls_file, *args)
+        assert done.returncode == 0, done.stderr
+        assert len(assert_ledger_invariant(out)[0]) == 3
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0

@@ -10,6 +10,11 @@ import orjson
 import pytest
 from openai.types.responses import Response
 
+from rollgym.agents.tool_agent import ToolAgent
+from rollgym.config import ServerConfig
+from rollgym.errors import ConfigError
+from rollgym.http import Target
+from rollgym.server.base import ServerContext
 from tests.collect.fault_servers import FAIL_MARKER, FAULT_MESSAGE
 from tests.collect.stack import running_stack, task_row
 
@@ -18,12 +23,12 @@ pytestmark = pytest.mark.timeout(30)
 TIMEOUT = aiohttp.ClientTimeout(total=15)
 
 
-async def post_run(url: str, row: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+async def post_run(
+    url: str, row: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
     async with (
         aiohttp.ClientSession(timeout=TIMEOUT) as session,
-        session.post(
-            url + "/run", data=orjson.dumps(row), headers={"x-rollgym-rollout": "3:1"}
-        ) as resp,
+        session.post(url + "/run", data=orjson.dumps(row), headers=headers) as resp,
     ):
         return resp.status, orjson.loads(await resp.read())
 
@@ -35,7 +40,7 @@ async def test_full_rollout_returns_the_verify_response_with_a_reward() -> None:
     assert status == 200, body
     assert body["reward"] == 1.0
     assert body["expected_answer"] == "v7"  # the task's own fields travel to /verify untouched
-    assert body["task_index"] == 7 and body["num_steps"] == 2
+    assert body["task_index"] == 7 and body["num_steps"] == 2 and body["truncated"] is False
     response = Response.model_validate(body["response"])
     kinds = [item.type for item in response.output]
     assert kinds == ["function_call", "function_call_output", "message"]
@@ -83,7 +88,7 @@ async def test_max_steps_bounds_the_loop() -> None:
         status, body = await post_run(stack.agent_url, {**task_row(0, turns=forever)})
         model_calls = stack.model.requests
     assert status == 200, body
-    assert model_calls == 3 and body["num_steps"] == 3
+    assert model_calls == 3 and body["num_steps"] == 3 and body["truncated"] is True
     assert stack.env.calls == {"seed_session": 1, "echo": 3, "verify": 1}
     assert body["reward"] == 0.0  # it never answered
 
@@ -95,8 +100,7 @@ async def test_a_caller_that_disconnects_cancels_the_rollout() -> None:
                 session.post(stack.agent_url + "/run", data=orjson.dumps(task_row(0)))
             )
             async with asyncio.timeout(5):
-                while stack.model.requests == 0:  # the rollout is waiting on the model
-                    await asyncio.sleep(0.01)
+                await stack.model.requested.wait()  # the rollout is waiting on the model
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
@@ -106,3 +110,26 @@ async def test_a_caller_that_disconnects_cancels_the_rollout() -> None:
         assert stack.env.calls["echo"] == 0
         assert stack.env.calls["verify"] == 0
         assert stack.model.requests == 1
+
+
+async def test_every_call_of_a_rollout_carries_its_rollout_id() -> None:
+    async with running_stack() as stack:
+        stamped = {**task_row(2), "task_index": 2, "rollout_index": 5}
+        await post_run(stack.agent_url, stamped)
+        await post_run(stack.agent_url, stamped, headers={"x-rollgym-rollout": "9:9"})
+        await post_run(stack.agent_url, task_row(0))  # unstamped: its own fresh id
+        await post_run(stack.agent_url, task_row(0))
+        ids = stack.model.rollout_ids
+    assert ids[:4] == ["2:5", "2:5", "9:9", "9:9"]  # the caller's header wins
+    fresh = ids[4:]
+    assert fresh[0] == fresh[1] and fresh[2] == fresh[3] and fresh[0] != fresh[2]
+    assert all(len(i or "") == 32 for i in fresh)
+
+
+async def test_max_steps_below_one_is_a_config_error() -> None:
+    cfg = ServerConfig(kind="agent", impl="tool_agent", options={"max_steps": 0})
+    peers = {name: Target.single(name, "http://127.0.0.1:9") for name in ("model", "resources")}
+    agent = ToolAgent(ServerContext("agent", cfg, peers))
+    with pytest.raises(ConfigError, match="max_steps must be at least 1"):
+        await agent.startup()
+    await agent.shutdown()

@@ -6,6 +6,7 @@ Server processes import them as ``tests.collect.fault_servers`` (with the reposi
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ class FaultyModel(ScriptedModel):
         super().__init__(ctx)
         self.requests = 0
         self.faults = 0
+        self.requested = asyncio.Event()  # set by the first request (in-process tests)
+        self.rollout_ids: list[str | None] = []  # the x-rollgym-rollout of every request
 
     def _failing(self, raw: bytes) -> bool:
         marker = self.option("fail_marker")
@@ -43,6 +46,8 @@ class FaultyModel(ScriptedModel):
 
     async def _responses(self, request: Request) -> Any:
         self.requests += 1
+        self.requested.set()
+        self.rollout_ids.append(request.headers.get(HEADER_ROLLOUT))
         log = self.option("request_log")
         if log:
             # One line per model call with its rollout id: a count that survives this process,

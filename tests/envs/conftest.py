@@ -1,73 +1,18 @@
-"""Helpers for the environment tests: talk to a real env server over HTTP."""
+"""Fixtures of the environment tests."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import aiohttp
 import pytest
-from openai.types.responses import Response
 
-from rollgym.server.resources import SESSION_HEADER
-
-
-def reply(text: str) -> dict[str, Any]:
-    """A Responses API response whose final assistant message says ``text``."""
-    response = {
-        "id": "resp_test",
-        "object": "response",
-        "created_at": 0,
-        "model": "test",
-        "status": "completed",
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "output": [
-            {
-                "type": "message",
-                "id": "msg_test",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        ],
-    }
-    Response.model_validate(response)  # the shape the agent really sends
-    return response
-
-
-class EnvClient:
-    """``/seed_session``, tools and ``/verify`` of one env server."""
-
-    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
-        self.http, self.url = http, url
-
-    async def request(
-        self, method: str, path: str, body: Any = None, session_id: str | None = None
-    ) -> tuple[int, Any]:
-        headers = {SESSION_HEADER: session_id} if session_id else {}
-        async with self.http.request(method, self.url + path, json=body, headers=headers) as resp:
-            return resp.status, await resp.json()
-
-    async def seed(self, task: dict[str, Any]) -> str:
-        status, body = await self.request("POST", "/seed_session", task)
-        assert status == 200, body
-        return str(body["session_id"])
-
-    async def call(
-        self, tool: str, arguments: Any, session_id: str | None = None
-    ) -> tuple[int, Any]:
-        return await self.request("POST", f"/{tool}", arguments, session_id)
-
-    async def verify(
-        self, task: dict[str, Any], text: str, session_id: str | None = None
-    ) -> tuple[int, Any]:
-        return await self.request("POST", "/verify", {**task, "response": reply(text)}, session_id)
+from .env_client import EnvClient
 
 
 @pytest.fixture
 async def connect() -> AsyncIterator[Callable[[str], EnvClient]]:
+    """``connect(url)``: an ``EnvClient`` on one shared aiohttp session with explicit timeouts."""
     timeout = aiohttp.ClientTimeout(total=30, connect=5)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         yield lambda url: EnvClient(http, url)

@@ -46,16 +46,15 @@ async def test_lookup_returns_the_entry_whatever_the_case(connect: Callable[...,
         assert product["kind"] == "product"
 
 
-@pytest.mark.parametrize(
-    "arguments",
-    [{}, {"key": 5}, {"key": None}, {"key": "Velmora", "extra": 1}, ["Velmora"], "Velmora"],
-)
-async def test_bad_arguments_answer_422(connect: Callable[..., Any], arguments: Any) -> None:
+async def test_bad_arguments_answer_422(connect: Callable[..., Any]) -> None:
+    bad: list[Any] = [{}, {"key": 5}, {"key": None}, {"key": "Velmora", "x": 1}, ["Velmora"], "x"]
     async with serve_server(LookupEnv, name="lookup") as (url, _):
-        status, body = await connect(url).call("lookup", arguments)
-    assert status == 422
-    assert body["error"]["type"] == "invalid_request"
-    assert body["error"]["server"] == "lookup"
+        env = connect(url)
+        for arguments in bad:
+            status, body = await env.call("lookup", arguments)
+            assert status == 422, arguments
+            assert body["error"]["type"] == "invalid_request"
+            assert body["error"]["server"] == "lookup"
 
 
 async def test_unknown_key_answers_404_with_a_suggestion(connect: Callable[..., Any]) -> None:
@@ -70,9 +69,8 @@ async def test_unknown_key_answers_404_with_a_suggestion(connect: Callable[..., 
         assert "did you mean" not in body["error"]["message"]
 
 
-@pytest.mark.parametrize(
-    ("text", "reward"),
-    [
+async def test_verify_pays_the_right_value_after_a_lookup(connect: Callable[..., Any]) -> None:
+    cases = [
         ("Brackenholt has 48213 residents.", 1.0),
         ("The population is 48,213.", 1.0),
         ('Registry: {"key":"Brackenholt","population":48213}.', 1.0),
@@ -80,21 +78,18 @@ async def test_unknown_key_answers_404_with_a_suggestion(connect: Callable[..., 
         ("About 148213 people.", 0.0),  # the number must stand alone
         ("I could not find it.", 0.0),
         ("", 0.0),
-    ],
-)
-async def test_verify_pays_the_right_value_after_a_lookup(
-    connect: Callable[..., Any], text: str, reward: float
-) -> None:
+    ]
     async with serve_server(LookupEnv, name="lookup") as (url, _):
         env = connect(url)
-        sid = await env.seed(TASK)
-        status, _ = await env.call("lookup", {"key": "Brackenholt"}, sid)
-        assert status == 200
-        status, verified = await env.verify(TASK, text, sid)
-    assert status == 200
-    assert verified["reward"] == reward
-    assert verified["tool_called"] == 1
-    assert verified["expected_answer"] == "48213"  # the task row comes back with the scores
+        for text, reward in cases:
+            sid = await env.seed(TASK)
+            status, _ = await env.call("lookup", {"key": "Brackenholt"}, sid)
+            assert status == 200
+            status, verified = await env.verify(TASK, text, sid)
+            assert status == 200
+            assert verified["reward"] == reward, text
+            assert verified["tool_called"] == 1
+            assert verified["expected_answer"] == "48213"  # the row comes back with the scores
 
 
 async def test_a_right_answer_without_the_tool_earns_nothing(connect: Callable[..., Any]) -> None:

@@ -5,17 +5,23 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+import aiohttp
 import pytest
+import pytest_asyncio
 
 from rollgym.envs.math.check import MathCheck, check_answer, gold_text
 from rollgym.envs.math.server import MathEnv
 from rollgym.errors import DeadlineExceeded
+from rollgym.server.resources import Session
 from rollgym.testing import serve_server
+
+from .env_client import EnvClient, reply
+from .hanging import HANG, hanging_check
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,7 +95,31 @@ def test_gold_text_boxes_bare_answers() -> None:
     assert gold_text("\\boxed{4}") == "\\boxed{4}"
 
 
-async def test_verify_scores_equivalent_forms_the_same(connect: Callable[..., Any]) -> None:
+# The env tests below share one MathEnv (and its warmed worker pool): starting workers and
+# importing math-verify in them is the slow part of these tests.
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def math_env() -> AsyncIterator[EnvClient]:
+    async with serve_server(MathEnv, name="math") as (url, _), _http() as http:
+        yield EnvClient(http, url)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def hanging_env() -> AsyncIterator[tuple[EnvClient, MathEnv]]:
+    options = {"verify_timeout": 1.5}
+    async with (
+        serve_server(HangingMathEnv, name="math", options=options) as (url, server),
+        _http() as http,
+    ):
+        assert isinstance(server, MathEnv)
+        yield EnvClient(http, url), server
+
+
+def _http() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30, connect=5))
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_verify_scores_equivalent_forms_the_same(math_env: EnvClient) -> None:
     task = _task("\\frac{1}{2}")
     cases = [
         ("\\boxed{1/2}", 1.0, 1),
@@ -98,106 +128,88 @@ async def test_verify_scores_equivalent_forms_the_same(connect: Callable[..., An
         ("\\boxed{\\frac{1}{3}}", 0.0, 1),
         ("No idea.", 0.0, 0),
     ]
-    async with serve_server(MathEnv, name="math") as (url, _):
-        env = connect(url)
-        sessions = await asyncio.gather(*(env.seed(task) for _ in cases))
-        results = await asyncio.gather(
-            *(env.verify(task, c[0], sid) for c, sid in zip(cases, sessions, strict=True))
-        )
+    sessions = await asyncio.gather(*(math_env.seed(task) for _ in cases))
+    results = await asyncio.gather(
+        *(math_env.verify(task, c[0], sid) for c, sid in zip(cases, sessions, strict=True))
+    )
     for (text, reward, parsed), (status, verified) in zip(cases, results, strict=True):
         assert status == 200, verified
         assert (verified["reward"], verified["answer_parsed"]) == (reward, parsed), text
 
 
-async def test_verify_accepts_a_numeric_expected_answer(connect: Callable[..., Any]) -> None:
-    async with serve_server(MathEnv, name="math") as (url, _):
-        status, verified = await connect(url).verify(_task(42), "\\boxed{42}")
+@pytest.mark.asyncio(loop_scope="module")
+async def test_verify_accepts_a_numeric_expected_answer(math_env: EnvClient) -> None:
+    status, verified = await math_env.verify(_task(42), "\\boxed{42}")
     assert status == 200 and verified["reward"] == 1.0
 
 
-@pytest.mark.parametrize("expected", [None, "", "   ", "}", "\\boxed{}", "$$"])
-async def test_verify_rejects_an_unusable_expected_answer(
-    connect: Callable[..., Any], expected: Any
-) -> None:
-    async with serve_server(MathEnv, name="math") as (url, _):
-        status, body = await connect(url).verify(_task(expected), "\\boxed{1}")
-    assert status == 422
-    assert "expected_answer" in body["error"]["message"]
+@pytest.mark.asyncio(loop_scope="module")
+async def test_verify_rejects_an_unusable_expected_answer(math_env: EnvClient) -> None:
+    for expected in [None, "", "   ", "}", "\\boxed{}", "$$"]:
+        status, body = await math_env.verify(_task(expected), "\\boxed{1}")
+        assert status == 422, expected
+        assert "expected_answer" in body["error"]["message"]
 
 
-def slow_check(expected: str, answer: str) -> MathCheck:
-    """A check that never finishes in time (module level: it runs in a pool worker)."""
-    time.sleep(60)
-    return MathCheck(True, True, True)
+class HangingMathEnv(MathEnv):
+    checker = staticmethod(hanging_check)
 
 
-class SlowMathEnv(MathEnv):
-    checker = staticmethod(slow_check)
-
-
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_check_that_hangs_fails_with_deadline_exceeded(
-    connect: Callable[..., Any],
+    hanging_env: tuple[EnvClient, MathEnv],
 ) -> None:
-    async with serve_server(SlowMathEnv, name="math", options={"verify_timeout": 1.5}) as (
-        url,
-        server,
-    ):
-        started = time.monotonic()
-        status, body = await connect(url).verify(_task("1"), "\\boxed{1}")
-        elapsed = time.monotonic() - started
-        assert isinstance(server, MathEnv)
-        with pytest.raises(DeadlineExceeded):
-            await server._check("1", "\\boxed{1}")
-    assert status == 504
-    assert body["error"]["type"] == "deadline_exceeded"
-    assert body["error"]["server"] == "math"
-    assert elapsed < 10  # stopped at the deadline, not after the 60 s sleep
-
-
-async def test_the_env_recovers_after_a_timeout(connect: Callable[..., Any]) -> None:
-    # A cold pool cannot start a worker and import math-verify in 10 ms: the check times out,
-    # its worker is killed, and the next check runs on a fresh pool.
-    async with serve_server(MathEnv, name="math", options={"verify_timeout": 0.01}) as (
-        url,
-        server,
-    ):
-        env = connect(url)
-        status, body = await env.verify(_task("1/2"), "\\boxed{0.5}")
-        assert (status, body["error"]["type"]) == (504, "deadline_exceeded")
-        assert isinstance(server, MathEnv)
-        server.check_timeout = 30.0
-        status, verified = await env.verify(_task("1/2"), "\\boxed{0.5}")
+    env, server = hanging_env
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded) as caught:
+        await server.verify(Session(id="s", task={}), _task("1/2"), reply(HANG))
+    elapsed = time.monotonic() - started
+    assert caught.value.server == "math"
+    assert 1.4 <= elapsed < 15  # stopped at the deadline, not after the 60 s sleep
+    # The env goes on: the next check runs on a fresh pool.
+    status, verified = await env.verify(_task("1/2"), "\\boxed{1/2}")
     assert status == 200 and verified["reward"] == 1.0
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_hung_check_answers_504_and_spares_its_neighbour(
+    hanging_env: tuple[EnvClient, MathEnv],
+) -> None:
+    env, _ = hanging_env
+    assert (await env.verify(_task("1/2"), "\\boxed{0.5}"))[0] == 200  # workers warm
+    (status, body), (n_status, neighbour) = await asyncio.gather(
+        env.verify(_task("1/2"), HANG), env.verify(_task("1/2"), "\\boxed{0.5}")
+    )
+    assert status == 504
+    assert (body["error"]["type"], body["error"]["server"]) == ("deadline_exceeded", "math")
+    assert n_status == 200 and neighbour["reward"] == 1.0
 
 
 async def test_a_check_lost_to_a_broken_pool_runs_once_more(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Another check's timeout kills the shared pool; the checks beside it are not at fault.
+    # A dead worker breaks the whole pool; the checks beside it are not at fault.
     async with serve_server(MathEnv, name="math") as (_, server):
         assert isinstance(server, MathEnv)
-        calls = []
-        real_run_cpu = server.run_cpu
+        calls: list[tuple[Any, ...]] = []
+        outcomes: list[Any] = []
 
-        async def flaky_run_cpu(fn: Any, *args: Any, timeout: float | None = None) -> Any:
+        async def run_cpu(fn: Any, *args: Any, timeout: float | None = None) -> Any:
+            assert fn is check_answer and timeout == server.check_timeout
             calls.append(args)
-            if len(calls) == 1:
-                raise BrokenProcessPool("a worker was killed")
-            return await real_run_cpu(fn, *args, timeout=timeout)
+            outcome = outcomes.pop(0)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
 
-        monkeypatch.setattr(server, "run_cpu", flaky_run_cpu)
-        result = await server._check("1/2", "\\boxed{0.5}")
-        assert result == MathCheck(True, True, True)
-        assert len(calls) == 2
+        monkeypatch.setattr(server, "run_cpu", run_cpu)
+        outcomes[:] = [BrokenProcessPool("a worker was killed"), MathCheck(True, True, True)]
+        assert await server._check("1/2", "\\boxed{0.5}") == MathCheck(True, True, True)
+        assert calls == [("1/2", "\\boxed{0.5}")] * 2
 
-        # A second break in a row is this check's own problem: it is not retried again.
+        # A second break in a row is this check's own problem: it is not tried a third time.
         calls.clear()
-
-        async def broken_run_cpu(fn: Any, *args: Any, timeout: float | None = None) -> Any:
-            calls.append(args)
-            raise BrokenProcessPool("still broken")
-
-        monkeypatch.setattr(server, "run_cpu", broken_run_cpu)
+        outcomes[:] = [BrokenProcessPool("killed"), BrokenProcessPool("killed again")]
         with pytest.raises(BrokenProcessPool):
             await server._check("1/2", "\\boxed{0.5}")
         assert len(calls) == 2

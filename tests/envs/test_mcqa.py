@@ -132,22 +132,19 @@ async def test_verify_rewards_the_right_letter(connect: Callable[..., Any], opti
             assert (verified["reward"], verified["extracted"]) == (reward, extracted), text
 
 
-@pytest.mark.parametrize(
-    "task",
-    [
+async def test_verify_rejects_malformed_tasks(connect: Callable[..., Any]) -> None:
+    malformed = [
         _task({"A": "x", "B": "y"}, "E"),
         _task({"A": "x", "B": "y"}, None),
         _task(None),
         {"responses_create_params": {"input": "?"}, "expected_answer": "A"},
-    ],
-)
-async def test_verify_rejects_malformed_tasks(
-    connect: Callable[..., Any], task: dict[str, Any]
-) -> None:
+    ]
     async with serve_server(MCQAEnv, name="mcqa") as (url, _):
-        status, body = await connect(url).verify(task, "\\boxed{A}")
-    assert status == 422
-    assert body["error"]["type"] == "invalid_request"
+        env = connect(url)
+        for task in malformed:
+            status, body = await env.verify(task, "\\boxed{A}")
+            assert status == 422, task
+            assert body["error"]["type"] == "invalid_request"
 
 
 async def test_aggregate_metrics_reports_the_extraction_rate(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -21,6 +21,7 @@ from rollgym.config import Config, parse_config
 from rollgym.errors import LaunchError
 from rollgym.launch import Supervisor
 from tests.collect.stack import task_row
+from tests.launch.procs import still_alive
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,18 +45,6 @@ def config(**agent_options: Any) -> Config:
     )
 
 
-def gone(pids: list[int], timeout: float = 8.0) -> list[int]:
-    """The pids still alive after ``timeout`` seconds."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
-
-
 async def test_start_wires_the_servers_together_and_stop_ends_them(tmp_path: Path) -> None:
     supervisor = Supervisor(config(), log_dir=tmp_path / "logs")
     try:
@@ -73,7 +62,7 @@ async def test_start_wires_the_servers_together_and_stop_ends_them(tmp_path: Pat
         assert body["reward"] == 1.0
     finally:
         await supervisor.stop()
-    assert gone(pids, timeout=1) == []
+    assert still_alive(pids, timeout=1) == []
     assert all(p.poll() is not None for p in (s.proc for s in supervisor.servers) if p)
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
         "agent.log",
@@ -92,7 +81,7 @@ async def test_a_server_that_crashes_on_startup_is_a_launch_error_with_its_log(
     assert "server agent exited with code" in message
     assert "many" in message  # the log tail shows the agent's own complaint
     assert info.value.server == "agent"
-    assert gone(supervisor.pids(), timeout=1) == []  # the healthy ones were stopped too
+    assert still_alive(supervisor.pids(), timeout=1) == []  # the healthy ones were stopped too
 
 
 async def test_a_port_in_use_is_a_launch_error_before_anything_starts() -> None:
@@ -128,18 +117,19 @@ PARENT = textwrap.dedent(
 )
 
 
-async def test_servers_die_with_a_killed_parent() -> None:
+def test_servers_die_with_a_killed_parent() -> None:
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
     )
     try:
         assert parent.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(parent.stdout.readline), 30)
-        pids = [int(p) for p in line.split()]
+        ready, _, _ = select.select([parent.stdout], [], [], 30)
+        assert ready, "the parent did not start its servers"
+        pids = [int(p) for p in parent.stdout.readline().split()]
         assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
         os.kill(parent.pid, signal.SIGKILL)  # no chance to stop its children
         parent.wait(5)
-        assert gone(pids) == []
+        assert still_alive(pids) == []
     finally:
         if parent.poll() is None:
             parent.kill()

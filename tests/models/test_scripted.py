@@ -122,7 +122,8 @@ async def say_for(sdk: openai.AsyncOpenAI, rollout: str) -> str:
 async def test_alternatives_are_deterministic_per_rollout(url: str) -> None:
     rollouts = [f"{task}:{r}" for task in range(4) for r in range(6)]
     async with client(url) as sdk:
-        first = dict(zip(rollouts, await asyncio.gather(*(say_for(sdk, r) for r in rollouts))))
+        answers = await asyncio.gather(*(say_for(sdk, r) for r in rollouts))
+        first = dict(zip(rollouts, answers, strict=True))
         again = {r: await say_for(sdk, r) for r in reversed(rollouts[:8])}
     assert again == {r: first[r] for r in again}  # a rerun gives the same answers
     assert set(first.values()) == {"alpha", "beta", "gamma"}  # repeats can differ

@@ -35,9 +35,7 @@ NODE = {"num_cpus": 1, "object_store_memory": 80 * 1024 * 1024}
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Cluster]:
     """Two Ray nodes on this machine; the test process is the driver."""
-    cluster = Cluster(
-        initialize_head=True, head_node_args={**NODE, "include_dashboard": False}
-    )
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
     cluster.add_node(**NODE)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, logging_level="WARNING")
@@ -101,7 +99,7 @@ def stack_config(
         "kind": "model",
         "impl": "scripted",
         "options": {"latency": latency},
-        "retry": {**FAST_RETRY, "max_attempts": 2},
+        "retry": FAST_RETRY,
     }
     if model_url is not None:
         model["url"] = model_url
@@ -152,9 +150,7 @@ def ledger_keys(out: Path) -> tuple[Counter[tuple[int, int]], Counter[tuple[int,
         if not path.exists():
             return Counter()
         lines = path.read_bytes().splitlines()
-        return Counter(
-            (r["task_index"], r["rollout_index"]) for r in map(orjson.loads, lines) if r
-        )
+        return Counter((r["task_index"], r["rollout_index"]) for r in map(orjson.loads, lines) if r)
 
     return keys("rollouts.jsonl"), keys("failures.jsonl")
 
@@ -189,6 +185,7 @@ def stack() -> Any:
         write_tasks = staticmethod(write_tasks)
         task_row = staticmethod(task_row)
         invariant = staticmethod(assert_ledger_invariant)
+        ledger_keys = staticmethod(ledger_keys)
         wait_until = staticmethod(wait_until)
 
     return Stack

@@ -60,7 +60,9 @@ async def test_agent_replica_dies_mid_run(ray_cluster: Any, stack: Any, tmp_path
     lost = outcome.metrics["ray"]["replicas_lost"]
     assert [(r["server"], r["replica"]) for r in lost] == [("agent", 1)]
     dead_url = lost[0]["url"]
-    assert all(r["url"] != dead_url for r in outcome.metrics["ray"]["replicas"] if r["server"] != "agent")
+    assert all(
+        r["url"] != dead_url for r in outcome.metrics["ray"]["replicas"] if r["server"] != "agent"
+    )
 
 
 async def test_model_replica_dies_mid_run(ray_cluster: Any, stack: Any, tmp_path: Path) -> None:

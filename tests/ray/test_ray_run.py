@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from rollgym.collect import Collector, prepare_run
+from rollgym.collect import EXIT_ABORTED, Collector, prepare_run
 from rollgym.launch import Supervisor
 from rollgym.ray import run_on_ray
 
@@ -84,3 +84,26 @@ async def test_ray_run_resumes_without_redoing_successes(
     assert again.status == "completed"
     assert again.metrics["timing"]["rollouts_this_session"] == 0
     assert (out / "rollouts.jsonl").read_bytes() == before
+
+
+async def test_ray_run_aborts_on_its_failure_budget_then_resumes(
+    ray_cluster: Any, overloaded_model: str, stack: Any, tmp_path: Path
+) -> None:
+    broken = stack.config(
+        replicas=1, model_url=overloaded_model, collect={"repeats": 3, "max_failures": 3}
+    )
+    tasks = stack.write_tasks(tmp_path / "tasks.jsonl", 40)
+    out = tmp_path / "out"
+    aborted = await run_on_ray(broken, broken.collect, tasks, out, progress=False)
+    assert aborted.status == "aborted" and aborted.abort_reason
+    assert aborted.exit_code == EXIT_ABORTED
+    counts = aborted.metrics["counts"]
+    assert counts["failed"] >= 3 and counts["pending"] > 0
+    ok, bad = stack.ledger_keys(out)
+    assert all(n == 1 for n in (ok + bad).values())  # nothing recorded twice
+
+    # The model is back: --resume redoes the failed and the pending rollouts, nothing else.
+    fixed = stack.config(replicas=1, collect={"repeats": 3, "max_rollout_attempts": 5})
+    done = await run_on_ray(fixed, fixed.collect, tasks, out, resume=True, progress=False)
+    assert done.status == "completed", done.abort_reason
+    assert stack.invariant(out) == (120, 0)

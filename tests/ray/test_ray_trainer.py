@@ -1,6 +1,6 @@
 """The trainer API inside Ray actors and ``spawn`` processes, against a model that is down.
 
-The model answers 503 to every call (beyond its 2 attempts), so every rollout fails in the
+The model answers 503 to every call (beyond its 3 attempts), so every rollout fails in the
 agent: the agent answers 502 with the model's error as ``origin``. Records and raised errors
 must reach the driver with their type and fields intact.
 """
@@ -62,7 +62,7 @@ def _check_error(err: RollgymError) -> None:
     assert err.retryable is False
     root = err.root()
     assert isinstance(root, HTTPStatusError)
-    assert (root.status, root.server, root.attempts) == (503, "model", 2)
+    assert (root.status, root.server, root.attempts) == (503, "model", 3)
 
 
 def _check_groups(groups: list[TaskGroup], rows: int, repeats: int) -> None:

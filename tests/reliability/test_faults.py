@@ -171,8 +171,9 @@ async def test_model_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path) 
         urls = await supervisor.start()
         collector = Collector(prepared, urls, progress=False)
         run = asyncio.create_task(collector.execute())
-        while collector.ledger.succeeded < 60:
-            await asyncio.sleep(0.02)
+        async with asyncio.timeout(30):
+            while collector.ledger.succeeded < 60:  # noqa: ASYNC110 - polling a counter
+                await asyncio.sleep(0.02)
         supervisor.kill("model")
         await asyncio.sleep(0.5)
         await supervisor.restart("model")

@@ -94,3 +94,52 @@ async def test_stuck_verifier_fails_only_its_rollout(tmp_path: Path) -> None:
     failure = json.loads((tmp_path / "out" / "failures.jsonl").read_text())
     assert failure["task_index"] == 5
     assert elapsed < 30  # one verify timeout (1 s) plus pool restarts, not an hour
+
+
+@pytest.mark.timeout(60)
+async def test_pool_workers_die_with_their_server(tmp_path: Path) -> None:
+    """SIGKILL of a resources server busy in a stuck verifier leaves no pool worker behind."""
+    import asyncio
+    import signal
+
+    import aiohttp
+    import psutil
+
+    from rollgym.launch import Supervisor
+
+    cfg = parse_config(
+        {
+            "servers": {
+                "env": {
+                    "kind": "resources",
+                    "impl": "tests.reliability.test_stuck_verifier:StuckEnv",
+                    "retry": {"max_attempts": 1},
+                }
+            }
+        }
+    )
+    supervisor = Supervisor(cfg, log_dir=tmp_path / "logs")
+    urls = await supervisor.start()
+    try:
+        proc = psutil.Process(supervisor.pids()[0])
+        task = {"responses_create_params": {"input": "x"}, "expected_answer": "x", "stuck": True}
+        response = {"output": []}
+        async with aiohttp.ClientSession() as http:
+            request = asyncio.create_task(
+                http.post(urls["env"][0] + "/verify", json={**task, "response": response})
+            )
+            workers: list[psutil.Process] = []
+            async with asyncio.timeout(30):  # until a worker is spinning in the stuck verify
+                while not any(w.status() == psutil.STATUS_RUNNING for w in workers):
+                    await asyncio.sleep(0.1)
+                    workers = [
+                        w
+                        for w in proc.children(recursive=True)
+                        if "spawn_main" in " ".join(w.cmdline())
+                    ]
+            proc.send_signal(signal.SIGKILL)
+            _, alive = psutil.wait_procs(workers, timeout=10)
+            assert not alive, f"orphaned pool workers: {[p.pid for p in alive]}"
+            request.cancel()
+    finally:
+        await supervisor.stop()

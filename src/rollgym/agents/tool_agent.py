@@ -2,6 +2,8 @@
 
     seed_session -> model -> tool calls -> model -> ... (at most max_steps model calls) -> verify
 
+A rollout that runs out of steps is verified as it stands and marked ``truncated``.
+
 A tool's own 4xx answer (bad arguments, unknown key) is the tool's output, handed back to the
 model as a ``function_call_output``. An infrastructure failure (model, tool or verify failing
 after the called server's retries) fails the rollout with the typed error as ``origin``.
@@ -22,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from rollgym.errors import HTTPStatusError, InvalidRequest, ProtocolError
+from rollgym.errors import ConfigError, HTTPStatusError, InvalidRequest, ProtocolError
 from rollgym.http import Target
 from rollgym.protocol import HEADER_ROLLOUT, function_calls, rollout_key
 from rollgym.server.app import JSONResponse, read_json
@@ -40,10 +42,14 @@ class ToolAgent(BaseServer):
         self.model: Target = self.peer(self.option("model", "model"))
         self.resources: Target = self.peer(self.option("resources", "resources"))
         self.max_steps = int(self.option("max_steps", 10))
+        if self.max_steps < 1:
+            # Zero steps would "verify" a response the model never gave.
+            raise ConfigError(f"server {self.name!r}: options.max_steps must be at least 1")
         self.model_timeout = float(self.option("model_timeout", 600.0))
         self.tool_timeout = float(self.option("tool_timeout", 120.0))
         self.verify_timeout = float(self.option("verify_timeout", 300.0))
         self._tools: list[dict[str, Any]] | None = None
+        self._tools_lock = asyncio.Lock()
 
     def add_routes(self, app: FastAPI) -> None:
         app.router.routes.append(Route("/run", self._run_endpoint, methods=["POST"]))
@@ -54,7 +60,7 @@ class ToolAgent(BaseServer):
             raise InvalidRequest(
                 "/run expects a task row with 'responses_create_params'", status=422
             )
-        rollout = asyncio.create_task(self.run(row))
+        rollout = asyncio.create_task(self.run(row, request.headers.get(HEADER_ROLLOUT)))
         watcher = asyncio.create_task(_wait_disconnect(request))
         try:
             await asyncio.wait({rollout, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -69,14 +75,19 @@ class ToolAgent(BaseServer):
         return JSONResponse(rollout.result())
 
     async def _server_tools(self) -> list[dict[str, Any]]:
-        if self._tools is None:
-            tools = await self.client.call(self.resources, "/tools", {}, deadline=self.tool_timeout)
-            self._tools = tools if isinstance(tools, list) else []
+        # One fetch shared by every rollout that starts before the first answer arrives.
+        async with self._tools_lock:
+            if self._tools is None:
+                tools = await self.client.call(
+                    self.resources, "/tools", {}, deadline=self.tool_timeout
+                )
+                self._tools = tools if isinstance(tools, list) else []
         return self._tools
 
-    async def run(self, row: dict[str, Any]) -> dict[str, Any]:
-        """Run one rollout of ``row`` and return the verify response."""
-        key = rollout_key(row)
+    async def run(self, row: dict[str, Any], rollout_id: str | None = None) -> dict[str, Any]:
+        """Run one rollout of ``row`` and return the verify response. ``rollout_id`` (the
+        caller's ``x-rollgym-rollout``) names the rollout to the servers it calls."""
+        key = rollout_id or _rollout_id(row)
         headers = {HEADER_ROLLOUT: key}
         seeded = await self.client.call(
             self.resources, "/seed_session", row, headers=headers, deadline=self.tool_timeout,
@@ -100,6 +111,7 @@ class ToolAgent(BaseServer):
         outputs: list[Any] = []
         response: dict[str, Any] = {}
         steps = 0
+        truncated = False
         started = time.monotonic()
         while steps < self.max_steps:
             steps += 1
@@ -119,6 +131,10 @@ class ToolAgent(BaseServer):
                 break
             results = await asyncio.gather(*(self._call_tool(c, res_headers, key) for c in calls))
             outputs.extend(results)
+        else:
+            # Out of steps while the model still wanted its tools: the rollout is verified as
+            # it stands (a truncated episode is still data), and marked so trainers can tell.
+            truncated = True
 
         final = {**response, "output": outputs}
         verified = await self.client.call(
@@ -127,6 +143,7 @@ class ToolAgent(BaseServer):
         )  # fmt: skip
         if isinstance(verified, dict):
             verified.setdefault("num_steps", steps)
+            verified.setdefault("truncated", truncated)
             verified.setdefault("agent_seconds", round(time.monotonic() - started, 4))
         return verified  # type: ignore[no-any-return]
 
@@ -154,6 +171,15 @@ class ToolAgent(BaseServer):
             raise
         output = result if isinstance(result, str) else orjson.dumps(result).decode()
         return _tool_output(call, output)
+
+
+def _rollout_id(row: dict[str, Any]) -> str:
+    if row.get("task_index") is not None and row.get("rollout_index") is not None:
+        return rollout_key(row)
+    # An unstamped row (a trainer calling /run itself) gets an id of its own: a shared one
+    # would pin every such rollout to one replica (sticky balancing) and give them all the
+    # same scripted alternative.
+    return uuid.uuid4().hex
 
 
 def _tool_output(call: dict[str, Any], output: str) -> dict[str, Any]:

@@ -47,5 +47,5 @@ def main() -> None:
     try:
         app()
     except RollgymError as err:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -54,10 +53,7 @@ def _print_urls(cfg: Config, urls: dict[str, list[str]]) -> None:
     table.add_column("url", overflow="fold")
     for name, server in cfg.servers.items():
         table.add_row(name, server.kind, server.impl, ", ".join(urls[name]))
-    Console().print(table)
-    # stdout is block-buffered when piped: a script waiting for the URLs must see them now,
-    # not when the servers stop.
-    sys.stdout.flush()
+    Console().print(table)  # rich flushes: a script reading the pipe sees it at once
 
 
 def _write_urls(path: Path, urls: dict[str, list[str]]) -> None:

@@ -30,7 +30,7 @@ from rollgym.collect.ledger import Ledger
 from rollgym.collect.metrics import compute_metrics
 from rollgym.collect.progress import RunProgress
 from rollgym.collect.tasks import TaskFileInfo, iter_rollouts, materialize, scan_tasks
-from rollgym.config import CollectConfig, Config
+from rollgym.config import CollectConfig, Config, RetryPolicy
 from rollgym.errors import ConfigError, InternalError, ProtocolError, RollgymError
 from rollgym.http import HttpClient, Target
 from rollgym.protocol import HEADER_ROLLOUT, RolloutFailure, RolloutResult
@@ -206,9 +206,7 @@ class Collector:
                     target, "/run", raw, headers=headers, deadline=self.cfg.rollout_timeout,
                     sticky=headers[HEADER_ROLLOUT],
                 )  # fmt: skip
-                if not isinstance(verified, dict) or not isinstance(
-                    verified.get("reward"), (int, float)
-                ):
+                if not _has_reward(verified):
                     raise ProtocolError(
                         "agent answered without a numeric 'reward'", server=target.name,
                         endpoint="/run", body=orjson.dumps(verified)[:2000],
@@ -315,6 +313,7 @@ class Collector:
             "rollouts_per_second": round(self.completed_now / wall, 2) if wall > 0 else None,
         }
         data["http"] = {name: vars(s) for name, s in self.client.stats().items()}
+        data["servers"] = await self._server_stats()
         if self.abort_reason is None:
             data["env_aggregate"] = await self._env_aggregate()
         _write_json(run.out_dir / "metrics.json", data)
@@ -331,6 +330,24 @@ class Collector:
             info["abort"] = {"reason": self.abort_reason, **self.budget.summary.to_dict()}
         _write_json(run.out_dir / "run.json", info)
         return RunOutcome(status, code, data, run.out_dir, self.abort_reason)
+
+    async def _server_stats(self) -> dict[str, Any]:
+        """Each server's view of the servers it called: retries, budget refusals, breaker
+        state. Best effort: a server that is down simply has no entry."""
+        once = RetryPolicy(max_attempts=1, attempt_timeout=5.0)
+        out: dict[str, Any] = {}
+        for name, urls in self.urls.items():
+            for i, url in enumerate(urls):
+                key = name if len(urls) == 1 else f"{name}[{i}]"
+                try:
+                    got = await self.client.call(
+                        Target.single(f"{name}.stats", url, once), "/stats", {}
+                    )
+                except RollgymError:
+                    continue
+                if isinstance(got, dict) and got.get("calls"):
+                    out[key] = got["calls"]
+        return out
 
     async def _env_aggregate(self) -> dict[str, Any]:
         """Ask the agent's resources server for environment metrics (optional endpoint)."""
@@ -360,6 +377,12 @@ class Collector:
             log.warning("aggregate_metrics failed: %s", err)
             return {"error": err.to_dict()}
         return result if isinstance(result, dict) else {}
+
+
+def _has_reward(verified: Any) -> bool:
+    # A JSON ``true`` is an int to Python, but no reward; NaN arrives as null over orjson.
+    reward = verified.get("reward") if isinstance(verified, dict) else None
+    return isinstance(reward, (int, float)) and not isinstance(reward, bool)
 
 
 def _internal(exc: BaseException) -> RollgymError:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -27,11 +26,10 @@ import orjson
 
 from rollgym.config import Config
 from rollgym.errors import LaunchError
+from rollgym.lifeline import die_with_parent
 from rollgym.server.base import resolve_impl
 
 log = logging.getLogger("rollgym.launch")
-
-_PR_SET_PDEATHSIG = 1
 
 SPEC_ENV = "ROLLGYM_WORKER"
 """The environment variable carrying a server process's JSON spec. Defined here, not in the
@@ -40,15 +38,11 @@ that had already imported the worker would run it twice (runpy warns about exact
 
 
 def _die_with(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` dies."""
+    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` dies (and exit at once
+    if ``parent`` died between fork and the call, when no signal would ever come)."""
 
     def preexec() -> None:  # runs in the child between fork and exec
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        # The parent may have died between fork and prctl; then no signal will ever come and
-        # the child would serve on as an orphan. Its parent is someone else by now: leave.
-        if os.getppid() != parent:
-            os._exit(1)
+        die_with_parent(signal.SIGTERM, parent)
 
     return preexec
 

@@ -205,6 +205,20 @@ class RayCollector(Collector):
         await get([a.ready.remote() for a in self._actors], 120)
 
     async def _lane(self, index: int, actor: Any) -> None:
+        try:
+            await self._feed(index, actor)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # The driver itself broke (the ledger cannot be written, say): nothing can be
+            # recorded any more, so stop the run and say why.
+            log.exception("collect lane crashed")
+            if self.abort_reason is None:
+                self.abort(f"collector error: {type(exc).__name__}: {exc}")
+
+    async def _feed(self, index: int, actor: Any) -> None:
+        """Hand ``actor`` chunk after chunk and record what comes back, until no work is left
+        (or the worker is dead for good)."""
         assert self._queue is not None
         queue = self._queue
         while self.abort_reason is None:
@@ -218,8 +232,6 @@ class RayCollector(Collector):
                         if out.pop((record.task_index, record.rollout_index), None) is not None:
                             self._record(record)
                             queue.finished(1)
-            except asyncio.CancelledError:
-                raise
             except RayError as exc:
                 log.warning("collect worker %d failed (%s); %d rollouts go back in the queue",
                             index, type(exc).__name__, len(out))  # fmt: skip
@@ -228,8 +240,10 @@ class RayCollector(Collector):
                     log.error("collect worker %d is gone for good", index)
                     return
                 continue
-            if out:  # the worker cancelled them (abort): they stay pending
-                queue.finished(len(out))
+            if out and self.abort_reason is None:
+                queue.give_back(list(out.values()))  # not expected: run them elsewhere
+            elif out:
+                queue.finished(len(out))  # cancelled by the abort: they stay pending
 
     async def _alive(self, actor: Any) -> bool:
         """Wait for a worker that Ray is restarting; False if it stays dead."""

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -29,16 +30,23 @@ import orjson
 import ray
 
 from rollgym.errors import LaunchError
-from rollgym.launch.worker import SPEC_ENV
+from rollgym.launch.supervisor import SPEC_ENV
 
 _PR_SET_PDEATHSIG = 1
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _WILDCARD = ("0.0.0.0", "::", "")
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _die_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` dies."""
+
+    def preexec() -> None:  # runs in the child between fork and exec
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the host died between fork and prctl: no signal will come
+            os._exit(1)
+
+    return preexec
 
 
 @dataclass
@@ -123,7 +131,7 @@ class ServerHost:
             stdout=out,
             stderr=subprocess.STDOUT if out is not None else None,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with(os.getpid()),
         )
         rep.sock.close()  # the child holds its own copy: once it dies, connects are refused
         rep.sock = None

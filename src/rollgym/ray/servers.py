@@ -20,7 +20,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from rollgym.config import Config
-from rollgym.errors import ConfigError, LaunchError
+from rollgym.errors import LaunchError
 from rollgym.ray.host import ServerHostActor
 from rollgym.ray.placement import NodeInfo, alive_nodes, get, on_node, spread
 from rollgym.server.base import resolve_impl
@@ -82,10 +82,6 @@ class RayServers:
         wanted: list[tuple[str, int]] = []
         for name, cfg in self.config.servers.items():
             resolve_impl(cfg.impl, cfg.kind)  # fail before anything starts
-            if getattr(cfg, "chaos", None) is not None and not cfg.url:
-                raise ConfigError(
-                    f"servers.{name}.chaos: fault injection is not supported with --ray yet"
-                )
             if cfg.url:
                 self.urls[name] = [cfg.url.rstrip("/")]
             else:

@@ -27,6 +27,9 @@ from rollgym.trainer import FailedRollout, RolloutRecord, run_rollout
 WorkItem = tuple[str, int, int, bytes, int]
 """(agent name, task index, rollout index, the stamped task row, attempts made before)."""
 
+BATCH_LINGER = 0.02
+"""Seconds a finished record waits for others to share its trip to the driver."""
+
 SUSPECT_SECONDS = 10.0
 """How long a replica that refused a connection stays out of rotation before it is tried again
 (the driver's monitor marks a replica whose process ended dead for good)."""
@@ -82,6 +85,10 @@ class CollectWorker:
             remaining = len(tasks)
             while remaining:
                 done = [await finished.get()]
+                if remaining > 1:
+                    # Let a batch gather: every yield is an object in Ray's store, and one per
+                    # record costs the driver more than the record itself.
+                    await asyncio.sleep(BATCH_LINGER)
                 while not finished.empty():
                     done.append(finished.get_nowait())
                 remaining -= len(done)
@@ -101,6 +108,7 @@ class CollectWorker:
             if self._aborted:
                 raise asyncio.CancelledError
             try:
+                failovers = len(self._all[name].urls) - 1  # each replica refuses at most once
                 while True:
                     record = await run_rollout(
                         self.http, self._target(name), raw, task_index, rollout_index,
@@ -108,10 +116,12 @@ class CollectWorker:
                         prior_attempts=prior, may_retry=lambda: not self._aborted,
                     )  # fmt: skip
                     if (
-                        isinstance(record, FailedRollout)
+                        failovers > 0
+                        and isinstance(record, FailedRollout)
                         and isinstance(record.error, ConnectError)
                         and self._take_out(name, record.error.url)
                     ):
+                        failovers -= 1
                         self.failovers += 1
                         continue
                     return record
@@ -136,14 +146,13 @@ class CollectWorker:
         return current
 
     def _take_out(self, name: str, url: str | None) -> bool:
-        """Take the replica that ``url`` was sent to out of rotation; True if another live
-        replica is left to try."""
-        live = self._target(name).urls
-        base = _base_of(url, live)
-        if base is None or len(live) < 2:
+        """Take the replica that ``url`` was sent to out of rotation; True if another replica
+        is left to try."""
+        base = _base_of(url, self._all[name].urls)
+        if base is None:
             return False
         self._suspect[base] = time.monotonic() + SUSPECT_SECONDS
-        return True
+        return any(u != base for u in self._target(name).urls)
 
     async def mark_down(self, urls: list[str]) -> None:
         """The driver found these replicas dead: never send them anything again."""

@@ -135,7 +135,7 @@ def build_app(server: BaseServer) -> FastAPI:
         return JSONResponse({"server": server.name, "calls": out})
 
     app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/stats", stats, methods=["GET"])
+    app.add_api_route("/stats", stats, methods=["GET", "POST"])
     server.add_routes(app)
     return app
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import os
 import time
 import uuid
 from collections import OrderedDict
@@ -149,9 +150,17 @@ class ResourcesServer(BaseServer):
         try:
             return await asyncio.wait_for(asyncio.wrap_future(job), timeout)
         except TimeoutError:
+            if job.cancel():
+                # It never left the queue: nothing is stuck, the pool is fine.
+                raise DeadlineExceeded(
+                    f"{type(self).__name__}: CPU work waited {timeout:g}s for a free worker",
+                    server=self.name,
+                ) from None
             if self._pool is pool:
                 self._pool = None  # new work goes to a fresh pool
-            self._retiring.add(asyncio.create_task(_retire(pool, job, timeout)))
+            task = asyncio.create_task(_retire(pool, job, timeout))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
             raise DeadlineExceeded(
                 f"{type(self).__name__}: CPU work did not finish within {timeout:g}s",
                 server=self.name,
@@ -189,8 +198,12 @@ class ResourcesServer(BaseServer):
             )
 
     async def shutdown(self) -> None:
+        # Kill, not shut down: a worker stuck in a verifier would otherwise spin on.
+        for task in self._retiring:
+            task.cancel()
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            _kill_pool(self._pool)
+            self._pool = None
         await super().shutdown()
 
     async def _list_tools(self, request: Request) -> Any:
@@ -276,7 +289,14 @@ def _new_pool(workers: int) -> ProcessPoolExecutor:
     import multiprocessing
 
     # spawn: a fork of a process running an event loop and threads is unsafe.
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    from rollgym.lifeline import pool_worker_lifeline
+
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=pool_worker_lifeline,  # a worker must not outlive its server
+        initargs=(os.getpid(),),
+    )
 
 
 def _warm(module: str) -> None:
@@ -288,12 +308,13 @@ async def _retire(pool: ProcessPoolExecutor, stuck: Future[Any], grace: float) -
     """Kill ``pool`` once every call but the stuck one has finished (or after ``grace`` more
     seconds, since each of those calls has its own timeout too)."""
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        pending = [f for f in _pending_jobs(pool) if f is not stuck]
-        if not pending:
-            break
-        await asyncio.sleep(0.05)
-    _kill_pool(pool)
+    try:
+        while time.monotonic() < deadline:
+            if not [f for f in _pending_jobs(pool) if f is not stuck]:
+                break
+            await asyncio.sleep(0.05)
+    finally:  # also when cancelled at shutdown
+        _kill_pool(pool)
 
 
 def _pending_jobs(pool: ProcessPoolExecutor) -> list[Future[Any]]:
@@ -302,7 +323,7 @@ def _pending_jobs(pool: ProcessPoolExecutor) -> list[Future[Any]]:
 
 
 def _kill_pool(pool: ProcessPoolExecutor) -> None:
-    for proc in list(getattr(pool, "_processes", {}).values()):
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
         proc.kill()
     pool.shutdown(wait=False, cancel_futures=True)
 

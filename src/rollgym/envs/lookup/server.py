@@ -43,7 +43,7 @@ class LookupEnv(ResourcesServer):
 
     @tool
     async def lookup(self, session: Session, key: str) -> dict[str, Any]:
-        """Look up a Norrowvale registry entry by key: a town name or a product code (QX-4471)."""
+        """Look up a Norrowvale registry entry by key: a town name or a product code like QX-4471."""
         # Every call counts as using the tool, found or not; a stateless call has no seed.
         session.data.setdefault("lookups", []).append(key)
         canonical = canonical_key(key)

@@ -6,8 +6,8 @@ else the last expression) is compared with it, so ``1/2``, ``0.5`` and ``\\frac{
 the same. Metric ``answer_parsed`` (1/0) separates "no readable answer" from "wrong answer".
 
 Option ``verify_timeout`` (seconds, default 30) bounds each check; a check still running then is
-stopped with its worker process and the verify fails with ``DeadlineExceeded``; a check that
-lost its worker to another check's timeout is run once more.
+abandoned (its pool is retired) and the verify fails with ``DeadlineExceeded``; a check that
+lost its worker to a broken pool is run once more.
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ class MathEnv(ResourcesServer):
                 type(self).checker, expected, answer, timeout=self.check_timeout
             )
         except BrokenProcessPool:
-            # The pool is shared: when another check times out, run_cpu kills every worker, and
-            # the checks running beside it fail through no fault of their own. Pure work, so
-            # run it once more (on a fresh pool); a second failure is this check's own.
+            # A worker that dies (out of memory, a crash in native code, killed) breaks the
+            # whole pool and fails every check in flight on it, most of them innocent. The work
+            # is pure, so run it once more on a fresh pool; a second failure is its own.
             log.info("%s: check lost to a broken worker pool, running it once more", self.name)
             result = await self.run_cpu(
                 type(self).checker, expected, answer, timeout=self.check_timeout
