@@ -118,7 +118,9 @@ async def chat_completions(request: web.Request) -> web.Response:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": params.get("model") or "instant",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            ],
             "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
         }
     )
@@ -392,25 +394,25 @@ async def serve(args: argparse.Namespace) -> None:
     await runner.cleanup()
 
 
-async def collect(args: argparse.Namespace) -> None:
+async def collect(args: argparse.Namespace, tasks: Any, out: Any) -> None:
+    """Stream ``tasks`` to ``/run`` with ``args.concurrency`` workers, each answer to ``out``."""
     url = args.agent.rstrip("/") + "/run"
     headers = {"content-type": JSON}
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     timeout = aiohttp.ClientTimeout(total=600)
-    with open(args.input, "rb") as tasks, open(args.output, "wb") as out:
-        rows = enumerate(tasks)
+    rows = enumerate(tasks)
 
-        async def worker(session: aiohttp.ClientSession) -> None:
-            for i, line in rows:
-                row = orjson.loads(line)
-                row["task_index"], row["rollout_index"] = i, 0
-                async with session.post(url, data=orjson.dumps(row), headers=headers) as resp:
-                    body = await resp.read()
-                out.write(body + b"\n")
-                out.flush()
+    async def worker(session: aiohttp.ClientSession) -> None:
+        for i, line in rows:
+            row = orjson.loads(line)
+            row["task_index"], row["rollout_index"] = i, 0
+            async with session.post(url, data=orjson.dumps(row), headers=headers) as resp:
+                body = await resp.read()
+            out.write(body + b"\n")
+            out.flush()
 
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            await asyncio.gather(*(worker(session) for _ in range(args.concurrency)))
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(worker(session) for _ in range(args.concurrency)))
 
 
 def main() -> None:
@@ -426,7 +428,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     args = parser.parse_args()
     if args.role == "collect":
-        asyncio.run(collect(args))  # the stdlib loop, as rollgym's collector uses
+        with open(args.input, "rb") as tasks, open(args.output, "wb") as out:
+            asyncio.run(collect(args, tasks, out))  # the stdlib loop, as rollgym's collector
     else:
         uvloop.run(serve(args))
     sys.exit(0)

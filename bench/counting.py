@@ -57,7 +57,8 @@ class CountingMiddleware:
             if path not in self.first_seen:
                 now = self.first_seen[path] = time.time()
                 if self.events:
-                    with open(self.events, "a") as fh:  # once per path: not on the hot path
+                    # Once per path and process: not worth a thread, and never on the hot path.
+                    with open(self.events, "a") as fh:  # noqa: ASYNC230
                         fh.write(f"{self.server} {path} {now:.6f}\n")
         await self.app(scope, receive, send)
 

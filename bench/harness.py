@@ -241,6 +241,12 @@ async def start_bare_pipeline(variant: str) -> Pipeline:
     return Pipeline("bare", variant, pids, urls, bare=procs, client=session)
 
 
+def rollgym_urls(pipe: Pipeline) -> dict[str, list[str]]:
+    """The URLs of the config's servers (not the bare upstream), as the collector takes them."""
+    assert pipe.config is not None
+    return {name: [url] for name, url in pipe.urls.items() if name in pipe.config.servers}
+
+
 async def start_pipeline(
     kind: str, variant: str, *, counting: bool = False, log_dir: Path | None = None
 ) -> Pipeline:
@@ -271,8 +277,9 @@ async def collect_rollgym(
     assert pipe.config is not None and isinstance(pipe.client, HttpClient)
     collect = pipe.config.collect.model_copy(update={"concurrency": concurrency})
     prepared = prepare_run(pipe.config, collect, tasks, out_dir, resume=False)
-    urls = {name: [url] for name, url in pipe.urls.items()}
-    collector = Collector(prepared, urls, agent="agent", progress=False, client=pipe.client)
+    collector = Collector(
+        prepared, rollgym_urls(pipe), agent="agent", progress=False, client=pipe.client
+    )
     outcome = await collector.execute()
     counts = outcome.metrics["counts"]
     times: list[float] = []
@@ -288,6 +295,15 @@ async def collect_rollgym(
     )
 
 
+def _load_rows(tasks: Path, out_dir: Path) -> list[dict[str, Any]]:
+    """The task rows, stamped as rollgym stamps them (set-up, before the clock starts)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tasks.open("rb") as fh:
+        return [
+            orjson.loads(line) | {"task_index": i, "rollout_index": 0} for i, line in enumerate(fh)
+        ]
+
+
 async def collect_bare(
     pipe: Pipeline, tasks: Path, out_dir: Path, concurrency: int, *, durations: bool = False
 ) -> CollectResult:
@@ -295,11 +311,7 @@ async def collect_bare(
     assert isinstance(pipe.client, aiohttp.ClientSession)
     session = pipe.client
     url = pipe.urls["agent"] + "/run"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    with tasks.open("rb") as fh:
-        for i, line in enumerate(fh):
-            rows.append(orjson.loads(line) | {"task_index": i, "rollout_index": 0})
+    rows = _load_rows(tasks, out_dir)
     it = iter(rows)
     ok = failed = 0
     times: list[float] = []

@@ -34,9 +34,9 @@ def start(
     spies = []
     for name, pid in {"collector": os.getpid(), **pids}.items():
         path = out_dir / f"{tag}-{name}.txt"
+        args = ["record", "--pid", str(pid), "--format", "raw", "--rate", str(rate)]
         proc = subprocess.Popen(
-            [_py_spy(), "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate)]
-            + ["--nonblocking", "-o", str(path)],
+            [_py_spy(), *args, "--nonblocking", "-o", str(path)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,

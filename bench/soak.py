@@ -89,10 +89,12 @@ def ledger_audit(out: Path) -> dict[str, int]:
 
 
 async def agent_stats(url: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-        async with http.get(url + "/stats") as resp:
-            data: dict[str, Any] = await resp.json()
-            return data
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http,
+        http.get(url + "/stats") as resp,
+    ):
+        data: dict[str, Any] = await resp.json()
+        return data
 
 
 async def soak(workdir: Path, rollouts: int, concurrency: int) -> dict[str, Any]:
@@ -183,7 +185,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rollouts, args.concurrency = 1000, 128
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))  # many sockets at once
     with tempfile.TemporaryDirectory(prefix="rollgym-soak-") as tmp:
         workdir = Path(tmp)

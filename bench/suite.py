@@ -74,7 +74,7 @@ async def bench_throughput(args: argparse.Namespace, work: Path) -> dict[str, An
         repeats=1 if args.quick else 3,
         warmup=512,
         variants="scripted,proxy",
-        sustain=0.0 if args.quick else 40.0,
+        sustain=0.0 if args.quick else 35.0,
         sustain_variant="proxy",
         sustain_rows=120_000,
         slice=5.0,
@@ -266,7 +266,9 @@ async def bench_memory(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     finally:
         harness.stop_bare([instant])
 
-    print(f"{'run':<24} {'peak RSS MiB':>12} {'wall s':>8} {'exit':>5}  RSS MiB at 25/50/75/100% time")
+    print(
+        f"{'run':<24} {'peak RSS MiB':>12} {'wall s':>8} {'exit':>5}  RSS MiB at 25/50/75/100% time"
+    )
     for name, r in out.items():
         print(
             f"{name:<24} {r['peak_rss_mib']:>12.1f} {r['wall_s']:>8.1f} {r['exit_code']:>5}  "
@@ -315,9 +317,9 @@ def time_run(config: Path, tasks: Path, work: Path, i: int) -> dict[str, float]:
     out_dir = work / f"run-{i}"
     t_wall = time.time()
     t0 = time.monotonic()
+    cmd = [ROLLGYM, "run", str(config), "--input", str(tasks), "--output", str(out_dir)]
     proc = subprocess.run(
-        [ROLLGYM, "run", str(config), "--input", str(tasks), "--output", str(out_dir)]
-        + ["--no-progress"],
+        [*cmd, "--no-progress"],
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -373,7 +375,8 @@ async def bench_startup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     helps = [await asyncio.to_thread(time_cmd, [ROLLGYM, "--help"]) for _ in range(repeats)]
     imports = [
         await asyncio.to_thread(
-            time_cmd, [sys.executable, "-c", "import rollgym.launch.worker, rollgym.agents.tool_agent"]
+            time_cmd,
+            [sys.executable, "-c", "import rollgym.launch.worker, rollgym.agents.tool_agent"],
         )
         for _ in range(repeats)
     ]
@@ -425,7 +428,9 @@ async def bench_ceiling(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     "framework_cpu_ms_per_rollout": round(1000 * framework / n, 3),
                 }
                 if kind == "rollgym":
-                    metrics = orjson.loads((work / f"ceil-{kind}-{c}" / "metrics.json").read_bytes())
+                    metrics = orjson.loads(
+                        (work / f"ceil-{kind}-{c}" / "metrics.json").read_bytes()
+                    )
                     row["failures_by_type"] = metrics["failures"]["by_type"]
                 out["levels"].setdefault(str(c), {})[kind] = row
                 print(
@@ -435,7 +440,7 @@ async def bench_ceiling(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 )
         finally:
             await pipe.stop()
-    for c, rows in out["levels"].items():
+    for rows in out["levels"].values():
         rows["ratio"] = round(rows["rollgym"]["rollouts_per_s"] / rows["bare"]["rollouts_per_s"], 3)
     return out
 

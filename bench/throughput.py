@@ -1,7 +1,7 @@
 """Throughput of rollgym's full pipeline against bare aiohttp processes doing the same hops.
 
     .venv/bin/python bench/throughput.py [--rollouts 2000] [--concurrency 256] [--repeats 3]
-                                         [--sustain 40] [--profile]
+                                         [--sustain 35] [--profile]
 
 For each variant (``scripted``: the scripted model; ``proxy``: the ``openai_proxy`` model server
 in front of the instant upstream of ``bare.py``) it starts rollgym's servers and the bare
@@ -168,7 +168,7 @@ async def sustained(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         assert pipe.config is not None and isinstance(pipe.client, HttpClient)
         collect = pipe.config.collect.model_copy(update={"concurrency": args.concurrency})
         prepared = prepare_run(pipe.config, collect, tasks, work / "sustain", resume=False)
-        urls = {name: [url] for name, url in pipe.urls.items()}
+        urls = harness.rollgym_urls(pipe)
         collector = Collector(prepared, urls, agent="agent", progress=False, client=pipe.client)
         pids = {"collector": os.getpid(), **pipe.pids}
         if args.profile:
@@ -303,7 +303,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per pipeline")
     parser.add_argument("--warmup", type=int, default=512, help="untimed rollouts first")
     parser.add_argument("--variants", default="scripted,proxy")
-    parser.add_argument("--sustain", type=float, default=40.0, help="seconds; 0 skips it")
+    parser.add_argument("--sustain", type=float, default=35.0, help="seconds; 0 skips it")
     parser.add_argument("--sustain-variant", default="proxy", choices=harness.VARIANTS)
     parser.add_argument("--sustain-rows", type=int, default=120_000, help="task rows available")
     parser.add_argument("--slice", type=float, default=5.0, help="seconds per sustained slice")

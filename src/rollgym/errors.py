@@ -30,7 +30,7 @@ aiohttp's exceptions become these in exactly one place: ``rollgym.http.translate
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, SupportsIndex
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 BODY_LIMIT = 4096
@@ -136,6 +136,15 @@ class RollgymError(Exception):
     # positional args only and lose every keyword field.
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore, (type(self), self.fields()))
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
+        # Ray re-raises an actor's error as ``RayTaskError(<our class>)``, a class it makes on
+        # the fly (both RayTaskError and ours, ours kept as ``cause``): pickle finds no such
+        # class to load it by. Send such an error on as the plain error it wraps.
+        cause = self.__dict__.get("cause")
+        if isinstance(cause, RollgymError) and type(cause) is not type(self):
+            return cause.__reduce_ex__(protocol)
+        return self.__reduce__()
 
     def fields(self) -> dict[str, Any]:
         """Every field as a plain value (``origin`` stays an error object)."""

@@ -7,6 +7,8 @@ Helpers are fixtures for the same reason (test modules here cannot import each o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import threading
 import time
 from collections import Counter
@@ -44,6 +46,11 @@ def ray_cluster() -> Iterator[Cluster]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        # Ray records the head's address here and a later ``ray.init()`` would try to join it.
+        recorded = Path(os.environ.get("RAY_TMPDIR", "/tmp"), "ray", "ray_current_cluster")
+        with contextlib.suppress(OSError):
+            if recorded.read_text().strip() == cluster.address:
+                recorded.unlink()
 
 
 @pytest.fixture(scope="session")

@@ -4,13 +4,17 @@ rollout key)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import ray
 
 from rollgym.collect import EXIT_ABORTED, Collector, prepare_run
+from rollgym.config import parse_config
+from rollgym.errors import LaunchError
 from rollgym.launch import Supervisor
 from rollgym.ray import run_on_ray
 
@@ -107,3 +111,22 @@ async def test_ray_run_aborts_on_its_failure_budget_then_resumes(
     done = await run_on_ray(fixed, fixed.collect, tasks, out, resume=True, progress=False)
     assert done.status == "completed", done.abort_reason
     assert stack.invariant(out) == (120, 0)
+
+
+async def test_a_server_that_cannot_start_fails_the_run_with_a_plain_launch_error(
+    ray_cluster: Any, stack: Any, tmp_path: Path
+) -> None:
+    taken = socket.socket()
+    taken.bind((ray.util.get_node_ip_address(), 0))
+    taken.listen()
+    try:
+        data = stack.config(replicas=1).model_dump(mode="json", exclude={"source"})
+        data["servers"]["env"]["port"] = taken.getsockname()[1]
+        config = parse_config(data, "bad-port")
+        tasks = stack.write_tasks(tmp_path / "tasks.jsonl", 2)
+        with pytest.raises(LaunchError) as caught:
+            await run_on_ray(config, config.collect, tasks, tmp_path / "out", progress=False)
+    finally:
+        taken.close()
+    assert type(caught.value) is LaunchError  # not Ray's wrapper
+    assert caught.value.server == "env" and "cannot listen" in caught.value.message

@@ -78,6 +78,23 @@ ThresholdOpt = Annotated[
 ]
 ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
 LogOpt = Annotated[str, typer.Option(help="Log level (DEBUG shows every retry decision).")]
+RayOpt = Annotated[
+    bool,
+    typer.Option(
+        "--ray",
+        help="Run on a Ray cluster: servers' replicas spread over its nodes, collection over "
+        "worker actors, one output directory. Needs `pip install rollgym[ray]`.",
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Ray cluster to join (implies --ray). Default: $RAY_ADDRESS, else a new local Ray."
+    ),
+]
+RayWorkersOpt = Annotated[
+    int | None, typer.Option(min=1, help="Collect worker actors with --ray. Default: one per node.")
+]
 
 
 EXIT_CODES_HELP = (
@@ -225,6 +242,9 @@ def register(app: typer.Typer) -> None:
         pass_threshold: ThresholdOpt = None,
         progress: ProgressOpt = True,
         log_level: LogOpt = "WARNING",
+        ray: RayOpt = False,
+        ray_address: RayAddressOpt = None,
+        ray_workers: RayWorkersOpt = None,
     ) -> None:
         from rollgym.cli.main import setup_logging
 
@@ -236,6 +256,19 @@ def register(app: typer.Typer) -> None:
             max_failure_rate=max_failure_rate, min_failure_samples=min_failure_samples,
             max_rollout_attempts=max_rollout_attempts, pass_threshold=pass_threshold,
         )  # fmt: skip
+        if ray or ray_address is not None:
+            try:
+                from rollgym.ray import run_on_ray
+            except ImportError as exc:
+                raise ConfigError(
+                    f"--ray needs Ray installed (pip install 'rollgym[ray]'): {exc}"
+                ) from None
+            on_ray = run_on_ray(
+                cfg, collect, _input_path(cfg, input), output, resume=resume, agent=agent,
+                address=ray_address, workers=ray_workers, progress=progress, log_level=log_level,
+            )  # fmt: skip
+            _finish(_guarded(on_ray))
+            return
         outcome = _guarded(
             _run(
                 cfg,

@@ -6,6 +6,8 @@ least-loaded replica and later calls with the same key go to the same one.
 
 from __future__ import annotations
 
+import math
+import time
 from collections import OrderedDict
 
 _STICKY_MAX = 65536  # sticky keys remembered; old rollouts fall out first
@@ -18,17 +20,17 @@ class Balancer:
         self.urls = urls
         self._outstanding = dict.fromkeys(urls, 0)
         self._sticky: OrderedDict[str, str] = OrderedDict()
-        self._down: set[str] = set()
+        self._down: dict[str, float] = {}  # url -> when it may be tried again
 
     def pick(self, sticky: str | None = None) -> str:
         if len(self.urls) == 1:
             return self.urls[0]
         if sticky is not None:
             url = self._sticky.get(sticky)
-            if url is not None and url not in self._down:
+            if url is not None and not self.is_down(url):
                 self._sticky.move_to_end(sticky)
                 return url
-        live = [u for u in self.urls if u not in self._down] or list(self.urls)
+        live = [u for u in self.urls if not self.is_down(u)] or list(self.urls)
         url = min(live, key=self._outstanding.__getitem__)
         if sticky is not None:
             self._sticky[sticky] = url
@@ -46,12 +48,22 @@ class Balancer:
         if base is not None:
             self._outstanding[base] -= 1
 
-    def mark_down(self, url: str) -> None:
-        """Stop sending new requests to ``url`` (its process or node died)."""
-        self._down.add(url)
+    def mark_down(self, url: str, seconds: float | None = None) -> None:
+        """Stop sending new requests to ``url`` (its process or node died); for ``seconds``
+        only, if given, after which it is tried again (a restarted replica comes back)."""
+        self._down[url] = math.inf if seconds is None else time.monotonic() + seconds
 
     def mark_up(self, url: str) -> None:
-        self._down.discard(url)
+        self._down.pop(url, None)
+
+    def is_down(self, url: str) -> bool:
+        until = self._down.get(url)
+        if until is None:
+            return False
+        if until <= time.monotonic():
+            del self._down[url]
+            return False
+        return True
 
     def _base(self, url: str) -> str | None:
         if len(self.urls) == 1:

@@ -25,6 +25,7 @@ from rollgym.config import RetryPolicy
 from rollgym.errors import (
     BudgetExhausted,
     CircuitOpen,
+    ConnectError,
     DeadlineExceeded,
     HTTPStatusError,
     ReadTimeout,
@@ -39,6 +40,9 @@ from rollgym.http.policy import is_transient, parse_retry_after, retry_delay
 from rollgym.http.translate import raise_translated
 
 log = logging.getLogger("rollgym.http")
+
+REPLICA_DOWN_SECONDS = 10.0
+"""How long a replica that refused a connection gets no new requests before it is tried again."""
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -191,7 +195,8 @@ class HttpClient:
                     attempts=attempt - 1 or 1, origin=last,
                 )  # fmt: skip
             remaining = total - (time.monotonic() - start)
-            url = state.balancer.pick(sticky) + endpoint
+            base = state.balancer.pick(sticky)
+            url = base + endpoint
             stats.attempts += 1
             if attempt == 1:
                 # The budget counts calls; retries are what it limits (see RetryBudget).
@@ -205,6 +210,10 @@ class HttpClient:
                 err, retry_after, final = failed.error, failed.retry_after, failed.final
                 if secrets:
                     scrub_secrets(err, secrets)
+                if isinstance(err, ConnectError) and len(target.urls) > 1:
+                    # Nothing listens there (its process or node is gone): send nothing new to
+                    # that replica for a while; this call's next attempt goes to another one.
+                    state.balancer.mark_down(base, REPLICA_DOWN_SECONDS)
             except BaseException:
                 # Cancelled mid-attempt: there is no outcome to report, but a half-open probe
                 # that never reports would keep the circuit shut for good.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rollgym.errors import LaunchError, RollgymError
@@ -29,13 +29,18 @@ class NodeInfo:
 
 
 def connect(address: str | None) -> bool:
-    """Join the Ray cluster at ``address`` (None: ``RAY_ADDRESS``, else start a local one).
-    Return True when this call initialised Ray (so the caller shuts it down)."""
+    """Join the Ray cluster at ``address`` ("auto": the one started on this machine); None:
+    ``RAY_ADDRESS``, else start a new local Ray. Return True when this call initialised Ray
+    (so the caller shuts it down)."""
     if ray.is_initialized():
         return False
     options: dict[str, Any] = {"logging_level": "WARNING"}
-    if address is None and not os.environ.get("RAY_ADDRESS"):
-        options["include_dashboard"] = False  # a fresh local cluster: start what we need only
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        # "local", not None: given None, Ray joins the last cluster recorded on this machine,
+        # and waits for it even when it is long gone.
+        address = "local"
+        options["include_dashboard"] = False  # start only what a run needs
     ray.init(address=address, **options)
     return True
 
@@ -79,8 +84,3 @@ async def get(refs: Any, timeout: float) -> Any:
 
 async def _await(ref: Any) -> Any:
     return await ref
-
-
-def is_actor_gone(exc: BaseException) -> bool:
-    """An actor (or its node) died, or is restarting."""
-    return isinstance(exc, RayActorError)

@@ -36,6 +36,8 @@ SUSPECT_SECONDS = 10.0
 
 
 class CollectWorker:
+    """Runs rollouts for the driver; ``targets`` are the run's agents (all replica URLs)."""
+
     def __init__(
         self,
         targets: dict[str, Target],
