@@ -14,8 +14,8 @@ nobody keeps a broken upstream under load for work nobody will read.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-import uuid
 from typing import Any, ClassVar
 
 import orjson
@@ -179,7 +179,7 @@ def _rollout_id(row: dict[str, Any]) -> str:
     # An unstamped row (a trainer calling /run itself) gets an id of its own: a shared one
     # would pin every such rollout to one replica (sticky balancing) and give them all the
     # same scripted alternative.
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 def _tool_output(call: dict[str, Any], output: str) -> dict[str, Any]:
@@ -187,7 +187,7 @@ def _tool_output(call: dict[str, Any], output: str) -> dict[str, Any]:
     # it in its ``output`` list, which must still parse as an OpenAI ``Response``.
     return {
         "type": "function_call_output",
-        "id": f"fco_{uuid.uuid4().hex[:24]}",
+        "id": f"fco_{os.urandom(12).hex()}",
         "call_id": call.get("call_id", ""),
         "output": output,
         "status": "completed",

@@ -150,6 +150,10 @@ def print_outcome(outcome: RunOutcome) -> None:
         shown = [(k, v) for k, v in shown if k in keep]
     for key, value in shown:
         table.add_row(key, f"{value:.4f}")
+    env = {**m.get("env_metrics", {}), **(m.get("env_aggregate") or {})}
+    env = {k: v for k, v in env.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if env:
+        table.add_row("env metrics", ", ".join(f"{k} {v:.4g}" for k, v in sorted(env.items())))
     if m["failures"]["by_type"]:
         table.add_row(
             "failures",

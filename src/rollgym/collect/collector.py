@@ -37,6 +37,9 @@ from rollgym.protocol import HEADER_ROLLOUT, RolloutFailure, RolloutResult
 
 log = logging.getLogger("rollgym.collect")
 
+RAMP_STEP = 256  # workers started per wave
+RAMP_INTERVAL = 0.1  # seconds between waves
+
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1
 EXIT_ABORTED = 2
@@ -244,7 +247,9 @@ class Collector:
             )
             return None
 
-    async def _worker(self, queue: Iterator[tuple[int, int, bytes]]) -> None:
+    async def _worker(self, queue: Iterator[tuple[int, int, bytes]], delay: float = 0.0) -> None:
+        if delay:
+            await asyncio.sleep(delay)
         try:
             for task_index, rollout_index, raw in queue:
                 if self.abort_reason is not None:
@@ -289,7 +294,12 @@ class Collector:
             queue = self._pending()
             self.progress.start(self.run.total, done=self.ledger.succeeded + self.ledger.failed)
             n = min(self.cfg.concurrency, max(1, self.ledger.pending))
-            self._workers = [asyncio.create_task(self._worker(queue)) for _ in range(n)]
+            # Ramp up in waves: thousands of simultaneous connects overflow the accept backlog,
+            # time out, and would open the agent's circuit breaker before any work is done.
+            self._workers = [
+                asyncio.create_task(self._worker(queue, (i // RAMP_STEP) * RAMP_INTERVAL))
+                for i in range(n)
+            ]
             await asyncio.gather(*self._workers, return_exceptions=True)
         finally:
             for sig in installed:
@@ -361,9 +371,9 @@ class Collector:
             with path.open("rb") as fh:
                 for line in fh:
                     rec = orjson.loads(line)
-                    rec.pop("response", None)
-                    rec.pop("responses_create_params", None)
-                    rollouts.append(rec)
+                    # Scalars only (reward, metrics, short task fields): the response and the
+                    # inputs would make this the largest object of the whole run.
+                    rollouts.append({k: v for k, v in rec.items() if _is_scalar(v)})
                     if len(rollouts) >= 100_000:
                         break
         target = Target(
@@ -377,6 +387,14 @@ class Collector:
             log.warning("aggregate_metrics failed: %s", err)
             return {"error": err.to_dict()}
         return result if isinstance(result, dict) else {}
+
+
+def _is_scalar(value: Any) -> bool:
+    return (
+        value is None
+        or isinstance(value, (bool, int, float))
+        or (isinstance(value, str) and len(value) <= 256)
+    )
 
 
 def _has_reward(verified: Any) -> bool:

@@ -8,6 +8,7 @@ are not scored (a failure is never a reward of 0), so they lower n, not c.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +30,25 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-@dataclass
-class _Task:
-    n: int = 0
-    passed: int = 0
-    reward_sum: float = 0.0
-    failed: int = 0
+class _TaskTable:
+    """Per-task counters as flat arrays indexed by task: a few bytes per task, where a dict of
+    objects would cost a few hundred (and a run can hold millions of tasks)."""
+
+    def __init__(self, tasks: int) -> None:
+        self.n = array("l", bytes(8 * tasks))
+        self.passed = array("l", bytes(8 * tasks))
+        self.failed = array("l", bytes(8 * tasks))
+        self.reward_sum = array("d", bytes(8 * tasks))
+
+    def ensure(self, index: int) -> None:
+        missing = index + 1 - len(self.n)
+        if missing > 0:  # a record beyond tasks.jsonl's count (hand-made files): grow
+            for column in (self.n, self.passed, self.failed):
+                column.extend([0] * missing)
+            self.reward_sum.extend([0.0] * missing)
+
+    def __len__(self) -> int:
+        return len(self.n)
 
 
 @dataclass
@@ -71,7 +85,7 @@ class RunMetrics:
 
 def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 1.0) -> RunMetrics:
     """Metrics over ``rollouts.jsonl`` and ``failures.jsonl``; writes ``per_task.jsonl``."""
-    tasks: dict[int, _Task] = {}
+    tasks = _TaskTable(total // max(1, repeats))
     m = RunMetrics(total=total)
     count, mean, m2 = 0, 0.0, 0.0  # Welford: numerically stable streaming mean/variance
     metric_sums: dict[str, float] = {}
@@ -82,10 +96,11 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
             for line in fh:
                 rec = orjson.loads(line)
                 reward = float(rec["reward"])
-                t = tasks.setdefault(rec["task_index"], _Task())
-                t.n += 1
-                t.reward_sum += reward
-                t.passed += reward >= threshold
+                i = rec["task_index"]
+                tasks.ensure(i)
+                tasks.n[i] += 1
+                tasks.reward_sum[i] += reward
+                tasks.passed[i] += reward >= threshold
                 count += 1
                 delta = reward - mean
                 mean += delta / count
@@ -109,7 +124,8 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
             for line in fh:
                 rec = orjson.loads(line)
                 m.failed += 1
-                tasks.setdefault(rec["task_index"], _Task()).failed += 1
+                tasks.ensure(rec["task_index"])
+                tasks.failed[rec["task_index"]] += 1
                 err = rec.get("error") or {}
                 # Attribute the failure to the server where it started (see RollgymError.root).
                 while isinstance(err.get("origin"), dict) and (
@@ -125,25 +141,24 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
     m.failures_by_type = dict(by_type)
     m.failures_by_server = dict(by_server)
     m.failures_by_status = dict(by_status)
-    for k in range(1, repeats + 1):
-        values = [pass_at_k(t.n, t.passed, k) for t in tasks.values() if t.n >= k]
+    n_max = max(tasks.n, default=0)
+    for k in range(1, max(repeats, n_max) + 1):
+        values = [pass_at_k(n, c, k) for n, c in zip(tasks.n, tasks.passed, strict=True) if n >= k]
         if values:
             m.pass_at_k[f"pass@{k}"] = sum(values) / len(values)
     m.env_metrics = {k: metric_sums[k] / metric_counts[k] for k in sorted(metric_sums)}
     with (out_dir / "per_task.jsonl").open("wb") as fh:
-        for index in sorted(tasks):
-            t = tasks[index]
-            fh.write(
-                orjson.dumps(
-                    {
-                        "task_index": index,
-                        "scored": t.n,
-                        "passed": t.passed,
-                        "failed": t.failed,
-                        "pass_rate": t.passed / t.n if t.n else None,
-                        "reward_mean": t.reward_sum / t.n if t.n else None,
-                    }
-                )
-                + b"\n"
-            )
+        for index in range(len(tasks)):
+            n, passed, failed = tasks.n[index], tasks.passed[index], tasks.failed[index]
+            if not n and not failed:
+                continue  # not finished yet (an aborted run)
+            row = {
+                "task_index": index,
+                "scored": n,
+                "passed": passed,
+                "failed": failed,
+                "pass_rate": passed / n if n else None,
+                "reward_mean": tasks.reward_sum[index] / n if n else None,
+            }
+            fh.write(orjson.dumps(row) + b"\n")
     return m

@@ -19,6 +19,7 @@ from rollgym.config import BreakerConfig
 log = logging.getLogger("rollgym.http.breaker")
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+_BUCKET = 1.0  # seconds per bucket of the failure-rate window
 
 
 class CircuitBreaker:
@@ -30,7 +31,11 @@ class CircuitBreaker:
         self._clock = clock
         self.state = CLOSED
         self._consecutive = 0
-        self._events: deque[tuple[float, bool]] = deque()
+        # The window as per-second buckets [start, requests, failures] with running totals:
+        # record() is O(1) however many requests the window holds.
+        self._buckets: deque[list[float]] = deque()
+        self._requests = 0.0
+        self._failures = 0.0
         self._opened_at = 0.0
         self._probing = False
         self.opened = 0
@@ -71,21 +76,34 @@ class CircuitBreaker:
             else:
                 self._open(now, "probe failed")
             return
-        self._events.append((now, ok))
-        horizon = now - self.config.window
-        while self._events and self._events[0][0] < horizon:
-            self._events.popleft()
+        self._count(now, ok)
         self._consecutive = 0 if ok else self._consecutive + 1
         if self.state != CLOSED:
             return
         if self._consecutive >= self.config.consecutive_failures:
             self._open(now, f"{self._consecutive} failures in a row")
             return
-        n = len(self._events)
-        if n >= self.config.min_requests:
-            failed = sum(1 for _, good in self._events if not good)
-            if failed / n >= self.config.failure_rate:
-                self._open(now, f"{failed}/{n} requests failed in {self.config.window:g}s")
+        n = self._requests
+        if n >= self.config.min_requests and self._failures / n >= self.config.failure_rate:
+            self._open(
+                now, f"{self._failures:.0f}/{n:.0f} requests failed in {self.config.window:g}s"
+            )
+
+    def _count(self, now: float, ok: bool) -> None:
+        start = now - now % _BUCKET
+        horizon = now - self.config.window
+        while self._buckets and self._buckets[0][0] + _BUCKET <= horizon:
+            _, requests, failures = self._buckets.popleft()
+            self._requests -= requests
+            self._failures -= failures
+        if not self._buckets or self._buckets[-1][0] != start:
+            self._buckets.append([start, 0.0, 0.0])
+        bucket = self._buckets[-1]
+        bucket[1] += 1
+        self._requests += 1
+        if not ok:
+            bucket[2] += 1
+            self._failures += 1
 
     def _open(self, now: float, why: str) -> None:
         self.state = OPEN
@@ -98,5 +116,6 @@ class CircuitBreaker:
     def _close(self) -> None:
         self.state = CLOSED
         self._consecutive = 0
-        self._events.clear()
+        self._buckets.clear()
+        self._requests = self._failures = 0.0
         log.info("circuit for %s closed", self.name)

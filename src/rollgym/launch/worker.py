@@ -43,6 +43,7 @@ def main() -> None:
         log_level=spec.get("log_level", "warning").lower(),
         access_log=False,
         timeout_keep_alive=KEEPALIVE_S,
+        proxy_headers=False,  # servers are reached directly; parsing forwarded headers costs
         timeout_graceful_shutdown=5,
         backlog=4096,
     )

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import time
-import uuid
 from typing import Any, ClassVar
 
 import orjson
@@ -226,7 +226,7 @@ def build_response(params: dict[str, Any], action: dict[str, Any]) -> dict[str, 
         output.append(
             {
                 "type": "message",
-                "id": f"msg_{uuid.uuid4().hex[:24]}",
+                "id": f"msg_{os.urandom(12).hex()}",
                 "role": "assistant",
                 "status": "completed",
                 "content": [{"type": "output_text", "text": text, "annotations": []}],
@@ -239,8 +239,8 @@ def build_response(params: dict[str, Any], action: dict[str, Any]) -> dict[str, 
             output.append(
                 {
                     "type": "function_call",
-                    "id": f"fc_{uuid.uuid4().hex[:24]}",
-                    "call_id": f"call_{uuid.uuid4().hex[:24]}",
+                    "id": f"fc_{os.urandom(12).hex()}",
+                    "call_id": f"call_{os.urandom(12).hex()}",
                     "name": call["name"],
                     "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
                     "status": "completed",
@@ -249,7 +249,7 @@ def build_response(params: dict[str, Any], action: dict[str, Any]) -> dict[str, 
             text += output[-1]["arguments"]
     n_in, n_out = _usage(params, text)
     return {
-        "id": f"resp_{uuid.uuid4().hex}",
+        "id": f"resp_{os.urandom(16).hex()}",
         "object": "response",
         "created_at": int(time.time()),
         "model": params.get("model") or "rollgym-scripted",
@@ -288,7 +288,7 @@ def build_chat_completion(params: dict[str, Any], action: dict[str, Any]) -> dic
             args = call.get("arguments", {})
             calls.append(
                 {
-                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "id": f"call_{os.urandom(12).hex()}",
                     "type": "function",
                     "function": {
                         "name": call["name"],
@@ -301,7 +301,7 @@ def build_chat_completion(params: dict[str, Any], action: dict[str, Any]) -> dic
         finish = "tool_calls"
     n_in, n_out = _usage(params, text)
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "id": f"chatcmpl-{os.urandom(16).hex()}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": params.get("model") or "rollgym-scripted",

@@ -7,6 +7,7 @@ timeout) with that server's error as ``origin``, so the caller can tell who fail
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +18,8 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rollgym.errors import (
     ConfigError,
@@ -88,8 +91,53 @@ def error_response(server: str, err: RollgymError) -> JSONResponse:
     return JSONResponse({"error": payload}, status_code=status)
 
 
-def build_app(server: BaseServer) -> FastAPI:
-    """A FastAPI app for ``server`` with health, error handlers and its own routes."""
+# Recent FastAPI versions look up OpenTelemetry providers on every request; rollgym servers
+# sit on the hot path of every rollout and do not trace.
+_NO_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
+
+
+class FastRoutes:
+    """ASGI front of a rollgym app: exact-path POST routes go straight to their endpoint.
+
+    A rollout makes several hops; FastAPI's middleware stack and linear route scan cost as
+    much as the endpoint itself. Errors are still handled by the app's exception handlers;
+    everything else (health, lifespan, docs) goes through the FastAPI app unchanged.
+    """
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self._routes: dict[str, ASGIApp] | None = None
+        self._handlers: tuple[dict[Any, Any], dict[Any, Any]] = ({}, {})
+
+    def _index(self) -> dict[str, ASGIApp]:
+        routes = {
+            r.path: r.app
+            for r in self.app.router.routes
+            if isinstance(r, Route) and r.methods and "POST" in r.methods and "{" not in r.path
+        }
+        handlers = {k: v for k, v in self.app.exception_handlers.items() if not isinstance(k, int)}
+        self._handlers = (handlers, {})
+        return routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            if self._routes is None:
+                self._routes = self._index()
+            route = self._routes.get(scope["path"])
+            if route is not None:
+                scope["app"] = self.app
+                scope["starlette.exception_handlers"] = self._handlers
+                await route(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(server: BaseServer) -> FastRoutes:
+    """The ASGI app of ``server``: health, stats, error handlers and its own routes."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,7 +147,7 @@ def build_app(server: BaseServer) -> FastAPI:
         finally:
             await server.shutdown()
 
-    app = FastAPI(title=f"rollgym {server.kind}: {server.name}", lifespan=lifespan)
+    app = FastAPI(title=f"rollgym {server.kind}: {server.name}", lifespan=lifespan, **_NO_TELEMETRY)
 
     async def on_rollgym_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RollgymError)
@@ -137,7 +185,7 @@ def build_app(server: BaseServer) -> FastAPI:
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/stats", stats, methods=["GET", "POST"])
     server.add_routes(app)
-    return app
+    return FastRoutes(app)
 
 
 def json_route(

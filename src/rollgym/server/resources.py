@@ -23,7 +23,6 @@ import importlib
 import inspect
 import os
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -213,7 +212,7 @@ class ResourcesServer(BaseServer):
         task = await read_json(request)
         if not isinstance(task, dict):
             raise InvalidRequest("seed_session expects the task row as a JSON object", status=422)
-        session = Session(id=uuid.uuid4().hex, task=task)
+        session = Session(id=os.urandom(16).hex(), task=task)
         await self.seed_session(session)
         self._sessions[session.id] = session
         if len(self._sessions) > _MAX_SESSIONS:
