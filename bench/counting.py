@@ -17,6 +17,9 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from rollgym.agents.tool_agent import ToolAgent
 from rollgym.envs.echo.server import EchoEnv
@@ -28,45 +31,47 @@ STATS_PATH = "/_bench/stats"
 EVENTS_ENV = "ROLLGYM_BENCH_EVENTS"
 
 
-class CountingMiddleware:
-    def __init__(self, app: Any, server: str) -> None:
-        self.app = app
+class RequestCounter:
+    """Counts per path, shared by every route of one server."""
+
+    def __init__(self, server: str) -> None:
         self.server = server
         self.counts: Counter[str] = Counter()
         self.first_seen: dict[str, float] = {}
         self.events = os.environ.get(EVENTS_ENV)
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"]
-        if path == STATS_PATH:
-            body = orjson.dumps({"counts": dict(self.counts), "first_seen": self.first_seen})
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [(b"content-type", b"application/json")],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
-            return
-        if path != "/health":
-            self.counts[path] += 1
-            if path not in self.first_seen:
-                now = self.first_seen[path] = time.time()
-                if self.events:
-                    # Once per path and process: not worth a thread, and never on the hot path.
-                    with open(self.events, "a") as fh:  # noqa: ASYNC230
-                        fh.write(f"{self.server} {path} {now:.6f}\n")
-        await self.app(scope, receive, send)
+    def hit(self, path: str) -> None:
+        self.counts[path] += 1
+        if path not in self.first_seen:
+            now = self.first_seen[path] = time.time()
+            if self.events:
+                # Once per path and process: not worth a thread, and never on the hot path.
+                with open(self.events, "a") as fh:
+                    fh.write(f"{self.server} {path} {now:.6f}\n")
+
+    async def stats(self, request: Request) -> Response:
+        body = orjson.dumps({"counts": dict(self.counts), "first_seen": self.first_seen})
+        return Response(body, media_type="application/json")
+
+
+def _counted(app: Any, counter: RequestCounter) -> Any:
+    async def counted(scope: Any, receive: Any, send: Any) -> None:
+        counter.hit(scope["path"])
+        await app(scope, receive, send)
+
+    return counted
 
 
 class _Counting(BaseServer):
     def add_routes(self, app: FastAPI) -> None:
         super().add_routes(app)
-        app.add_middleware(CountingMiddleware, server=self.name)
+        # Wrap each route's own ASGI app: rollgym sends hot POST routes straight to them,
+        # past any app-level middleware.
+        counter = RequestCounter(self.name)
+        for route in app.router.routes:
+            if isinstance(route, Route) and route.path != "/health":
+                route.app = _counted(route.app, counter)
+        app.router.routes.append(Route(STATS_PATH, counter.stats, methods=["GET"]))
 
 
 class CountingAgent(_Counting, ToolAgent):

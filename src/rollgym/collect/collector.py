@@ -37,6 +37,7 @@ from rollgym.protocol import HEADER_ROLLOUT, RolloutFailure, RolloutResult
 
 log = logging.getLogger("rollgym.collect")
 
+AGGREGATE_MAX_ROLLOUTS = 1_000_000  # sent to /aggregate_metrics; about 100 bytes each
 RAMP_STEP = 256  # workers started per wave
 RAMP_INTERVAL = 0.1  # seconds between waves
 
@@ -365,24 +366,35 @@ class Collector:
         res_name = agent_cfg.options.get("resources")
         if not res_name or res_name not in self.urls:
             return {}
-        rollouts: list[dict[str, Any]] = []
-        path = self.run.out_dir / "rollouts.jsonl"
-        if path.exists():
-            with path.open("rb") as fh:
-                for line in fh:
-                    rec = orjson.loads(line)
-                    # Scalars only (reward, metrics, short task fields): the response and the
-                    # inputs would make this the largest object of the whole run.
-                    rollouts.append({k: v for k, v in rec.items() if _is_scalar(v)})
-                    if len(rollouts) >= 100_000:
-                        break
         target = Target(
             res_name, tuple(self.urls[res_name]), self.run.config.servers[res_name].retry
         )
         try:
-            result = await self.client.call(
-                target, "/aggregate_metrics", {"rollouts": rollouts}, deadline=60
-            )
+            health = await self.client.call(target, "/health", {}, deadline=10)
+        except RollgymError:
+            return {}
+        if "aggregate_metrics" not in (health.get("features") or []):
+            return {}  # the environment has none: do not ship every rollout to it
+        # The request body is built as bytes, one compact record at a time: as a list of dicts
+        # it would be the largest object of the whole run. Scalars only (reward, metrics,
+        # short task fields); the response and the inputs stay out.
+        body = bytearray(b'{"rollouts":[')
+        path = self.run.out_dir / "rollouts.jsonl"
+        count = 0
+        if path.exists():
+            with path.open("rb") as fh:
+                for line in fh:
+                    rec = orjson.loads(line)
+                    body += orjson.dumps({k: v for k, v in rec.items() if _is_scalar(v)})
+                    body += b","
+                    count += 1
+                    if count >= AGGREGATE_MAX_ROLLOUTS:
+                        break
+        if count:
+            body.pop()  # the last comma
+        body += b"]}"
+        try:
+            result = await self.client.call(target, "/aggregate_metrics", body, deadline=60)
         except RollgymError as err:
             log.warning("aggregate_metrics failed: %s", err)
             return {"error": err.to_dict()}

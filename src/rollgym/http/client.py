@@ -162,14 +162,14 @@ class HttpClient:
         Retries under the target's policy; raises a ``RollgymError`` whose ``attempts`` says how
         many attempts were made. ``deadline`` (seconds) caps the total time further.
         """
-        body = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+        body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
         return await self._call_with_retries(target, endpoint, body, headers, deadline, sticky)
 
     async def _call_with_retries(
         self,
         target: Target,
         endpoint: str,
-        body: bytes,
+        body: bytes | bytearray,
         headers: Mapping[str, str] | None,
         deadline: float | None,
         sticky: str | None,
@@ -276,7 +276,7 @@ class HttpClient:
         server: str,
         url: str,
         endpoint: str,
-        body: bytes,
+        body: bytes | bytearray,
         headers: Mapping[str, str] | None,
         timeout: float,
         connect_timeout: float,

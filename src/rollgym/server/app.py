@@ -172,7 +172,14 @@ def build_app(server: BaseServer) -> FastRoutes:
     app.add_exception_handler(Exception, on_unexpected)
 
     async def health() -> Response:
-        return JSONResponse({"status": "ok", "server": server.name, "kind": server.kind})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "server": server.name,
+                "kind": server.kind,
+                "features": server.features(),
+            }
+        )
 
     async def stats() -> Response:
         # What this server's calls to others went through: retries, budget, breaker state.
@@ -182,7 +189,7 @@ def build_app(server: BaseServer) -> FastRoutes:
             out[name] = {**vars(st), "breaker": breaker.state if breaker else None}
         return JSONResponse({"server": server.name, "calls": out})
 
-    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET", "POST"])
     app.add_api_route("/stats", stats, methods=["GET", "POST"])
     server.add_routes(app)
     return FastRoutes(app)

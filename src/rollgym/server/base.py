@@ -56,6 +56,10 @@ class BaseServer:
     def add_routes(self, app: FastAPI) -> None:
         """Register this server's endpoints on ``app``."""
 
+    def features(self) -> list[str]:
+        """Optional endpoints this server really implements (reported by ``/health``)."""
+        return []
+
     async def startup(self) -> None:
         """Called once before the first request."""
 

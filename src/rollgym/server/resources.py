@@ -134,6 +134,10 @@ class ResourcesServer(BaseServer):
         """Environment-level metrics over finished rollouts (reward, metrics, task fields)."""
         return {}
 
+    def features(self) -> list[str]:
+        overridden = type(self).aggregate_metrics is not ResourcesServer.aggregate_metrics
+        return ["aggregate_metrics"] if overridden else []
+
     async def run_cpu(
         self, fn: Callable[..., Any], *args: Any, timeout: float | None = None
     ) -> Any:
