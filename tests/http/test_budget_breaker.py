@@ -284,16 +284,41 @@ async def test_breaker_opens_on_an_always_failing_server_and_stops_sending() -> 
     assert pickle.loads(pickle.dumps(err)) == err
 
 
-async def test_breaker_opening_mid_call_carries_the_last_failure_as_origin() -> None:
+async def test_breaker_counts_failed_calls_not_attempts() -> None:
+    # Retries that a call absorbs are no reason to open the circuit: two calls of five failed
+    # attempts each are two failures, and only then does the breaker open.
     script = Script(gen=lambda n: Reply(503, b"down"))
     policy = fast_policy(max_attempts=5, breaker={"consecutive_failures": 2, "cooldown": 60})
     async with serve_script(script) as url, HttpClient() as client:
+        tgt = Target.single("model", url, policy)
+        for _ in range(2):
+            with pytest.raises(HTTPStatusError) as failed:
+                await client.call(tgt, "/gen", {})
+            assert failed.value.attempts == 5
+        assert script.hits["/gen"] == 10
         with pytest.raises(CircuitOpen) as info:
-            await client.call(Target.single("model", url, policy), "/gen", {})
-    assert script.hits["/gen"] == 2
-    assert info.value.attempts == 2
-    assert isinstance(info.value.origin, HTTPStatusError)
-    assert info.value.origin.body == "down"
+            await client.call(tgt, "/gen", {})
+    assert script.hits["/gen"] == 10  # not sent
+    assert isinstance(info.value.origin, HTTPStatusError) or info.value.origin is None
+
+
+async def test_gateway_errors_do_not_open_the_gateways_breaker() -> None:
+    # An agent answering 502 for a broken model is healthy itself: its callers must not cut it
+    # off (the model has a breaker of its own, inside the agent).
+    body = b'{"error": {"type": "upstream_error", "message": "model failed", "status": 502,'
+    body += b' "server": "agent", "retryable": false, "origin": {"type": "http_status",'
+    body += b' "message": "model answered 500", "status": 500, "server": "model"}}}'
+    script = Script(run=lambda n: Reply(502, body))
+    policy = fast_policy(max_attempts=1, breaker={"consecutive_failures": 2, "cooldown": 60})
+    async with serve_script(script) as url, HttpClient() as client:
+        tgt = Target.single("agent", url, policy)
+        for _ in range(5):
+            with pytest.raises(HTTPStatusError) as failed:
+                await client.call(tgt, "/run", {})
+            assert failed.value.root().server == "model"
+        cb = client.breaker("agent")
+    assert cb is not None and cb.state == CLOSED
+    assert script.hits["/run"] == 5
 
 
 async def test_successes_between_failures_keep_the_breaker_closed() -> None:

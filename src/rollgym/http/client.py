@@ -224,8 +224,11 @@ class HttpClient:
                 # failures in a row, and a successful half-open probe closes it.
                 state.breaker.record(True)
                 return result
-            # A 4xx is the caller's problem: the server answered, so it counts as healthy.
-            state.breaker.record(not _counts_against_server(err))
+            healthy = not _counts_against_server(err)
+            if healthy or state.breaker.state != "closed":
+                # A 4xx is the caller's problem: the server answered, so it counts as healthy.
+                # A failed half-open probe must reopen the circuit at once.
+                state.breaker.record(healthy)
             if isinstance(err, ReadTimeout) and remaining <= attempt_timeout:
                 err = DeadlineExceeded(
                     f"{target.name}: total deadline of {total:g}s ran out",
@@ -243,6 +246,10 @@ class HttpClient:
                 delay = None
             err.retryable = transient
             if delay is None or attempt >= max_attempts:
+                if not healthy and state.breaker.state == "closed":
+                    # The breaker counts failed calls, not attempts: a burst of transient
+                    # errors that retries absorb is no reason to stop calling a server.
+                    state.breaker.record(False)
                 stats.failures += 1
                 log.debug(
                     "%s %s: giving up after %d attempt(s): %s", target.name, endpoint, attempt, err
@@ -395,5 +402,9 @@ def status_error(server: str, url: str, endpoint: str, status: int, raw: bytes) 
 
 def _counts_against_server(err: RollgymError) -> bool:
     if isinstance(err, HTTPStatusError):
+        if err.origin is not None and err.origin.server not in (None, err.server):
+            # A gateway reporting another server's failure (an agent's 502 for a broken model):
+            # the gateway itself is healthy, and the other server has its own breaker.
+            return False
         return (err.status or 0) >= 500
     return err.type in ("connect_error", "connection_lost", "read_timeout", "protocol_error")

@@ -117,7 +117,8 @@ class FastRoutes:
         routes = {
             r.path: r.app
             for r in self.app.router.routes
-            if isinstance(r, Route) and r.methods and "POST" in r.methods and "{" not in r.path
+            # Plain Starlette routes only: FastAPI's own routes need its middleware stack.
+            if type(r) is Route and r.methods and "POST" in r.methods and "{" not in r.path
         }
         handlers = {k: v for k, v in self.app.exception_handlers.items() if not isinstance(k, int)}
         self._handlers = (handlers, {})
