@@ -296,10 +296,9 @@ async def test_breaker_counts_failed_calls_not_attempts() -> None:
                 await client.call(tgt, "/gen", {})
             assert failed.value.attempts == 5
         assert script.hits["/gen"] == 10
-        with pytest.raises(CircuitOpen) as info:
+        with pytest.raises(CircuitOpen):
             await client.call(tgt, "/gen", {})
     assert script.hits["/gen"] == 10  # not sent
-    assert isinstance(info.value.origin, HTTPStatusError) or info.value.origin is None
 
 
 async def test_gateway_errors_do_not_open_the_gateways_breaker() -> None:
