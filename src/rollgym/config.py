@@ -192,8 +192,13 @@ class CollectConfig(_Strict):
     )
     pass_threshold: float = 1.0
     max_failures: int | None = Field(default=None, ge=1)
-    max_failure_rate: float | None = Field(default=None, gt=0, le=1)
-    min_failure_samples: int = Field(default=20, ge=1)
+    max_failure_rate: float | None = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="abort when this fraction of finished rollouts failed (null: never)",
+    )
+    min_failure_samples: int = Field(default=50, ge=1)
     config_error_window: int = Field(
         default=5, ge=0, description="401/403/404 within the first N rollouts abort the run"
     )

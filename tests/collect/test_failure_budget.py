@@ -23,8 +23,22 @@ def budget(**cfg: Any) -> FailureBudget:
 
 
 def test_no_limits_never_abort() -> None:
-    b = budget()
+    b = budget(max_failure_rate=None)
     assert all(b.observe(model_error(500)) is None for _ in range(100))
+
+
+def test_default_budget_stops_a_broken_run_after_50_samples() -> None:
+    b = budget()
+    assert all(b.observe(model_error(500)) is None for _ in range(49))
+    assert b.observe(model_error(500)) == (
+        "50/50 rollouts failed, rate 100% >= --max-failure-rate 0.5"
+    )
+
+
+def test_default_budget_tolerates_a_minority_of_failures() -> None:
+    b = budget()
+    outcomes = [model_error(500) if i % 3 == 0 else None for i in range(300)]
+    assert all(b.observe(e) is None for e in outcomes)
 
 
 def test_max_failures_counts_failures_only() -> None:

@@ -160,8 +160,14 @@ async def test_hanging_model_costs_one_rollout_deadline(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(90)
 async def test_model_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path) -> None:
+    # No failure budget: this test is about losing nothing while the model is down (with the
+    # default budget the outage's failures would abort the run, which --resume also finishes).
     cfg = make_config(
-        {"options": {"latency": 0.02}}, concurrency=16, repeats=20, max_rollout_attempts=3
+        {"options": {"latency": 0.02}},
+        concurrency=16,
+        repeats=20,
+        max_rollout_attempts=3,
+        max_failure_rate=None,
     )
     tasks = write_tasks(tmp_path / "tasks.jsonl", 20)  # 400 rollouts
     out = tmp_path / "out"
@@ -216,3 +222,24 @@ async def test_server_rejects_bad_bodies_and_keeps_serving(tmp_path: Path) -> No
         async with http.post(url + "/echo", json={"text": "still alive"}) as resp:
             assert resp.status == 200
             assert (await resp.json()) == {"echo": "still alive"}
+
+
+@pytest.mark.timeout(90)
+async def test_open_circuit_holds_rollouts_instead_of_failing_them(tmp_path: Path) -> None:
+    # One rollout at a time. The model fails its first 6 requests: two calls of 3 attempts,
+    # two failed rollouts, and the agent's breaker for the model opens. The next rollout is
+    # refused by the open circuit; the collector holds it until the breaker's probe, which
+    # the recovered model answers, and it succeeds like every rollout after it.
+    chaos = {"seed": 0, "paths": ["/v1/responses"], "sequence": [500] * 6}
+    model = {
+        "chaos": chaos,
+        "retry": {**FAST_RETRY, "breaker": {"consecutive_failures": 2, "cooldown": 1.0}},
+    }
+    cfg = make_config(model, concurrency=1, repeats=2)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 4)  # 8 rollouts
+    outcome = await run_collection(cfg, tasks, tmp_path / "out")
+    ok, failed = ledger_check(tmp_path / "out")
+    assert (ok, failed) == (6, 2), outcome.metrics["failures"]
+    assert outcome.metrics["failures"]["by_type"] == {"http_status": 2}
+    model_calls = outcome.metrics["servers"]["agent"]["model"]
+    assert model_calls["circuit_rejected"] >= 1  # the circuit did open and refuse a call

@@ -63,11 +63,14 @@ MaxFailOpt = Annotated[
 ]
 RateOpt = Annotated[
     float | None,
-    typer.Option(help="Abort when this fraction of finished rollouts failed. Default: no limit."),
+    typer.Option(
+        help="Abort when this fraction of finished rollouts failed (1 = only when all failed). "
+        "Default: collect.max_failure_rate (0.5)."
+    ),
 ]
 SamplesOpt = Annotated[
     int | None,
-    typer.Option(help="Finished rollouts needed before --max-failure-rate applies. Default: 20."),
+    typer.Option(help="Finished rollouts needed before --max-failure-rate applies. Default: 50."),
 ]
 AttemptsOpt = Annotated[
     int | None,

@@ -38,6 +38,8 @@ from rollgym.protocol import HEADER_ROLLOUT, RolloutFailure, RolloutResult
 log = logging.getLogger("rollgym.collect")
 
 AGGREGATE_MAX_ROLLOUTS = 1_000_000  # sent to /aggregate_metrics; about 100 bytes each
+CIRCUIT_WAITS = 3  # times a rollout refused by an open circuit is re-sent before it is recorded
+CIRCUIT_WAIT_S = 2.0  # seconds, times the wait number (2, 4, 6: past a 5 s breaker cool-down)
 RAMP_STEP = 256  # workers started per wave
 RAMP_INTERVAL = 0.1  # seconds between waves
 
@@ -203,6 +205,7 @@ class Collector:
         target = self._target_for(raw)
         headers = {HEADER_ROLLOUT: f"{task_index}:{rollout_index}"}
         started = time.monotonic()
+        circuit_waits = 0
         while True:
             attempts += 1
             try:
@@ -219,6 +222,18 @@ class Collector:
                 raise
             except Exception as exc:
                 err = exc if isinstance(exc, RollgymError) else _internal(exc)
+                if (
+                    err.root().type == "circuit_open"
+                    and circuit_waits < CIRCUIT_WAITS
+                    and self.abort_reason is None
+                ):
+                    # Refused unsent by an open circuit (here or in the agent): wait for the
+                    # breaker's probe instead of turning every queued task into a failure
+                    # during a short outage. Not an attempt: nothing reached the server.
+                    circuit_waits += 1
+                    attempts -= 1
+                    await asyncio.sleep(CIRCUIT_WAIT_S * circuit_waits)
+                    continue
                 if (
                     self.cfg.retry_in_run
                     and err.retryable
