@@ -17,10 +17,18 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rollgym.errors import ConfigError
 
@@ -78,6 +86,14 @@ class RetryPolicy(_Strict):
     endpoints: dict[str, EndpointPolicy] = Field(default_factory=dict)
     budget: RetryBudgetConfig = RetryBudgetConfig()
     breaker: BreakerConfig = BreakerConfig()
+
+    @field_validator("retry_statuses")
+    @classmethod
+    def _only_5xx(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [s for s in value if not 500 <= s <= 599]
+        if bad:
+            raise ValueError(f"only 5xx statuses belong here, not {bad} (408/429: use retry_4xx)")
+        return value
 
     @field_validator("retry_4xx")
     @classmethod
@@ -146,8 +162,19 @@ class ChaosSpec(_Strict):
 
     seed: int = 0
     faults: list[Fault] = Field(default_factory=list)
-    sequence: list[int | Literal["ok"]] = Field(default_factory=list)
+    sequence: list[Annotated[int, Field(ge=400, le=599)] | Literal["ok"]] = Field(
+        default_factory=list
+    )
     paths: list[str] | None = Field(default=None, description="only these paths (default: all)")
+
+
+def _rates_fit(spec: ChaosSpec) -> ChaosSpec:
+    total = sum(f.rate for f in spec.faults)
+    if total > 1:
+        raise ValueError(
+            f"fault rates add up to {total:g}; at most 1 (each request gets one fault)"
+        )
+    return spec
 
 
 class ServerConfig(_Strict):
@@ -161,7 +188,9 @@ class ServerConfig(_Strict):
     port: int | None = Field(default=None, ge=0, le=65535)
     url: str | None = Field(default=None, description="an already-running server; not launched")
     replicas: int = Field(default=1, ge=1, le=64)
-    chaos: ChaosSpec | None = Field(default=None, description="fault injection (tests/demos)")
+    chaos: Annotated[ChaosSpec, AfterValidator(_rates_fit)] | None = Field(
+        default=None, description="fault injection (tests/demos)"
+    )
 
     @model_validator(mode="before")
     @classmethod

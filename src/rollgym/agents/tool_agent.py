@@ -20,14 +20,15 @@ from typing import Any, ClassVar
 
 import orjson
 from fastapi import FastAPI
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from rollgym.errors import ConfigError, HTTPStatusError, InvalidRequest, ProtocolError
 from rollgym.http import Target
-from rollgym.protocol import HEADER_ROLLOUT, function_calls, rollout_key
-from rollgym.server.app import JSONResponse, read_json
+from rollgym.protocol import HEADER_ROLLOUT, TaskRow, function_calls, rollout_key
+from rollgym.server.app import JSONResponse, read_json, until_disconnect
 from rollgym.server.base import BaseServer
 from rollgym.server.resources import SESSION_HEADER
 
@@ -56,23 +57,17 @@ class ToolAgent(BaseServer):
 
     async def _run_endpoint(self, request: Request) -> Response:
         row = await read_json(request)
-        if not isinstance(row, dict) or not isinstance(row.get("responses_create_params"), dict):
-            raise InvalidRequest(
-                "/run expects a task row with 'responses_create_params'", status=422
-            )
-        rollout = asyncio.create_task(self.run(row, request.headers.get(HEADER_ROLLOUT)))
-        watcher = asyncio.create_task(_wait_disconnect(request))
+        if not isinstance(row, dict):
+            raise InvalidRequest("/run expects a task row (a JSON object)", status=422)
         try:
-            await asyncio.wait({rollout, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-            if not rollout.done():
-                # The caller went away (or this handler was cancelled): stop the rollout too.
-                rollout.cancel()
-                await asyncio.gather(rollout, return_exceptions=True)
-        if rollout.cancelled():
-            return Response(status_code=499)
-        return JSONResponse(rollout.result())
+            TaskRow.model_validate(row)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise InvalidRequest(f"/run: not a valid task row: {problems}", status=422) from None
+        result = await until_disconnect(request, self.run(row, request.headers.get(HEADER_ROLLOUT)))
+        return result if isinstance(result, Response) else JSONResponse(result)
 
     async def _server_tools(self) -> list[dict[str, Any]]:
         # One fetch shared by every rollout that starts before the first answer arrives.
@@ -129,7 +124,10 @@ class ToolAgent(BaseServer):
             calls = function_calls(response)
             if not calls:
                 break
-            results = await asyncio.gather(*(self._call_tool(c, res_headers, key) for c in calls))
+            declared = _tool_names(params.get("tools"))
+            results = await asyncio.gather(
+                *(self._call_tool(c, declared, res_headers, key) for c in calls)
+            )
             outputs.extend(results)
         else:
             # Out of steps while the model still wanted its tools: the rollout is verified as
@@ -148,7 +146,7 @@ class ToolAgent(BaseServer):
         return verified  # type: ignore[no-any-return]
 
     async def _call_tool(
-        self, call: dict[str, Any], headers: dict[str, str], key: str
+        self, call: dict[str, Any], declared: set[str], headers: dict[str, str], key: str
     ) -> dict[str, Any]:
         name = str(call.get("name", ""))
         raw_args = call.get("arguments") or "{}"
@@ -157,7 +155,9 @@ class ToolAgent(BaseServer):
         except orjson.JSONDecodeError as exc:
             output = orjson.dumps({"error": f"arguments are not valid JSON: {exc}"}).decode()
             return _tool_output(call, output)
-        if not name.isidentifier():
+        if name not in declared or not name.isidentifier():
+            # Only the task's declared tools are callable: a model must not reach /verify or
+            # /seed_session (or any other endpoint) by naming it as a tool.
             return _tool_output(call, orjson.dumps({"error": f"unknown tool {name!r}"}).decode())
         try:
             result = await self.client.call(
@@ -165,12 +165,20 @@ class ToolAgent(BaseServer):
                 sticky=key,
             )  # fmt: skip
         except HTTPStatusError as err:
-            if err.status is not None and 400 <= err.status < 500:
+            if err.status is not None and 400 <= err.status < 500 and err.status not in (408, 429):
                 # The tool refused the call (bad arguments, unknown tool): the model's problem.
                 return _tool_output(call, orjson.dumps({"error": err.message}).decode())
             raise
         output = result if isinstance(result, str) else orjson.dumps(result).decode()
         return _tool_output(call, output)
+
+
+def _tool_names(tools: Any) -> set[str]:
+    return {
+        str(t.get("name") or (t.get("function") or {}).get("name"))
+        for t in tools or []
+        if isinstance(t, dict)
+    }
 
 
 def _rollout_id(row: dict[str, Any]) -> str:
@@ -192,12 +200,3 @@ def _tool_output(call: dict[str, Any], output: str) -> dict[str, Any]:
         "output": output,
         "status": "completed",
     }
-
-
-async def _wait_disconnect(request: Request) -> None:
-    # After the body is read, the next ASGI message is http.disconnect, sent when the client
-    # closes the connection (or after our response is sent, by which time we no longer wait).
-    while True:
-        message = await request.receive()
-        if message.get("type") == "http.disconnect":
-            return

@@ -8,7 +8,7 @@ import sys
 import typer
 from rich.console import Console
 
-from rollgym.errors import RollgymError
+from rollgym.errors import ConfigError, RollgymError
 
 app = typer.Typer(
     name="rollgym",
@@ -26,7 +26,12 @@ app = typer.Typer(
 err_console = Console(stderr=True)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def setup_logging(level: str) -> None:
+    if level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"--log-level {level!r}: use one of {', '.join(LOG_LEVELS)}")
     logging.basicConfig(
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

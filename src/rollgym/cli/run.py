@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import orjson
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from typer.core import TyperCommand
@@ -103,7 +104,7 @@ RayWorkersOpt = Annotated[
 EXIT_CODES_HELP = (
     "Exit codes: 0 all rollouts succeeded; 1 the run completed but some rollouts failed (see "
     "failures.jsonl); 2 the run could not start (bad config or input) or was aborted (failure "
-    "budget, configuration error, interrupt): finish it with --resume."
+    "budget, configuration error, interrupt; an aborted run is finished with --resume)."
 )
 RUN_HELP = (
     "Start the servers of CONFIG, collect rollouts of the input into --output, stop them.\n\n"
@@ -121,8 +122,13 @@ def _collect_config(cfg: Config, **overrides: Any) -> CollectConfig:
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return CollectConfig.model_validate(data)
-    except Exception as exc:  # pydantic's ValidationError: name the option
-        raise ConfigError(f"invalid option: {exc}") from None
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = str(err["loc"][0]) if err["loc"] else "?"
+            where = f"--{key.replace('_', '-')}" if key in overrides else f"collect.{key}"
+            problems.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError(f"{cfg.source}: invalid option: " + "; ".join(problems)) from None
 
 
 def _input_path(cfg: Config, given: Path | None) -> Path:

@@ -70,7 +70,11 @@ class FailureBudget:
         self.summary.add(err)
         root = err.root()
         cfg = self.config
-        if root.status in CONFIG_STATUSES and self.finished <= cfg.config_error_window:
+        if (
+            root.status in CONFIG_STATUSES
+            and root.type != "invalid_request"  # a rollgym server's own 404 (unknown session)
+            and self.finished <= cfg.config_error_window
+        ):
             return (
                 f"configuration error: {root.server or 'a server'} answered {root.status} on "
                 f"{root.endpoint or 'a request'} ({root.message})"

@@ -14,7 +14,6 @@ import aiohttp
 from rollgym.errors import (
     ConnectError,
     ConnectionLost,
-    HTTPStatusError,
     ProtocolError,
     ReadTimeout,
     RollgymError,
@@ -44,8 +43,10 @@ def translate(
     if isinstance(exc, aiohttp.ClientOSError):
         return ConnectionLost(f"connection to {server} broke: {exc.strerror or exc}", **where)
     if isinstance(exc, aiohttp.ClientResponseError):
-        return HTTPStatusError(
-            f"{server} answered {exc.status}: {exc.message}", status=exc.status, **where
+        # We never call raise_for_status: this comes from the response parser, so the server
+        # sent something that is not HTTP (its status, if any, is aiohttp's invention).
+        return ProtocolError(
+            f"{server} sent a response that is not valid HTTP: {exc.message}", **where
         )
     if isinstance(exc, aiohttp.InvalidURL):
         return ConnectError(f"invalid URL for {server}: {url}", retryable=False, **where)

@@ -7,6 +7,7 @@ timeout) with that server's error as ``origin``, so the caller can tell who fail
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -49,11 +51,16 @@ class JSONResponse(Response):
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-async def read_json(request: Request) -> Any:
-    """The request body as JSON; a malformed or oversized body is an ``InvalidRequest`` (4xx)."""
+def check_size(request: Request) -> None:
+    """Refuse a declared body past ``MAX_BODY_BYTES`` before reading it."""
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
         raise InvalidRequest(f"request body of {size} bytes exceeds {MAX_BODY_BYTES}", status=413)
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON; a malformed or oversized body is an ``InvalidRequest`` (4xx)."""
+    check_size(request)
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
         raise InvalidRequest(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413)
@@ -168,6 +175,16 @@ def build_app(server: BaseServer) -> FastRoutes:
         err = InternalError(f"{type(exc).__name__}: {exc}", server=server.name)
         return error_response(server.name, err)
 
+    async def on_http_exception(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        # An unknown route or method: the caller has the wrong URL (a configuration error),
+        # unlike a malformed request to a real endpoint (invalid_request).
+        err = HTTPStatusError(
+            f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code
+        )
+        return error_response(server.name, err)
+
+    app.add_exception_handler(StarletteHTTPException, on_http_exception)
     app.add_exception_handler(RollgymError, on_rollgym_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(Exception, on_unexpected)
@@ -200,12 +217,45 @@ def json_route(
     handler: Callable[[Request], Awaitable[Any]],
 ) -> Callable[[Request], Awaitable[Response]]:
     """Wrap a handler that returns plain JSON data into a raw Starlette endpoint (no pydantic
-    validation on the hot path; handlers validate what they need themselves)."""
+    validation on the hot path; handlers validate what they need themselves). The handler is
+    cancelled if its caller disconnects first."""
 
     async def endpoint(request: Request) -> Response:
-        result = await handler(request)
+        check_size(request)
+        await request.body()  # read (and cache) the body before watching for a disconnect
+        result = await until_disconnect(request, handler(request))
         if isinstance(result, Response):
             return result
         return JSONResponse(result)
 
     return endpoint
+
+
+CLIENT_GONE = 499  # nginx's "client closed request": nobody reads this answer
+
+
+async def until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Await ``work``, but cancel it (and the requests it has in flight) if the client goes
+    away: abandoned work must not keep a broken upstream under load. The body must have been
+    read already."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        return Response(status_code=CLIENT_GONE)
+    return task.result()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    # After the body is read, the next ASGI message is http.disconnect, sent when the client
+    # closes the connection (or after our response is sent, by which time we no longer wait).
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return
