@@ -105,6 +105,8 @@ def prepare_run(
         run_info.setdefault("resumes", []).append(_now())
     else:
         earlier = [name for name in _RUN_FILES if (out_dir / name).exists()]
+        if earlier and _never_started(out_dir):
+            earlier = []  # a run that failed to start recorded nothing: start it afresh
         if earlier:
             # Even a run killed before its first record left run.json and tasks.jsonl: starting
             # over would silently replace them under a run someone may want to resume.
@@ -131,6 +133,25 @@ def prepare_run(
 
 
 _RUN_FILES = ("run.json", "tasks.jsonl", "rollouts.jsonl", "failures.jsonl")
+FAILED_TO_START = "failed_to_start"
+
+
+def _never_started(out_dir: Path) -> bool:
+    run_json = out_dir / "run.json"
+    if (out_dir / "rollouts.jsonl").exists() or (out_dir / "failures.jsonl").exists():
+        return False
+    try:
+        return bool(orjson.loads(run_json.read_bytes()).get("status") == FAILED_TO_START)
+    except (OSError, orjson.JSONDecodeError):
+        return False
+
+
+def mark_failed_to_start(run: PreparedRun, err: RollgymError) -> None:
+    """Record in ``run.json`` that the run never dispatched (its servers did not start...)."""
+    run.run_info.update(
+        status=FAILED_TO_START, exit_code=EXIT_ABORTED, ended_at=_now(), error=err.to_dict()
+    )
+    _write_json(run.out_dir / "run.json", run.run_info)
 
 # What must match between a run and its resume, with the name a person knows it by.
 _RESUME_KEYS = {

@@ -113,6 +113,14 @@ class Ledger:
                 if self._done[slot] != 1:
                     self._done[slot] = 1
                     self.succeeded += 1
+        if self.history_path.exists():
+            # Attempts of failures already moved out by an earlier resume: that resume may have
+            # died before recording anything, and its count must not start again from 0.
+            for _, rec in _records(self.history_path):
+                slot = self.slot(rec["task_index"], rec["rollout_index"])
+                if not self._done[slot]:
+                    attempts = int(rec.get("attempts", 1))
+                    self.prior_attempts[slot] = max(self.prior_attempts.get(slot, 0), attempts)
         if not self.failures_path.exists():
             return
         keep: list[bytes] = []
@@ -128,7 +136,7 @@ class Ledger:
                 self.failed += 1
                 keep.append(line)
             else:
-                self.prior_attempts[slot] = attempts
+                self.prior_attempts[slot] = max(self.prior_attempts.get(slot, 0), attempts)
                 retry.append(line)
         if retry:
             with self.history_path.open("ab") as hist:
