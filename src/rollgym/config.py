@@ -288,10 +288,10 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def format_validation_error(source: str, exc: ValidationError) -> str:
+def format_validation_error(source: str, exc: ValidationError, prefix: str = "") -> str:
     lines = [f"{source}: invalid config"]
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "<top level>"
+        key = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "") or "<top level>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"

@@ -136,3 +136,32 @@ def test_retry_statuses_take_only_5xx() -> None:
 def test_chaos_specs_are_checked_when_the_config_loads(chaos: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         parse_config({"servers": {"m": {"kind": "model", "impl": "scripted", "chaos": chaos}}})
+
+
+@pytest.mark.parametrize(
+    ("model_name", "options", "message"),
+    [
+        (
+            "model",
+            {"resources": "env", "max_stpes": 1},
+            "servers.agent.options.max_stpes: unknown key",
+        ),
+        ("model", {"resources": "env", "max_steps": 0}, "servers.agent.options.max_steps"),
+        ("llm", {"resources": "env"}, "servers.agent.options.model: no server named 'model'"),
+    ],
+)
+async def test_server_options_are_checked_before_anything_starts(
+    model_name: str, options: dict[str, Any], message: str
+) -> None:
+    from rollgym.launch import Supervisor
+
+    servers = {
+        model_name: {"kind": "model", "impl": "scripted"},
+        "env": {"kind": "resources", "impl": "echo"},
+        "agent": {"kind": "agent", "impl": "tool_agent", "options": options},
+    }
+    supervisor = Supervisor(parse_config({"servers": servers}, "cfg.yaml"))
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")) as info:
+        await supervisor.start()
+    assert "cfg.yaml" in str(info.value)
+    assert supervisor.pids() == []  # nothing was started

@@ -30,6 +30,12 @@ class FaultyModel(ScriptedModel):
     (delete it to "fix" the model). Counts requests and the faults it answered; with
     ``request_log``, appends the rollout id of every request to that file."""
 
+    class Options(ScriptedModel.Options):
+        fail_marker: str | None = None
+        fail_while_exists: str | None = None
+        request_log: str | None = None
+        fail_status: int = 500
+
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self.requests = 0

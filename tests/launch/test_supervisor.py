@@ -74,13 +74,15 @@ async def test_start_wires_the_servers_together_and_stop_ends_them(tmp_path: Pat
 async def test_a_server_that_crashes_on_startup_is_a_launch_error_with_its_log(
     tmp_path: Path,
 ) -> None:
-    supervisor = Supervisor(config(max_steps="many"), log_dir=tmp_path / "logs")
+    cfg = config().model_dump()
+    cfg["servers"]["env"]["impl"] = "tests.launch.crashing:CrashOnStart"
+    supervisor = Supervisor(parse_config(cfg, "test-config"), log_dir=tmp_path / "logs")
     with pytest.raises(LaunchError) as info:
         await supervisor.start(timeout=30)
     message = str(info.value)
-    assert "server agent exited with code" in message
-    assert "many" in message  # the log tail shows the agent's own complaint
-    assert info.value.server == "agent"
+    assert "server env exited with code" in message
+    assert "many-worlds" in message  # the log tail shows the server's own complaint
+    assert info.value.server == "env"
     assert still_alive(supervisor.pids(), timeout=1) == []  # the healthy ones were stopped too
 
 

@@ -20,11 +20,12 @@ from typing import Any, ClassVar
 
 import orjson
 from fastapi import FastAPI
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from rollgym.config import Config
 from rollgym.errors import ConfigError, HTTPStatusError, InvalidRequest, ProtocolError
 from rollgym.http import Target
 from rollgym.protocol import HEADER_ROLLOUT, TaskRow, function_calls, rollout_key
@@ -38,6 +39,27 @@ class ToolAgent(BaseServer):
     ``model_timeout``, ``tool_timeout``, ``verify_timeout`` (seconds, per call)."""
 
     kind: ClassVar[str] = "agent"
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        model: str = "model"
+        resources: str = "resources"
+        max_steps: int = Field(default=10, ge=1, le=1000)
+        model_timeout: float = Field(default=600.0, gt=0)
+        tool_timeout: float = Field(default=120.0, gt=0)
+        verify_timeout: float = Field(default=300.0, gt=0)
+
+    @classmethod
+    def check_options(cls, config: Config, name: str) -> None:
+        super().check_options(config, name)
+        options = cls.Options.model_validate(config.servers[name].options)
+        for role in ("model", "resources"):
+            peer = getattr(options, role)
+            if peer not in config.servers:
+                raise ConfigError(
+                    f"{config.source or 'config'}: servers.{name}.options.{role}: no server "
+                    f"named {peer!r} (known: {', '.join(sorted(config.servers))})"
+                )
 
     async def startup(self) -> None:
         self.model: Target = self.peer(self.option("model", "model"))

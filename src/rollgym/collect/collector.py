@@ -153,6 +153,7 @@ def mark_failed_to_start(run: PreparedRun, err: RollgymError) -> None:
     )
     _write_json(run.out_dir / "run.json", run.run_info)
 
+
 # What must match between a run and its resume, with the name a person knows it by.
 _RESUME_KEYS = {
     "input_sha256": "the input file's content",

@@ -72,7 +72,8 @@ class Supervisor:
 
     def _bind(self) -> None:
         for name, cfg in self.config.servers.items():
-            resolve_impl(cfg.impl, cfg.kind)  # fail before anything starts
+            # Fail before anything starts: an unknown impl, a mistyped option, a missing peer.
+            resolve_impl(cfg.impl, cfg.kind).check_options(self.config, name)
             if cfg.url:
                 self.urls[name] = [cfg.url.rstrip("/")]
                 continue

@@ -32,7 +32,7 @@ from pydantic import SecretStr, ValidationError
 from starlette.requests import Request
 from starlette.routing import Route
 
-from rollgym.config import RetryPolicy, format_validation_error, kind_defaults
+from rollgym.config import Config, RetryPolicy, format_validation_error, kind_defaults
 from rollgym.errors import ConfigError, InvalidRequest, ProtocolError, RollgymError
 from rollgym.http import Target
 from rollgym.models.translate import CHAT_ENDPOINT, chat_to_response, responses_to_chat
@@ -54,29 +54,20 @@ class OpenAIProxy(BaseServer):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         where = f"servers.{self.name}.options"
-        unknown = sorted(set(self.options) - set(OPTIONS))
-        if unknown:
-            raise ConfigError(
-                f"{where}: unknown option(s) {', '.join(unknown)} (known: {', '.join(OPTIONS)})"
-            )
-        base_url = self.options.get("base_url")
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ConfigError(
-                f"{where}.base_url: the upstream's URL is required, e.g. http://host:8000/v1"
-            )
-        model = self.options.get("model")
-        if model is not None and not isinstance(model, str):
-            raise ConfigError(f"{where}.model must be a string")
-        extra_body = self.options.get("extra_body") or {}
-        if not isinstance(extra_body, dict):
-            raise ConfigError(f"{where}.extra_body must be a mapping")
+        base_url, model, extra_body, policy = _parse_options(self.options, where)
         self.model_override: str | None = model
         self.extra_body: dict[str, Any] = extra_body
-        self.upstream = Target(
-            f"{self.name}.upstream", (base_url.rstrip("/"),), _upstream_policy(self.options, where)
-        )
+        self.upstream = Target(f"{self.name}.upstream", (base_url.rstrip("/"),), policy)
         # A SecretStr: the key stays out of reprs, tracebacks with locals and state dumps.
         self._api_key = _api_key(self.options.get("api_key_env"), where)
+
+    @classmethod
+    def check_options(cls, config: Config, name: str) -> None:
+        # The same checks as at start-up (the key's variable included), before anything starts.
+        where = f"{config.source or 'config'}: servers.{name}.options"
+        options = config.servers[name].options
+        _parse_options(options, where)
+        _api_key(options.get("api_key_env"), where)
 
     def add_routes(self, app: FastAPI) -> None:
         routes = (("/v1/responses", self._responses), ("/v1/chat/completions", self._chat))
@@ -155,6 +146,29 @@ async def _read_object(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object", status=422)
     return body
+
+
+def _parse_options(
+    options: dict[str, Any], where: str
+) -> tuple[str, str | None, dict[str, Any], RetryPolicy]:
+    """(base_url, model override, extra_body, upstream policy); ``ConfigError`` naming the key."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown option(s) {', '.join(unknown)} (known: {', '.join(OPTIONS)})"
+        )
+    base_url = options.get("base_url")
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{where}.base_url: the upstream's URL is required, e.g. http://host:8000/v1"
+        )
+    model = options.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ConfigError(f"{where}.model must be a string")
+    extra_body = options.get("extra_body") or {}
+    if not isinstance(extra_body, dict):
+        raise ConfigError(f"{where}.extra_body must be a mapping")
+    return base_url, model, extra_body, _upstream_policy(options, where)
 
 
 def _upstream_policy(options: dict[str, Any], where: str) -> RetryPolicy:

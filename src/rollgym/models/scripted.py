@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import orjson
 from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -37,6 +38,10 @@ NO_SCRIPT_ANSWER = "I have no script for this task."
 
 class ScriptedModel(BaseServer):
     kind: ClassVar[str] = "model"
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        latency: float = Field(default=0.0, ge=0, description="seconds added to every answer")
 
     def add_routes(self, app: FastAPI) -> None:
         app.router.routes.append(

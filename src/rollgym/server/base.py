@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rollgym.config import Config, ServerConfig
+from rollgym.config import Config, ServerConfig, format_validation_error
 from rollgym.errors import ConfigError
 from rollgym.http import HttpClient, Target
 
@@ -46,6 +47,22 @@ class BaseServer:
     """Base of the three server kinds. Subclasses add routes; transport lives elsewhere."""
 
     kind: ClassVar[str] = "server"
+    Options: ClassVar[type[BaseModel] | None] = None
+    """A pydantic model of the ``options:`` this server takes (unknown keys refused), checked
+    before any server starts; None takes any options unchecked."""
+
+    @classmethod
+    def check_options(cls, config: Config, name: str) -> None:
+        """Validate server ``name``'s options in ``config``; raise ``ConfigError`` naming the
+        file and key. Called before any server starts."""
+        if cls.Options is None:
+            return
+        try:
+            cls.Options.model_validate(config.servers[name].options)
+        except ValidationError as exc:
+            source = config.source or "config"
+            prefix = f"servers.{name}.options"
+            raise ConfigError(format_validation_error(source, exc, prefix=prefix)) from None
 
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
@@ -76,6 +93,12 @@ class BaseServer:
 
     def option(self, key: str, default: Any = None) -> Any:
         return self.options.get(key, default)
+
+
+class NoOptions(BaseModel):
+    """For servers that take no options: any key is a mistake."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 def resolve_impl(impl: str, kind: str | None = None) -> type[BaseServer]:

@@ -16,6 +16,8 @@ import logging
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from rollgym.envs.math.check import MathCheck, check_answer
 from rollgym.errors import InvalidRequest
 from rollgym.protocol import output_text
@@ -27,6 +29,10 @@ log = logging.getLogger("rollgym.envs.math")
 
 class MathEnv(ResourcesServer):
     """Math problems; reward 1.0 when the reply's answer equals ``expected_answer``."""
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        verify_timeout: float = Field(default=30.0, gt=0, description="seconds per check")
 
     verify_timeout: ClassVar[float] = 30.0
     # Module-level and picklable: it runs in a spawn worker process.
