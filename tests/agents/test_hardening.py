@@ -165,3 +165,42 @@ async def test_server_options_are_checked_before_anything_starts(
         await supervisor.start()
     assert "cfg.yaml" in str(info.value)
     assert supervisor.pids() == []  # nothing was started
+
+
+async def test_every_turns_token_data_reaches_the_verified_rollout() -> None:
+    from starlette.requests import Request
+
+    from rollgym.models.scripted import ScriptedModel
+
+    class TokenModel(ScriptedModel):
+        """Attaches per-turn token ids, as the proxy does for a vLLM upstream."""
+
+        turn = 0
+
+        async def _responses(self, request: Request) -> Any:
+            response = await super()._responses(request)
+            TokenModel.turn += 1
+            response["rollgym_upstream"] = {"token_ids": [TokenModel.turn] * 3}
+            response["usage"]["output_tokens"] = 10
+            response["usage"]["total_tokens"] = response["usage"]["input_tokens"] + 10
+            return response
+
+    policy = RetryPolicy(max_attempts=1)
+    async with (
+        serve_server(TokenModel, name="model") as (model_url, _),
+        serve_server("echo", name="env") as (env_url, _),
+        serve_server(
+            "tool_agent",
+            name="agent",
+            options={"model": "model", "resources": "env"},
+            peers={
+                "model": Target.single("model", model_url, policy),
+                "env": Target.single("env", env_url, policy),
+            },
+        ) as (agent_url, _),
+    ):
+        status, body = await post_run(agent_url, task_row(0))
+    assert status == 200, body
+    response = body["response"]
+    assert response["rollgym_upstream"] == [{"token_ids": [1, 1, 1]}, {"token_ids": [2, 2, 2]}]
+    assert response["usage"]["output_tokens"] == 20  # both turns, not the last one only

@@ -159,3 +159,25 @@ def test_bare_socket_errors_translate_to_transport_errors(
     assert type(err) is kind
     assert err.url == "http://h/x"
     assert pickle.loads(pickle.dumps(err)) == err
+
+
+async def test_pinned_calls_never_fail_over_but_unpinned_ones_do() -> None:
+    # Replica A holds the rollout's session; when A dies, a pinned call (a tool call, /verify)
+    # must fail as A's loss, not land on B and be told "unknown session".
+    from scripted_servers import dead_url
+
+    live = Script(verify=lambda n: Reply(200, b'{"reward": 1.0}'))
+    policy = fast_policy(max_attempts=3, idempotent=True)
+    async with serve_script(live) as b_url, HttpClient() as client:
+        a_url = dead_url()
+        target = Target("env", (a_url, b_url), policy)
+        state = client._state(target)
+        state.balancer._sticky["rollout-7"] = a_url  # the session was seeded on A
+        with pytest.raises(ConnectError) as info:
+            await client.call(target, "/verify", {}, sticky="rollout-7", pin=True)
+        assert live.hits["/verify"] == 0
+        assert info.value.url is not None and info.value.url.startswith(a_url)
+        assert info.value.retryable is False
+        # A call with no state on A (a model call, a new session) goes to B.
+        assert await client.call(target, "/verify", {}, sticky="rollout-8") == {"reward": 1.0}
+        assert live.hits["/verify"] == 1

@@ -127,6 +127,7 @@ class ToolAgent(BaseServer):
 
         outputs: list[Any] = []
         response: dict[str, Any] = {}
+        turns: list[dict[str, Any]] = []  # every model response, for per-turn token data
         steps = 0
         truncated = False
         started = time.monotonic()
@@ -143,6 +144,7 @@ class ToolAgent(BaseServer):
                     endpoint="/v1/responses", body=orjson.dumps(response),
                 )  # fmt: skip
             outputs.extend(new)
+            turns.append(response)
             calls = function_calls(response)
             if not calls:
                 break
@@ -156,10 +158,10 @@ class ToolAgent(BaseServer):
             # it stands (a truncated episode is still data), and marked so trainers can tell.
             truncated = True
 
-        final = {**response, "output": outputs}
+        final = _final_response(response, outputs, turns)
         verified = await self.client.call(
             self.resources, "/verify", {**row, "response": final},
-            headers=res_headers, deadline=self.verify_timeout, sticky=key,
+            headers=res_headers, deadline=self.verify_timeout, sticky=key, pin=bool(session_id),
         )  # fmt: skip
         if isinstance(verified, dict):
             verified.setdefault("num_steps", steps)
@@ -184,7 +186,7 @@ class ToolAgent(BaseServer):
         try:
             result = await self.client.call(
                 self.resources, f"/{name}", args, headers=headers, deadline=self.tool_timeout,
-                sticky=key,
+                sticky=key, pin=SESSION_HEADER in headers,
             )  # fmt: skip
         except HTTPStatusError as err:
             if err.status is not None and 400 <= err.status < 500 and err.status not in (408, 429):
@@ -193,6 +195,43 @@ class ToolAgent(BaseServer):
             raise
         output = result if isinstance(result, str) else orjson.dumps(result).decode()
         return _tool_output(call, output)
+
+
+def _final_response(
+    last: dict[str, Any], outputs: list[Any], turns: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The rollout as one Responses API response: every turn's output, usage summed over the
+    turns, and the token-level data a model server attached to each turn (``rollgym_upstream``
+    becomes a list, one entry per model call), so a trainer sees every turn it must train on."""
+    final = {**last, "output": outputs}
+    usages = [t["usage"] for t in turns if isinstance(t.get("usage"), dict)]
+    if len(usages) > 1:
+        final["usage"] = _sum_usage(usages)
+    if any("rollgym_upstream" in t for t in turns):
+        final["rollgym_upstream"] = [t.get("rollgym_upstream") for t in turns]
+    return final
+
+
+def _sum_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
+    def total(key: str, detail: str | None = None) -> int:
+        out = 0
+        for u in usages:
+            value = (u.get(key) or {}).get(detail) if detail else u.get(key)
+            out += value if isinstance(value, int) else 0
+        return out
+
+    return {
+        "input_tokens": total("input_tokens"),
+        "input_tokens_details": {
+            "cached_tokens": total("input_tokens_details", "cached_tokens"),
+            "cache_write_tokens": total("input_tokens_details", "cache_write_tokens"),
+        },
+        "output_tokens": total("output_tokens"),
+        "output_tokens_details": {
+            "reasoning_tokens": total("output_tokens_details", "reasoning_tokens")
+        },
+        "total_tokens": total("total_tokens"),
+    }
 
 
 def _tool_names(tools: Any) -> set[str]:

@@ -22,12 +22,14 @@ class Balancer:
         self._sticky: OrderedDict[str, str] = OrderedDict()
         self._down: dict[str, float] = {}  # url -> when it may be tried again
 
-    def pick(self, sticky: str | None = None) -> str:
+    def pick(self, sticky: str | None = None, *, pin: bool = False) -> str:
+        """A replica for the next call; ``pin`` returns the sticky key's replica even when it
+        is down (the caller must not fail over: its state is there)."""
         if len(self.urls) == 1:
             return self.urls[0]
         if sticky is not None:
             url = self._sticky.get(sticky)
-            if url is not None and not self.is_down(url):
+            if url is not None and (pin or not self.is_down(url)):
                 self._sticky.move_to_end(sticky)
                 return url
         live = [u for u in self.urls if not self.is_down(u)] or list(self.urls)

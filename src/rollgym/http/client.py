@@ -156,14 +156,17 @@ class HttpClient:
         headers: Mapping[str, str] | None = None,
         deadline: float | None = None,
         sticky: str | None = None,
+        pin: bool = False,
     ) -> Any:
         """POST ``payload`` as JSON to ``endpoint`` of ``target`` and return the decoded JSON.
 
         Retries under the target's policy; raises a ``RollgymError`` whose ``attempts`` says how
-        many attempts were made. ``deadline`` (seconds) caps the total time further.
+        many attempts were made. ``deadline`` (seconds) caps the total time further. Calls with
+        the same ``sticky`` key go to the same replica; with ``pin`` they never fail over (the
+        replica holds state of theirs, e.g. a session), and a lost replica fails them at once.
         """
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
-        return await self._call_with_retries(target, endpoint, body, headers, deadline, sticky)
+        return await self._call_with_retries(target, endpoint, body, headers, deadline, sticky, pin)
 
     async def _call_with_retries(
         self,
@@ -173,6 +176,7 @@ class HttpClient:
         headers: Mapping[str, str] | None,
         deadline: float | None,
         sticky: str | None,
+        pin: bool = False,
     ) -> Any:
         policy = target.policy
         state = self._state(target)
@@ -195,7 +199,14 @@ class HttpClient:
                     attempts=attempt - 1 or 1, origin=last,
                 )  # fmt: skip
             remaining = total - (time.monotonic() - start)
-            base = state.balancer.pick(sticky)
+            base = state.balancer.pick(sticky, pin=pin)
+            if pin and len(target.urls) > 1 and state.balancer.is_down(base):
+                stats.failures += 1
+                raise ConnectError(
+                    f"{target.name} replica {base} is down, and this call's state lived there",
+                    server=target.name, endpoint=endpoint, method="POST", url=base,
+                    attempts=attempt, retryable=False, origin=last,
+                )  # fmt: skip
             url = base + endpoint
             stats.attempts += 1
             if attempt == 1:
