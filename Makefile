@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test lint demo bench bench-quick clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: install
 	  code=$$?; [ $$code -le 1 ] || exit $$code
 
 bench: install
+	$(BIN)/python bench/suite.py
+
+bench-quick: install
 	$(BIN)/python bench/throughput.py
 
 clean:

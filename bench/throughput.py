@@ -147,7 +147,14 @@ async def run_variant(
         for pipe in pipes.values():
             await pipe.stop()
     entry: dict[str, Any] = {kind: summarize_runs(r) for kind, r in runs.items()}
-    entry["ratio"] = round(entry["rollgym"]["rollouts_per_s"] / entry["bare"]["rollouts_per_s"], 3)
+    # The median of the ratios of paired runs (each pair ran back to back), which a noisy
+    # machine disturbs less than a ratio of two medians taken from different moments.
+    paired = sorted(
+        g["rollouts_per_s"] / b["rollouts_per_s"]
+        for g, b in zip(runs["rollgym"], runs["bare"], strict=True)
+    )
+    entry["ratio"] = round(paired[len(paired) // 2], 3)
+    entry["paired_ratios"] = [round(r, 3) for r in paired]
     entry["requests_per_rollout"] = {
         "rollgym_counting_pass": counted,
         "rollgym_client_stats": runs["rollgym"][0]["client_sent_per_rollout"],
@@ -256,12 +263,11 @@ def print_table(results: dict[str, Any]) -> None:
         )
     sus = results.get("sustained")
     if sus:
-        base = results["variants"].get(sus["variant"], {}).get("bare", {}).get("rollouts_per_s")
         print(f"\nsustained rollgym {sus['variant']} ({sus['failed']} failed):")
         for s in sus["slices"]:
-            vs = f"  ({s['rollouts_per_s'] / base:.2f} of bare)" if base else ""
+            # No "of bare" here: the bare rate was measured at another moment.
             print(
-                f"  t={s['t']:5.1f}s {s['rollouts_per_s']:7.1f} rollouts/s{vs}  "
+                f"  t={s['t']:5.1f}s {s['rollouts_per_s']:7.1f} rollouts/s  "
                 f"CPU ms/rollout {_cpu_text(s['cpu_ms_per_rollout'])}"
             )
     print(

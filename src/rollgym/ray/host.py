@@ -63,8 +63,18 @@ class _Replica:
 class ServerHost:
     """Runs the replicas placed on this node. ``config`` is ``Config.model_dump(mode="json")``."""
 
-    def __init__(self, config: dict[str, Any], log_dir: str | None, log_level: str) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        log_dir: str | None,
+        log_level: str,
+        *,
+        single_node: bool = False,
+    ) -> None:
         self.config = config
+        # On a one-node cluster every caller is on this machine: stay on loopback rather than
+        # expose unauthenticated tool and verify servers on the node's network address.
+        self.single_node = single_node
         self.log_dir = Path(log_dir) if log_dir else None
         self.log_level = log_level
         self.ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
@@ -78,7 +88,7 @@ class ServerHost:
         cfg = self.config["servers"][name]
         host = cfg.get("host") or "127.0.0.1"
         # A loopback address cannot be reached from the other nodes: listen on the node's own.
-        bind_host = self.ip if host in _LOOPBACK else host
+        bind_host = self.ip if host in _LOOPBACK and not self.single_node else host
         port = (cfg["port"] + replica) if cfg.get("port") else 0
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -107,7 +107,7 @@ class RayServers:
                 self._hosts[node.node_id] = ServerHostActor.options(
                     num_cpus=0,
                     scheduling_strategy=on_node(node, soft=False),
-                ).remote(config_json, log_dir, self.log_level)
+                ).remote(config_json, log_dir, self.log_level, single_node=len(nodes) == 1)
         urls = await get(
             [self._hosts[node.node_id].bind.remote(name, r) for (name, r), node in layout],
             timeout,
