@@ -69,7 +69,7 @@ class _Counting(BaseServer):
         # past any app-level middleware.
         counter = RequestCounter(self.name)
         for route in app.router.routes:
-            if isinstance(route, Route) and route.path != "/health":
+            if isinstance(route, Route) and route.path not in ("/health", "/stats"):
                 route.app = _counted(route.app, counter)
         app.router.routes.append(Route(STATS_PATH, counter.stats, methods=["GET"]))
 

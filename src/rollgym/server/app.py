@@ -237,19 +237,29 @@ CLIENT_GONE = 499  # nginx's "client closed request": nobody reads this answer
 async def until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
     """Await ``work``, but cancel it (and the requests it has in flight) if the client goes
     away: abandoned work must not keep a broken upstream under load. The body must have been
-    read already."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.create_task(_wait_disconnect(request))
+    read already. ``work`` runs in the current task; one watcher task per request cancels it.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    gone = asyncio.Event()
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, task, gone))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone.is_set():
+            raise  # cancelled from outside (shutdown): not ours to swallow
+        task.uncancel()
+        return Response(status_code=CLIENT_GONE)
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        return Response(status_code=CLIENT_GONE)
-    return task.result()
+
+
+async def _cancel_on_disconnect(
+    request: Request, task: asyncio.Task[Any], gone: asyncio.Event
+) -> None:
+    await _wait_disconnect(request)
+    gone.set()
+    task.cancel()
 
 
 async def _wait_disconnect(request: Request) -> None:
