@@ -98,7 +98,8 @@ class ChaosProxy:
             return resp.status, await resp.read(), resp.content_type
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
+        # Decided on the headers alone, so reset_before can drop the connection before the
+        # body is read.
         decision = self._decide(request.path, request.headers.get(HEADER_ROLLOUT))
         if isinstance(decision, int):
             decision = Fault(kind="status", status=decision)
@@ -107,6 +108,7 @@ class ChaosProxy:
             early = await self._inject_before(request, decision)
             if early is not None:
                 return early
+        body = await request.read()
         try:
             status, raw, ctype = await self._forward(request, body)
         except aiohttp.ClientError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import orjson
@@ -117,3 +118,17 @@ def test_a_duplicate_record_is_ignored(tmp_path: Path) -> None:
     ledger.close()
     assert len(read_jsonl(tmp_path / "rollouts.jsonl")) == 1
     assert ledger.succeeded == 1 and ledger.pending == 1
+
+
+def test_a_row_naming_an_unknown_agent_is_refused_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    rows = [
+        {"responses_create_params": {"input": "a"}, "agent_ref": {"name": "agent"}},
+        {"responses_create_params": {"input": "b"}, "agent_ref": {"name": "lookup"}},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert scan_tasks(path, agents={"agent", "lookup"}).tasks == 2
+    with pytest.raises(
+        InputError, match=r"tasks\.jsonl:2: agent_ref\.name 'lookup' is not an agent"
+    ):
+        scan_tasks(path, agents={"agent"})

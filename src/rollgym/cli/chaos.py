@@ -11,12 +11,13 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from rollgym.cli.run import PlainHelpCommand
 from rollgym.config import ChaosSpec, format_validation_error
 from rollgym.errors import ConfigError
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(cls=PlainHelpCommand)
     def chaos(
         upstream: Annotated[
             str, typer.Argument(help="URL of the server to put faults in front of.")

@@ -84,7 +84,8 @@ def prepare_run(
     config: Config, collect: CollectConfig, input_path: Path, out_dir: Path, *, resume: bool
 ) -> PreparedRun:
     """Validate the input and set up (or check, on resume) the output directory."""
-    info = scan_tasks(input_path, collect.limit)
+    agents = {name for name, server in config.servers.items() if server.kind == "agent"}
+    info = scan_tasks(input_path, collect.limit, agents)
     fingerprint = {
         "input": str(input_path),
         "input_sha256": info.sha256,
@@ -381,21 +382,26 @@ class Collector:
 
     async def _server_stats(self) -> dict[str, Any]:
         """Each server's view of the servers it called: retries, budget refusals, breaker
-        state. Best effort: a server that is down simply has no entry."""
+        state. Best effort and bounded (all at once, 5 s in all): a server that is down or
+        hung simply has no entry, and an aborting run is not held up by it."""
         once = RetryPolicy(max_attempts=1, attempt_timeout=5.0)
-        out: dict[str, Any] = {}
+        keys: list[str] = []
+        calls = []
         for name, urls in self.urls.items():
             for i, url in enumerate(urls):
-                key = name if len(urls) == 1 else f"{name}[{i}]"
-                try:
-                    got = await self.client.call(
-                        Target.single(f"{name}.stats", url, once), "/stats", {}
-                    )
-                except RollgymError:
-                    continue
-                if isinstance(got, dict) and got.get("calls"):
-                    out[key] = got["calls"]
-        return out
+                keys.append(name if len(urls) == 1 else f"{name}[{i}]")
+                target = Target.single(f"{name}.stats", url, once)
+                calls.append(self.client.call(target, "/stats", {}, deadline=5.0))
+        try:
+            async with asyncio.timeout(5.0):
+                answers = await asyncio.gather(*calls, return_exceptions=True)
+        except TimeoutError:
+            return {}
+        return {
+            key: got["calls"]
+            for key, got in zip(keys, answers, strict=True)
+            if isinstance(got, dict) and got.get("calls")
+        }
 
     async def _env_aggregate(self) -> dict[str, Any]:
         """Ask the agent's resources server for environment metrics (optional endpoint)."""

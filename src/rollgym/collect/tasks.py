@@ -35,7 +35,9 @@ def _reason(exc: ValidationError) -> str:
     return f"{key}: {err['msg']}"
 
 
-def scan_tasks(path: str | Path, limit: int | None = None) -> TaskFileInfo:
+def scan_tasks(
+    path: str | Path, limit: int | None = None, agents: set[str] | None = None
+) -> TaskFileInfo:
     """Validate every line of a task file; raise ``InputError`` naming the file and line."""
     path = Path(path)
     digest = hashlib.sha256()
@@ -58,9 +60,18 @@ def scan_tasks(path: str | Path, limit: int | None = None) -> TaskFileInfo:
             if not isinstance(data, dict):
                 raise InputError(f"{path}:{lineno}: a task must be a JSON object")
             try:
-                TaskRow.model_validate(data)
+                row = TaskRow.model_validate(data)
             except ValidationError as exc:
                 raise InputError(f"{path}:{lineno}: {_reason(exc)}") from None
+            if (
+                agents is not None
+                and row.agent_ref is not None
+                and row.agent_ref.name not in agents
+            ):
+                raise InputError(
+                    f"{path}:{lineno}: agent_ref.name {row.agent_ref.name!r} is not an agent of "
+                    f"the config (agents: {', '.join(sorted(agents)) or 'none'})"
+                )
             count += 1
     if count == 0:
         raise InputError(f"{path}: no tasks in the file")

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -26,7 +25,6 @@ import orjson
 
 from rollgym.config import Config
 from rollgym.errors import LaunchError
-from rollgym.lifeline import die_with_parent
 from rollgym.server.base import resolve_impl
 
 log = logging.getLogger("rollgym.launch")
@@ -35,16 +33,6 @@ SPEC_ENV = "ROLLGYM_WORKER"
 """The environment variable carrying a server process's JSON spec. Defined here, not in the
 worker module: ``python -m rollgym.launch.worker`` imports this package first, and a package
 that had already imported the worker would run it twice (runpy warns about exactly that)."""
-
-
-def _die_with(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` dies (and exit at once
-    if ``parent`` died between fork and the call, when no signal would ever come)."""
-
-    def preexec() -> None:  # runs in the child between fork and exec
-        die_with_parent(signal.SIGTERM, parent)
-
-    return preexec
 
 
 @dataclass
@@ -103,6 +91,7 @@ class Supervisor:
             "config": self.config.model_dump(mode="json"),
             "urls": self.urls,
             "fd": fd,
+            "parent": os.getpid(),  # the worker ties its life to ours
             "log_level": self.log_level,
         }
         env = {**os.environ, SPEC_ENV: orjson.dumps(spec).decode()}
@@ -121,7 +110,6 @@ class Supervisor:
             stdout=out,
             stderr=subprocess.STDOUT if out is not None else None,
             start_new_session=True,  # Ctrl-C reaches us only; we stop the children in order
-            preexec_fn=_die_with(os.getpid()),
         )
         server.sock.close()  # the child holds its own copy
         server.sock = None

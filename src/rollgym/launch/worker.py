@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 
@@ -17,6 +18,7 @@ import uvicorn
 
 from rollgym.config import ChaosSpec, Config
 from rollgym.launch.supervisor import SPEC_ENV
+from rollgym.lifeline import die_with_parent
 from rollgym.server.app import build_app
 from rollgym.server.base import ServerContext, resolve_impl
 
@@ -26,6 +28,9 @@ KEEPALIVE_S = 75  # above the client pool's 30 s, so the client closes idle conn
 
 def main() -> None:
     spec = orjson.loads(os.environ[SPEC_ENV])
+    # SIGTERM when the launching process dies (set here, not in a preexec_fn: those can
+    # deadlock in a threaded parent such as a Ray worker), and exit if it is already gone.
+    die_with_parent(signal.SIGTERM, spec.get("parent"))
     name: str = spec["name"]
     logging.basicConfig(
         level=spec.get("log_level", "WARNING"),

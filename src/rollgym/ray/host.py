@@ -13,7 +13,6 @@ parent-death signal is tied to the thread that forked the child.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -21,7 +20,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -32,21 +30,8 @@ import ray
 from rollgym.errors import LaunchError
 from rollgym.launch.supervisor import SPEC_ENV
 
-_PR_SET_PDEATHSIG = 1
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _WILDCARD = ("0.0.0.0", "::", "")
-
-
-def _die_with(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` dies."""
-
-    def preexec() -> None:  # runs in the child between fork and exec
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the host died between fork and prctl: no signal will come
-            os._exit(1)
-
-    return preexec
 
 
 @dataclass
@@ -124,6 +109,7 @@ class ServerHost:
             "config": self.config,
             "urls": urls,
             "fd": fd,
+            "parent": os.getpid(),  # the worker ties its life to ours
             "log_level": self.log_level,
         }
         env = {**os.environ, SPEC_ENV: orjson.dumps(spec).decode()}
@@ -141,7 +127,6 @@ class ServerHost:
             stdout=out,
             stderr=subprocess.STDOUT if out is not None else None,
             start_new_session=True,
-            preexec_fn=_die_with(os.getpid()),
         )
         rep.sock.close()  # the child holds its own copy: once it dies, connects are refused
         rep.sock = None
