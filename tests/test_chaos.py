@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -157,15 +156,14 @@ async def test_rollgym_chaos_command_proxies_and_stops_on_sigterm(tmp_path: Path
     spec = tmp_path / "faults.yaml"
     spec.write_text("seed: 1\nsequence: [503]\n")
     async with upstream() as (up, hits):
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "rollgym"), "chaos", up, "--spec", str(spec)],
-            stdout=subprocess.PIPE,
-            text=True,
+        proc = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "rollgym"), "chaos", up, "--spec", str(spec),
+            stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "COLUMNS": "200"},
-        )
+        )  # fmt: skip
         try:
             assert proc.stdout is not None
-            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 20)
+            line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
             url = line.strip().rsplit(" ", 1)[-1]
             assert url.startswith("http://127.0.0.1:"), line
             with pytest.raises(HTTPStatusError):
@@ -174,6 +172,6 @@ async def test_rollgym_chaos_command_proxies_and_stops_on_sigterm(tmp_path: Path
             assert hits["/work"] == 1
         finally:
             proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=10)
+            out, _ = await asyncio.wait_for(proc.communicate(), 10)
     assert proc.returncode == 0
-    assert "'503': 1" in out
+    assert "'503': 1" in out.decode()
