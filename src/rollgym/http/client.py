@@ -143,6 +143,16 @@ class HttpClient:
     def stats(self) -> dict[str, TargetStats]:
         return {name: s.stats for name, s in self._targets.items()}
 
+    def mark_down(self, target: Target, url: str, seconds: float | None = None) -> None:
+        """Send no new calls to replica ``url`` of ``target`` (for ``seconds``, or for good),
+        keeping the target's breaker, budget and load counts."""
+        self._state(target).balancer.mark_down(url, seconds)
+
+    def live_urls(self, target: Target) -> list[str]:
+        """The replicas of ``target`` not marked down."""
+        balancer = self._state(target).balancer
+        return [u for u in target.urls if not balancer.is_down(u)]
+
     def breaker(self, name: str) -> CircuitBreaker | None:
         state = self._targets.get(name)
         return state.breaker if state else None

@@ -46,10 +46,10 @@ class CollectWorker:
         rollout_timeout: float,
         max_attempts: int,
     ) -> None:
+        # One Target per agent, with every replica: replicas are taken out through the client's
+        # balancer, so its breaker, budget and load counts survive a replica's loss.
         self._all = targets
-        self._current = dict(targets)
         self._dead: set[str] = set()
-        self._suspect: dict[str, float] = {}
         self._gate = asyncio.Semaphore(concurrency)
         self._timeout = rollout_timeout
         self._max_attempts = max_attempts
@@ -74,7 +74,7 @@ class CollectWorker:
     ) -> AsyncIterator[list[RolloutRecord]]:
         """Run ``items``; yield their records in batches as they finish. A rollout cancelled by
         ``cancel`` yields no record (it stays pending in the ledger)."""
-        self._dead.update(down)
+        self._take_down(down)
         finished: asyncio.Queue[asyncio.Task[RolloutRecord]] = asyncio.Queue()
         tasks = []
         for item in items:
@@ -136,29 +136,28 @@ class CollectWorker:
                 )
 
     def _target(self, name: str) -> Target:
-        full = self._all[name]
-        now = time.monotonic()
-        live = tuple(
-            u for u in full.urls if u not in self._dead and self._suspect.get(u, 0.0) <= now
-        )
-        live = live or tuple(u for u in full.urls if u not in self._dead) or full.urls
-        current = self._current[name]
-        if current.urls != live:
-            current = self._current[name] = Target(full.name, live, full.policy)
-        return current
+        return self._all[name]
 
     def _take_out(self, name: str, url: str | None) -> bool:
-        """Take the replica that ``url`` was sent to out of rotation; True if another replica
-        is left to try."""
-        base = _base_of(url, self._all[name].urls)
+        """Take the replica that ``url`` was sent to out of rotation for a while; True if
+        another replica is left to try."""
+        target = self._all[name]
+        base = _base_of(url, target.urls)
         if base is None:
             return False
-        self._suspect[base] = time.monotonic() + SUSPECT_SECONDS
-        return any(u != base for u in self._target(name).urls)
+        self.http.mark_down(target, base, SUSPECT_SECONDS)
+        return bool(self.http.live_urls(target))
+
+    def _take_down(self, urls: list[str]) -> None:
+        new = set(urls) - self._dead
+        self._dead.update(new)
+        for target in self._all.values():
+            for url in new & set(target.urls):
+                self.http.mark_down(target, url)
 
     async def mark_down(self, urls: list[str]) -> None:
         """The driver found these replicas dead: never send them anything again."""
-        self._dead.update(urls)
+        self._take_down(urls)
 
     async def cancel(self) -> None:
         """Abort: cancel every rollout in flight or queued (they stay pending)."""
