@@ -130,3 +130,31 @@ async def test_a_server_that_cannot_start_fails_the_run_with_a_plain_launch_erro
         taken.close()
     assert type(caught.value) is LaunchError  # not Ray's wrapper
     assert caught.value.server == "env" and "cannot listen" in caught.value.message
+
+
+def test_the_cli_runs_on_the_cluster_with_ray_address(
+    ray_cluster: Any, stack: Any, tmp_path: Path
+) -> None:
+    """`rollgym run --ray-address` from a separate process joins the cluster and completes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    config = stack.config(replicas=2, collect={"repeats": 2, "input": "tasks.jsonl"})
+    stack.write_tasks(tmp_path / "tasks.jsonl", 6)
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(config.model_dump_json(exclude={"source"}))  # JSON is YAML
+    rollgym = str(Path(sys.executable).parent / "rollgym")
+    done = subprocess.run(
+        [rollgym, "run", str(config_path), "--output", str(tmp_path / "out"), "--no-progress",
+         "--ray-address", ray_cluster.address],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["status"] == "completed"
+    ok, failed = stack.invariant(tmp_path / "out")
+    assert (ok, failed) == (12, 0)
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert "ray" in metrics
