@@ -330,26 +330,37 @@ class Collector:
                 )
                 installed.append(sig)
         try:
-            queue = self._pending()
             self.progress.start(self.run.total, done=self.ledger.succeeded + self.ledger.failed)
-            n = min(self.cfg.concurrency, max(1, self.ledger.pending))
-            # Ramp up in waves: thousands of simultaneous connects overflow the accept backlog,
-            # time out, and would open the agent's circuit breaker before any work is done.
-            self._workers = [
-                asyncio.create_task(self._worker(queue, (i // RAMP_STEP) * RAMP_INTERVAL))
-                for i in range(n)
-            ]
-            await asyncio.gather(*self._workers, return_exceptions=True)
+            if self.ledger.pending:
+                await self.dispatch()
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
             self.progress.stop()
             self.ledger.close()
         wall = time.monotonic() - started
-        outcome = await self._finish(wall)
+        try:
+            return await self._finish(wall)
+        finally:
+            await self.close()
+
+    async def dispatch(self) -> None:
+        """Run every pending rollout to a record, at most ``concurrency`` at once (the seam
+        where ``--ray`` spreads the same work over worker actors)."""
+        queue = self._pending()
+        n = min(self.cfg.concurrency, max(1, self.ledger.pending))
+        # Ramp up in waves: thousands of simultaneous connects overflow the accept backlog,
+        # time out, and would open the agent's circuit breaker before any work is done.
+        self._workers = [
+            asyncio.create_task(self._worker(queue, (i // RAMP_STEP) * RAMP_INTERVAL))
+            for i in range(n)
+        ]
+        await asyncio.gather(*self._workers, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Release what the run held (the HTTP client, if it is ours)."""
         if self._own_client:
             await self.client.close()
-        return outcome
 
     async def _finish(self, wall: float) -> RunOutcome:
         run = self.run

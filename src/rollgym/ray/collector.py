@@ -21,8 +21,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import signal
-import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,36 +117,11 @@ class RayCollector(Collector):
 
     # -- the run ------------------------------------------------------------------------------
 
-    async def execute(self) -> RunOutcome:
-        """Dispatch every pending rollout over the workers, then write metrics and run.json."""
-        started = time.monotonic()
-        self.ledger.load(self.cfg.max_rollout_attempts)
-        self.ledger.open()
-        loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(
-                    sig, self.abort, f"interrupted by {signal.Signals(sig).name}"
-                )
-                installed.append(sig)
+    async def close(self) -> None:
         try:
-            self.progress.start(self.run.total, done=self.ledger.succeeded + self.ledger.failed)
-            if self.ledger.pending:
-                await self.dispatch()
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-            self.progress.stop()
-            self.ledger.close()
-        wall = time.monotonic() - started
-        try:
-            outcome = await self._finish(wall)
-        finally:
             await self._stop_workers()
-            if self._own_client:
-                await self.client.close()
-        return outcome
+        finally:
+            await super().close()
 
     async def dispatch(self) -> None:
         """Start the workers, feed them until every pending rollout has a record, watch the
