@@ -10,40 +10,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import aiohttp
-import orjson
 
 from rollgym.config import Config
 from rollgym.errors import LaunchError
+from rollgym.launch.process import ServerProcess
 from rollgym.server.base import resolve_impl
 
 log = logging.getLogger("rollgym.launch")
-
-SPEC_ENV = "ROLLGYM_WORKER"
-"""The environment variable carrying a server process's JSON spec. Defined here, not in the
-worker module: ``python -m rollgym.launch.worker`` imports this package first, and a package
-that had already imported the worker would run it twice (runpy warns about exactly that)."""
-
-
-@dataclass
-class ManagedServer:
-    name: str
-    replica: int
-    url: str
-    sock: socket.socket | None
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
-    log_file: IO[bytes] | None = field(default=None, repr=False)
 
 
 class Supervisor:
@@ -55,7 +35,7 @@ class Supervisor:
         self.config = config
         self.log_dir = log_dir
         self.log_level = log_level
-        self.servers: list[ManagedServer] = []
+        self.servers: list[ServerProcess] = []
         self.urls: dict[str, list[str]] = {}
 
     def _bind(self) -> None:
@@ -80,39 +60,18 @@ class Supervisor:
                 sock.listen(4096)
                 host, bound = sock.getsockname()[:2]
                 url = f"http://{host}:{bound}"
-                self.servers.append(ManagedServer(name, replica, url, sock))
+                self.servers.append(ServerProcess(name, replica, url, sock))
                 self.urls.setdefault(name, []).append(url)
 
-    def _spawn(self, server: ManagedServer) -> None:
-        assert server.sock is not None
-        fd = server.sock.fileno()
-        spec = {
-            "name": server.name,
-            "config": self.config.model_dump(mode="json"),
-            "urls": self.urls,
-            "fd": fd,
-            "parent": os.getpid(),  # the worker ties its life to ours
-            "log_level": self.log_level,
-        }
-        env = {**os.environ, SPEC_ENV: orjson.dumps(spec).decode()}
-        out: int | IO[bytes] | None = None
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            suffix = f".{server.replica}" if self.config.servers[server.name].replicas > 1 else ""
-            server.log_path = self.log_dir / f"{server.name}{suffix}.log"
-            server.log_file = open(server.log_path, "ab")  # noqa: SIM115 - closed in stop()
-            out = server.log_file
-        server.proc = subprocess.Popen(
-            [sys.executable, "-m", "rollgym.launch.worker"],
-            env=env,
-            pass_fds=(fd,),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT if out is not None else None,
-            start_new_session=True,  # Ctrl-C reaches us only; we stop the children in order
+    def _spawn(self, server: ServerProcess) -> None:
+        suffix = f".{server.replica}" if self.config.servers[server.name].replicas > 1 else ""
+        server.spawn(
+            self.config.model_dump(mode="json"),
+            self.urls,
+            log_dir=self.log_dir,
+            log_name=f"{server.name}{suffix}.log",
+            log_level=self.log_level,
         )
-        server.sock.close()  # the child holds its own copy
-        server.sock = None
 
     async def start(self, timeout: float = 30.0) -> dict[str, list[str]]:
         """Start every server and wait until each answers ``/health``; return name -> URLs."""
@@ -138,7 +97,7 @@ class Supervisor:
                     if code is not None:
                         raise LaunchError(
                             f"server {server.name} exited with code {code} while starting"
-                            + self._log_tail(server),
+                            + server.log_tail(),
                             server=server.name,
                         )
                     try:
@@ -153,12 +112,6 @@ class Supervisor:
                     names = ", ".join(s.name for s in pending)
                     raise LaunchError(f"servers not healthy after {timeout:g}s: {names}")
                 await asyncio.sleep(0.05)
-
-    def _log_tail(self, server: ManagedServer, lines: int = 15) -> str:
-        if server.log_path is None or not server.log_path.exists():
-            return ""
-        tail = server.log_path.read_text(errors="replace").splitlines()[-lines:]
-        return f"; last lines of {server.log_path}:\n  " + "\n  ".join(tail)
 
     async def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM every child, wait up to ``timeout``, then SIGKILL what is left."""
@@ -179,11 +132,7 @@ class Supervisor:
                     proc.kill()
                     proc.wait()
             # A server never spawned (an earlier one failed to start) still holds its socket.
-            if server.log_file is not None:
-                server.log_file.close()
-            if server.sock is not None:
-                server.sock.close()
-                server.sock = None
+            server.close()
 
     def kill(self, name: str, replica: int = 0) -> None:
         """SIGKILL one server process (fault tests)."""
@@ -215,7 +164,7 @@ class Supervisor:
             return
         raise LaunchError(f"no server {name} replica {replica} in this run", server=name)
 
-    async def _wait_healthy_one(self, server: ManagedServer, timeout: float) -> None:
+    async def _wait_healthy_one(self, server: ServerProcess, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
             while time.monotonic() < deadline:

@@ -17,7 +17,7 @@ import orjson
 import uvicorn
 
 from rollgym.config import ChaosSpec, Config
-from rollgym.launch.supervisor import SPEC_ENV
+from rollgym.launch.process import SPEC_ENV
 from rollgym.lifeline import die_with_parent
 from rollgym.server.app import build_app
 from rollgym.server.base import ServerContext, resolve_impl

@@ -13,36 +13,21 @@ parent-death signal is tied to the thread that forked the child.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import orjson
 import ray
 
 from rollgym.errors import LaunchError
-from rollgym.launch.supervisor import SPEC_ENV
+from rollgym.launch.process import ServerProcess
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _WILDCARD = ("0.0.0.0", "::", "")
-
-
-@dataclass
-class _Replica:
-    name: str
-    replica: int
-    url: str
-    sock: socket.socket | None
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
-    log_file: IO[bytes] | None = field(default=None, repr=False)
 
 
 class ServerHost:
@@ -63,7 +48,7 @@ class ServerHost:
         self.log_dir = Path(log_dir) if log_dir else None
         self.log_level = log_level
         self.ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        self.replicas: dict[tuple[str, int], _Replica] = {}
+        self.replicas: dict[tuple[str, int], ServerProcess] = {}
 
     def node(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "ip": self.ip}
@@ -90,7 +75,7 @@ class ServerHost:
         bound = sock.getsockname()[1]
         url_host = self.ip if bind_host in _WILDCARD else bind_host
         url = f"http://{url_host}:{bound}"
-        self.replicas[(name, replica)] = _Replica(name, replica, url, sock)
+        self.replicas[(name, replica)] = ServerProcess(name, replica, url, sock)
         return url
 
     def spawn(self, urls: dict[str, list[str]]) -> dict[str, int]:
@@ -101,36 +86,14 @@ class ServerHost:
                 pids[f"{rep.name}.{rep.replica}"] = self._spawn(rep, urls).pid
         return pids
 
-    def _spawn(self, rep: _Replica, urls: dict[str, list[str]]) -> subprocess.Popen[bytes]:
-        assert rep.sock is not None
-        fd = rep.sock.fileno()
-        spec = {
-            "name": rep.name,
-            "config": self.config,
-            "urls": urls,
-            "fd": fd,
-            "parent": os.getpid(),  # the worker ties its life to ours
-            "log_level": self.log_level,
-        }
-        env = {**os.environ, SPEC_ENV: orjson.dumps(spec).decode()}
-        out: int | IO[bytes] | None = None
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            rep.log_path = self.log_dir / f"{rep.name}.{rep.replica}.log"
-            rep.log_file = open(rep.log_path, "ab")  # noqa: SIM115 - closed in stop()
-            out = rep.log_file
-        proc = rep.proc = subprocess.Popen(
-            [sys.executable, "-m", "rollgym.launch.worker"],
-            env=env,
-            pass_fds=(fd,),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT if out is not None else None,
-            start_new_session=True,
+    def _spawn(self, rep: ServerProcess, urls: dict[str, list[str]]) -> subprocess.Popen[bytes]:
+        return rep.spawn(
+            self.config,
+            urls,
+            log_dir=self.log_dir,
+            log_name=f"{rep.name}.{rep.replica}.log",
+            log_level=self.log_level,
         )
-        rep.sock.close()  # the child holds its own copy: once it dies, connects are refused
-        rep.sock = None
-        return proc
 
     def wait_healthy(self, timeout: float) -> None:
         """Return once every replica answers ``/health``; raise ``LaunchError`` otherwise."""
@@ -144,7 +107,7 @@ class ServerHost:
                 if code is not None:
                     raise LaunchError(
                         f"server {rep.name} (replica {rep.replica} on {self.ip}) exited with "
-                        f"code {code} while starting" + self._log_tail(rep),
+                        f"code {code} while starting" + rep.log_tail(),
                         server=rep.name,
                     )
                 with (
@@ -159,12 +122,6 @@ class ServerHost:
                 names = ", ".join(f"{r.name}.{r.replica}" for r in pending)
                 raise LaunchError(f"servers not healthy after {timeout:g}s on {self.ip}: {names}")
             time.sleep(0.05)
-
-    def _log_tail(self, rep: _Replica, lines: int = 15) -> str:
-        if rep.log_path is None or not rep.log_path.exists():
-            return ""
-        tail = rep.log_path.read_text(errors="replace").splitlines()[-lines:]
-        return f"; last lines of {rep.log_path}:\n  " + "\n  ".join(tail)
 
     def poll(self) -> dict[str, int]:
         """``name.replica`` -> exit code of every replica whose process has ended."""
@@ -194,11 +151,7 @@ class ServerHost:
                 if rep.proc.poll() is None:
                     rep.proc.kill()
                     rep.proc.wait()
-            if rep.log_file is not None:
-                rep.log_file.close()
-            if rep.sock is not None:
-                rep.sock.close()
-                rep.sock = None
+            rep.close()
 
 
 ServerHostActor = ray.remote(max_restarts=0)(ServerHost)
