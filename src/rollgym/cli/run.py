@@ -140,11 +140,11 @@ def _input_path(cfg: Config, given: Path | None) -> Path:
     return cfg.base_dir() / cfg.collect.input
 
 
-def print_outcome(outcome: RunOutcome) -> None:
+def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
     console = Console()
     m = outcome.metrics
     counts, reward = m["counts"], m["reward"]
-    table = Table(title=f"rollgym run: {outcome.status}", show_header=False)
+    table = Table(title=f"rollgym {command}: {outcome.status}", show_header=False)
     table.add_column(style="bold")
     table.add_column()
     table.add_row(
@@ -221,8 +221,8 @@ async def _run(
         await supervisor.stop()
 
 
-def _finish(outcome: RunOutcome) -> None:
-    print_outcome(outcome)
+def _finish(outcome: RunOutcome, command: str = "run") -> None:
+    print_outcome(outcome, command)
     raise typer.Exit(outcome.exit_code)
 
 
@@ -361,7 +361,7 @@ def register(app: typer.Typer) -> None:
                 urls,
             )
         )
-        _finish(outcome)
+        _finish(outcome, "collect")
 
 
 def _guarded(coro: Any) -> RunOutcome:
