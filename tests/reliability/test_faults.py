@@ -219,6 +219,14 @@ async def test_server_rejects_bad_bodies_and_keeps_serving(tmp_path: Path) -> No
         big = b"x" * (MAX_BODY_BYTES + 1)
         async with http.post(url + "/seed_session", data=big) as resp:
             assert resp.status == 413
+
+        async def chunks() -> Any:  # chunked: no content-length to refuse it by
+            for _ in range(MAX_BODY_BYTES // (1 << 20) + 2):
+                yield b"x" * (1 << 20)
+
+        async with http.post(url + "/seed_session", data=chunks()) as resp:
+            assert resp.status == 413
+            assert (await resp.json())["error"]["status"] == 413
         async with http.post(url + "/echo", json={"text": "still alive"}) as resp:
             assert resp.status == 200
             assert (await resp.json()) == {"echo": "still alive"}

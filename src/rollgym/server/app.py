@@ -58,12 +58,28 @@ def check_size(request: Request) -> None:
         raise InvalidRequest(f"request body of {size} bytes exceeds {MAX_BODY_BYTES}", status=413)
 
 
+async def read_body(request: Request) -> bytes:
+    """The request body, refused with 413 past ``MAX_BODY_BYTES`` while it is still arriving
+    (a chunked body declares no length, and must not be read whole first)."""
+    check_size(request)
+    cached = getattr(request, "_body", None)
+    if isinstance(cached, bytes):
+        return cached
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise InvalidRequest(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413)
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    request._body = body  # Starlette's own cache: later request.body() calls return it
+    return body
+
+
 async def read_json(request: Request) -> Any:
     """The request body as JSON; a malformed or oversized body is an ``InvalidRequest`` (4xx)."""
-    check_size(request)
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise InvalidRequest(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413)
+    raw = await read_body(request)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -221,8 +237,7 @@ def json_route(
     cancelled if its caller disconnects first."""
 
     async def endpoint(request: Request) -> Response:
-        check_size(request)
-        await request.body()  # read (and cache) the body before watching for a disconnect
+        await read_body(request)  # read (and cache) the body before watching for a disconnect
         result = await until_disconnect(request, handler(request))
         if isinstance(result, Response):
             return result
