@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
 from rollgym.collect import Collector, prepare_run
@@ -88,13 +87,22 @@ def ledger_audit(out: Path) -> dict[str, int]:
     }
 
 
-async def agent_stats(url: str) -> dict[str, Any]:
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http,
-        http.get(url + "/stats") as resp,
-    ):
-        data: dict[str, Any] = await resp.json()
-        return data
+async def timed_run(
+    workdir: Path, name: str, cfg: Config, rollouts: int, repeats: int
+) -> tuple[Any, float, Path]:
+    """Start the config's servers, collect ``rollouts``; (outcome, seconds collecting, out)."""
+    tasks = workdir / f"{name}_tasks.jsonl"
+    write_tasks(tasks, max(1, rollouts // repeats))
+    out = workdir / name
+    prepared = prepare_run(cfg, cfg.collect, tasks, out, resume=False)
+    supervisor = Supervisor(cfg, log_dir=out / "logs")
+    try:
+        urls = await supervisor.start()
+        started = time.monotonic()
+        outcome = await Collector(prepared, urls, progress=False).execute()
+        return outcome, time.monotonic() - started, out
+    finally:
+        await supervisor.stop()
 
 
 async def soak(workdir: Path, rollouts: int, concurrency: int) -> dict[str, Any]:
@@ -108,21 +116,10 @@ async def soak(workdir: Path, rollouts: int, concurrency: int) -> dict[str, Any]
         ],
     }
     repeats = 50
-    tasks = workdir / "soak_tasks.jsonl"
-    write_tasks(tasks, max(1, rollouts // repeats))
     cfg = config(chaos, concurrency=concurrency, repeats=repeats, rollout_timeout=120)
-    out = workdir / "soak"
-    prepared = prepare_run(cfg, cfg.collect, tasks, out, resume=False)
-    supervisor = Supervisor(cfg, log_dir=out / "logs")
-    try:
-        urls = await supervisor.start()
-        started = time.monotonic()
-        outcome = await Collector(prepared, urls, progress=False).execute()
-        wall = time.monotonic() - started
-        stats = (await agent_stats(urls["agent"][0]))["calls"]
-    finally:
-        await supervisor.stop()
-    model = stats.get("model", {})
+    outcome, wall, out = await timed_run(workdir, "soak", cfg, rollouts, repeats)
+    # The agent's own counters for its model calls, gathered by the collector at the end.
+    model = outcome.metrics["servers"].get("agent", {}).get("model", {})
     audit = ledger_audit(out)
     return {
         **audit,
@@ -146,8 +143,6 @@ async def abort_time(workdir: Path, rollouts: int, concurrency: int) -> dict[str
         "faults": [{"kind": "status", "status": 500, "rate": 1.0}],
     }
     repeats = 50
-    tasks = workdir / "abort_tasks.jsonl"
-    write_tasks(tasks, max(1, rollouts // repeats))
     cfg = config(
         chaos,
         concurrency=concurrency,
@@ -155,16 +150,7 @@ async def abort_time(workdir: Path, rollouts: int, concurrency: int) -> dict[str
         max_failure_rate=0.5,
         min_failure_samples=20,
     )
-    out = workdir / "abort"
-    prepared = prepare_run(cfg, cfg.collect, tasks, out, resume=False)
-    supervisor = Supervisor(cfg, log_dir=out / "logs")
-    try:
-        urls = await supervisor.start()
-        started = time.monotonic()
-        outcome = await Collector(prepared, urls, progress=False).execute()
-        elapsed = time.monotonic() - started
-    finally:
-        await supervisor.stop()
+    outcome, elapsed, _ = await timed_run(workdir, "abort", cfg, rollouts, repeats)
     return {
         "seconds_to_abort": round(elapsed, 3),
         "status": outcome.status,

@@ -244,16 +244,8 @@ class Config(_Strict):
     def _references(self) -> Config:
         if not self.servers:
             raise ValueError("at least one server is required")
-        for name, server in self.servers.items():
-            if server.kind != "agent":
-                continue
-            for role in ("model", "resources"):
-                ref = server.options.get(role)
-                if ref is not None and ref not in self.servers:
-                    raise ValueError(
-                        f"servers.{name}.options.{role}: no server named {ref!r} "
-                        f"(known: {', '.join(sorted(self.servers))})"
-                    )
+        # Server options (an agent's peers among them) are the server classes' to check:
+        # ``rollgym.server.base.check_servers``, run before anything starts.
         agent = self.collect.agent
         if agent is not None and agent not in self.servers:
             raise ValueError(f"collect.agent: no server named {agent!r}")

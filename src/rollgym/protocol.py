@@ -6,11 +6,14 @@ types; on the hot path they travel as plain dicts, and the tests check them agai
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
+
+from rollgym.errors import ProtocolError
 
 HEADER_ROLLOUT = "x-rollgym-rollout"
 """Header carrying ``task_index:rollout_index`` on every call made for one rollout."""
@@ -36,6 +39,20 @@ class TaskRow(BaseModel):
     agent_ref: AgentRef | None = None
     task_index: int | None = Field(default=None, ge=0)
     rollout_index: int | None = Field(default=None, ge=0)
+
+
+def check_verified(verified: Any, agent: str) -> dict[str, Any]:
+    """An agent's ``/run`` answer, which must carry a finite numeric ``reward``."""
+    reward = verified.get("reward") if isinstance(verified, dict) else None
+    # A JSON ``true`` is an int to Python, but no reward.
+    if not (
+        isinstance(reward, (int, float)) and not isinstance(reward, bool) and math.isfinite(reward)
+    ):
+        raise ProtocolError(
+            "agent answered without a numeric 'reward'", server=agent, endpoint="/run",
+            body=orjson.dumps(verified)[:2000],
+        )  # fmt: skip
+    return verified  # type: ignore[no-any-return]
 
 
 def rollout_key(row: dict[str, Any]) -> str:

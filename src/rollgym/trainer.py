@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import threading
 import time
 import weakref
@@ -34,9 +33,9 @@ from typing import Any, Literal, TypeVar
 import orjson
 
 from rollgym.config import RetryPolicy, kind_defaults
-from rollgym.errors import InternalError, ProtocolError, RollgymError
+from rollgym.errors import InternalError, RollgymError
 from rollgym.http import HttpClient, Target
-from rollgym.protocol import HEADER_ROLLOUT, RolloutFailure, RolloutResult
+from rollgym.protocol import HEADER_ROLLOUT, RolloutFailure, RolloutResult, check_verified
 
 log = logging.getLogger("rollgym.trainer")
 
@@ -204,14 +203,10 @@ async def run_rollout(
     while True:
         attempts += 1
         try:
-            verified = await http.call(
+            answer = await http.call(
                 target, "/run", row, headers=headers, deadline=timeout, sticky=key
             )
-            if not isinstance(verified, dict) or not _is_number(verified.get("reward")):
-                raise ProtocolError(
-                    "agent answered without a numeric 'reward'", server=target.name,
-                    endpoint="/run", body=orjson.dumps(verified)[:2000],
-                )  # fmt: skip
+            verified = check_verified(answer, target.name)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -225,10 +220,6 @@ async def run_rollout(
         return ScoredRollout(
             task_index, rollout_index, reward, attempts, time.monotonic() - started, verified
         )
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _internal(exc: BaseException) -> RollgymError:

@@ -19,26 +19,9 @@ import pytest
 from rollgym.collect import EXIT_ABORTED, EXIT_OK, Collector, prepare_run
 from rollgym.config import parse_config
 from rollgym.launch import Supervisor
+from tests.collect.stack import assert_ledger_invariant, write_tasks
 
 FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05}
-
-
-def write_tasks(path: Path, n: int) -> Path:
-    with path.open("w") as fh:
-        for i in range(n):
-            script = [
-                {"call": "echo", "arguments": {"text": f"v{i}"}},
-                {"say": "The answer is {tool_output}"},
-            ]
-            row = {
-                "responses_create_params": {
-                    "input": f"echo v{i}",
-                    "metadata": {"rollgym_script": json.dumps(script)},
-                },
-                "expected_answer": f"v{i}",
-            }
-            fh.write(json.dumps(row) + "\n")
-    return path
 
 
 def make_config(model: dict[str, Any] | None = None, **collect: Any) -> Any:
@@ -66,20 +49,8 @@ def make_config(model: dict[str, Any] | None = None, **collect: Any) -> Any:
 
 def ledger_check(out: Path) -> tuple[int, int]:
     """Assert the DESIGN.md invariant; return (succeeded, failed)."""
-    expected = {
-        (r["task_index"], r["rollout_index"])
-        for r in map(orjson.loads, (out / "tasks.jsonl").read_bytes().splitlines())
-    }
-    seen: list[tuple[int, int]] = []
-    counts = []
-    for name in ("rollouts.jsonl", "failures.jsonl"):
-        path = out / name
-        lines = path.read_bytes().splitlines() if path.exists() else []
-        counts.append(len(lines))
-        seen.extend((r["task_index"], r["rollout_index"]) for r in map(orjson.loads, lines))
-    assert len(seen) == len(set(seen)), "a rollout was recorded twice"
-    assert set(seen) == expected, f"lost rollouts: {sorted(expected - set(seen))[:10]}"
-    return counts[0], counts[1]
+    rollouts, failures = assert_ledger_invariant(out)
+    return len(rollouts), len(failures)
 
 
 async def run_collection(cfg: Any, tasks: Path, out: Path, *, resume: bool = False) -> Any:

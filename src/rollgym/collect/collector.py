@@ -31,9 +31,9 @@ from rollgym.collect.metrics import compute_metrics
 from rollgym.collect.progress import RunProgress
 from rollgym.collect.tasks import TaskFileInfo, iter_rollouts, materialize, scan_tasks
 from rollgym.config import CollectConfig, Config, RetryPolicy
-from rollgym.errors import ConfigError, InternalError, ProtocolError, RollgymError
+from rollgym.errors import ConfigError, InternalError, RollgymError
 from rollgym.http import HttpClient, Target
-from rollgym.protocol import HEADER_ROLLOUT, RolloutFailure, RolloutResult
+from rollgym.protocol import HEADER_ROLLOUT, RolloutFailure, RolloutResult, check_verified
 
 log = logging.getLogger("rollgym.collect")
 
@@ -232,15 +232,11 @@ class Collector:
         while True:
             attempts += 1
             try:
-                verified = await self.client.call(
+                answer = await self.client.call(
                     target, "/run", raw, headers=headers, deadline=self.cfg.rollout_timeout,
                     sticky=headers[HEADER_ROLLOUT],
                 )  # fmt: skip
-                if not _has_reward(verified):
-                    raise ProtocolError(
-                        "agent answered without a numeric 'reward'", server=target.name,
-                        endpoint="/run", body=orjson.dumps(verified)[:2000],
-                    )  # fmt: skip
+                verified = check_verified(answer, target.name)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -461,12 +457,6 @@ def _is_scalar(value: Any) -> bool:
         or isinstance(value, (bool, int, float))
         or (isinstance(value, str) and len(value) <= 256)
     )
-
-
-def _has_reward(verified: Any) -> bool:
-    # A JSON ``true`` is an int to Python, but no reward; NaN arrives as null over orjson.
-    reward = verified.get("reward") if isinstance(verified, dict) else None
-    return isinstance(reward, (int, float)) and not isinstance(reward, bool)
 
 
 def _internal(exc: BaseException) -> RollgymError:

@@ -74,6 +74,7 @@ class TargetStats:
 
 @dataclass
 class _TargetState:
+    policy: RetryPolicy
     budget: RetryBudget
     breaker: CircuitBreaker
     balancer: Balancer
@@ -125,6 +126,8 @@ class HttpClient:
     def _state(self, target: Target) -> _TargetState:
         state = self._targets.get(target.name)
         policy = target.policy
+        if state is not None and state.balancer.urls is target.urls and state.policy is policy:
+            return state  # the usual case: the same Target again; no model comparisons
         if (
             state is None
             or state.balancer.urls != target.urls
@@ -132,12 +135,14 @@ class HttpClient:
             or state.breaker.config != policy.breaker
         ):
             state = _TargetState(
+                policy=policy,
                 budget=RetryBudget(policy.budget),
                 breaker=CircuitBreaker(target.name, policy.breaker),
                 balancer=Balancer(target.urls),
                 stats=state.stats if state else TargetStats(),
             )
             self._targets[target.name] = state
+        state.policy = policy  # an equal policy in a new object: next time, the fast path
         return state
 
     def stats(self) -> dict[str, TargetStats]:

@@ -21,7 +21,7 @@ import aiohttp
 from rollgym.config import Config
 from rollgym.errors import LaunchError
 from rollgym.launch.process import ServerProcess
-from rollgym.server.base import resolve_impl
+from rollgym.server.base import check_servers
 
 log = logging.getLogger("rollgym.launch")
 
@@ -39,9 +39,8 @@ class Supervisor:
         self.urls: dict[str, list[str]] = {}
 
     def _bind(self) -> None:
+        check_servers(self.config)  # an unknown impl, a mistyped option, a missing peer
         for name, cfg in self.config.servers.items():
-            # Fail before anything starts: an unknown impl, a mistyped option, a missing peer.
-            resolve_impl(cfg.impl, cfg.kind).check_options(self.config, name)
             if cfg.url:
                 self.urls[name] = [cfg.url.rstrip("/")]
                 continue

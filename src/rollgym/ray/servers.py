@@ -23,7 +23,7 @@ from rollgym.config import Config
 from rollgym.errors import LaunchError
 from rollgym.ray.host import ServerHostActor
 from rollgym.ray.placement import NodeInfo, alive_nodes, get, on_node, spread
-from rollgym.server.base import resolve_impl
+from rollgym.server.base import check_servers
 
 log = logging.getLogger("rollgym.ray")
 
@@ -79,9 +79,9 @@ class RayServers:
         await self.stop()
 
     def _layout(self, nodes: list[NodeInfo]) -> list[tuple[tuple[str, int], NodeInfo]]:
+        check_servers(self.config)  # fail before anything starts
         wanted: list[tuple[str, int]] = []
         for name, cfg in self.config.servers.items():
-            resolve_impl(cfg.impl, cfg.kind)  # fail before anything starts
             if cfg.url:
                 self.urls[name] = [cfg.url.rstrip("/")]
             else:

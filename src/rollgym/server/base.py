@@ -101,6 +101,13 @@ class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def check_servers(config: Config) -> None:
+    """Before anything starts: every server's impl resolves and its options (peers included)
+    are valid; raise ``ConfigError`` naming the file and key."""
+    for name, server in config.servers.items():
+        resolve_impl(server.impl, server.kind).check_options(config, name)
+
+
 def resolve_impl(impl: str, kind: str | None = None) -> type[BaseServer]:
     """The server class named by ``impl`` (a short name or ``package.module:Class``)."""
     path = BUILTIN_IMPLS.get(impl, impl)
