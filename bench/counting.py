@@ -16,10 +16,9 @@ from collections import Counter
 from typing import Any
 
 import orjson
-from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from rollgym.agents.tool_agent import ToolAgent
 from rollgym.envs.echo.server import EchoEnv
@@ -54,24 +53,25 @@ class RequestCounter:
         return Response(body, media_type="application/json")
 
 
-def _counted(app: Any, counter: RequestCounter) -> Any:
-    async def counted(scope: Any, receive: Any, send: Any) -> None:
-        counter.hit(scope["path"])
-        await app(scope, receive, send)
+def _counted(endpoint: Any, counter: RequestCounter) -> Any:
+    async def counted(request: Request) -> Response:
+        counter.hit(request.url.path)
+        return await endpoint(request)
 
     return counted
 
 
 class _Counting(BaseServer):
-    def add_routes(self, app: FastAPI) -> None:
-        super().add_routes(app)
-        # Wrap each route's own ASGI app: rollgym sends hot POST routes straight to them,
-        # past any app-level middleware.
+    def routes(self) -> list[BaseRoute]:
+        # Wrap each route's endpoint: rollgym sends hot POST routes straight to them, past any
+        # app-level middleware.
         counter = RequestCounter(self.name)
-        for route in app.router.routes:
-            if isinstance(route, Route) and route.path not in ("/health", "/stats"):
-                route.app = _counted(route.app, counter)
-        app.router.routes.append(Route(STATS_PATH, counter.stats, methods=["GET"]))
+        counted: list[BaseRoute] = [
+            Route(r.path, _counted(r.endpoint, counter), methods=list(r.methods or ()))
+            for r in super().routes()
+            if isinstance(r, Route)
+        ]
+        return [*counted, Route(STATS_PATH, counter.stats, methods=["GET"])]
 
 
 class CountingAgent(_Counting, ToolAgent):

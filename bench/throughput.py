@@ -187,7 +187,7 @@ async def sustained(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         last_cpu = {k: harness.cpu_seconds(p) for k, p in pids.items()}
         while time.monotonic() - t0 < args.sustain and not running.done():
             await asyncio.sleep(args.slice)
-            now, n = time.monotonic(), collector.completed_now
+            now, n = time.monotonic(), collector.recorder.recorded
             cpu = {k: harness.cpu_seconds(p) for k, p in pids.items()}
             done = max(1, n - last_n)
             slices.append(

@@ -29,6 +29,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from rollgym.errors import ConfigError
 
@@ -280,15 +281,28 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def format_validation_error(source: str, exc: ValidationError, prefix: str = "") -> str:
-    lines = [f"{source}: invalid config"]
+def format_validation_error(
+    source: str, exc: ValidationError, prefix: str = "", *, one_line: bool = False
+) -> str:
+    """The one way rollgym words a pydantic ``ValidationError``: ``source``, then each problem
+    as its dotted key (under ``prefix``) and message. A config error lists one problem a line;
+    ``one_line`` joins them with ``;`` (an error body of a request)."""
+    problems = []
     for err in exc.errors():
         key = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "") or "<top level>"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"  {key}: {msg}")
-    return "\n".join(lines)
+        problems.append(f"{key}: {_problem(err)}")
+    if one_line:
+        return f"{source}: {'; '.join(problems)}"
+    return "\n  ".join([f"{source}: invalid config", *problems])
+
+
+def _problem(err: ErrorDetails) -> str:
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    if err["type"] == "value_error" and "error" in (err.get("ctx") or {}):
+        # Our own validators' messages, without pydantic's "Value error, " in front.
+        return str(err["ctx"]["error"])
+    return str(err["msg"])
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:

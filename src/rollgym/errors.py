@@ -248,21 +248,6 @@ class RollgymError(Exception):
         return f"{type(self).__name__}({self.message!r}, status={self.status!r}, server={self.server!r})"
 
 
-def scrub_secrets(err: RollgymError, secrets: list[str]) -> RollgymError:
-    """Replace every occurrence of ``secrets`` (e.g. the API key a request carried) in the text
-    fields of ``err`` and its origins, in place; a server may echo a key in any form."""
-    node: RollgymError | None = err
-    while node is not None:
-        for name in ("message", "body", "url"):
-            value = getattr(node, name)
-            if isinstance(value, str):
-                for secret in secrets:
-                    value = value.replace(secret, "REDACTED")
-                setattr(node, name, value)
-        node = node.origin
-    return err
-
-
 def is_known_type(name: object) -> bool:
     """Whether ``name`` is the ``type`` of a class in this tree."""
     return isinstance(name, str) and name in _REGISTRY

@@ -1,4 +1,5 @@
-"""The wire contracts of DESIGN.md as code: task rows, verify results, ledger records.
+"""The wire contracts of DESIGN.md as code: task rows and verify results (the ledger's records
+are ``rollgym.collect.records``).
 
 Responses API objects themselves (requests, responses, items) are the ``openai`` package's
 types; on the hot path they travel as plain dicts, and the tests check them against those types.
@@ -7,7 +8,6 @@ types; on the hot path they travel as plain dicts, and the tests check them agai
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -79,49 +79,3 @@ def function_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
         for item in response.get("output") or []
         if isinstance(item, dict) and item.get("type") == "function_call"
     ]
-
-
-@dataclass(frozen=True)
-class RolloutResult:
-    """A verified rollout, as one line of ``rollouts.jsonl``."""
-
-    task_index: int
-    rollout_index: int
-    reward: float
-    attempts: int
-    duration_s: float
-    verified: dict[str, Any]  # the verify response: task fields, response, reward, metrics
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(
-            {
-                **self.verified,
-                "task_index": self.task_index,
-                "rollout_index": self.rollout_index,
-                "reward": self.reward,
-                "attempts": self.attempts,
-                "duration_s": round(self.duration_s, 4),
-            }
-        )
-
-
-@dataclass(frozen=True)
-class RolloutFailure:
-    """A rollout that failed, as one line of ``failures.jsonl``: indices + the error record."""
-
-    task_index: int
-    rollout_index: int
-    attempts: int
-    duration_s: float
-    error: dict[str, Any]
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(
-            {
-                "task_index": self.task_index,
-                "rollout_index": self.rollout_index,
-                "attempts": self.attempts,
-                "duration_s": round(self.duration_s, 4),
-                "error": self.error,
-            }
-        )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,19 +11,11 @@ import uvicorn
 
 from rollgym.config import ServerConfig
 from rollgym.http import Target
+from rollgym.launch.ports import bind_socket
 from rollgym.server.app import build_app
 from rollgym.server.base import BaseServer, ServerContext, resolve_impl
 
-
-def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    # IPPROTO_TCP stated explicitly: asyncio sets TCP_NODELAY on accepted connections only
-    # then, and without it Nagle's algorithm adds ~40 ms to every small request.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
+__all__ = ["bind_socket", "serve_asgi", "serve_server", "spin"]
 
 
 @asynccontextmanager

@@ -10,6 +10,10 @@ the model server attached) or a ``FailedRollout`` holding the typed ``RollgymErr
 never cancels its siblings and is never a reward of 0. Records are plain frozen dataclasses: they
 pickle, so they cross a ``spawn`` process or a Ray actor boundary (``ray.get``) unchanged.
 
+Every rollout runs through the same core as ``rollgym run`` (``rollgym.collect.rollout``), with the
+run's rules: an agent that does not answer fails the batch before anything is sent
+(``LaunchError``); a rollout refused by an open circuit is held and re-sent; a batch whose
+failures cross the failure budget is cancelled and raises ``RunAborted`` with the summary.
 With ``strict=True`` the first failure raises its error instead and the batch's other rollouts
 are cancelled. Raised from a Ray actor, the error reaches the driver as ``RayTaskError(<ours>)``,
 which Ray makes an instance of our class too, every field readable (``except HTTPStatusError as
@@ -22,26 +26,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import threading
-import time
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from collections.abc import Coroutine, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import orjson
 
+from rollgym.collect.dispatch import LocalDispatcher
+from rollgym.collect.failure_budget import BudgetRules, FailureBudget
+from rollgym.collect.orchestrate import check_reachable
+from rollgym.collect.recorder import MemorySink, Recorder
+from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
+from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.config import RetryPolicy, kind_defaults
-from rollgym.errors import InternalError, RollgymError
+from rollgym.errors import RollgymError, RunAborted
 from rollgym.http import HttpClient, Target
-from rollgym.protocol import HEADER_ROLLOUT, RolloutFailure, RolloutResult, check_verified
-
-log = logging.getLogger("rollgym.trainer")
 
 T = TypeVar("T")
 
 __all__ = [
+    "BudgetRules",
     "FailedRollout",
     "RolloutClient",
     "RolloutRecord",
@@ -50,81 +56,11 @@ __all__ = [
     "collect_batch",
     "collect_batch_sync",
     "plain_error",
-    "run_rollout",
 ]
 
-
-# -- records ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ScoredRollout:
-    """A rollout that ran to the verifier. ``verified`` is the verify response: the task's
-    fields, ``response`` (with any token-level fields the model server attached) and metrics."""
-
-    task_index: int
-    rollout_index: int
-    reward: float
-    attempts: int
-    duration_s: float
-    verified: dict[str, Any]
-    ok: Literal[True] = field(default=True, init=False)
-
-    @property
-    def response(self) -> dict[str, Any]:
-        """The final Responses API response object of the rollout."""
-        response = self.verified.get("response")
-        return response if isinstance(response, dict) else {}
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        """The verifier's other numeric top-level fields (DESIGN.md: they are metrics)."""
-        skip = ("reward", "task_index", "rollout_index")
-        return {
-            k: float(v)
-            for k, v in self.verified.items()
-            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-
-    def to_ledger(self) -> RolloutResult:
-        """This record as a line of ``rollouts.jsonl``."""
-        return RolloutResult(
-            self.task_index,
-            self.rollout_index,
-            self.reward,
-            self.attempts,
-            self.duration_s,
-            self.verified,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class FailedRollout:
-    """A rollout that could not finish: the typed error, and how many times it was tried."""
-
-    task_index: int
-    rollout_index: int
-    error: RollgymError
-    attempts: int
-    duration_s: float
-    ok: Literal[False] = field(default=False, init=False)
-
-    @property
-    def retryable(self) -> bool:
-        return self.error.retryable
-
-    def to_ledger(self) -> RolloutFailure:
-        """This record as a line of ``failures.jsonl``."""
-        return RolloutFailure(
-            self.task_index,
-            self.rollout_index,
-            self.attempts,
-            self.duration_s,
-            self.error.to_dict(),
-        )
-
-
-RolloutRecord = ScoredRollout | FailedRollout
+DEFAULT_BUDGET = BudgetRules()
+"""The run's default failure budget (abort at a 50% failure rate after 50 rollouts, or at a
+401/403/404 among the first 5), applied to each batch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +99,6 @@ def plain_error(exc: BaseException) -> BaseException:
     return exc
 
 
-# -- one rollout ------------------------------------------------------------------------------
-
-
 def agent_target(agent: str | Sequence[str] | Target, name: str = "agent") -> Target:
     """A ``Target`` for an agent server given by URL, replica URLs, or a ready ``Target``; the
     policy is the agent default: ``/run`` is tried once (it is not safe to replay)."""
@@ -178,53 +111,9 @@ def agent_target(agent: str | Sequence[str] | Target, name: str = "agent") -> Ta
     return Target(name, tuple(u.rstrip("/") for u in urls), policy)
 
 
-async def run_rollout(
-    http: HttpClient,
-    target: Target,
-    row: bytes | dict[str, Any],
-    task_index: int,
-    rollout_index: int,
-    *,
-    timeout: float,
-    max_attempts: int = 1,
-    prior_attempts: int = 0,
-    may_retry: Callable[[], bool] | None = None,
-) -> RolloutRecord:
-    """Run one rollout through the agent's ``/run`` and return its record; never raises a
-    ``RollgymError`` (only cancellation). ``row`` as bytes is sent as is (already stamped with
-    its indices); a retryable failure is run again while attempts, counted from
-    ``prior_attempts``, stay below ``max_attempts`` and ``may_retry()`` allows."""
-    if isinstance(row, dict):
-        row = orjson.dumps({**row, "task_index": task_index, "rollout_index": rollout_index})
-    key = f"{task_index}:{rollout_index}"
-    headers = {HEADER_ROLLOUT: key}
-    attempts = prior_attempts
-    started = time.monotonic()
-    while True:
-        attempts += 1
-        try:
-            answer = await http.call(
-                target, "/run", row, headers=headers, deadline=timeout, sticky=key
-            )
-            verified = check_verified(answer, target.name)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            err = exc if isinstance(exc, RollgymError) else _internal(exc)
-            if err.retryable and attempts < max_attempts and (may_retry is None or may_retry()):
-                continue
-            return FailedRollout(
-                task_index, rollout_index, err, attempts, time.monotonic() - started
-            )
-        reward = float(verified["reward"])
-        return ScoredRollout(
-            task_index, rollout_index, reward, attempts, time.monotonic() - started, verified
-        )
-
-
-def _internal(exc: BaseException) -> RollgymError:
-    log.exception("unexpected error in a rollout", exc_info=exc)
-    return InternalError(f"trainer: {type(exc).__name__}: {exc}", server="collector")
+def _item(row: dict[str, Any], task_index: int, rollout_index: int, agent: str) -> RolloutItem:
+    stamped = orjson.dumps({**row, "task_index": task_index, "rollout_index": rollout_index})
+    return RolloutItem(task_index, rollout_index, stamped, agent)
 
 
 # -- the client -------------------------------------------------------------------------------
@@ -253,6 +142,7 @@ class RolloutClient:
         )
         self._thread: _LoopThread | None = None
         self._lock = threading.Lock()
+        self._checked: weakref.WeakSet[HttpClient] = weakref.WeakSet()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_client, (self.target, self._connections))
@@ -278,10 +168,10 @@ class RolloutClient:
         attempts: int = 1,
     ) -> RolloutRecord:
         """One rollout of ``row``, as a record (never raises a ``RollgymError``)."""
-        return await run_rollout(
-            self.http(), self.target, row, task_index, rollout_index,
-            timeout=rollout_timeout, max_attempts=attempts,
-        )  # fmt: skip
+        runner = RolloutRunner(
+            self.http(), {self.target.name: self.target}, RolloutPolicy(rollout_timeout, attempts)
+        )
+        return await runner.run(_item(row, task_index, rollout_index, self.target.name))
 
     async def collect(
         self,
@@ -292,42 +182,55 @@ class RolloutClient:
         rollout_timeout: float = 600.0,
         attempts: int = 1,
         strict: bool = False,
+        budget: BudgetRules | None = DEFAULT_BUDGET,
     ) -> list[TaskGroup]:
         """Run ``repeats`` rollouts of every row, at most ``concurrency`` at once; return one
         ``TaskGroup`` per row, in order. Row ``i`` is task ``i`` of the batch. A rollout whose
-        failure is retryable is tried up to ``attempts`` times. ``strict``: raise the first
-        failure's error and cancel the other rollouts."""
+        failure is retryable is tried up to ``attempts`` times.
+
+        Like a run: the agent must answer before anything is sent (else ``LaunchError``); a
+        rollout refused by an open circuit is held and re-sent; when ``budget`` says the
+        servers are broken the batch's other rollouts are cancelled and ``RunAborted`` is
+        raised with the failure summary as its body (``budget=None``: never). ``strict``:
+        raise the first failure's own error instead, at once."""
         tasks = [dict(row) for row in rows]
         if repeats < 1 or concurrency < 1 or attempts < 1:
             raise ValueError("repeats, concurrency and attempts must be at least 1")
         http = self.http()
-        gate = asyncio.Semaphore(concurrency)
-
-        async def one(task_index: int, rollout_index: int) -> RolloutRecord:
-            async with gate:
-                record = await run_rollout(
-                    http, self.target, tasks[task_index], task_index, rollout_index,
-                    timeout=rollout_timeout, max_attempts=attempts,
-                )  # fmt: skip
-            if strict and isinstance(record, FailedRollout):
-                raise record.error
-            return record
-
-        jobs = [asyncio.create_task(one(t, r)) for t in range(len(tasks)) for r in range(repeats)]
+        await self._check_started(http)
+        name = self.target.name
+        items = (_item(tasks[t], t, r, name) for t in range(len(tasks)) for r in range(repeats))
+        sink = MemorySink()
+        rules = BudgetRules(max_failures=1, max_failure_rate=None) if strict else budget
+        recorder = Recorder(sink, FailureBudget(rules) if rules is not None else None)
+        dispatcher = LocalDispatcher(RolloutPolicy(rollout_timeout, attempts), concurrency)
+        recorder.on_abort(dispatcher.cancel)
+        await dispatcher.start(http, {name: self.target})
         try:
-            if strict:
-                error = await _first_error(jobs)
-                if error is not None:
-                    raise error
-            records = await asyncio.gather(*jobs)
+            await dispatcher.dispatch(items, len(tasks) * repeats, recorder)
         finally:
-            for job in jobs:
-                job.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
+            dispatcher.cancel()  # an interrupted batch leaves nothing running
+        if recorder.abort_reason is not None:
+            if strict and sink.first_failure is not None:
+                raise sink.first_failure.error
+            assert recorder.budget is not None
+            summary = recorder.budget.summary.to_dict()
+            raise RunAborted(
+                f"batch aborted: {recorder.abort_reason}", server=name, body=orjson.dumps(summary)
+            )
+        records = sink.records
         return [
-            TaskGroup(t, tasks[t], tuple(records[t * repeats : (t + 1) * repeats]))
+            TaskGroup(t, tasks[t], tuple(records[(t, r)] for r in range(repeats)))
             for t in range(len(tasks))
         ]
+
+    async def _check_started(self, http: HttpClient) -> None:
+        """The agent must answer at all before a batch is sent to it (once per client and
+        loop): a wrong URL fails fast as ``LaunchError``, not as a batch of failed rollouts."""
+        if http in self._checked:
+            return
+        await check_reachable(http, {self.target.name: list(self.target.urls)})
+        self._checked.add(http)
 
     def collect_sync(self, rows: Iterable[dict[str, Any]], **options: Any) -> list[TaskGroup]:
         """``collect`` for synchronous code (a trainer step, a sync Ray actor method)."""
@@ -380,17 +283,6 @@ def _rebuild_client(target: Target, connections: int) -> RolloutClient:
     return RolloutClient(target, connections=connections)
 
 
-async def _first_error(jobs: list[asyncio.Task[RolloutRecord]]) -> BaseException | None:
-    """Wait until every job is done or one raised; return the first error (None if none)."""
-    pending: set[asyncio.Task[RolloutRecord]] = set(jobs)
-    while pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-        for job in done:
-            if not job.cancelled() and job.exception() is not None:
-                return job.exception()
-    return None
-
-
 class _LoopThread:
     """An event loop on a daemon thread, for the sync API: connections outlive one call."""
 
@@ -433,13 +325,14 @@ async def collect_batch(
     rollout_timeout: float = 600.0,
     attempts: int = 1,
     strict: bool = False,
+    budget: BudgetRules | None = DEFAULT_BUDGET,
 ) -> list[TaskGroup]:
     """One batch: ``repeats`` rollouts of every row through ``agent`` (a ``RolloutClient`` to
     reuse connections across steps, or a URL / replica URLs / ``Target``). See
     ``RolloutClient.collect``."""
     options: dict[str, Any] = {
         "repeats": repeats, "concurrency": concurrency, "rollout_timeout": rollout_timeout,
-        "attempts": attempts, "strict": strict,
+        "attempts": attempts, "strict": strict, "budget": budget,
     }  # fmt: skip
     if isinstance(agent, RolloutClient):
         return await agent.collect(rows, **options)
@@ -459,11 +352,12 @@ def collect_batch_sync(
     rollout_timeout: float = 600.0,
     attempts: int = 1,
     strict: bool = False,
+    budget: BudgetRules | None = DEFAULT_BUDGET,
 ) -> list[TaskGroup]:
     """``collect_batch`` for synchronous code; safe to call where an event loop is running."""
     options: dict[str, Any] = {
         "repeats": repeats, "concurrency": concurrency, "rollout_timeout": rollout_timeout,
-        "attempts": attempts, "strict": strict,
+        "attempts": attempts, "strict": strict, "budget": budget,
     }  # fmt: skip
     if isinstance(agent, RolloutClient):
         return agent.collect_sync(rows, **options)

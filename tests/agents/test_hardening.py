@@ -168,17 +168,16 @@ async def test_server_options_are_checked_before_anything_starts(
 
 
 async def test_every_turns_token_data_reaches_the_verified_rollout() -> None:
-    from starlette.requests import Request
-
     from rollgym.models.scripted import ScriptedModel
+    from rollgym.server.endpoint import Call
 
     class TokenModel(ScriptedModel):
         """Attaches per-turn token ids, as the proxy does for a vLLM upstream."""
 
         turn = 0
 
-        async def _responses(self, request: Request) -> Any:
-            response = await super()._responses(request)
+        async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any]:
+            response = await super().respond(params, call)
             TokenModel.turn += 1
             response["rollgym_upstream"] = {"token_ids": [TokenModel.turn] * 3}
             response["usage"]["output_tokens"] = 10

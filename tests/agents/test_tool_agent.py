@@ -13,7 +13,6 @@ from openai.types.responses import Response
 from rollgym.agents.tool_agent import ToolAgent
 from rollgym.config import ServerConfig
 from rollgym.errors import ConfigError
-from rollgym.http import Target
 from rollgym.server.base import ServerContext
 from tests.collect.fault_servers import FAIL_MARKER, FAULT_MESSAGE
 from tests.collect.stack import running_stack, task_row
@@ -126,10 +125,14 @@ async def test_every_call_of_a_rollout_carries_its_rollout_id() -> None:
     assert all(len(i or "") == 32 for i in fresh)
 
 
-async def test_max_steps_below_one_is_a_config_error() -> None:
+def test_max_steps_below_one_is_a_config_error() -> None:
     cfg = ServerConfig(kind="agent", impl="tool_agent", options={"max_steps": 0})
-    peers = {name: Target.single(name, "http://127.0.0.1:9") for name in ("model", "resources")}
-    agent = ToolAgent(ServerContext("agent", cfg, peers))
-    with pytest.raises(ConfigError, match="max_steps must be at least 1"):
-        await agent.startup()
-    await agent.shutdown()
+    with pytest.raises(ConfigError, match=r"servers\.agent\.options\.max_steps: Input should be"):
+        ToolAgent(ServerContext("agent", cfg))
+
+
+def test_options_are_typed_once_with_their_defaults() -> None:
+    cfg = ServerConfig(kind="agent", impl="tool_agent", options={"max_steps": "3"})
+    agent = ToolAgent(ServerContext("agent", cfg))
+    assert agent.options.max_steps == 3 and agent.options.model == "model"
+    assert agent.options.tool_timeout == 120.0

@@ -11,13 +11,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from starlette.requests import Request
+import orjson
+from starlette.responses import Response
 
 from rollgym.envs.echo.server import EchoEnv
 from rollgym.models.scripted import ScriptedModel
-from rollgym.protocol import HEADER_ROLLOUT
-from rollgym.server.app import JSONResponse
 from rollgym.server.base import ServerContext
+from rollgym.server.endpoint import Call, JSONResponse
 from rollgym.server.resources import Session, tool
 
 FAIL_MARKER = "FAIL-ME"
@@ -36,6 +36,8 @@ class FaultyModel(ScriptedModel):
         request_log: str | None = None
         fail_status: int = 500
 
+    options: Options
+
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self.requests = 0
@@ -44,28 +46,26 @@ class FaultyModel(ScriptedModel):
         self.rollout_ids: list[str | None] = []  # the x-rollgym-rollout of every request
 
     def _failing(self, raw: bytes) -> bool:
-        marker = self.option("fail_marker")
+        marker = self.options.fail_marker
         if marker and marker.encode() in raw:
             return True
-        path = self.option("fail_while_exists")
+        path = self.options.fail_while_exists
         return bool(path) and Path(path).exists()
 
-    async def _responses(self, request: Request) -> Any:
+    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
         self.requests += 1
         self.requested.set()
-        self.rollout_ids.append(request.headers.get(HEADER_ROLLOUT))
-        log = self.option("request_log")
-        if log:
+        self.rollout_ids.append(call.rollout)
+        if self.options.request_log:
             # One line per model call with its rollout id: a count that survives this process,
             # to prove which rollouts a resumed run did (not) redo.
-            _append_line(log, str(request.headers.get(HEADER_ROLLOUT)))
-        raw = await request.body()  # cached: the scripted model reads it again
-        if not self._failing(raw):
-            return await super()._responses(request)
+            _append_line(self.options.request_log, str(call.rollout))
+        if not self._failing(orjson.dumps(params)):
+            return await super().respond(params, call)
         self.faults += 1
         # Shaped like an OpenAI / vLLM error body, not a rollgym one: a real upstream does not
         # declare its 500 final, so the caller's retry policy decides.
-        status = int(self.option("fail_status", 500))
+        status = self.options.fail_status
         error = {"message": FAULT_MESSAGE, "type": "server_error", "code": status}
         return JSONResponse({"error": error}, status_code=status)
 

@@ -9,8 +9,14 @@ from typing import Any
 import orjson
 import pytest
 
-from rollgym.collect import EXIT_ABORTED, EXIT_OK, EXIT_SOME_FAILED, Collector, prepare_run
-from rollgym.collect.collector import RunOutcome
+from rollgym.collect import (
+    EXIT_ABORTED,
+    EXIT_OK,
+    EXIT_SOME_FAILED,
+    Collector,
+    RunOutcome,
+    prepare_run,
+)
 from rollgym.errors import ConfigError
 
 from .fault_servers import FAIL_MARKER, FAULT_MESSAGE
@@ -71,7 +77,7 @@ async def test_rollouts_failing_500_are_recorded_and_the_rest_complete(tmp_path:
         assert run["status"] == "completed_with_failures" and run["exit_code"] == 1
 
         # The model is fixed: --resume redoes exactly the failed rollouts, never a success.
-        stack.model.options["fail_marker"] = None
+        stack.model.options.fail_marker = None
         before = (out / "rollouts.jsonl").read_bytes()
         calls_before = stack.model.requests
         outcome = await collect(stack, tasks, out, repeats=2, resume=True)
@@ -90,7 +96,7 @@ async def test_failures_out_of_attempts_are_final_on_resume(tmp_path: Path) -> N
     out = tmp_path / "out"
     async with running_stack(model_options={"fail_marker": FAIL_MARKER}) as stack:
         first = await collect(stack, tasks, out, max_rollout_attempts=1)
-        stack.model.options["fail_marker"] = None
+        stack.model.options.fail_marker = None
         calls = stack.model.requests
         again = await collect(stack, tasks, out, max_rollout_attempts=1, resume=True)
         assert stack.model.requests == calls  # nothing left to try

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from rollgym.collect.collector import mark_failed_to_start, prepare_run
+from rollgym.collect import mark_failed_to_start, prepare_run
 from rollgym.collect.ledger import Ledger
 from rollgym.errors import ConfigError, LaunchError
 from tests.collect.stack import stack_config, write_tasks

@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from rollgym.collect.ledger import Ledger
+from rollgym.collect.records import ScoredRollout
 from rollgym.collect.tasks import iter_rollouts, materialize, scan_tasks
 from rollgym.errors import InputError
-from rollgym.protocol import RolloutResult
 
 from .stack import read_jsonl, task_row, write_tasks
 
@@ -65,8 +65,8 @@ def test_materialize_expands_repeats_and_stamps_indices(tmp_path: Path) -> None:
     assert rows[4]["expected_answer"] == "v1"
 
 
-def _result(task: int, rollout: int) -> RolloutResult:
-    return RolloutResult(task, rollout, 1.0, 1, 0.1, {"response": {"id": f"resp_{task}"}})
+def _result(task: int, rollout: int) -> ScoredRollout:
+    return ScoredRollout(task, rollout, 1.0, 1, 0.1, {"response": {"id": f"resp_{task}"}})
 
 
 def _ledger_with(tmp_path: Path, n: int) -> Path:
@@ -74,7 +74,7 @@ def _ledger_with(tmp_path: Path, n: int) -> Path:
     ledger.load(3)
     ledger.open()
     for i in range(n):
-        ledger.record_success(_result(i, 0))
+        ledger.add(_result(i, 0))
     ledger.close()
     return tmp_path / "rollouts.jsonl"
 
@@ -113,8 +113,8 @@ def test_a_duplicate_record_is_ignored(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path, 2, 1)
     ledger.load(3)
     ledger.open()
-    ledger.record_success(_result(0, 0))
-    ledger.record_success(_result(0, 0))
+    ledger.add(_result(0, 0))
+    ledger.add(_result(0, 0))
     ledger.close()
     assert len(read_jsonl(tmp_path / "rollouts.jsonl")) == 1
     assert ledger.succeeded == 1 and ledger.pending == 1

@@ -195,7 +195,7 @@ async def test_a_check_lost_to_a_broken_pool_runs_once_more(
         outcomes: list[Any] = []
 
         async def run_cpu(fn: Any, *args: Any, timeout: float | None = None) -> Any:
-            assert fn is check_answer and timeout == server.check_timeout
+            assert fn is check_answer and timeout == server.options.verify_timeout
             calls.append(args)
             outcome = outcomes.pop(0)
             if isinstance(outcome, BaseException):

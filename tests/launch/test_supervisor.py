@@ -46,9 +46,9 @@ def config(**agent_options: Any) -> Config:
 
 
 async def test_start_wires_the_servers_together_and_stop_ends_them(tmp_path: Path) -> None:
-    supervisor = Supervisor(config(), log_dir=tmp_path / "logs")
+    supervisor = Supervisor(config(), log_dir=tmp_path / "logs", startup_timeout=30)
     try:
-        urls = await supervisor.start(timeout=30)
+        urls = await supervisor.start()
         pids = supervisor.pids()
         assert sorted(urls) == ["agent", "env", "model"] and len(pids) == 3
         async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
@@ -76,9 +76,11 @@ async def test_a_server_that_crashes_on_startup_is_a_launch_error_with_its_log(
 ) -> None:
     cfg = config().model_dump()
     cfg["servers"]["env"]["impl"] = "tests.launch.crashing:CrashOnStart"
-    supervisor = Supervisor(parse_config(cfg, "test-config"), log_dir=tmp_path / "logs")
+    supervisor = Supervisor(
+        parse_config(cfg, "test-config"), log_dir=tmp_path / "logs", startup_timeout=30
+    )
     with pytest.raises(LaunchError) as info:
-        await supervisor.start(timeout=30)
+        await supervisor.start()
     message = str(info.value)
     assert "server env exited with code" in message
     assert "many-worlds" in message  # the log tail shows the server's own complaint
@@ -93,9 +95,9 @@ async def test_a_port_in_use_is_a_launch_error_before_anything_starts() -> None:
         port = taken.getsockname()[1]
         cfg = config().model_dump()
         cfg["servers"]["env"]["port"] = port
-        supervisor = Supervisor(parse_config(cfg, "test-config"))
+        supervisor = Supervisor(parse_config(cfg, "test-config"), startup_timeout=10)
         with pytest.raises(LaunchError, match=rf"server env: cannot listen on 127.0.0.1:{port}"):
-            await supervisor.start(timeout=10)
+            await supervisor.start()
     assert supervisor.pids() == []
     assert all(s.sock is None for s in supervisor.servers)  # no socket left open
 
@@ -109,8 +111,8 @@ PARENT = textwrap.dedent(
     async def main():
         servers = {"model": {"kind": "model", "impl": "scripted"},
                    "env": {"kind": "resources", "impl": "echo"}}
-        supervisor = Supervisor(parse_config({"servers": servers}))
-        await supervisor.start(timeout=30)
+        supervisor = Supervisor(parse_config({"servers": servers}), startup_timeout=30)
+        await supervisor.start()
         print(*supervisor.pids(), flush=True)
         await asyncio.sleep(60)
 

@@ -13,9 +13,10 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from rollgym.config import ServerConfig
 from rollgym.errors import ConfigError
@@ -62,8 +63,7 @@ class FakeUpstream:
         self.reasoning: str | None = None
         self.delay = 0.0
         self.url = ""
-        self.app = FastAPI()
-        self.app.add_api_route("/v1/chat/completions", self._chat, methods=["POST"])
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
@@ -429,7 +429,10 @@ def test_upstream_policy_defaults_to_model_server_retries() -> None:
     [
         ({}, "base_url"),
         ({"base_url": "upstream:8000"}, "base_url"),
-        ({"base_url": "http://u/v1", "base_ur1": "x"}, "unknown option(s) base_ur1"),
+        (
+            {"base_url": "http://u/v1", "base_ur1": "x"},
+            "servers.model.options.base_ur1: unknown key",
+        ),
         ({"base_url": "http://u/v1", "upstream_retry": {"max_attempts": 0}}, "max_attempts"),
         ({"base_url": "http://u/v1", "upstream_retry": {"retrys": 2}}, "unknown key"),
         ({"base_url": "http://u/v1", "timeout": -1}, "timeout"),

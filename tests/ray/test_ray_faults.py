@@ -11,8 +11,8 @@ import orjson
 import pytest
 import ray
 
-from rollgym.collect import prepare_run
-from rollgym.ray import RayCollector, RayServers
+from rollgym.collect import Collector, RolloutPolicy, prepare_run
+from rollgym.ray import RayDispatcher, RayServers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,6 +24,11 @@ def _failures(out: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
 
 
+def dispatcher_of(collector: Collector) -> RayDispatcher:
+    assert isinstance(collector.dispatcher, RayDispatcher)
+    return collector.dispatcher
+
+
 async def _run_with_fault(stack: Any, tmp_path: Path, fault: Any, **config: Any) -> Any:
     """Run with a slow model; once 20 rollouts are recorded, ``fault(servers, collector)``."""
     cfg = stack.config(
@@ -33,7 +38,10 @@ async def _run_with_fault(stack: Any, tmp_path: Path, fault: Any, **config: Any)
     out = tmp_path / "out"
     prepared = prepare_run(cfg, cfg.collect, tasks, out, resume=False)
     async with RayServers(cfg, log_dir=out / "logs") as servers:
-        collector = RayCollector(prepared, servers, workers=2, progress=False)
+        dispatcher = RayDispatcher(
+            RolloutPolicy.from_collect(cfg.collect), CONCURRENCY, servers=servers, workers=2
+        )
+        collector = Collector(prepared, servers.urls, dispatcher=dispatcher, progress=False)
         run = asyncio.create_task(collector.execute())
         await stack.wait_until(lambda: collector.ledger.succeeded >= 20 or run.done(), 60)
         assert not run.done(), "the run finished before the fault"
@@ -44,7 +52,7 @@ async def _run_with_fault(stack: Any, tmp_path: Path, fault: Any, **config: Any)
 
 
 async def test_agent_replica_dies_mid_run(ray_cluster: Any, stack: Any, tmp_path: Path) -> None:
-    async def kill_agent(servers: RayServers, collector: RayCollector) -> None:
+    async def kill_agent(servers: RayServers, collector: Collector) -> None:
         await servers.kill("agent", 1)
 
     outcome, out = await _run_with_fault(stack, tmp_path, kill_agent)
@@ -66,7 +74,7 @@ async def test_agent_replica_dies_mid_run(ray_cluster: Any, stack: Any, tmp_path
 
 
 async def test_model_replica_dies_mid_run(ray_cluster: Any, stack: Any, tmp_path: Path) -> None:
-    async def kill_model(servers: RayServers, collector: RayCollector) -> None:
+    async def kill_model(servers: RayServers, collector: Collector) -> None:
         await servers.kill("model", 0)
 
     outcome, out = await _run_with_fault(stack, tmp_path, kill_model)
@@ -79,8 +87,8 @@ async def test_model_replica_dies_mid_run(ray_cluster: Any, stack: Any, tmp_path
 
 
 async def test_collect_worker_dies_mid_run(ray_cluster: Any, stack: Any, tmp_path: Path) -> None:
-    async def kill_worker(servers: RayServers, collector: RayCollector) -> None:
-        ray.kill(collector._actors[0], no_restart=False)  # Ray restarts it
+    async def kill_worker(servers: RayServers, collector: Collector) -> None:
+        ray.kill(dispatcher_of(collector).actors[0], no_restart=False)  # Ray restarts it
 
     outcome, out = await _run_with_fault(stack, tmp_path, kill_worker)
     # Its unreported rollouts went back in the queue and ran again: all of them succeed.

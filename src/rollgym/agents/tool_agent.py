@@ -16,102 +16,30 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import orjson
-from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from pydantic import Field
 
-from rollgym.config import Config
-from rollgym.errors import ConfigError, HTTPStatusError, InvalidRequest, ProtocolError
-from rollgym.http import Target
-from rollgym.protocol import HEADER_ROLLOUT, TaskRow, function_calls, rollout_key
-from rollgym.server.app import JSONResponse, read_json, until_disconnect
-from rollgym.server.base import BaseServer
-from rollgym.server.resources import SESSION_HEADER
+from rollgym.protocol import function_calls
+from rollgym.server.agent import AgentServer, RunContext
+from rollgym.server.episode import Episode
 
 
-class ToolAgent(BaseServer):
+class ToolAgent(AgentServer):
     """Options: ``model`` and ``resources`` (server names), ``max_steps`` (default 10),
     ``model_timeout``, ``tool_timeout``, ``verify_timeout`` (seconds, per call)."""
 
-    kind: ClassVar[str] = "agent"
-
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        model: str = "model"
-        resources: str = "resources"
+    class Options(AgentServer.Options):
+        # At least one: zero steps would "verify" a response the model never gave.
         max_steps: int = Field(default=10, ge=1, le=1000)
-        model_timeout: float = Field(default=600.0, gt=0)
-        tool_timeout: float = Field(default=120.0, gt=0)
-        verify_timeout: float = Field(default=300.0, gt=0)
 
-    @classmethod
-    def check_options(cls, config: Config, name: str) -> None:
-        super().check_options(config, name)
-        options = cls.Options.model_validate(config.servers[name].options)
-        for role in ("model", "resources"):
-            peer = getattr(options, role)
-            if peer not in config.servers:
-                raise ConfigError(
-                    f"{config.source or 'config'}: servers.{name}.options.{role}: no server "
-                    f"named {peer!r} (known: {', '.join(sorted(config.servers))})"
-                )
+    options: Options
 
-    async def startup(self) -> None:
-        self.model: Target = self.peer(self.option("model", "model"))
-        self.resources: Target = self.peer(self.option("resources", "resources"))
-        self.max_steps = int(self.option("max_steps", 10))
-        if self.max_steps < 1:
-            # Zero steps would "verify" a response the model never gave.
-            raise ConfigError(f"server {self.name!r}: options.max_steps must be at least 1")
-        self.model_timeout = float(self.option("model_timeout", 600.0))
-        self.tool_timeout = float(self.option("tool_timeout", 120.0))
-        self.verify_timeout = float(self.option("verify_timeout", 300.0))
-        self._tools: list[dict[str, Any]] | None = None
-        self._tools_lock = asyncio.Lock()
-
-    def add_routes(self, app: FastAPI) -> None:
-        app.router.routes.append(Route("/run", self._run_endpoint, methods=["POST"]))
-
-    async def _run_endpoint(self, request: Request) -> Response:
-        row = await read_json(request)
-        if not isinstance(row, dict):
-            raise InvalidRequest("/run expects a task row (a JSON object)", status=422)
-        try:
-            TaskRow.model_validate(row)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
-            raise InvalidRequest(f"/run: not a valid task row: {problems}", status=422) from None
-        result = await until_disconnect(request, self.run(row, request.headers.get(HEADER_ROLLOUT)))
-        return result if isinstance(result, Response) else JSONResponse(result)
-
-    async def _server_tools(self) -> list[dict[str, Any]]:
-        # One fetch shared by every rollout that starts before the first answer arrives.
-        async with self._tools_lock:
-            if self._tools is None:
-                tools = await self.client.call(
-                    self.resources, "/tools", {}, deadline=self.tool_timeout
-                )
-                self._tools = tools if isinstance(tools, list) else []
-        return self._tools
-
-    async def run(self, row: dict[str, Any], rollout_id: str | None = None) -> dict[str, Any]:
-        """Run one rollout of ``row`` and return the verify response. ``rollout_id`` (the
-        caller's ``x-rollgym-rollout``) names the rollout to the servers it calls."""
-        key = rollout_id or _rollout_id(row)
-        headers = {HEADER_ROLLOUT: key}
-        seeded = await self.client.call(
-            self.resources, "/seed_session", row, headers=headers, deadline=self.tool_timeout,
-            sticky=key,
-        )  # fmt: skip
-        session_id = str(seeded.get("session_id", "")) if isinstance(seeded, dict) else ""
-        res_headers = {**headers, SESSION_HEADER: session_id} if session_id else headers
+    async def run(self, row: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
+        """Run one rollout of ``row`` and return the verify response."""
+        episode = ctx.episode()
+        await episode.seed(row)
 
         params = dict(row["responses_create_params"])
         raw_input = params.get("input")
@@ -121,9 +49,10 @@ class ToolAgent(BaseServer):
             else list(raw_input or [])
         )
         if not params.get("tools"):
-            tools = await self._server_tools()
+            tools = await episode.tools()
             if tools:
                 params["tools"] = tools
+        declared = _tool_names(params.get("tools"))
 
         outputs: list[Any] = []
         response: dict[str, Any] = {}
@@ -131,70 +60,39 @@ class ToolAgent(BaseServer):
         steps = 0
         truncated = False
         started = time.monotonic()
-        while steps < self.max_steps:
+        while steps < self.options.max_steps:
             steps += 1
-            response = await self.client.call(
-                self.model, "/v1/responses", {**params, "input": items + outputs},
-                headers=headers, deadline=self.model_timeout, sticky=key,
-            )  # fmt: skip
-            new = response.get("output") if isinstance(response, dict) else None
-            if not isinstance(new, list):
-                raise ProtocolError(
-                    "model response has no 'output' list", server=self.model.name,
-                    endpoint="/v1/responses", body=orjson.dumps(response),
-                )  # fmt: skip
-            outputs.extend(new)
+            response = await ctx.respond({**params, "input": items + outputs})
+            outputs.extend(response["output"])
             turns.append(response)
             calls = function_calls(response)
             if not calls:
                 break
-            declared = _tool_names(params.get("tools"))
-            results = await asyncio.gather(
-                *(self._call_tool(c, declared, res_headers, key) for c in calls)
-            )
-            outputs.extend(results)
+            outputs.extend(await asyncio.gather(*(_call_tool(episode, c, declared) for c in calls)))
         else:
             # Out of steps while the model still wanted its tools: the rollout is verified as
             # it stands (a truncated episode is still data), and marked so trainers can tell.
             truncated = True
 
-        final = _final_response(response, outputs, turns)
-        verified = await self.client.call(
-            self.resources, "/verify", {**row, "response": final},
-            headers=res_headers, deadline=self.verify_timeout, sticky=key, pin=bool(session_id),
-        )  # fmt: skip
-        if isinstance(verified, dict):
-            verified.setdefault("num_steps", steps)
-            verified.setdefault("truncated", truncated)
-            verified.setdefault("agent_seconds", round(time.monotonic() - started, 4))
-        return verified  # type: ignore[no-any-return]
+        verified = await episode.verify(row, _final_response(response, outputs, turns))
+        verified.setdefault("num_steps", steps)
+        verified.setdefault("truncated", truncated)
+        verified.setdefault("agent_seconds", round(time.monotonic() - started, 4))
+        return verified
 
-    async def _call_tool(
-        self, call: dict[str, Any], declared: set[str], headers: dict[str, str], key: str
-    ) -> dict[str, Any]:
-        name = str(call.get("name", ""))
-        raw_args = call.get("arguments") or "{}"
-        try:
-            args = orjson.loads(raw_args) if isinstance(raw_args, str) else raw_args
-        except orjson.JSONDecodeError as exc:
-            output = orjson.dumps({"error": f"arguments are not valid JSON: {exc}"}).decode()
-            return _tool_output(call, output)
-        if name not in declared or not name.isidentifier():
-            # Only the task's declared tools are callable: a model must not reach /verify or
-            # /seed_session (or any other endpoint) by naming it as a tool.
-            return _tool_output(call, orjson.dumps({"error": f"unknown tool {name!r}"}).decode())
-        try:
-            result = await self.client.call(
-                self.resources, f"/{name}", args, headers=headers, deadline=self.tool_timeout,
-                sticky=key, pin=SESSION_HEADER in headers,
-            )  # fmt: skip
-        except HTTPStatusError as err:
-            if err.status is not None and 400 <= err.status < 500 and err.status not in (408, 429):
-                # The tool refused the call (bad arguments, unknown tool): the model's problem.
-                return _tool_output(call, orjson.dumps({"error": err.message}).decode())
-            raise
-        output = result if isinstance(result, str) else orjson.dumps(result).decode()
+
+async def _call_tool(episode: Episode, call: dict[str, Any], declared: set[str]) -> dict[str, Any]:
+    name = str(call.get("name", ""))
+    raw_args = call.get("arguments") or "{}"
+    try:
+        args = orjson.loads(raw_args) if isinstance(raw_args, str) else raw_args
+    except orjson.JSONDecodeError as exc:
+        output = orjson.dumps({"error": f"arguments are not valid JSON: {exc}"}).decode()
         return _tool_output(call, output)
+    if name not in declared:
+        # Only the task's declared tools are callable (the episode also refuses endpoints).
+        return _tool_output(call, orjson.dumps({"error": f"unknown tool {name!r}"}).decode())
+    return _tool_output(call, await episode.call_tool(name, args))
 
 
 def _final_response(
@@ -240,15 +138,6 @@ def _tool_names(tools: Any) -> set[str]:
         for t in tools or []
         if isinstance(t, dict)
     }
-
-
-def _rollout_id(row: dict[str, Any]) -> str:
-    if row.get("task_index") is not None and row.get("rollout_index") is not None:
-        return rollout_key(row)
-    # An unstamped row (a trainer calling /run itself) gets an id of its own: a shared one
-    # would pin every such rollout to one replica (sticky balancing) and give them all the
-    # same scripted alternative.
-    return os.urandom(16).hex()
 
 
 def _tool_output(call: dict[str, Any], output: str) -> dict[str, Any]:

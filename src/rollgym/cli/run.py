@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,8 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperCommand
 
-from rollgym.collect import EXIT_ABORTED, Collector, RunOutcome, prepare_run
-from rollgym.collect.collector import mark_failed_to_start
+from rollgym.collect import EXIT_ABORTED, Launcher, RunningServers, RunOutcome, run_collection
 from rollgym.config import CollectConfig, Config, load_config
 from rollgym.errors import ConfigError, RollgymError
 from rollgym.launch import Supervisor
@@ -198,27 +196,21 @@ async def _run(
     log_level: str,
     urls: dict[str, list[str]] | None,
 ) -> RunOutcome:
+    """``run`` launches the config's servers; ``collect`` (``urls`` given) finds them running."""
     agent_name = cfg.agent_name(agent)  # pre-flight: fails before anything is written
-    if urls is not None and agent_name not in urls:
+    launcher: Launcher
+    if urls is None:
+        launcher = Supervisor(cfg, log_dir=output / "logs", log_level=log_level)
+    elif agent_name not in urls:
         raise ConfigError(
             f"no URL for agent {agent_name!r}: pass --servers {agent_name}=URL "
             f"or set servers.{agent_name}.url in {cfg.source}"
         )
-    prepared = prepare_run(cfg, collect, input_path, output, resume=resume)
-    if urls is not None:
-        return await Collector(prepared, urls, agent=agent, progress=progress).execute()
-    supervisor = Supervisor(cfg, log_dir=output / "logs", log_level=log_level)
-    t0 = time.monotonic()
-    try:
-        try:
-            started = await supervisor.start()
-        except RollgymError as err:
-            mark_failed_to_start(prepared, err)
-            raise
-        prepared.run_info["startup_seconds"] = round(time.monotonic() - t0, 3)
-        return await Collector(prepared, started, agent=agent, progress=progress).execute()
-    finally:
-        await supervisor.stop()
+    else:
+        launcher = RunningServers(urls)
+    return await run_collection(
+        cfg, collect, input_path, output, launcher, resume=resume, agent=agent, progress=progress
+    )
 
 
 def _finish(outcome: RunOutcome, command: str = "run") -> None:

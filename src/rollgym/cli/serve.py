@@ -15,6 +15,7 @@ from rich.table import Table
 from rollgym.cli.run import PlainHelpCommand
 from rollgym.config import Config, load_config
 from rollgym.launch import Supervisor
+from rollgym.launch.supervisor import STARTUP_TIMEOUT
 
 
 def register(app: typer.Typer) -> None:
@@ -30,7 +31,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         startup_timeout: Annotated[
             float, typer.Option(help="Seconds to wait for every /health.")
-        ] = 30.0,
+        ] = STARTUP_TIMEOUT,
         log_level: Annotated[str, typer.Option(help="Log level of the servers.")] = "WARNING",
     ) -> None:
         """Start every server of CONFIG on 127.0.0.1 (free ports unless fixed), wait until all
@@ -64,13 +65,13 @@ def _write_urls(path: Path, urls: dict[str, list[str]]) -> None:
 
 
 async def _serve(cfg: Config, write_urls: Path | None, timeout: float, log_level: str) -> None:
-    supervisor = Supervisor(cfg, log_level=log_level)
+    supervisor = Supervisor(cfg, log_level=log_level, startup_timeout=timeout)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        urls = await supervisor.start(timeout=timeout)
+        urls = await supervisor.start()
         _print_urls(cfg, urls)
         if write_urls is not None:
             await asyncio.to_thread(_write_urls, write_urls, urls)

@@ -1,12 +1,27 @@
-"""Collection: tasks in, one record per rollout out, resumable, with metrics."""
+"""Collection: tasks in, one record per rollout out, resumable, with metrics.
 
-from rollgym.collect.collector import (
+The path of one run (see the README's architecture section)::
+
+    run_collection (orchestrate.py)  launcher up -> Collector -> launcher down
+      Collector (collector.py)       pending items -> dispatcher -> recorder -> metrics, run.json
+      Dispatcher (dispatch.py)       LocalDispatcher here, RayDispatcher on a cluster
+      RolloutRunner (rollout.py)     one rollout -> one ScoredRollout | FailedRollout
+      Recorder (recorder.py)         sink (ledger files | memory), progress, failure budget
+"""
+
+from rollgym.collect.collector import Collector
+from rollgym.collect.dispatch import Dispatcher, LocalDispatcher
+from rollgym.collect.orchestrate import Launcher, RunningServers, run_collection
+from rollgym.collect.recorder import MemorySink, Recorder
+from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
+from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
+from rollgym.collect.rundir import (
     EXIT_ABORTED,
     EXIT_OK,
     EXIT_SOME_FAILED,
-    Collector,
     PreparedRun,
     RunOutcome,
+    mark_failed_to_start,
     prepare_run,
 )
 
@@ -15,7 +30,21 @@ __all__ = [
     "EXIT_OK",
     "EXIT_SOME_FAILED",
     "Collector",
+    "Dispatcher",
+    "FailedRollout",
+    "Launcher",
+    "LocalDispatcher",
+    "MemorySink",
     "PreparedRun",
+    "Recorder",
+    "RolloutItem",
+    "RolloutPolicy",
+    "RolloutRecord",
+    "RolloutRunner",
     "RunOutcome",
+    "RunningServers",
+    "ScoredRollout",
+    "mark_failed_to_start",
     "prepare_run",
+    "run_collection",
 ]

@@ -54,9 +54,26 @@ class FailureSummary:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetRules:
+    """When a run (or a trainer's batch) is judged broken; None turns a rule off."""
+
+    max_failures: int | None = None
+    max_failure_rate: float | None = 0.5
+    min_failure_samples: int = 50
+    config_error_window: int = 5
+
+    @classmethod
+    def from_collect(cls, cfg: CollectConfig) -> BudgetRules:
+        return cls(
+            cfg.max_failures, cfg.max_failure_rate, cfg.min_failure_samples,
+            cfg.config_error_window,
+        )  # fmt: skip
+
+
 class FailureBudget:
-    def __init__(self, config: CollectConfig) -> None:
-        self.config = config
+    def __init__(self, rules: BudgetRules | CollectConfig) -> None:
+        self.config = rules if isinstance(rules, BudgetRules) else BudgetRules.from_collect(rules)
         self.finished = 0
         self.failed = 0
         self.summary = FailureSummary()

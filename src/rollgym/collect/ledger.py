@@ -16,8 +16,8 @@ from typing import IO, Any
 
 import orjson
 
+from rollgym.collect.records import RolloutRecord
 from rollgym.errors import InputError
-from rollgym.protocol import RolloutFailure, RolloutResult
 
 log = logging.getLogger("rollgym.collect")
 
@@ -164,29 +164,26 @@ class Ledger:
         self._ok = self.rollouts_path.open("ab")
         self._bad = self.failures_path.open("ab")
 
-    def record_success(self, result: RolloutResult) -> None:
-        slot = self.slot(result.task_index, result.rollout_index)
+    def add(self, record: RolloutRecord) -> bool:
+        """Write ``record`` and flush it; False (nothing written) if its rollout already has
+        one (a late duplicate)."""
+        slot = self.slot(record.task_index, record.rollout_index)
         if self._done[slot]:
-            log.error("duplicate record for %s:%s ignored", result.task_index, result.rollout_index)
-            return
-        assert self._ok is not None
-        self._ok.write(result.to_json() + b"\n")
-        self._ok.flush()
-        self._done[slot] = 1
-        self.succeeded += 1
-
-    def record_failure(self, failure: RolloutFailure) -> None:
-        slot = self.slot(failure.task_index, failure.rollout_index)
-        if self._done[slot]:
-            log.error(
-                "duplicate record for %s:%s ignored", failure.task_index, failure.rollout_index
+            log.warning(
+                "duplicate record for %s:%s dropped", record.task_index, record.rollout_index
             )
-            return
-        assert self._bad is not None
-        self._bad.write(failure.to_json() + b"\n")
-        self._bad.flush()
-        self._done[slot] = 2
-        self.failed += 1
+            return False
+        fh = self._ok if record.ok else self._bad
+        assert fh is not None, "open() first"
+        fh.write(record.to_json() + b"\n")
+        fh.flush()
+        if record.ok:
+            self._done[slot] = 1
+            self.succeeded += 1
+        else:
+            self._done[slot] = 2
+            self.failed += 1
+        return True
 
     def close(self) -> None:
         for fh in (self._ok, self._bad):

@@ -1,9 +1,10 @@
-"""Retry decisions: which failure may be tried again, and after how long.
+"""Retry rules: which failure may be tried again, and how long to back off.
 
 The rules, per DESIGN.md: nothing sent (connect refused) -> retry; 502/503/504 -> retry; 500, a
 reset or a timeout after the request was sent, or a garbled 2xx -> retry only on an idempotent
 endpoint; 4xx -> never, except 408/429 when the policy lists them (honouring ``Retry-After`` up
-to a cap; past the cap, fail at once rather than sleep).
+to a cap; past the cap, fail at once rather than sleep). ``rollgym.http.classify`` applies
+them to one failed attempt.
 """
 
 from __future__ import annotations
@@ -60,22 +61,3 @@ def parse_retry_after(value: str | None) -> float | None:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time())
     except (TypeError, ValueError, IndexError):
         return None
-
-
-def retry_delay(
-    err: RollgymError,
-    policy: RetryPolicy,
-    *,
-    idempotent: bool,
-    attempt: int,
-    retry_after: float | None = None,
-) -> float | None:
-    """Seconds to wait before the next attempt, or None when ``err`` must not be retried."""
-    if not is_transient(err, policy, idempotent):
-        return None
-    delay = backoff(policy, attempt)
-    if retry_after is not None and isinstance(err, HTTPStatusError):
-        if retry_after > policy.retry_after_cap:
-            return None
-        delay = max(delay, retry_after)
-    return delay

@@ -7,7 +7,7 @@ nothing from aiohttp may escape past this module. Every branch raises ``from`` t
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 
@@ -64,7 +64,7 @@ def translate(
 
 def raise_translated(
     exc: BaseException, *, server: str, method: str, url: str, endpoint: str, timeout: float
-) -> None:
+) -> NoReturn:
     raise translate(
         exc, server=server, method=method, url=url, endpoint=endpoint, timeout=timeout
     ) from exc

@@ -67,7 +67,7 @@ async def _serve_behind_chaos(
     from aiohttp import web
 
     from rollgym.chaos import ChaosProxy
-    from rollgym.testing import bind_socket
+    from rollgym.launch.ports import bind_socket
 
     private = bind_socket()
     upstream = f"http://127.0.0.1:{private.getsockname()[1]}"

@@ -24,75 +24,97 @@ The API key goes only to the upstream, and is scrubbed from any error that passe
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar
+from collections.abc import Awaitable
+from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI
-from pydantic import SecretStr, ValidationError
-from starlette.requests import Request
-from starlette.routing import Route
+from pydantic import AfterValidator, Field, SecretStr, field_validator
+from starlette.routing import BaseRoute, Route
 
-from rollgym.config import Config, RetryPolicy, format_validation_error, kind_defaults
-from rollgym.errors import ConfigError, InvalidRequest, ProtocolError, RollgymError
+from rollgym.config import RetryPolicy, kind_defaults
+from rollgym.errors import InvalidRequest, ProtocolError, RollgymError
 from rollgym.http import Target
 from rollgym.models.translate import CHAT_ENDPOINT, chat_to_response, responses_to_chat
-from rollgym.server.app import json_route, read_json
-from rollgym.server.base import BaseServer, ServerContext
+from rollgym.server.base import ServerContext
+from rollgym.server.endpoint import Call, json_endpoint
+from rollgym.server.model import ModelServer, json_object
 
-OPTIONS = ("base_url", "api_key_env", "model", "upstream_retry", "timeout", "extra_body")
 _REDACTED = "REDACTED"
 _MIN_SCRUB_LEN = 6  # a shorter "key" would blank out ordinary words in error messages
 
-Handler = Callable[[Request], Awaitable[Any]]
+T = TypeVar("T")
 
 
-class OpenAIProxy(BaseServer):
+def _http_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError("the upstream's URL is required, e.g. http://host:8000/v1")
+    return url.rstrip("/")
+
+
+def _model_policy() -> RetryPolicy:
+    return RetryPolicy.model_validate(kind_defaults("model"))
+
+
+class OpenAIProxy(ModelServer):
     """Responses API and Chat Completions in front of an OpenAI-compatible upstream."""
 
-    kind: ClassVar[str] = "model"
+    class Options(ModelServer.Options):
+        base_url: Annotated[str, AfterValidator(_http_url)]
+        api_key_env: str | None = Field(default=None, description="the NAME of the variable")
+        model: str | None = Field(default=None, description="sent instead of the request's")
+        timeout: float | None = Field(default=None, gt=0, description="seconds per attempt")
+        upstream_retry: RetryPolicy = Field(default_factory=_model_policy)
+        extra_body: dict[str, Any] = Field(default_factory=dict)
+
+        @field_validator("upstream_retry", mode="before")
+        @classmethod
+        def _model_defaults(cls, value: Any) -> Any:
+            # Fields given override a model server's retry defaults, not the generic ones.
+            if value is None:  # ``upstream_retry:`` left empty in YAML
+                value = {}
+            return {**kind_defaults("model"), **value} if isinstance(value, dict) else value
+
+        @field_validator("api_key_env")
+        @classmethod
+        def _key_is_set(cls, name: str | None) -> str | None:
+            if name is not None and not os.environ.get(name):
+                # Name the variable, never a value.
+                raise ValueError(f"environment variable {name or '(empty name)'} is not set")
+            return name
+
+    options: Options
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
-        where = f"servers.{self.name}.options"
-        base_url, model, extra_body, policy = _parse_options(self.options, where)
-        self.model_override: str | None = model
-        self.extra_body: dict[str, Any] = extra_body
-        self.upstream = Target(f"{self.name}.upstream", (base_url.rstrip("/"),), policy)
+        opts = self.options
+        policy = opts.upstream_retry
+        if opts.timeout is not None:
+            policy = policy.model_copy(update={"attempt_timeout": opts.timeout})
+        self.upstream = Target(f"{self.name}.upstream", (opts.base_url,), policy)
         # A SecretStr: the key stays out of reprs, tracebacks with locals and state dumps.
-        self._api_key = _api_key(self.options.get("api_key_env"), where)
+        self._api_key = (
+            SecretStr(os.environ[opts.api_key_env]) if opts.api_key_env is not None else None
+        )
 
-    @classmethod
-    def check_options(cls, config: Config, name: str) -> None:
-        # The same checks as at start-up (the key's variable included), before anything starts.
-        where = f"{config.source or 'config'}: servers.{name}.options"
-        options = config.servers[name].options
-        _parse_options(options, where)
-        _api_key(options.get("api_key_env"), where)
+    def routes(self) -> list[BaseRoute]:
+        chat = Route("/v1/chat/completions", json_endpoint(self._chat), methods=["POST"])
+        return [*super().routes(), chat]
 
-    def add_routes(self, app: FastAPI) -> None:
-        routes = (("/v1/responses", self._responses), ("/v1/chat/completions", self._chat))
-        for path, handler in routes:
-            app.router.routes.append(
-                Route(path, json_route(self._scrubbed(handler)), methods=["POST"])
-            )
-
-    async def _responses(self, request: Request) -> Any:
-        params = await _read_object(request)
-        chat = responses_to_chat(params, model=self.model_override)
-        completion = await self._call_upstream(chat)
+    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any]:
+        chat = responses_to_chat(params, model=self.options.model)
+        completion = await self._scrubbed(self._call_upstream(chat))
         return chat_to_response(
             completion, params, upstream=self.upstream.name, model=chat.get("model")
         )
 
-    async def _chat(self, request: Request) -> Any:
-        body = await _read_object(request)
+    async def _chat(self, raw: Any, call: Call) -> Any:
+        body = json_object(raw)
         if body.get("stream"):
             raise InvalidRequest(
                 "streaming is not supported by the proxy; omit 'stream'", status=400
             )
-        if self.model_override:
-            body["model"] = self.model_override
-        completion = await self._call_upstream(body)
+        if self.options.model:
+            body["model"] = self.options.model
+        completion = await self._scrubbed(self._call_upstream(body))
         if not isinstance(completion, dict):
             raise ProtocolError(
                 f"{self.upstream.name} answered {CHAT_ENDPOINT} with something other than "
@@ -102,28 +124,24 @@ class OpenAIProxy(BaseServer):
         return completion
 
     async def _call_upstream(self, payload: dict[str, Any]) -> Any:
-        if self.extra_body:
-            payload = {**self.extra_body, **payload}
+        if self.options.extra_body:
+            payload = {**self.options.extra_body, **payload}
         headers = None
         if self._api_key is not None:
             headers = {"Authorization": f"Bearer {self._api_key.get_secret_value()}"}
         return await self.client.call(self.upstream, CHAT_ENDPOINT, payload, headers=headers)
 
-    def _scrubbed(self, handler: Handler) -> Handler:
-        """``handler`` with the API key removed from any error it raises.
+    async def _scrubbed(self, work: Awaitable[T]) -> T:
+        """``work``'s result, with the API key removed from any error it raises.
 
         The shared redaction masks ``Bearer ...`` and ``sk-...`` strings; an upstream may also
         echo the bare key (e.g. "invalid key abc123"), which only this server knows to look for.
         """
-
-        async def run(request: Request) -> Any:
-            try:
-                return await handler(request)
-            except RollgymError as err:
-                # ``from None``: the original, unscrubbed error must not ride along as a cause.
-                raise self._scrub(err) from None
-
-        return run
+        try:
+            return await work
+        except RollgymError as err:
+            # ``from None``: the original, unscrubbed error must not ride along as a cause.
+            raise self._scrub(err) from None
 
     def _scrub(self, err: RollgymError) -> RollgymError:
         key = self._api_key.get_secret_value() if self._api_key is not None else ""
@@ -139,61 +157,3 @@ class OpenAIProxy(BaseServer):
             if origin is not err.origin:
                 changes["origin"] = origin
         return err.with_fields(**changes) if changes else err
-
-
-async def _read_object(request: Request) -> dict[str, Any]:
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object", status=422)
-    return body
-
-
-def _parse_options(
-    options: dict[str, Any], where: str
-) -> tuple[str, str | None, dict[str, Any], RetryPolicy]:
-    """(base_url, model override, extra_body, upstream policy); ``ConfigError`` naming the key."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown option(s) {', '.join(unknown)} (known: {', '.join(OPTIONS)})"
-        )
-    base_url = options.get("base_url")
-    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"{where}.base_url: the upstream's URL is required, e.g. http://host:8000/v1"
-        )
-    model = options.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ConfigError(f"{where}.model must be a string")
-    extra_body = options.get("extra_body") or {}
-    if not isinstance(extra_body, dict):
-        raise ConfigError(f"{where}.extra_body must be a mapping")
-    return base_url, model, extra_body, _upstream_policy(options, where)
-
-
-def _upstream_policy(options: dict[str, Any], where: str) -> RetryPolicy:
-    overrides = options.get("upstream_retry") or {}
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"{where}.upstream_retry must be a mapping of retry policy fields")
-    data = {**kind_defaults("model"), **overrides}
-    timeout = options.get("timeout")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ConfigError(f"{where}.timeout must be a positive number of seconds")
-        data["attempt_timeout"] = timeout
-    try:
-        return RetryPolicy.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(f"{where}.upstream_retry", exc)) from None
-
-
-def _api_key(env_name: Any, where: str) -> SecretStr | None:
-    if env_name is None:
-        return None
-    if not isinstance(env_name, str) or not env_name:
-        raise ConfigError(f"{where}.api_key_env must name an environment variable")
-    key = os.environ.get(env_name)
-    if not key:
-        # Name the variable, never a value.
-        raise ConfigError(f"{where}.api_key_env: environment variable {env_name} is not set")
-    return SecretStr(key)

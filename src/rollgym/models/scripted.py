@@ -20,55 +20,45 @@ import asyncio
 import hashlib
 import os
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import orjson
-from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
-from starlette.requests import Request
-from starlette.routing import Route
+from pydantic import Field
+from starlette.routing import BaseRoute, Route
 
 from rollgym.errors import InvalidRequest
-from rollgym.protocol import HEADER_ROLLOUT
-from rollgym.server.app import json_route, read_json
-from rollgym.server.base import BaseServer
+from rollgym.server.endpoint import Call, json_endpoint
+from rollgym.server.model import ModelServer, json_object
 
 NO_SCRIPT_ANSWER = "I have no script for this task."
 
 
-class ScriptedModel(BaseServer):
-    kind: ClassVar[str] = "model"
-
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+class ScriptedModel(ModelServer):
+    class Options(ModelServer.Options):
         latency: float = Field(default=0.0, ge=0, description="seconds added to every answer")
 
-    def add_routes(self, app: FastAPI) -> None:
-        app.router.routes.append(
-            Route("/v1/responses", json_route(self._responses), methods=["POST"])
-        )
-        app.router.routes.append(
-            Route("/v1/chat/completions", json_route(self._chat), methods=["POST"])
-        )
+    options: Options
+
+    def routes(self) -> list[BaseRoute]:
+        chat = Route("/v1/chat/completions", json_endpoint(self._chat), methods=["POST"])
+        return [*super().routes(), chat]
 
     async def _delay(self) -> None:
-        latency = float(self.option("latency", 0.0))
-        if latency > 0:
-            await asyncio.sleep(latency)
+        if self.options.latency > 0:
+            await asyncio.sleep(self.options.latency)
 
-    async def _responses(self, request: Request) -> Any:
-        params = await read_json(request)
-        if not isinstance(params, dict) or "input" not in params:
+    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any]:
+        if "input" not in params:
             raise InvalidRequest("a Responses API request needs 'input'", status=400)
         items = _input_items(params["input"])
         turn, tool_output, user_text = _history(items)
-        action = decide(params, turn, tool_output, user_text, request.headers.get(HEADER_ROLLOUT))
+        action = decide(params, turn, tool_output, user_text, call.rollout)
         await self._delay()
         return build_response(params, action)
 
-    async def _chat(self, request: Request) -> Any:
-        params = await read_json(request)
-        if not isinstance(params, dict) or not isinstance(params.get("messages"), list):
+    async def _chat(self, body: Any, call: Call) -> Any:
+        params = json_object(body)
+        if not isinstance(params.get("messages"), list):
             raise InvalidRequest("a chat completions request needs 'messages'", status=400)
         turn, tool_output, user_text = _chat_history(params["messages"])
         tools = [
@@ -84,7 +74,7 @@ class ScriptedModel(BaseServer):
             turn,
             tool_output,
             user_text,
-            request.headers.get(HEADER_ROLLOUT),
+            call.rollout,
         )
         await self._delay()
         return build_chat_completion(params, action)

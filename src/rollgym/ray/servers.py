@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,16 @@ from ray.exceptions import RayActorError
 
 from rollgym.config import Config
 from rollgym.errors import LaunchError
+from rollgym.launch.process import STOP_GRACE
 from rollgym.ray.host import ServerHostActor
 from rollgym.ray.placement import NodeInfo, alive_nodes, get, on_node, spread
 from rollgym.server.base import check_servers
 
 log = logging.getLogger("rollgym.ray")
+
+STARTUP_TIMEOUT = 60.0
+"""Seconds for every replica to answer ``/health``: placing the host actors included."""
+_HOST_SLACK_S = 10.0  # beyond a host's own deadlines, so its plain error arrives first
 
 
 @dataclass
@@ -62,8 +68,10 @@ class RayServers:
         log_dir: Path | None = None,
         log_level: str = "WARNING",
         nodes: list[NodeInfo] | None = None,
+        startup_timeout: float = STARTUP_TIMEOUT,
     ) -> None:
         self.config = config
+        self.startup_timeout = startup_timeout
         self.log_dir = log_dir
         self.log_level = log_level
         self._nodes = nodes
@@ -88,16 +96,18 @@ class RayServers:
                 wanted.extend((name, r) for r in range(cfg.replicas))
         return spread(wanted, nodes)
 
-    async def start(self, timeout: float = 60.0) -> dict[str, list[str]]:
-        """Start every replica, wait until each answers ``/health``; return name -> URLs."""
+    async def start(self) -> dict[str, list[str]]:
+        """Start every replica and wait until each answers ``/health``, all within the
+        startup timeout; return name -> URLs. On failure everything started is stopped and
+        ``LaunchError`` (or ``ConfigError``, before anything starts) propagates."""
         try:
-            await self._start(timeout)
+            await self._start(time.monotonic() + self.startup_timeout)
         except BaseException:
             await self.stop()
             raise
         return self.urls
 
-    async def _start(self, timeout: float) -> None:
+    async def _start(self, deadline: float) -> None:
         nodes = self._nodes or alive_nodes()
         layout = self._layout(nodes)
         config_json = self.config.model_dump(mode="json")
@@ -108,25 +118,45 @@ class RayServers:
                     num_cpus=0,
                     scheduling_strategy=on_node(node, soft=False),
                 ).remote(config_json, log_dir, self.log_level, single_node=len(nodes) == 1)
-        urls = await get(
-            [self._hosts[node.node_id].bind.remote(name, r) for (name, r), node in layout],
-            timeout,
-        )
+        binds = [self._hosts[node.node_id].bind.remote(name, r) for (name, r), node in layout]
+        urls = await self._step("bind", binds, deadline)
         for ((name, r), node), url in zip(layout, urls, strict=True):
             self.replicas.append(Replica(name, r, url, node))
             self.urls.setdefault(name, []).append(url)
-        pids: list[dict[str, int]] = await get(
-            [host.spawn.remote(self.urls) for host in self._hosts.values()], timeout
+        pids: list[dict[str, int]] = await self._step(
+            "spawn", [host.spawn.remote(self.urls) for host in self._hosts.values()], deadline
         )
         by_key = {k: v for part in pids for k, v in part.items()}
         for rep in self.replicas:
             rep.pid = by_key.get(f"{rep.name}.{rep.replica}")
-        await get([h.wait_healthy.remote(timeout) for h in self._hosts.values()], timeout + 10)
+        # Each host waits until the common deadline and names its own late or dead server;
+        # the slack lets that error, not a bare timeout here, be the one that surfaces.
+        remaining = max(0.0, deadline - time.monotonic())
+        await self._step(
+            "wait_healthy",
+            [h.wait_healthy.remote(remaining) for h in self._hosts.values()],
+            deadline + _HOST_SLACK_S,
+        )
         log.info(
             "started %d replicas on %d nodes: %s",
             len(self.replicas), len(self._hosts),
             ", ".join(f"{r.name}.{r.replica}@{r.url}" for r in self.replicas),
         )  # fmt: skip
+
+    async def _step(self, step: str, refs: list[Any], deadline: float) -> Any:
+        """Await one start-up step on the hosts by ``deadline``; Ray's failures (a host that
+        died, a step that never finished) become ``LaunchError`` saying which step."""
+        try:
+            return await get(refs, max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise LaunchError(
+                f"servers on the Ray cluster: {step} did not finish within the startup timeout "
+                f"({self.startup_timeout:g}s) on {len(self._hosts)} node(s)"
+            ) from None
+        except RayActorError as exc:
+            raise LaunchError(
+                f"servers on the Ray cluster: a server host died during {step}: {exc}"
+            ) from None
 
     def replica(self, name: str, index: int = 0) -> Replica:
         for rep in self.replicas:
@@ -163,17 +193,19 @@ class RayServers:
         rep = self.replica(name, replica)
         await get(self._hosts[rep.node.node_id].kill.remote(name, replica), 30)
 
-    async def stop(self, timeout: float = 10.0) -> None:
-        """Stop every replica (SIGTERM, then SIGKILL after ``timeout``) and their hosts."""
+    async def stop(self) -> None:
+        """Stop every replica (SIGTERM, then SIGKILL after a grace period) and their hosts.
+        Idempotent, and safe after a failed start."""
         hosts, self._hosts = list(self._hosts.values()), {}
         if not hosts:
             return
         results = await asyncio.gather(
-            *(get(h.stop.remote(timeout), timeout + 10) for h in hosts), return_exceptions=True
+            *(get(h.stop.remote(), STOP_GRACE + _HOST_SLACK_S) for h in hosts),
+            return_exceptions=True,
         )
         for result in results:
-            if isinstance(result, LaunchError):
-                log.warning("stopping servers: %s", result)
+            if isinstance(result, Exception):
+                log.warning("stopping servers: %s", result)  # the host is killed below anyway
         for host in hosts:
             with contextlib.suppress(Exception):
                 ray.kill(host)

@@ -14,63 +14,50 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
 
-from rollgym.errors import ConnectError, InternalError
+from rollgym.collect.records import RolloutItem, RolloutRecord
+from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.http import HttpClient, Target
-from rollgym.trainer import FailedRollout, RolloutRecord, run_rollout
-
-WorkItem = tuple[str, int, int, bytes, int]
-"""(agent name, task index, rollout index, the stamped task row, attempts made before)."""
 
 BATCH_LINGER = 0.02
 """Seconds a finished record waits for others to share its trip to the driver."""
-
-SUSPECT_SECONDS = 10.0
-"""How long a replica that refused a connection stays out of rotation before it is tried again
-(the driver's monitor marks a replica whose process ended dead for good)."""
 
 
 class CollectWorker:
     """Runs rollouts for the driver; ``targets`` are the run's agents (all replica URLs)."""
 
     def __init__(
-        self,
-        targets: dict[str, Target],
-        *,
-        concurrency: int,
-        rollout_timeout: float,
-        max_attempts: int,
+        self, targets: dict[str, Target], *, concurrency: int, policy: RolloutPolicy
     ) -> None:
         # One Target per agent, with every replica: replicas are taken out through the client's
         # balancer, so its breaker, budget and load counts survive a replica's loss.
         self._all = targets
         self._dead: set[str] = set()
         self._gate = asyncio.Semaphore(concurrency)
-        self._timeout = rollout_timeout
-        self._max_attempts = max_attempts
-        self._http: HttpClient | None = None
+        self._policy = policy
+        self._runner: RolloutRunner | None = None
         self._tasks: set[asyncio.Task[RolloutRecord]] = set()
         self._aborted = False
         self.finished = 0
-        self.failovers = 0
 
     async def ready(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "pid": os.getpid()}
 
     @property
-    def http(self) -> HttpClient:
-        if self._http is None:
-            self._http = HttpClient()
-        return self._http
+    def runner(self) -> RolloutRunner:
+        if self._runner is None:
+            self._runner = RolloutRunner(
+                HttpClient(), self._all, self._policy, stopping=lambda: self._aborted
+            )
+        return self._runner
 
     async def run(
-        self, items: list[WorkItem], down: list[str]
+        self, items: list[RolloutItem], down: list[str]
     ) -> AsyncIterator[list[RolloutRecord]]:
         """Run ``items``; yield their records in batches as they finish. A rollout cancelled by
         ``cancel`` yields no record (it stays pending in the ledger)."""
@@ -103,57 +90,18 @@ class CollectWorker:
             for task in tasks:
                 task.cancel()
 
-    async def _one(self, item: WorkItem) -> RolloutRecord:
-        name, task_index, rollout_index, raw, prior = item
-        started = time.monotonic()
+    async def _one(self, item: RolloutItem) -> RolloutRecord:
         async with self._gate:
             if self._aborted:
                 raise asyncio.CancelledError
-            try:
-                failovers = len(self._all[name].urls) - 1  # each replica refuses at most once
-                while True:
-                    record = await run_rollout(
-                        self.http, self._target(name), raw, task_index, rollout_index,
-                        timeout=self._timeout, max_attempts=self._max_attempts,
-                        prior_attempts=prior, may_retry=lambda: not self._aborted,
-                    )  # fmt: skip
-                    if (
-                        failovers > 0
-                        and isinstance(record, FailedRollout)
-                        and isinstance(record.error, ConnectError)
-                        and self._take_out(name, record.error.url)
-                    ):
-                        failovers -= 1
-                        self.failovers += 1
-                        continue
-                    return record
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a bug here must still end as this rollout's record
-                err = InternalError(f"collect worker: {type(exc).__name__}: {exc}")
-                return FailedRollout(
-                    task_index, rollout_index, err, prior + 1, time.monotonic() - started
-                )
-
-    def _target(self, name: str) -> Target:
-        return self._all[name]
-
-    def _take_out(self, name: str, url: str | None) -> bool:
-        """Take the replica that ``url`` was sent to out of rotation for a while; True if
-        another replica is left to try."""
-        target = self._all[name]
-        base = _base_of(url, target.urls)
-        if base is None:
-            return False
-        self.http.mark_down(target, base, SUSPECT_SECONDS)
-        return bool(self.http.live_urls(target))
+            return await self.runner.run(item)
 
     def _take_down(self, urls: list[str]) -> None:
         new = set(urls) - self._dead
         self._dead.update(new)
         for target in self._all.values():
             for url in new & set(target.urls):
-                self.http.mark_down(target, url)
+                self.runner.http.mark_down(target, url)
 
     async def mark_down(self, urls: list[str]) -> None:
         """The driver found these replicas dead: never send them anything again."""
@@ -166,21 +114,19 @@ class CollectWorker:
             task.cancel()
 
     async def stats(self) -> dict[str, Any]:
-        http = {} if self._http is None else {k: vars(v) for k, v in self._http.stats().items()}
-        return {"rollouts": self.finished, "failovers": self.failovers, "http": http}
+        runner = self._runner
+        if runner is None:
+            return {"rollouts": self.finished, "circuit_holds": 0, "failovers": 0, "http": {}}
+        return {
+            "rollouts": self.finished,
+            "circuit_holds": runner.circuit_holds,
+            "failovers": runner.failovers,
+            "http": {k: vars(v) for k, v in runner.http.stats().items()},
+        }
 
     async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-
-
-def _base_of(url: str | None, bases: tuple[str, ...]) -> str | None:
-    if not url:
-        return None
-    for base in bases:
-        if url == base or url.startswith(base + "/"):
-            return base
-    return None
+        if self._runner is not None:
+            await self._runner.http.close()
 
 
 CollectWorkerActor = ray.remote(max_restarts=2, max_task_retries=0)(CollectWorker)

@@ -1,15 +1,15 @@
-"""What every rollgym server is: a name, its config, the other servers it may call."""
+"""What every rollgym server is: a name, its typed options, the other servers it may call."""
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo
+from starlette.routing import BaseRoute
 
-from rollgym.config import Config, ServerConfig, format_validation_error
+from rollgym.config import Config, ServerConfig, ServerKind, format_validation_error
 from rollgym.errors import ConfigError
 from rollgym.http import HttpClient, Target
 
@@ -43,35 +43,81 @@ class ServerContext:
         return cls(name=name, config=config.servers[name], peers=peers)
 
 
+def _peer_of(kind: ServerKind | None) -> AfterValidator:
+    def check(name: str, info: ValidationInfo) -> str:
+        # Checked where the whole config is known (``check_options``); a running server
+        # finds its peers' addresses in its context instead.
+        servers: dict[str, ServerConfig] | None = (info.context or {}).get("servers")
+        if servers is None:
+            return name
+        if name not in servers:
+            raise ValueError(f"no server named {name!r} (known: {', '.join(sorted(servers))})")
+        if kind is not None and servers[name].kind != kind:
+            raise ValueError(f"server {name!r} is a {servers[name].kind} server, not a {kind} one")
+        return name
+
+    return AfterValidator(check)
+
+
+Peer = Annotated[str, _peer_of(None)]
+"""An option naming another server of the run; checked against the config before start."""
+ModelPeer = Annotated[str, _peer_of("model")]
+ResourcesPeer = Annotated[str, _peer_of("resources")]
+
+
 class BaseServer:
-    """Base of the three server kinds. Subclasses add routes; transport lives elsewhere."""
+    """Base of the three server kinds. Subclasses declare ``Options`` and add routes;
+    transport lives elsewhere."""
 
     kind: ClassVar[str] = "server"
-    Options: ClassVar[type[BaseModel] | None] = None
-    """A pydantic model of the ``options:`` this server takes (unknown keys refused), checked
-    before any server starts; None takes any options unchecked."""
+
+    class Options(BaseModel):
+        """The ``options:`` a server takes, validated once into ``self.options``. A subclass
+        extends it (``class Options(Base.Options)``) and says ``options: Options``; unknown
+        keys are refused, and ``Peer`` fields (defaults too) must name servers of the run."""
+
+        model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    options: BaseModel
 
     @classmethod
     def check_options(cls, config: Config, name: str) -> None:
-        """Validate server ``name``'s options in ``config``; raise ``ConfigError`` naming the
-        file and key. Called before any server starts."""
-        if cls.Options is None:
-            return
+        """Validate server ``name``'s options in ``config`` (peers included); raise
+        ``ConfigError`` naming the file and key. Called before any server starts."""
+        cls.parse_options(
+            config.servers[name].options,
+            source=config.source or "config",
+            prefix=f"servers.{name}.options",
+            servers=config.servers,
+        )
+
+    @classmethod
+    def parse_options(
+        cls,
+        raw: dict[str, Any],
+        *,
+        source: str,
+        prefix: str,
+        servers: dict[str, ServerConfig] | None = None,
+    ) -> BaseModel:
+        """``raw`` as this server's ``Options``; ``ConfigError`` naming each bad key."""
         try:
-            cls.Options.model_validate(config.servers[name].options)
+            return cls.Options.model_validate(raw, context={"servers": servers})
         except ValidationError as exc:
-            source = config.source or "config"
-            prefix = f"servers.{name}.options"
             raise ConfigError(format_validation_error(source, exc, prefix=prefix)) from None
 
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
         self.name = ctx.name
-        self.options: dict[str, Any] = dict(ctx.config.options)
+        self.options = type(self).parse_options(
+            ctx.config.options, source=f"server {ctx.name!r}", prefix=f"servers.{ctx.name}.options"
+        )
         self.client = HttpClient()
 
-    def add_routes(self, app: FastAPI) -> None:
-        """Register this server's endpoints on ``app``."""
+    def routes(self) -> list[BaseRoute]:
+        """This server's endpoints (Starlette routes); exact-path POST routes take the fast
+        path of ``rollgym.server.app.App``."""
+        return []
 
     def features(self) -> list[str]:
         """Optional endpoints this server really implements (reported by ``/health``)."""
@@ -91,14 +137,9 @@ class BaseServer:
                 f"server {self.name!r} needs server {name!r}, which is not in the run"
             ) from None
 
-    def option(self, key: str, default: Any = None) -> Any:
-        return self.options.get(key, default)
 
-
-class NoOptions(BaseModel):
-    """For servers that take no options: any key is a mistake."""
-
-    model_config = ConfigDict(extra="forbid")
+NoOptions = BaseServer.Options
+"""For servers that take no options: any key is a mistake."""
 
 
 def check_servers(config: Config) -> None:

@@ -13,7 +13,9 @@ Writing an environment takes one small class::
 
 Typed tool arguments become the tool's JSON schema (``GET /tools``) and are validated on every
 call (a bad call answers 422, which the agent hands back to the model). Each rollout gets its own
-``Session`` from ``POST /seed_session``; its id travels in the ``x-rollgym-session`` header.
+``Session`` from ``POST /seed_session``. Its id travels in the ``x-rollgym-session`` header or in
+the ``rollgym_session`` cookie, which every answer within a session sets: NeMo Gym's agents carry
+cookies only (and keep just those of the latest answer). The header wins when both are sent.
 """
 
 from __future__ import annotations
@@ -30,17 +32,17 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, get_type_hints
 
-from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
-from starlette.requests import Request
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
+from rollgym.config import format_validation_error
 from rollgym.errors import DeadlineExceeded, InternalError, InvalidRequest
 from rollgym.protocol import output_text
-from rollgym.server.app import JSONResponse, json_route, read_json
 from rollgym.server.base import BaseServer, ServerContext
+from rollgym.server.endpoint import Call, Handler, JSONResponse, error_response, json_endpoint
 
 SESSION_HEADER = "x-rollgym-session"
+SESSION_COOKIE = "rollgym_session"
 _MAX_SESSIONS = 200_000  # sessions never verified (abandoned rollouts) fall out oldest first
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -186,19 +188,17 @@ class ResourcesServer(BaseServer):
 
     # -- transport -----------------------------------------------------------------------
 
-    def add_routes(self, app: FastAPI) -> None:
-        app.router.routes.append(Route("/seed_session", json_route(self._seed), methods=["POST"]))
-        app.router.routes.append(Route("/verify", json_route(self._verify), methods=["POST"]))
-        app.router.routes.append(
-            Route("/aggregate_metrics", json_route(self._aggregate), methods=["POST"])
-        )
-        app.router.routes.append(
-            Route("/tools", json_route(self._list_tools), methods=["GET", "POST"])
-        )
-        for name in self.tools:
-            app.router.routes.append(
-                Route(f"/{name}", json_route(self._tool_endpoint(name)), methods=["POST"])
-            )
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/seed_session", json_endpoint(self._seed), methods=["POST"]),
+            Route("/verify", json_endpoint(self._verify), methods=["POST"]),
+            Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
+            Route("/tools", json_endpoint(self._list_tools), methods=["GET", "POST"]),
+            *(
+                Route(f"/{name}", json_endpoint(self._tool_endpoint(name)), methods=["POST"])
+                for name in self.tools
+            ),
+        ]
 
     async def shutdown(self) -> None:
         # Kill, not shut down: a worker stuck in a verifier would otherwise spin on.
@@ -209,11 +209,10 @@ class ResourcesServer(BaseServer):
             self._pool = None
         await super().shutdown()
 
-    async def _list_tools(self, request: Request) -> Any:
+    async def _list_tools(self, body: Any, call: Call) -> Any:
         return [spec.schema() for spec in self.tools.values()]
 
-    async def _seed(self, request: Request) -> Any:
-        task = await read_json(request)
+    async def _seed(self, task: Any, call: Call) -> Any:
         if not isinstance(task, dict):
             raise InvalidRequest("seed_session expects the task row as a JSON object", status=422)
         session = Session(id=os.urandom(16).hex(), task=task)
@@ -221,48 +220,45 @@ class ResourcesServer(BaseServer):
         self._sessions[session.id] = session
         if len(self._sessions) > _MAX_SESSIONS:
             self._sessions.popitem(last=False)
-        return {"session_id": session.id}
+        return _in_session({"session_id": session.id}, session)
 
-    def _session(self, request: Request, *, pop: bool = False) -> Session:
-        sid = request.headers.get(SESSION_HEADER)
-        if sid is None:
+    def _session(self, call: Call) -> Session:
+        # The header first: a cookie is the fallback for agents that only carry cookies.
+        sid = call.headers.get(SESSION_HEADER) or call.cookies.get(SESSION_COOKIE)
+        if not sid:
             # A stateless call (no seed_session) gets a throwaway session.
             return Session(id="", task={})
-        session = self._sessions.pop(sid, None) if pop else self._sessions.get(sid)
+        session = self._sessions.get(sid)
         if session is None:
             raise InvalidRequest(
                 f"unknown session {sid!r} (not seeded, or already verified)", status=404
             )
         return session
 
-    def _tool_endpoint(self, name: str) -> Callable[[Request], Awaitable[Any]]:
+    def _tool_endpoint(self, name: str) -> Handler:
         spec = self.tools[name]
         method = getattr(self, spec.method_name)
 
-        async def call_tool(request: Request) -> Any:
-            raw = await read_json(request)
-            if not isinstance(raw, dict):
-                raise InvalidRequest(f"tool {name} expects a JSON object of arguments", status=422)
+        async def call_tool(raw: Any, call: Call) -> Any:
+            session = self._session(call)
             try:
-                args = spec.arguments.model_validate(raw)
-            except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
-                    for e in exc.errors()
-                )
-                raise InvalidRequest(
-                    f"bad arguments for tool {name}: {problems}", status=422
-                ) from None
-            session = self._session(request)
-            return await method(session, **dict(args))
+                result = await method(session, **_arguments(spec, raw))
+            except InvalidRequest as err:
+                if not session.id:
+                    raise
+                # A refused call is an answer the agent hands back to the model, and the
+                # rollout goes on: it must keep its session cookie like any other answer.
+                refused = error_response(self.name, err)
+                refused.headers["set-cookie"] = _cookie(session)
+                return refused
+            return _in_session(result, session)
 
         return call_tool
 
-    async def _verify(self, request: Request) -> Any:
-        body = await read_json(request)
+    async def _verify(self, body: Any, call: Call) -> Any:
         if not isinstance(body, dict) or not isinstance(body.get("response"), dict):
             raise InvalidRequest("verify expects the task row plus a 'response' object", status=422)
-        session = self._session(request)
+        session = self._session(call)
         if not session.task:
             session.task = body
         response = body["response"]
@@ -280,12 +276,33 @@ class ResourcesServer(BaseServer):
         out["reward"] = float(out["reward"])
         return JSONResponse(out)
 
-    async def _aggregate(self, request: Request) -> Any:
-        body = await read_json(request)
+    async def _aggregate(self, body: Any, call: Call) -> Any:
         rollouts = body.get("rollouts") if isinstance(body, dict) else None
         if not isinstance(rollouts, list):
             raise InvalidRequest("aggregate_metrics expects {'rollouts': [...]}", status=422)
         return await self.aggregate_metrics(rollouts)
+
+
+def _arguments(spec: ToolSpec, raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"tool {spec.name} expects a JSON object of arguments", status=422)
+    try:
+        return dict(spec.arguments.model_validate(raw))
+    except ValidationError as exc:
+        message = format_validation_error(f"bad arguments for tool {spec.name}", exc, one_line=True)
+        raise InvalidRequest(message, status=422) from None
+
+
+def _cookie(session: Session) -> str:
+    return f"{SESSION_COOKIE}={session.id}; Path=/; HttpOnly; SameSite=lax"
+
+
+def _in_session(result: Any, session: Session) -> Any:
+    """``result`` answered with the session's cookie set (again): an agent that keeps only the
+    cookies of the latest answer, as NeMo Gym's do, still has it for the next call."""
+    if not session.id:
+        return result
+    return JSONResponse(result, headers={"set-cookie": _cookie(session)})
 
 
 def _new_pool(workers: int) -> ProcessPoolExecutor:
@@ -331,4 +348,4 @@ def _kill_pool(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["ResourcesServer", "Session", "output_text", "tool"]
+__all__ = ["SESSION_COOKIE", "SESSION_HEADER", "ResourcesServer", "Session", "output_text", "tool"]

@@ -10,13 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from rollgym.protocol import output_text
-from rollgym.server.base import NoOptions
 from rollgym.server.resources import ResourcesServer, Session, tool
 
 
 class EchoEnv(ResourcesServer):
-    Options = NoOptions
-
     @tool
     async def echo(self, session: Session, text: str) -> dict[str, Any]:
         """Return the text unchanged."""

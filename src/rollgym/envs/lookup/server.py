@@ -15,7 +15,6 @@ from typing import Any
 from rollgym.envs.lookup.knowledge import ENTRIES, canonical_key
 from rollgym.errors import InvalidRequest
 from rollgym.protocol import output_text
-from rollgym.server.base import NoOptions
 from rollgym.server.resources import ResourcesServer, Session, tool
 
 # "48,213" and "48213" are the same number; commas between digit groups are dropped.
@@ -38,8 +37,6 @@ def contains_answer(text: str, expected: str) -> bool:
 
 class LookupEnv(ResourcesServer):
     """Questions about the fictional Norrowvale registry, answered with the ``lookup`` tool."""
-
-    Options = NoOptions
 
     async def seed_session(self, session: Session) -> None:
         session.data["lookups"] = []

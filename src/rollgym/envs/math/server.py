@@ -16,12 +16,11 @@ import logging
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from rollgym.envs.math.check import MathCheck, check_answer
 from rollgym.errors import InvalidRequest
 from rollgym.protocol import output_text
-from rollgym.server.base import ServerContext
 from rollgym.server.resources import ResourcesServer, Session
 
 log = logging.getLogger("rollgym.envs.math")
@@ -30,17 +29,12 @@ log = logging.getLogger("rollgym.envs.math")
 class MathEnv(ResourcesServer):
     """Math problems; reward 1.0 when the reply's answer equals ``expected_answer``."""
 
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+    class Options(ResourcesServer.Options):
         verify_timeout: float = Field(default=30.0, gt=0, description="seconds per check")
 
-    verify_timeout: ClassVar[float] = 30.0
+    options: Options
     # Module-level and picklable: it runs in a spawn worker process.
     checker: ClassVar[staticmethod[[str, str], MathCheck]] = staticmethod(check_answer)
-
-    def __init__(self, ctx: ServerContext) -> None:
-        super().__init__(ctx)
-        self.check_timeout = float(self.option("verify_timeout", self.verify_timeout))
 
     async def verify(
         self, session: Session, task: dict[str, Any], response: dict[str, Any]
@@ -66,7 +60,7 @@ class MathEnv(ResourcesServer):
     async def _check(self, expected: str, answer: str) -> MathCheck:
         try:
             result: MathCheck = await self.run_cpu(
-                type(self).checker, expected, answer, timeout=self.check_timeout
+                type(self).checker, expected, answer, timeout=self.options.verify_timeout
             )
         except BrokenProcessPool:
             # A worker that dies (out of memory, a crash in native code, killed) breaks the
@@ -74,7 +68,7 @@ class MathEnv(ResourcesServer):
             # is pure, so run it once more on a fresh pool; a second failure is its own.
             log.info("%s: check lost to a broken worker pool, running it once more", self.name)
             result = await self.run_cpu(
-                type(self).checker, expected, answer, timeout=self.check_timeout
+                type(self).checker, expected, answer, timeout=self.options.verify_timeout
             )
         return result
 

@@ -13,7 +13,6 @@ from typing import Any
 from rollgym.envs.mcqa.extract import extract_choice
 from rollgym.errors import InvalidRequest
 from rollgym.protocol import output_text
-from rollgym.server.base import NoOptions
 from rollgym.server.resources import ResourcesServer, Session
 
 
@@ -33,8 +32,6 @@ def option_letters(options: Any) -> list[str]:
 
 class MCQAEnv(ResourcesServer):
     """Multiple-choice QA; reward 1.0 when the extracted letter is ``expected_answer``."""
-
-    Options = NoOptions
 
     async def verify(
         self, session: Session, task: dict[str, Any], response: dict[str, Any]

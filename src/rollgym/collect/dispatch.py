@@ -1,0 +1,112 @@
+"""Dispatchers: who runs the rollout core. ``LocalDispatcher`` runs it in asyncio workers of
+this process; ``rollgym.ray.dispatch.RayDispatcher`` in worker actors across a cluster. Both take
+pending ``RolloutItem``s, run each through ``RolloutRunner`` and hand every record to the one
+``Recorder``; neither writes anything itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rollgym.collect.recorder import Recorder
+from rollgym.collect.records import RolloutItem
+from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
+from rollgym.http import HttpClient, Target
+
+log = logging.getLogger("rollgym.collect")
+
+RAMP_STEP = 256  # workers started per wave
+RAMP_INTERVAL = 0.1  # seconds between waves
+
+
+@dataclass
+class DispatchReport:
+    """What a dispatch did: rollouts held by an open circuit, sent to another replica; the
+    call counters of HTTP clients other than the caller's (remote workers'); and sections of
+    its own for ``metrics.json`` and ``run.json`` (e.g. ``ray``)."""
+
+    circuit_holds: int = 0
+    failovers: int = 0
+    http: list[dict[str, dict[str, int]]] = field(default_factory=list)
+    sections: dict[str, Any] = field(default_factory=dict)
+
+
+class Dispatcher(Protocol):
+    """Runs rollouts and hands their records to a recorder."""
+
+    async def start(self, http: HttpClient, agents: dict[str, Target]) -> None:
+        """Get ready to run rollouts against ``agents`` (a failure here: the run never
+        started). ``http`` is the caller's client, for dispatchers that run in-process."""
+
+    async def dispatch(self, work: Iterator[RolloutItem], pending: int, recorder: Recorder) -> None:
+        """Run ``work`` (``pending`` items) until each has a record or the recorder aborts."""
+
+    def cancel(self) -> None:
+        """Abort: cancel every rollout in flight; they stay unrecorded."""
+
+    async def close(self) -> None:
+        """Release what ``start`` took."""
+
+    async def report(self) -> DispatchReport:
+        """What the dispatch did, for ``metrics.json`` and ``run.json``."""
+
+
+class LocalDispatcher:
+    """At most ``concurrency`` rollouts in flight, as asyncio tasks of this event loop."""
+
+    def __init__(self, policy: RolloutPolicy, concurrency: int) -> None:
+        self.policy = policy
+        self.concurrency = concurrency
+        self.runner: RolloutRunner | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._cancelled = False
+
+    async def start(self, http: HttpClient, agents: dict[str, Target]) -> None:
+        self.runner = RolloutRunner(http, agents, self.policy, stopping=lambda: self._cancelled)
+
+    async def dispatch(self, work: Iterator[RolloutItem], pending: int, recorder: Recorder) -> None:
+        n = min(self.concurrency, max(1, pending))
+        # Ramp up in waves: thousands of simultaneous connects overflow the accept backlog,
+        # time out, and would open the agent's circuit breaker before any work is done.
+        self._workers = [
+            asyncio.create_task(self._worker(work, recorder, (i // RAMP_STEP) * RAMP_INTERVAL))
+            for i in range(n)
+        ]
+        await asyncio.gather(*self._workers, return_exceptions=True)
+
+    async def _worker(self, work: Iterator[RolloutItem], recorder: Recorder, delay: float) -> None:
+        assert self.runner is not None, "start() first"
+        if delay:
+            await asyncio.sleep(delay)
+        try:
+            for item in work:
+                if recorder.aborted:
+                    return
+                recorder.record(await self.runner.run(item))
+        except Exception as exc:
+            # The collector itself broke (the ledger cannot be written, the task file went
+            # bad): no rollout can be recorded any more, so stop the run and say why, instead
+            # of losing this worker silently in gather().
+            log.exception("collector worker crashed")
+            recorder.abort(f"collector error: {type(exc).__name__}: {exc}")
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        current = asyncio.current_task()
+        for task in self._workers:
+            if task is not current:
+                task.cancel()
+
+    async def close(self) -> None:
+        """Nothing to release: the HTTP client is the caller's."""
+
+    async def report(self) -> DispatchReport:
+        runner = self.runner
+        if runner is None:
+            return DispatchReport()
+        # No HTTP counters of its own: it calls through the caller's client.
+        return DispatchReport(circuit_holds=runner.circuit_holds, failovers=runner.failovers)

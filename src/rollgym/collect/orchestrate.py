@@ -1,0 +1,139 @@
+"""One run, start to end, for every way of running one: ``rollgym run`` (servers launched
+here), ``rollgym collect`` (servers already running) and ``rollgym run --ray`` (servers and
+workers on a cluster). Only the launcher and the dispatcher differ:
+
+    check the agent -> prepare the run directory -> launcher.start() -> dispatcher.start()
+        -> collect -> launcher.stop()
+
+A run whose servers or workers never came up is marked ``failed_to_start`` in ``run.json``
+(nothing was dispatched, and a plain rerun into the same directory is allowed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Protocol
+
+from rollgym.collect.collector import Collector
+from rollgym.collect.dispatch import Dispatcher
+from rollgym.collect.rundir import PreparedRun, RunOutcome, mark_failed_to_start, prepare_run
+from rollgym.config import CollectConfig, Config, RetryPolicy
+from rollgym.errors import ConfigError, LaunchError, RollgymError, RunAborted, TransportError
+from rollgym.http import HttpClient, Target
+
+
+class Launcher(Protocol):
+    """Brings a run's servers up and down."""
+
+    async def start(self) -> dict[str, list[str]]:
+        """Start (or find) the servers; return name -> replica URLs once all answer."""
+
+    async def stop(self) -> None:
+        """Stop what ``start`` started; idempotent, safe after a failed start."""
+
+
+async def run_collection(
+    config: Config,
+    collect: CollectConfig,
+    input_path: Path,
+    out_dir: Path,
+    launcher: Launcher,
+    *,
+    dispatcher: Dispatcher | None = None,
+    resume: bool = False,
+    agent: str | None = None,
+    progress: bool = True,
+) -> RunOutcome:
+    """Run (or ``resume``) one collection into ``out_dir`` with servers from ``launcher``."""
+    agent_name = config.agent_name(agent)  # pre-flight: fails before anything is written
+    prepared = prepare_run(config, collect, input_path, out_dir, resume=resume)
+    try:
+        collector = await _start(prepared, launcher, dispatcher, agent_name, progress)
+        return await collector.execute()
+    finally:
+        await launcher.stop()
+
+
+async def _start(
+    prepared: PreparedRun,
+    launcher: Launcher,
+    dispatcher: Dispatcher | None,
+    agent: str,
+    progress: bool,
+) -> Collector:
+    """Servers up, dispatcher ready: the collector to run; or the run marked as never
+    started, and the reason raised."""
+    t0 = time.monotonic()
+    collector: Collector | None = None
+    try:
+        urls = await launcher.start()
+        if agent not in urls:
+            raise ConfigError(
+                f"no URL for agent {agent!r}: pass --servers {agent}=URL or set "
+                f"servers.{agent}.url in {prepared.config.source or 'the config'}"
+            )
+        collector = Collector(prepared, urls, agent=agent, progress=progress, dispatcher=dispatcher)
+        await collector.start()
+    except BaseException as exc:
+        if collector is not None:
+            await collector.close()
+        err = exc if isinstance(exc, RollgymError) else RunAborted(f"start-up stopped: {exc!r}")
+        mark_failed_to_start(prepared, err)
+        raise
+    prepared.run_info["startup_seconds"] = round(time.monotonic() - t0, 3)
+    return collector
+
+
+class RunningServers:
+    """Servers that run elsewhere (``rollgym collect``): ``start`` only checks that each one
+    answers at all, so a wrong URL fails the run before anything is dispatched."""
+
+    def __init__(self, urls: dict[str, list[str]], *, timeout: float = 10.0) -> None:
+        self.urls = urls
+        self.timeout = timeout
+
+    async def start(self) -> dict[str, list[str]]:
+        async with HttpClient(limit=64) as http:
+            await check_reachable(http, self.urls, self.timeout)
+        return self.urls
+
+    async def stop(self) -> None:
+        """Nothing to stop: the servers are not ours."""
+
+
+# Refused connections are retried until the deadline: a server started a moment ago (``serve &``
+# then ``collect``) gets the time to bind. Any status is an answer, so none is retried.
+_PROBE = RetryPolicy.model_validate(
+    {
+        "max_attempts": 10, "attempt_timeout": 5.0, "deadline": 10.0, "backoff_initial": 0.2,
+        "backoff_max": 1.0, "retry_statuses": [], "budget": {"enabled": False},
+        "breaker": {"enabled": False},
+    }
+)  # fmt: skip
+
+
+async def check_reachable(
+    http: HttpClient, urls: dict[str, list[str]], timeout: float = 10.0
+) -> None:
+    """Raise ``LaunchError`` naming every server replica that does not answer HTTP within
+    ``timeout`` seconds. Any HTTP answer counts (a server without ``/health`` answers 404):
+    the question is whether something listens, not whether it is a rollgym server."""
+    probes = [
+        (name, url, Target.single(name, url, _PROBE)) for name, us in urls.items() for url in us
+    ]
+    problems: list[str] = []
+    results = await asyncio.gather(
+        *(http.call(t, "/health", {}, deadline=timeout) for _, _, t in probes),
+        return_exceptions=True,
+    )
+    for (name, url, _), got in zip(probes, results, strict=True):
+        if isinstance(got, TransportError):
+            problems.append(f"{name} at {url}: {got.message}")
+        elif isinstance(got, BaseException) and not isinstance(got, RollgymError):
+            raise got
+    if problems:
+        raise LaunchError(
+            f"{len(problems)} server(s) not reachable: " + "; ".join(problems), retryable=False
+        )

@@ -1,0 +1,90 @@
+"""The recorder: every finished rollout goes through here, whoever ran it.
+
+It writes the record to its sink (the run's ledger files, or memory for the trainer API),
+advances the progress bar, feeds the failure budget, and aborts the run when the budget says
+the servers are broken. A dispatcher (local asyncio workers, Ray worker actors) only runs
+rollouts and hands their records over.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from rollgym.collect.failure_budget import FailureBudget
+from rollgym.collect.progress import RunProgress
+from rollgym.collect.records import FailedRollout, RolloutRecord
+
+log = logging.getLogger("rollgym.collect")
+
+
+class Sink(Protocol):
+    """Where records go. ``add`` returns False for a rollout that already has a record (a late
+    duplicate from a worker that was thought dead): it is dropped, never written twice."""
+
+    def add(self, record: RolloutRecord) -> bool: ...
+
+
+class MemorySink:
+    """Records kept in memory, one per rollout (the trainer API's sink)."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[int, int], RolloutRecord] = {}
+        self.first_failure: FailedRollout | None = None
+
+    def add(self, record: RolloutRecord) -> bool:
+        key = (record.task_index, record.rollout_index)
+        if key in self.records:
+            return False
+        self.records[key] = record
+        if self.first_failure is None and isinstance(record, FailedRollout):
+            self.first_failure = record
+        return True
+
+
+class Recorder:
+    """Consumes records: sink, progress, failure budget, abort."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        budget: FailureBudget | None = None,
+        progress: RunProgress | None = None,
+    ) -> None:
+        self.sink = sink
+        self.budget = budget
+        self.progress = progress
+        self.recorded = 0
+        self.abort_reason: str | None = None
+        self._on_abort: list[Callable[[], None]] = []
+
+    def on_abort(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once when the run aborts (a dispatcher cancels its work)."""
+        self._on_abort.append(callback)
+
+    @property
+    def aborted(self) -> bool:
+        return self.abort_reason is not None
+
+    def record(self, record: RolloutRecord) -> None:
+        if not self.sink.add(record):
+            return
+        self.recorded += 1
+        error = record.error if isinstance(record, FailedRollout) else None
+        if self.progress is not None:
+            self.progress.advance(failed=error is not None)
+        if self.budget is not None:
+            reason = self.budget.observe(error)
+            if reason is not None:
+                self.abort(reason)
+
+    def abort(self, reason: str) -> None:
+        """Stop the run: dispatchers cancel what is in flight (it stays unrecorded, so a
+        ``--resume`` runs it). The first reason wins."""
+        if self.abort_reason is not None:
+            return
+        self.abort_reason = reason
+        log.error("aborting run: %s", reason)
+        for callback in self._on_abort:
+            callback()

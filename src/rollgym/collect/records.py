@@ -1,0 +1,108 @@
+"""The one record of a finished rollout, and the work item that asks for one.
+
+Every entry point ends a rollout as one of these two frozen dataclasses: the collector writes
+them to ``rollouts.jsonl`` / ``failures.jsonl``, Ray workers send them to the driver, and the
+trainer API hands them to the trainer. They pickle (the error is a ``RollgymError``, which is
+plain data), so they cross a ``spawn`` process or a Ray actor boundary unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from rollgym.errors import RollgymError
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutItem:
+    """One rollout to run: its indices, the stamped task row (sent as is) and its agent."""
+
+    task_index: int
+    rollout_index: int
+    row: bytes
+    agent: str
+    prior_attempts: int = 0
+    """Attempts recorded by earlier sessions of the run (``--resume``)."""
+
+    @property
+    def key(self) -> str:
+        """``task_index:rollout_index``: names the rollout to every server it reaches."""
+        return f"{self.task_index}:{self.rollout_index}"
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredRollout:
+    """A rollout that ran to the verifier. ``verified`` is the verify response: the task's
+    fields, ``response`` (with any token-level fields the model server attached) and metrics."""
+
+    task_index: int
+    rollout_index: int
+    reward: float
+    attempts: int
+    duration_s: float
+    verified: dict[str, Any]
+    ok: Literal[True] = field(default=True, init=False)
+
+    @property
+    def response(self) -> dict[str, Any]:
+        """The final Responses API response object of the rollout."""
+        response = self.verified.get("response")
+        return response if isinstance(response, dict) else {}
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The verifier's other numeric top-level fields (DESIGN.md: they are metrics)."""
+        skip = ("reward", "task_index", "rollout_index")
+        return {
+            k: float(v)
+            for k, v in self.verified.items()
+            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+
+    def to_json(self) -> bytes:
+        """This record as one line of ``rollouts.jsonl`` (without the newline)."""
+        return orjson.dumps(
+            {
+                **self.verified,
+                "task_index": self.task_index,
+                "rollout_index": self.rollout_index,
+                "reward": self.reward,
+                "attempts": self.attempts,
+                "duration_s": round(self.duration_s, 4),
+            }
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FailedRollout:
+    """A rollout that could not finish: the typed error, and how many times it was tried.
+    Never a reward of 0."""
+
+    task_index: int
+    rollout_index: int
+    error: RollgymError
+    attempts: int
+    duration_s: float
+    ok: Literal[False] = field(default=False, init=False)
+
+    @property
+    def retryable(self) -> bool:
+        return self.error.retryable
+
+    def to_json(self) -> bytes:
+        """This record as one line of ``failures.jsonl``: indices, attempts, the error."""
+        return orjson.dumps(
+            {
+                "task_index": self.task_index,
+                "rollout_index": self.rollout_index,
+                "attempts": self.attempts,
+                "duration_s": round(self.duration_s, 4),
+                "error": self.error.to_dict(),
+            }
+        )
+
+
+RolloutRecord = ScoredRollout | FailedRollout

@@ -1,0 +1,131 @@
+"""The rollout core: one rollout through an agent's ``/run``, to exactly one record.
+
+Every entry point runs rollouts here and nowhere else: the local collector's workers, the Ray
+collect workers and the trainer API. What happens to one rollout:
+
+- it is sent to its agent with the rollout's deadline; the HTTP client retries under the agent's
+  own policy (``/run`` is tried once by default: it is not safe to replay);
+- refused by an open circuit breaker (here, or in the agent for the model or environment behind
+  it), it is held and re-sent after 2, 4 and 6 s, so a short outage does not turn every queued
+  task into a failure; nothing reached the server, so no attempt is counted;
+- refused by a dead agent replica (nothing sent), it goes to another live replica, once per
+  replica, again without counting an attempt;
+- a retryable failure is run again while the policy's attempts allow (``retry_in_run``);
+- otherwise it ends as a ``FailedRollout``; an answer with a reward ends it as a
+  ``ScoredRollout``. Only cancellation escapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
+from rollgym.config import CollectConfig
+from rollgym.errors import ConnectError, InternalError, RollgymError
+from rollgym.http import HttpClient, Target
+from rollgym.protocol import HEADER_ROLLOUT, check_verified
+
+log = logging.getLogger("rollgym.collect")
+
+CIRCUIT_WAITS = (2.0, 4.0, 6.0)
+"""Seconds a rollout refused by an open circuit waits before each re-send: past a 5 s breaker
+cool-down, so the breaker's probe has been made by the last one."""
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutPolicy:
+    """How one rollout is run: its deadline, its attempts, how long a circuit holds it."""
+
+    timeout: float = 600.0
+    max_attempts: int = 1
+    """Total attempts, counted from the item's ``prior_attempts``; retryable failures only."""
+    circuit_waits: tuple[float, ...] = CIRCUIT_WAITS
+
+    @classmethod
+    def from_collect(cls, cfg: CollectConfig) -> RolloutPolicy:
+        # Without retry_in_run a failure is recorded at once and retried by --resume.
+        return cls(cfg.rollout_timeout, cfg.max_rollout_attempts if cfg.retry_in_run else 1)
+
+
+class RolloutRunner:
+    """Runs rollouts against ``agents`` (name -> target) through ``http``. ``stopping()`` says
+    the run is being aborted: no more holds or re-runs, the record is made at once."""
+
+    def __init__(
+        self,
+        http: HttpClient,
+        agents: dict[str, Target],
+        policy: RolloutPolicy,
+        *,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.http = http
+        self.agents = agents
+        self.policy = policy
+        self.stopping = stopping
+        self.circuit_holds = 0
+        self.failovers = 0
+
+    async def run(self, item: RolloutItem) -> RolloutRecord:
+        """Run ``item`` to its record; never raises but ``CancelledError``."""
+        started = time.monotonic()
+        try:
+            return await self._run(item, started)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here must still end as this rollout's record
+            log.exception("unexpected error in rollout %s", item.key)
+            err = InternalError(f"collector: {type(exc).__name__}: {exc}", server="collector")
+            return FailedRollout(
+                item.task_index, item.rollout_index, err, item.prior_attempts + 1,
+                time.monotonic() - started,
+            )  # fmt: skip
+
+    async def _run(self, item: RolloutItem, started: float) -> RolloutRecord:
+        target = self.agents[item.agent]
+        headers = {HEADER_ROLLOUT: item.key}
+        waits = iter(self.policy.circuit_waits)
+        failovers = len(target.urls) - 1  # each replica may refuse once
+        attempts = item.prior_attempts
+        while True:
+            attempts += 1
+            try:
+                answer = await self.http.call(
+                    target, "/run", item.row, headers=headers, deadline=self.policy.timeout,
+                    sticky=item.key,
+                )  # fmt: skip
+                verified = check_verified(answer, target.name)
+            except RollgymError as err:
+                if self.stopping():
+                    return self._failed(item, err, attempts, started)
+                if err.root().type == "circuit_open" and (wait := next(waits, None)) is not None:
+                    attempts -= 1  # refused unsent: not an attempt
+                    self.circuit_holds += 1
+                    await asyncio.sleep(wait)
+                    continue
+                if isinstance(err, ConnectError) and failovers > 0 and self.http.live_urls(target):
+                    # That replica is gone (the client took it out of rotation); another
+                    # one gets the rollout. Nothing was sent, so it is not an attempt.
+                    failovers -= 1
+                    attempts -= 1
+                    self.failovers += 1
+                    continue
+                if err.retryable and attempts < self.policy.max_attempts:
+                    continue
+                return self._failed(item, err, attempts, started)
+            return ScoredRollout(
+                item.task_index, item.rollout_index, float(verified["reward"]), attempts,
+                time.monotonic() - started, verified,
+            )  # fmt: skip
+
+    @staticmethod
+    def _failed(
+        item: RolloutItem, err: RollgymError, attempts: int, started: float
+    ) -> FailedRollout:
+        return FailedRollout(
+            item.task_index, item.rollout_index, err, attempts, time.monotonic() - started
+        )

@@ -1,0 +1,278 @@
+"""``RayDispatcher``: the collector's dispatch spread over ``CollectWorker`` actors.
+
+Only dispatch differs from a local run: the run directory, the ledger, resume, the failure
+budget and metrics are the one collector's, and each worker runs the one rollout core. The
+driver feeds each worker chunks of pending rollouts over a few lanes (so a worker always has the
+next chunk queued while it finishes one); workers stream records back as they finish and the
+driver hands them to the recorder, which alone writes them. So the output stays one ledger,
+every rollout recorded once:
+
+- a worker whose process or node dies: the rollouts it had not reported go back in the queue
+  and run on another worker (or on the same one once Ray has restarted it); a late copy of a
+  record that was already written is dropped;
+- an agent replica that dies: its in-flight rollouts come back as failures (``/run`` is not
+  safe to replay), workers stop sending to it at the first refused connection, and the driver's
+  monitor marks it dead for every worker;
+- the driver dies: nothing was written for work in flight; ``--resume`` finishes the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+from ray.exceptions import RayError
+
+from rollgym.collect.dispatch import DispatchReport
+from rollgym.collect.recorder import Recorder
+from rollgym.collect.records import RolloutItem
+from rollgym.collect.rollout import RolloutPolicy
+from rollgym.http import HttpClient, Target
+from rollgym.ray.placement import NodeInfo, alive_nodes, get, on_node, spread
+from rollgym.ray.servers import RayServers
+from rollgym.ray.worker import CollectWorkerActor
+
+log = logging.getLogger("rollgym.ray")
+
+LANES = 2
+"""Chunks in flight per worker: one running, one queued behind it."""
+MONITOR_INTERVAL = 0.5
+
+
+class _WorkQueue:
+    """Pending rollouts: a stream from ``tasks.jsonl`` plus rollouts handed back by a worker
+    that died. ``take`` waits while work is out that may still come back."""
+
+    def __init__(self, source: Iterator[RolloutItem]) -> None:
+        self._source = source
+        self._returned: deque[RolloutItem] = deque()
+        self._out = 0
+        self._changed = asyncio.Event()
+        self.requeued = 0
+
+    async def take(self, n: int) -> list[RolloutItem]:
+        """Up to ``n`` items; an empty list once everything has been handed out for good."""
+        while True:
+            items: list[RolloutItem] = []
+            while self._returned and len(items) < n:
+                items.append(self._returned.popleft())
+            items.extend(_islice(self._source, n - len(items)))
+            if items:
+                self._out += len(items)
+                return items
+            if self._out == 0:
+                return []
+            self._changed.clear()
+            await self._changed.wait()
+
+    def finished(self, n: int) -> None:
+        self._out -= n
+        self._changed.set()
+
+    def give_back(self, items: list[RolloutItem]) -> None:
+        self._returned.extend(items)
+        self.requeued += len(items)
+        self.finished(len(items))
+
+
+def _islice(it: Iterator[RolloutItem], n: int) -> list[RolloutItem]:
+    out: list[RolloutItem] = []
+    for item in it:
+        out.append(item)
+        if len(out) >= n:
+            break
+    return out
+
+
+class RayDispatcher:
+    """Dispatch over ``workers`` actors (default: one per live node), at most ``concurrency``
+    rollouts in flight in all. ``servers``: the run's ``RayServers``, whose lost replicas are
+    then taken out of every worker's rotation (None for servers running elsewhere)."""
+
+    def __init__(
+        self,
+        policy: RolloutPolicy,
+        concurrency: int,
+        *,
+        servers: RayServers | None = None,
+        workers: int | None = None,
+        worker_cpus: float = 0.0,
+    ) -> None:
+        self.policy = policy
+        self.concurrency = concurrency
+        self.servers = servers
+        self.n_workers = workers
+        self.worker_cpus = worker_cpus
+        self._actors: list[Any] = []
+        self._worker_nodes: list[NodeInfo] = []
+        self._lanes: list[asyncio.Task[None]] = []
+        self._down: set[str] = set()
+        self._lost: list[dict[str, Any]] = []
+        self._queue: _WorkQueue | None = None
+        self._cancelled = False
+
+    @property
+    def actors(self) -> list[Any]:
+        """The worker actors' handles (empty before ``start`` and after ``close``)."""
+        return list(self._actors)
+
+    # -- the dispatch -------------------------------------------------------------------------
+
+    async def start(self, http: HttpClient, agents: dict[str, Target]) -> None:
+        """Start the worker actors (the driver's own client is not used: workers have theirs)."""
+        nodes = alive_nodes()
+        n = self.n_workers or len(nodes)
+        per_worker = max(1, math.ceil(self.concurrency / n))
+        for _, node in spread(range(n), nodes):
+            self._actors.append(
+                CollectWorkerActor.options(
+                    num_cpus=self.worker_cpus, scheduling_strategy=on_node(node, soft=True)
+                ).remote(agents, concurrency=per_worker, policy=self.policy)
+            )
+            self._worker_nodes.append(node)
+        await get([a.ready.remote() for a in self._actors], 120)
+
+    async def dispatch(self, work: Iterator[RolloutItem], pending: int, recorder: Recorder) -> None:
+        """Feed the workers until every item has a record, watching the replicas meanwhile."""
+        self._queue = _WorkQueue(work)
+        self._lanes = [
+            asyncio.create_task(self._lane(i, actor, recorder))
+            for i, actor in enumerate(self._actors)
+            for _ in range(LANES)
+        ]
+        monitor = asyncio.create_task(self._watch_replicas())
+        try:
+            await asyncio.gather(*self._lanes, return_exceptions=True)
+        finally:
+            monitor.cancel()
+            await asyncio.gather(monitor, return_exceptions=True)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        current = asyncio.current_task()
+        for lane in self._lanes:
+            if lane is not current:
+                lane.cancel()
+        for actor in self._actors:
+            actor.cancel.remote()  # fire and forget: their rollouts stay pending
+
+    async def close(self) -> None:
+        actors, self._actors = self._actors, []
+        for actor in actors:
+            with contextlib.suppress(RayError, TimeoutError):
+                await get(actor.close.remote(), 10)
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+
+    async def report(self) -> DispatchReport:
+        stats = await self._collect_stats(self._actors)
+        return DispatchReport(
+            circuit_holds=sum(s.get("circuit_holds", 0) for s in stats),
+            failovers=sum(s.get("failovers", 0) for s in stats),
+            http=[s.get("http", {}) for s in stats],
+            sections={"ray": self._ray_info(stats)},
+        )
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def _chunk(self) -> int:
+        return max(1, math.ceil(self.concurrency / max(1, len(self._actors))))
+
+    async def _lane(self, index: int, actor: Any, recorder: Recorder) -> None:
+        try:
+            await self._feed(index, actor, recorder)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # The driver itself broke (the ledger cannot be written, say): nothing can be
+            # recorded any more, so stop the run and say why.
+            log.exception("collect lane crashed")
+            recorder.abort(f"collector error: {type(exc).__name__}: {exc}")
+
+    async def _feed(self, index: int, actor: Any, recorder: Recorder) -> None:
+        """Hand ``actor`` chunk after chunk and record what comes back, until no work is left
+        (or the worker is dead for good)."""
+        assert self._queue is not None
+        queue = self._queue
+        while not recorder.aborted:
+            items = await queue.take(self._chunk())
+            if not items:
+                return
+            out = {(item.task_index, item.rollout_index): item for item in items}
+            try:
+                async for ref in actor.run.remote(items, sorted(self._down)):
+                    for record in await ref:
+                        if out.pop((record.task_index, record.rollout_index), None) is not None:
+                            recorder.record(record)  # a late duplicate is dropped there
+                            queue.finished(1)
+            except RayError as exc:
+                log.warning("collect worker %d failed (%s); %d rollouts go back in the queue",
+                            index, type(exc).__name__, len(out))  # fmt: skip
+                queue.give_back(list(out.values()))
+                if not await self._alive(actor):
+                    log.error("collect worker %d is gone for good", index)
+                    return
+                continue
+            if out and not recorder.aborted:
+                queue.give_back(list(out.values()))  # not expected: run them elsewhere
+            elif out:
+                queue.finished(len(out))  # cancelled by the abort: they stay pending
+
+    async def _alive(self, actor: Any) -> bool:
+        """Wait for a worker that Ray is restarting; False if it stays dead."""
+        try:
+            await get(actor.ready.remote(), 60)
+        except (RayError, TimeoutError):
+            return False
+        return True
+
+    async def _collect_stats(self, actors: list[Any]) -> list[dict[str, Any]]:
+        stats = []
+        for actor in actors:
+            try:
+                stats.append(await get(actor.stats.remote(), 10))
+            except (RayError, TimeoutError):
+                stats.append({"lost": True})
+        return stats
+
+    # -- replicas -----------------------------------------------------------------------------
+
+    async def _watch_replicas(self) -> None:
+        if self.servers is None:
+            return
+        while True:
+            await asyncio.sleep(MONITOR_INTERVAL)
+            try:
+                lost = await self.servers.poll()
+            except Exception:
+                log.exception("replica monitor failed")
+                continue
+            if not lost:
+                continue
+            for rep in lost:
+                self._down.add(rep.url)
+                self._lost.append(rep.describe())
+            urls = [rep.url for rep in lost]
+            for actor in self._actors:
+                actor.mark_down.remote(urls)
+
+    def _ray_info(self, stats: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "workers": [
+                {
+                    "node_id": node.node_id,
+                    "node_ip": node.ip,
+                    **{k: v for k, v in s.items() if k != "http"},
+                }
+                for node, s in zip(self._worker_nodes, stats, strict=False)
+            ],
+            "replicas": self.servers.describe() if self.servers else [],
+            "replicas_lost": self._lost,
+            "requeued": self._queue.requeued if self._queue else 0,
+        }

@@ -1,0 +1,131 @@
+"""The agent's side of a resources server: one ``Episode`` per rollout owns its session.
+
+    resources = ResourcesClient(http, target)
+    episode = resources.episode(rollout_key)
+    await episode.seed(row)
+    output = await episode.call_tool("lookup", {"key": "QX-4471"})
+    verified = await episode.verify(row, response)
+
+An episode carries the session both ways rollgym and NeMo Gym know: the ``x-rollgym-session``
+header (from ``/seed_session``'s answer) and every cookie the server sets (NeMo Gym's servers
+keep their session in a signed cookie named after the server). Its calls stay on the replica
+that holds the session (sticky, then pinned once there is a session). Cookies live in the
+episode only, so a session never reaches another rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from rollgym.errors import HTTPStatusError, ProtocolError
+from rollgym.http import HttpClient, JsonValue, Target
+from rollgym.protocol import HEADER_ROLLOUT
+from rollgym.server.resources import SESSION_HEADER
+
+RESERVED = frozenset({"seed_session", "verify", "aggregate_metrics", "tools", "health", "stats"})
+"""Endpoints of a resources server that are never tools, whatever a model asks for."""
+
+
+class ResourcesClient:
+    """Calls to one resources server for every rollout of an agent; ``episode`` per rollout."""
+
+    def __init__(
+        self,
+        http: HttpClient,
+        target: Target,
+        *,
+        tool_timeout: float = 120.0,
+        verify_timeout: float = 300.0,
+    ) -> None:
+        self.http = http
+        self.target = target
+        self.tool_timeout = tool_timeout
+        self.verify_timeout = verify_timeout
+        self._tools: list[dict[str, Any]] | None = None
+        self._tools_lock = asyncio.Lock()
+
+    def episode(self, rollout: str) -> Episode:
+        """A new episode for the rollout ``rollout`` (its ``x-rollgym-rollout`` id)."""
+        return Episode(self, rollout)
+
+    async def tools(self) -> list[dict[str, Any]]:
+        """The server's tools as Responses API function tools (fetched once, then cached)."""
+        # One fetch shared by every rollout that starts before the first answer arrives.
+        async with self._tools_lock:
+            if self._tools is None:
+                tools = await self.http.call_json(
+                    self.target, "/tools", {}, deadline=self.tool_timeout
+                )
+                self._tools = [t for t in tools if isinstance(t, dict)] if isinstance(
+                    tools, list
+                ) else []  # fmt: skip
+        return self._tools
+
+
+class Episode:
+    """One rollout's session on a resources server."""
+
+    def __init__(self, resources: ResourcesClient, rollout: str) -> None:
+        self.resources = resources
+        self.rollout = rollout
+        self.session_id: str | None = None
+        self.cookies: dict[str, str] = {}
+
+    async def seed(self, row: dict[str, Any]) -> None:
+        """Open the session for task ``row`` (``/seed_session``)."""
+        seeded = await self._post("/seed_session", row, self.resources.tool_timeout)
+        sid = seeded.get("session_id") if isinstance(seeded, dict) else None
+        if isinstance(sid, str) and sid:
+            self.session_id = sid
+
+    async def tools(self) -> list[dict[str, Any]]:
+        return await self.resources.tools()
+
+    async def call_tool(self, name: str, arguments: Any) -> str:
+        """The output of tool ``name`` for the model. A refusal (a 4xx: bad arguments, unknown
+        key) is the tool's answer, ``{"error": message}``; a failing server raises."""
+        if name in RESERVED or not name.isidentifier():
+            # A model must not reach /verify or /seed_session by naming it as a tool.
+            return _error(f"unknown tool {name!r}")
+        try:
+            result = await self._post(f"/{name}", arguments, self.resources.tool_timeout)
+        except HTTPStatusError as err:
+            if err.status is not None and 400 <= err.status < 500 and err.status not in (408, 429):
+                return _error(err.message)
+            raise
+        return result if isinstance(result, str) else orjson.dumps(result).decode()
+
+    async def verify(self, row: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+        """Score ``response`` for ``row`` (``/verify``): the verify response with ``reward``."""
+        verified = await self._post(
+            "/verify", {**row, "response": response}, self.resources.verify_timeout
+        )
+        if not isinstance(verified, dict):
+            raise ProtocolError(
+                "verify answered something other than a JSON object",
+                server=self.resources.target.name, endpoint="/verify",
+                body=orjson.dumps(verified),
+            )  # fmt: skip
+        return verified
+
+    async def _post(self, endpoint: str, payload: Any, deadline: float) -> JsonValue:
+        headers = {HEADER_ROLLOUT: self.rollout}
+        if self.session_id:
+            headers[SESSION_HEADER] = self.session_id
+        if self.cookies:
+            headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        # Pinned once a session exists: its state lives on the replica that seeded it.
+        pin = bool(self.session_id or self.cookies)
+        answer, cookies = await self.resources.http.call_with_cookies(
+            self.resources.target, endpoint, payload, headers=headers, deadline=deadline,
+            sticky=self.rollout, pin=pin,
+        )  # fmt: skip
+        self.cookies.update(cookies)
+        return answer
+
+
+def _error(message: str) -> str:
+    return orjson.dumps({"error": message}).decode()

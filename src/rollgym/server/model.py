@@ -1,0 +1,50 @@
+"""Model servers: OpenAI-compatible ``POST /v1/responses`` from one hook.
+
+    class Parrot(ModelServer):
+        async def respond(self, params: dict, call: Call) -> dict:
+            return build_response(...)   # a Responses API response object
+
+The base reads and checks the body (a JSON object), cancels the work if the caller goes away,
+and answers errors with rollgym's error body. ``call.rollout`` names the rollout, so replies
+can be deterministic per rollout. Other endpoints (chat completions) are added in ``routes``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from rollgym.errors import InvalidRequest
+from rollgym.server.base import BaseServer
+from rollgym.server.endpoint import Call, json_endpoint
+
+RESPONSES_ENDPOINT = "/v1/responses"
+
+
+class ModelServer(BaseServer):
+    """Base of a model server: override ``respond``."""
+
+    kind: ClassVar[str] = "model"
+
+    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
+        """The Responses API response to the create parameters ``params``. Return a
+        ``Response`` instead to answer with a status and body of your own."""
+        raise NotImplementedError(f"{type(self).__name__} must implement respond()")
+
+    def routes(self) -> list[BaseRoute]:
+        return [Route(RESPONSES_ENDPOINT, json_endpoint(self._responses), methods=["POST"])]
+
+    async def _responses(self, params: Any, call: Call) -> dict[str, Any] | Response:
+        return await self.respond(json_object(params), call)
+
+
+def json_object(body: Any) -> dict[str, Any]:
+    """``body`` if it is a JSON object; else the caller's mistake (422)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object", status=422)
+    return body
+
+
+__all__ = ["Call", "ModelServer", "json_object"]
