@@ -35,6 +35,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 BODY_LIMIT = 4096
 """Bodies are kept up to this many characters; longer ones are cut and flagged ``truncated``."""
+MESSAGE_LIMIT = 2048
+"""Messages are kept up to this many characters (an upstream may put megabytes in one)."""
+ORIGIN_DEPTH = 8
+"""At most this many errors in an ``origin`` chain; deeper causes are dropped (the root's
+server is what a reader needs, and a chain must not grow with every hop)."""
 
 _SECRET_PARAM = re.compile(
     r"(key|token|secret|password|passwd|signature|sig|auth|credential)", re.I
@@ -71,6 +76,25 @@ def redact_text(text: str) -> str:
     return _KEYLIKE.sub("REDACTED", text)
 
 
+def _valid_text(text: str) -> str:
+    """``text`` without lone surrogates (they cannot be written as UTF-8 JSON)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", errors="replace").decode("utf-8")
+    return text
+
+
+def bound_message(message: object) -> str:
+    """Redact and cut a message to ``MESSAGE_LIMIT`` characters, saying how much was cut."""
+    text = redact_text(_valid_text(str(message)))
+    if len(text) <= MESSAGE_LIMIT:
+        return text
+    # The result is at most MESSAGE_LIMIT long, so bounding it again (from_dict) keeps it.
+    kept = MESSAGE_LIMIT - 40
+    return f"{text[:kept]}... [{len(text) - kept} more characters cut]"
+
+
 def bound_body(body: str | bytes | bytearray | None) -> tuple[str | None, bool]:
     """Decode and cut a response body to ``BODY_LIMIT`` characters; return (text, truncated)."""
     if body is None:
@@ -83,7 +107,7 @@ def bound_body(body: str | bytes | bytearray | None) -> tuple[str | None, bool]:
         truncated = len(raw) > BODY_LIMIT * 4
         body = raw[: BODY_LIMIT * 4].decode("utf-8", errors="replace")
     # Redact before cutting, so a secret that straddles the cut is still recognised whole.
-    text = redact_text(body)
+    text = redact_text(_valid_text(body))
     truncated = truncated or len(text) > BODY_LIMIT
     return text[:BODY_LIMIT], truncated
 
@@ -109,7 +133,7 @@ class RollgymError(Exception):
         retryable: bool | None = None,
         origin: RollgymError | None = None,
     ) -> None:
-        message = redact_text(str(message))
+        message = bound_message(message)
         # ``args`` too gets the redacted message: anything that prints ``err.args`` must not
         # show a token the message carried.
         super().__init__(message)
@@ -123,7 +147,7 @@ class RollgymError(Exception):
         self.endpoint = _opt_str(endpoint)
         self.attempts = int(attempts)
         self.retryable = self.default_retryable if retryable is None else bool(retryable)
-        self.origin = _as_origin(origin)
+        self.origin = _capped(_as_origin(origin), ORIGIN_DEPTH - 1)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -202,14 +226,14 @@ class RollgymError(Exception):
         data = self.fields()
         data.update(changes)
         if "message" in changes:
-            data["message"] = redact_text(str(data["message"]))
+            data["message"] = bound_message(data["message"])
         if "body" in changes:
             data["body"], cut = bound_body(data["body"])
             data["truncated"] = bool(data["truncated"]) or cut
         if "url" in changes:
             data["url"] = redact_url(data["url"])
         if "origin" in changes:
-            data["origin"] = _as_origin(data["origin"])
+            data["origin"] = _capped(_as_origin(data["origin"]), ORIGIN_DEPTH - 1)
         return _restore(type(self), data)  # type: ignore[no-any-return]
 
     def root(self) -> RollgymError:
@@ -246,6 +270,33 @@ class RollgymError(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, status={self.status!r}, server={self.server!r})"
+
+
+def _capped(err: RollgymError | None, depth: int) -> RollgymError | None:
+    """``err``'s chain cut to ``depth`` errors (a copy only when it is longer)."""
+    if err is None:
+        return None
+    if depth <= 0:
+        return None
+    node: RollgymError | None = err
+    for _ in range(depth):
+        if node is None:
+            return err  # short enough: the usual case, nothing copied
+        node = node.origin
+    if node is None:
+        return err
+    # Too deep: rebuild the kept part, its last error without an origin.
+    kept: list[RollgymError] = []
+    node = err
+    while node is not None and len(kept) < depth:
+        kept.append(node)
+        node = node.origin
+    origin: RollgymError | None = None
+    for item in reversed(kept):
+        fields = item.fields()
+        fields["origin"] = origin
+        origin = _restore(type(item), fields)
+    return origin
 
 
 def is_known_type(name: object) -> bool:

@@ -30,7 +30,7 @@ import threading
 import weakref
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import orjson
 
@@ -47,6 +47,7 @@ from rollgym.http import HttpClient, Target
 T = TypeVar("T")
 
 __all__ = [
+    "BatchOptions",
     "BudgetRules",
     "FailedRollout",
     "RolloutClient",
@@ -232,7 +233,9 @@ class RolloutClient:
         await check_reachable(http, {self.target.name: list(self.target.urls)})
         self._checked.add(http)
 
-    def collect_sync(self, rows: Iterable[dict[str, Any]], **options: Any) -> list[TaskGroup]:
+    def collect_sync(
+        self, rows: Iterable[dict[str, Any]], **options: Unpack[BatchOptions]
+    ) -> list[TaskGroup]:
         """``collect`` for synchronous code (a trainer step, a sync Ray actor method)."""
         return self._run_sync(self.collect(list(rows), **options))
 
@@ -316,24 +319,26 @@ class _LoopThread:
 # -- one-call forms ---------------------------------------------------------------------------
 
 
+class BatchOptions(TypedDict, total=False):
+    """The options of ``RolloutClient.collect`` (see there), for the one-call forms."""
+
+    repeats: int
+    concurrency: int
+    rollout_timeout: float
+    attempts: int
+    strict: bool
+    budget: BudgetRules | None
+
+
 async def collect_batch(
     rows: Iterable[dict[str, Any]],
     *,
     agent: str | Sequence[str] | Target | RolloutClient,
-    repeats: int = 1,
-    concurrency: int = 64,
-    rollout_timeout: float = 600.0,
-    attempts: int = 1,
-    strict: bool = False,
-    budget: BudgetRules | None = DEFAULT_BUDGET,
+    **options: Unpack[BatchOptions],
 ) -> list[TaskGroup]:
     """One batch: ``repeats`` rollouts of every row through ``agent`` (a ``RolloutClient`` to
     reuse connections across steps, or a URL / replica URLs / ``Target``). See
-    ``RolloutClient.collect``."""
-    options: dict[str, Any] = {
-        "repeats": repeats, "concurrency": concurrency, "rollout_timeout": rollout_timeout,
-        "attempts": attempts, "strict": strict, "budget": budget,
-    }  # fmt: skip
+    ``RolloutClient.collect`` for the options."""
     if isinstance(agent, RolloutClient):
         return await agent.collect(rows, **options)
     client = RolloutClient(agent)
@@ -347,18 +352,9 @@ def collect_batch_sync(
     rows: Iterable[dict[str, Any]],
     *,
     agent: str | Sequence[str] | Target | RolloutClient,
-    repeats: int = 1,
-    concurrency: int = 64,
-    rollout_timeout: float = 600.0,
-    attempts: int = 1,
-    strict: bool = False,
-    budget: BudgetRules | None = DEFAULT_BUDGET,
+    **options: Unpack[BatchOptions],
 ) -> list[TaskGroup]:
     """``collect_batch`` for synchronous code; safe to call where an event loop is running."""
-    options: dict[str, Any] = {
-        "repeats": repeats, "concurrency": concurrency, "rollout_timeout": rollout_timeout,
-        "attempts": attempts, "strict": strict, "budget": budget,
-    }  # fmt: skip
     if isinstance(agent, RolloutClient):
         return agent.collect_sync(rows, **options)
     with RolloutClient(agent) as client:

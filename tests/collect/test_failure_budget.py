@@ -31,7 +31,7 @@ def test_default_budget_stops_a_broken_run_after_50_samples() -> None:
     b = budget()
     assert all(b.observe(model_error(500)) is None for _ in range(49))
     assert b.observe(model_error(500)) == (
-        "50/50 rollouts failed, rate 100% >= --max-failure-rate 0.5"
+        "50 of the last 50 rollouts failed, rate 100% >= --max-failure-rate 0.5"
     )
 
 
@@ -60,7 +60,7 @@ def test_failure_rate_waits_for_enough_samples() -> None:
         assert b.observe(ConnectError("refused", server="model")) is None
     assert b.observe(None) is None  # judged on a failure: a success never aborts a run
     reason = b.observe(ConnectError("refused", server="model"))
-    assert reason is not None and "10/11 rollouts failed" in reason
+    assert reason is not None and "9 of the last 10 rollouts failed" in reason
 
 
 def test_a_404_early_is_a_configuration_error_but_not_later() -> None:

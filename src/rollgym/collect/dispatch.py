@@ -7,7 +7,6 @@ pending ``RolloutItem``s, run each through ``RolloutRunner`` and hand every reco
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -16,8 +15,6 @@ from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.http import HttpClient, Target
-
-log = logging.getLogger("rollgym.collect")
 
 RAMP_STEP = 256  # workers started per wave
 RAMP_INTERVAL = 0.1  # seconds between waves
@@ -55,6 +52,15 @@ class Dispatcher(Protocol):
         """What the dispatch did, for ``metrics.json`` and ``run.json``."""
 
 
+def cancel_others(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` but the one running this (an abort is decided inside a worker, which
+    must finish recording before it stops)."""
+    current = asyncio.current_task()
+    for task in tasks:
+        if task is not current:
+            task.cancel()
+
+
 class LocalDispatcher:
     """At most ``concurrency`` rollouts in flight, as asyncio tasks of this event loop."""
 
@@ -69,6 +75,8 @@ class LocalDispatcher:
         self.runner = RolloutRunner(http, agents, self.policy, stopping=lambda: self._cancelled)
 
     async def dispatch(self, work: Iterator[RolloutItem], pending: int, recorder: Recorder) -> None:
+        assert self.runner is not None, "start() first"
+        self.runner.on_hold = recorder.held
         n = min(self.concurrency, max(1, pending))
         # Ramp up in waves: thousands of simultaneous connects overflow the accept backlog,
         # time out, and would open the agent's circuit breaker before any work is done.
@@ -88,18 +96,11 @@ class LocalDispatcher:
                     return
                 recorder.record(await self.runner.run(item))
         except Exception as exc:
-            # The collector itself broke (the ledger cannot be written, the task file went
-            # bad): no rollout can be recorded any more, so stop the run and say why, instead
-            # of losing this worker silently in gather().
-            log.exception("collector worker crashed")
-            recorder.abort(f"collector error: {type(exc).__name__}: {exc}")
+            recorder.crashed("collector worker", exc)
 
     def cancel(self) -> None:
         self._cancelled = True
-        current = asyncio.current_task()
-        for task in self._workers:
-            if task is not current:
-                task.cancel()
+        cancel_others(self._workers)
 
     async def close(self) -> None:
         """Nothing to release: the HTTP client is the caller's."""

@@ -1,13 +1,22 @@
 """The run-level failure budget: stop a run whose servers are truly broken, fast.
 
-Crossing ``max_failures``, or a failure rate of ``max_failure_rate`` once ``min_samples``
-rollouts have finished, aborts the run. A 401/403/404 among the first ``config_error_window``
-finished rollouts is a configuration error (wrong URL, key or route): abort at once.
+Three rules, each independent of how long the run has been going:
+- ``max_failures`` failed rollouts in all;
+- a failure rate of ``max_failure_rate`` among the last ``min_failure_samples`` finished
+  rollouts (a window of recent outcomes, so a server that dies after hours of good work is
+  caught as fast as one that never worked);
+- an open circuit that refuses every rollout for ``circuit_abort_after`` seconds with no
+  success in between (the server stayed down past its breaker's probes): held rollouts record
+  no outcome, so the rate alone would wait for their holds to run out.
+A 401/403/404 among the first ``config_error_window`` finished rollouts is a configuration
+error (wrong URL, key or route): abort at once.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import time
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +24,10 @@ from rollgym.config import CollectConfig
 from rollgym.errors import RollgymError
 
 CONFIG_STATUSES = (401, 403, 404)
+CIRCUIT_ABORT_AFTER = 8.0
+"""Seconds of rollouts refused by an open circuit, with no success, before a run aborts: past a
+default breaker cool-down (5 s) and its probe, so an outage shorter than the cool-down loses
+nothing, while a server that stays down stops the run within about 10 s of its first failure."""
 
 
 @dataclass
@@ -61,7 +74,9 @@ class BudgetRules:
     max_failures: int | None = None
     max_failure_rate: float | None = 0.5
     min_failure_samples: int = 50
+    """Also the size of the window of recent outcomes the rate is taken over."""
     config_error_window: int = 5
+    circuit_abort_after: float | None = CIRCUIT_ABORT_AFTER
 
     @classmethod
     def from_collect(cls, cfg: CollectConfig) -> BudgetRules:
@@ -72,17 +87,30 @@ class BudgetRules:
 
 
 class FailureBudget:
-    def __init__(self, rules: BudgetRules | CollectConfig) -> None:
+    def __init__(
+        self, rules: BudgetRules | CollectConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.config = rules if isinstance(rules, BudgetRules) else BudgetRules.from_collect(rules)
+        self.clock = clock
         self.finished = 0
         self.failed = 0
         self.summary = FailureSummary()
+        self._recent: deque[bool] = deque(maxlen=self.config.min_failure_samples)
+        self._recent_failed = 0
+        self._held_since: float | None = None
+        self._last_hold = 0.0
 
     def observe(self, err: RollgymError | None) -> str | None:
         """Count one finished rollout; return the reason to abort, or None to go on."""
         self.finished += 1
+        failed = err is not None
+        if len(self._recent) == self._recent.maxlen and self._recent[0]:
+            self._recent_failed -= 1
+        self._recent.append(failed)
         if err is None:
+            self._held_since = None  # a success: whatever was open has recovered
             return None
+        self._recent_failed += 1
         self.failed += 1
         self.summary.add(err)
         root = err.root()
@@ -98,13 +126,37 @@ class FailureBudget:
             )
         if cfg.max_failures is not None and self.failed >= cfg.max_failures:
             return f"{self.failed} rollouts failed (--max-failures {cfg.max_failures})"
+        window = len(self._recent)
         if (
             cfg.max_failure_rate is not None
-            and self.finished >= cfg.min_failure_samples
-            and self.failed / self.finished >= cfg.max_failure_rate
+            and window >= cfg.min_failure_samples
+            and self._recent_failed / window >= cfg.max_failure_rate
         ):
             return (
-                f"{self.failed}/{self.finished} rollouts failed, rate "
-                f"{self.failed / self.finished:.0%} >= --max-failure-rate {cfg.max_failure_rate:g}"
+                f"{self._recent_failed} of the last {window} rollouts failed, rate "
+                f"{self._recent_failed / window:.0%} >= --max-failure-rate "
+                f"{cfg.max_failure_rate:g}"
             )
         return None
+
+    def observe_hold(self, err: RollgymError) -> str | None:
+        """A rollout was refused by an open circuit (and is held, not failed); return the reason
+        to abort if circuits have refused rollouts, with no success, for too long."""
+        limit = self.config.circuit_abort_after
+        if limit is None:
+            return None
+        now = self.clock()
+        last, self._last_hold = self._last_hold, now
+        if self._held_since is None or now - last >= limit:
+            # A new streak (a success ended the last one, or it went quiet: the circuit closed
+            # and the rollouts it held are running, however long they take).
+            self._held_since = now
+            return None
+        if now - self._held_since < limit:
+            return None
+        self.summary.add(err)
+        root = err.root()
+        return (
+            f"{root.server or 'a server'} stayed down: every rollout for "
+            f"{now - self._held_since:.0f}s was refused by its open circuit ({root.message})"
+        )

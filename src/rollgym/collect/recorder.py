@@ -15,6 +15,7 @@ from typing import Protocol
 from rollgym.collect.failure_budget import FailureBudget
 from rollgym.collect.progress import RunProgress
 from rollgym.collect.records import FailedRollout, RolloutRecord
+from rollgym.errors import RollgymError
 
 log = logging.getLogger("rollgym.collect")
 
@@ -78,6 +79,21 @@ class Recorder:
             reason = self.budget.observe(error)
             if reason is not None:
                 self.abort(reason)
+
+    def held(self, err: RollgymError) -> None:
+        """A rollout was refused by an open circuit and is being held (not recorded): the
+        budget decides whether the servers have been down for too long."""
+        if self.budget is not None:
+            reason = self.budget.observe_hold(err)
+            if reason is not None:
+                self.abort(reason)
+
+    def crashed(self, where: str, exc: Exception) -> None:
+        """The dispatch itself broke (the ledger cannot be written, the task file went bad): no
+        rollout can be recorded any more, so stop the run and say why, instead of losing a
+        worker silently."""
+        log.error("%s crashed", where, exc_info=exc)
+        self.abort(f"collector error: {type(exc).__name__}: {exc}")
 
     def abort(self, reason: str) -> None:
         """Stop the run: dispatchers cancel what is in flight (it stays unrecorded, so a

@@ -10,6 +10,8 @@ collect workers and the trainer API. What happens to one rollout:
   task into a failure; nothing reached the server, so no attempt is counted;
 - refused by a dead agent replica (nothing sent), it goes to another live replica, once per
   replica, again without counting an attempt;
+- refused by every replica (the agent is down), it is recorded as failed without counting an
+  attempt: ``--resume`` later still has all of the rollout's attempts;
 - a retryable failure is run again while the policy's attempts allow (``retry_in_run``);
 - otherwise it ends as a ``FailedRollout``; an answer with a reward ends it as a
   ``ScoredRollout``. Only cancellation escapes.
@@ -53,7 +55,8 @@ class RolloutPolicy:
 
 class RolloutRunner:
     """Runs rollouts against ``agents`` (name -> target) through ``http``. ``stopping()`` says
-    the run is being aborted: no more holds or re-runs, the record is made at once."""
+    the run is being aborted: no more holds or re-runs, the record is made at once;
+    ``on_hold(err)`` hears of every hold."""
 
     def __init__(
         self,
@@ -62,11 +65,14 @@ class RolloutRunner:
         policy: RolloutPolicy,
         *,
         stopping: Callable[[], bool] = lambda: False,
+        on_hold: Callable[[RollgymError], None] | None = None,
     ) -> None:
         self.http = http
         self.agents = agents
         self.policy = policy
         self.stopping = stopping
+        self.on_hold = on_hold
+        """Told of every rollout held by an open circuit (the run's failure budget watches)."""
         self.circuit_holds = 0
         self.failovers = 0
 
@@ -105,6 +111,12 @@ class RolloutRunner:
                 if err.root().type == "circuit_open" and (wait := next(waits, None)) is not None:
                     attempts -= 1  # refused unsent: not an attempt
                     self.circuit_holds += 1
+                    if self.on_hold is not None:
+                        self.on_hold(err)
+                        if self.stopping():
+                            # The hold ended the run: like every rollout in flight at an
+                            # abort, this one stays unrecorded (``--resume`` runs it).
+                            raise asyncio.CancelledError from None
                     await asyncio.sleep(wait)
                     continue
                 if isinstance(err, ConnectError) and failovers > 0 and self.http.live_urls(target):
@@ -114,6 +126,10 @@ class RolloutRunner:
                     attempts -= 1
                     self.failovers += 1
                     continue
+                if isinstance(err, ConnectError):
+                    # Nothing reached the agent: recorded (the run must see a dead agent), but
+                    # not as an attempt, so a later --resume still has all of its attempts.
+                    return self._failed(item, err, attempts - 1, started)
                 if err.retryable and attempts < self.policy.max_attempts:
                     continue
                 return self._failed(item, err, attempts, started)

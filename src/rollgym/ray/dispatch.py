@@ -29,14 +29,14 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
-from rollgym.collect.dispatch import DispatchReport
+from rollgym.collect.dispatch import DispatchReport, cancel_others
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
 from rollgym.collect.rollout import RolloutPolicy
 from rollgym.http import HttpClient, Target
 from rollgym.ray.placement import NodeInfo, alive_nodes, get, on_node, spread
 from rollgym.ray.servers import RayServers
-from rollgym.ray.worker import CollectWorkerActor
+from rollgym.ray.worker import CollectWorkerActor, WorkerBatch
 
 log = logging.getLogger("rollgym.ray")
 
@@ -115,7 +115,6 @@ class RayDispatcher:
         self._down: set[str] = set()
         self._lost: list[dict[str, Any]] = []
         self._queue: _WorkQueue | None = None
-        self._cancelled = False
 
     @property
     def actors(self) -> list[Any]:
@@ -154,11 +153,7 @@ class RayDispatcher:
             await asyncio.gather(monitor, return_exceptions=True)
 
     def cancel(self) -> None:
-        self._cancelled = True
-        current = asyncio.current_task()
-        for lane in self._lanes:
-            if lane is not current:
-                lane.cancel()
+        cancel_others(self._lanes)
         for actor in self._actors:
             actor.cancel.remote()  # fire and forget: their rollouts stay pending
 
@@ -190,10 +185,7 @@ class RayDispatcher:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # The driver itself broke (the ledger cannot be written, say): nothing can be
-            # recorded any more, so stop the run and say why.
-            log.exception("collect lane crashed")
-            recorder.abort(f"collector error: {type(exc).__name__}: {exc}")
+            recorder.crashed("collect lane", exc)
 
     async def _feed(self, index: int, actor: Any, recorder: Recorder) -> None:
         """Hand ``actor`` chunk after chunk and record what comes back, until no work is left
@@ -207,7 +199,10 @@ class RayDispatcher:
             out = {(item.task_index, item.rollout_index): item for item in items}
             try:
                 async for ref in actor.run.remote(items, sorted(self._down)):
-                    for record in await ref:
+                    batch: WorkerBatch = await ref
+                    if batch.held is not None:
+                        recorder.held(batch.held)
+                    for record in batch.records:
                         if out.pop((record.task_index, record.rollout_index), None) is not None:
                             recorder.record(record)  # a late duplicate is dropped there
                             queue.finished(1)

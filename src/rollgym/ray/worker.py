@@ -15,16 +15,30 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from rollgym.collect.records import RolloutItem, RolloutRecord
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
+from rollgym.errors import RollgymError
 from rollgym.http import HttpClient, Target
 
 BATCH_LINGER = 0.02
 """Seconds a finished record waits for others to share its trip to the driver."""
+HOLD_REPORT_S = 1.0
+"""While nothing finishes, how often rollouts held by an open circuit are reported (the
+driver's failure budget aborts a run whose circuits stay open)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBatch:
+    """What a worker sends the driver: finished records, and the last rollout refused by an open
+    circuit since the previous batch (None if none was)."""
+
+    records: list[RolloutRecord]
+    held: RollgymError | None = None
 
 
 class CollectWorker:
@@ -42,6 +56,7 @@ class CollectWorker:
         self._runner: RolloutRunner | None = None
         self._tasks: set[asyncio.Task[RolloutRecord]] = set()
         self._aborted = False
+        self._held: RollgymError | None = None
         self.finished = 0
 
     async def ready(self) -> dict[str, Any]:
@@ -52,13 +67,19 @@ class CollectWorker:
     def runner(self) -> RolloutRunner:
         if self._runner is None:
             self._runner = RolloutRunner(
-                HttpClient(), self._all, self._policy, stopping=lambda: self._aborted
-            )
+                HttpClient(), self._all, self._policy, stopping=lambda: self._aborted,
+                on_hold=self._on_hold,
+            )  # fmt: skip
         return self._runner
 
-    async def run(
-        self, items: list[RolloutItem], down: list[str]
-    ) -> AsyncIterator[list[RolloutRecord]]:
+    def _on_hold(self, err: RollgymError) -> None:
+        self._held = err
+
+    def _take_held(self) -> RollgymError | None:
+        held, self._held = self._held, None
+        return held
+
+    async def run(self, items: list[RolloutItem], down: list[str]) -> AsyncIterator[WorkerBatch]:
         """Run ``items``; yield their records in batches as they finish. A rollout cancelled by
         ``cancel`` yields no record (it stays pending in the ledger)."""
         self._take_down(down)
@@ -73,7 +94,12 @@ class CollectWorker:
         try:
             remaining = len(tasks)
             while remaining:
-                done = [await finished.get()]
+                try:
+                    done = [await asyncio.wait_for(finished.get(), HOLD_REPORT_S)]
+                except TimeoutError:
+                    if self._held is not None:
+                        yield WorkerBatch([], self._take_held())
+                    continue
                 if remaining > 1:
                     # Let a batch gather: every yield is an object in Ray's store, and one per
                     # record costs the driver more than the record itself.
@@ -83,8 +109,9 @@ class CollectWorker:
                 remaining -= len(done)
                 records = [t.result() for t in done if not t.cancelled()]
                 self.finished += len(records)
-                if records:
-                    yield records
+                held = self._take_held()
+                if records or held is not None:
+                    yield WorkerBatch(records, held)
         finally:
             # The driver stopped reading (abort, or it died): do not leave work running.
             for task in tasks:
