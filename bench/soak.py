@@ -8,6 +8,10 @@
    duplicated must be 0) and HTTP attempts per model request (from the agent's ``/stats``).
 2. Abort: the same run against a model that always answers 500, with
    ``--max-failure-rate 0.5`` after 20 samples: seconds from the first dispatch to the abort.
+3. Outage: default settings, concurrency 64; the model answers normally for as many model
+   requests as the run has tasks, then goes down for good (503 on every call). Seconds from its
+   first failure to the end of the aborted run, at two run sizes (500 and 2,000 tasks): the
+   bound must not grow with the run's history.
 
 Everything runs on 127.0.0.1; every run is bounded by its rollout count and deadlines.
 """
@@ -161,6 +165,88 @@ async def abort_time(workdir: Path, rollouts: int, concurrency: int) -> dict[str
     }
 
 
+class ModelSwitch:
+    """A proxy in front of the model that answers ``up_for`` requests, then 503 for good."""
+
+    def __init__(self, up_for: int) -> None:
+        self.up_for = up_for
+        self.seen = 0
+        self.upstream = ""
+        self.first_fault: float | None = None
+        self._session: Any = None
+
+    async def handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.read()
+        self.seen += 1
+        if self.seen > self.up_for:
+            if self.first_fault is None:
+                self.first_fault = time.monotonic()
+            return web.json_response({"error": {"message": "upstream is down"}}, status=503)
+        headers = {k: v for k, v in request.headers.items() if k.lower().startswith("x-")}
+        headers["content-type"] = "application/json"
+        async with self._session.post(self.upstream + request.path, data=body,
+                                      headers=headers) as resp:  # fmt: skip
+            return web.Response(body=await resp.read(), status=resp.status,
+                                content_type="application/json")  # fmt: skip
+
+
+async def outage(workdir: Path, tasks: int, concurrency: int = 64) -> dict[str, Any]:
+    import aiohttp
+    from aiohttp import web
+
+    switch = ModelSwitch(up_for=tasks)
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", switch.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    switch_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    cfg = parse_config(
+        {
+            "servers": {
+                "upstream": {"kind": "model", "impl": "scripted"},
+                "model": {"kind": "model", "impl": "scripted", "url": switch_url},
+                "env": {"kind": "resources", "impl": "echo"},
+                "agent": {"kind": "agent", "impl": "tool_agent",
+                          "options": {"model": "model", "resources": "env"}},
+            },
+            "collect": {"concurrency": concurrency},
+        },
+        "bench/soak.py outage",
+    )  # fmt: skip
+    path = workdir / f"outage{tasks}_tasks.jsonl"
+    write_tasks(path, tasks)
+    out = workdir / f"outage{tasks}"
+    prepared = prepare_run(cfg, cfg.collect, path, out, resume=False)
+    supervisor = Supervisor(cfg, log_dir=out / "logs")
+    try:
+        async with aiohttp.ClientSession() as session:
+            switch._session = session
+            urls = await supervisor.start()
+            switch.upstream = urls["upstream"][0]
+            outcome = await Collector(prepared, urls, progress=False).execute()
+            ended = time.monotonic()
+    finally:
+        await supervisor.stop()
+        await runner.cleanup()
+    counts = outcome.metrics["counts"]
+    return {
+        "tasks": tasks,
+        "good_model_requests": tasks,
+        "status": outcome.status,
+        "reason": outcome.abort_reason,
+        "seconds_from_first_fault_to_end": (
+            round(ended - switch.first_fault, 2) if switch.first_fault else None
+        ),
+        "succeeded": counts["succeeded"],
+        "failed": counts["failed"],
+        "pending": counts["pending"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -178,6 +264,7 @@ def main() -> None:
         results = {
             "soak": asyncio.run(soak(workdir, args.rollouts, args.concurrency)),
             "abort": asyncio.run(abort_time(workdir, args.rollouts, args.concurrency)),
+            "outage": [asyncio.run(outage(workdir, n)) for n in (500, 2000)],
             "rollouts": args.rollouts,
             "concurrency": args.concurrency,
         }
@@ -195,6 +282,14 @@ def main() -> None:
         f"abort: always-500 model, --max-failure-rate 0.5: aborted in {a['seconds_to_abort']}s "
         f"after {a['recorded_before_abort']} of {a['of_total']} rollouts (exit {a['exit_code']})"
     )
+    for o in results["outage"]:
+        print(
+            f"outage: model down for good after {o['good_model_requests']} good requests "
+            f"({o['tasks']} tasks, concurrency 64, defaults): run {o['status']} "
+            f"{o['seconds_from_first_fault_to_end']}s after the first fault "
+            f"({o['succeeded']} ok, {o['failed']} failed, {o['pending']} left for --resume); "
+            f"{o['reason']}"
+        )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "soak.json").write_text(json.dumps(results, indent=2))
     ok = s["lost"] == 0 and s["duplicated"] == 0

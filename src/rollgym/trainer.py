@@ -203,7 +203,8 @@ class RolloutClient:
         items = (_item(tasks[t], t, r, name) for t in range(len(tasks)) for r in range(repeats))
         sink = MemorySink()
         rules = BudgetRules(max_failures=1, max_failure_rate=None) if strict else budget
-        recorder = Recorder(sink, FailureBudget(rules) if rules is not None else None)
+        budget_ = None if rules is None else FailureBudget(rules.for_concurrency(concurrency))
+        recorder = Recorder(sink, budget_)
         dispatcher = LocalDispatcher(RolloutPolicy(rollout_timeout, attempts), concurrency)
         recorder.on_abort(dispatcher.cancel)
         await dispatcher.start(http, {name: self.target})

@@ -60,7 +60,7 @@ def test_failure_rate_waits_for_enough_samples() -> None:
         assert b.observe(ConnectError("refused", server="model")) is None
     assert b.observe(None) is None  # judged on a failure: a success never aborts a run
     reason = b.observe(ConnectError("refused", server="model"))
-    assert reason is not None and "9 of the last 10 rollouts failed" in reason
+    assert reason is not None and "10 of the last 11 rollouts failed" in reason
 
 
 def test_a_404_early_is_a_configuration_error_but_not_later() -> None:

@@ -30,7 +30,7 @@ class Clock:
 
 @pytest.mark.parametrize("history", [0, 500, 200_000])
 def test_failures_after_any_history_abort_within_one_window(history: int) -> None:
-    budget = FailureBudget(BudgetRules())
+    budget = FailureBudget(BudgetRules(window=50))
     for _ in range(history):
         assert budget.observe(None) is None
     failures = 0
@@ -42,6 +42,22 @@ def test_failures_after_any_history_abort_within_one_window(history: int) -> Non
     # Half of the last 50 is the default rate: 25 failures after a clean history.
     assert failures == (50 if history == 0 else 25)
     assert "of the last 50 rollouts failed" in reason
+
+
+def test_the_window_outgrows_the_failures_a_short_outage_causes() -> None:
+    """At concurrency 64 a blip fails the 64 rollouts in flight at once: not half a window."""
+    rules = BudgetRules().for_concurrency(64)
+    assert rules.window == 256
+    budget = FailureBudget(rules)
+    for _ in range(1000):
+        budget.observe(None)
+    assert all(budget.observe(model_down()) is None for _ in range(64))
+    # A server that stays down (its breaker disabled, so every rollout fails fast) still
+    # trips the rule within one window.
+    failures = 64
+    while budget.observe(model_down()) is None:
+        failures += 1
+    assert failures + 1 == 128  # the 128th failure is half of the window
 
 
 def test_a_circuit_that_holds_every_rollout_aborts_after_its_limit() -> None:

@@ -2,9 +2,11 @@
 
 Three rules, each independent of how long the run has been going:
 - ``max_failures`` failed rollouts in all;
-- a failure rate of ``max_failure_rate`` among the last ``min_failure_samples`` finished
-  rollouts (a window of recent outcomes, so a server that dies after hours of good work is
-  caught as fast as one that never worked);
+- a failure rate of ``max_failure_rate`` among recent outcomes: the last ``window`` finished
+  rollouts (at least ``min_failure_samples``, and four times the concurrency, so the rollouts
+  in flight when a short outage starts, which fail together, are never half of it), judged
+  once ``min_failure_samples`` have finished. A server that dies after hours of good work is
+  caught as fast as one that never worked;
 - an open circuit that refuses every rollout for ``circuit_abort_after`` seconds with no
   success in between (the server stayed down past its breaker's probes): held rollouts record
   no outcome, so the rate alone would wait for their holds to run out.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rollgym.config import CollectConfig
@@ -74,16 +76,24 @@ class BudgetRules:
     max_failures: int | None = None
     max_failure_rate: float | None = 0.5
     min_failure_samples: int = 50
-    """Also the size of the window of recent outcomes the rate is taken over."""
     config_error_window: int = 5
     circuit_abort_after: float | None = CIRCUIT_ABORT_AFTER
+    window: int | None = None
+    """Recent outcomes the rate is taken over; None: ``min_failure_samples``."""
+
+    def for_concurrency(self, concurrency: int) -> BudgetRules:
+        """These rules with the window a run of ``concurrency`` rollouts in flight needs."""
+        if self.window is not None:
+            return self
+        return replace(self, window=max(self.min_failure_samples, 4 * concurrency))
 
     @classmethod
     def from_collect(cls, cfg: CollectConfig) -> BudgetRules:
-        return cls(
+        rules = cls(
             cfg.max_failures, cfg.max_failure_rate, cfg.min_failure_samples,
             cfg.config_error_window,
         )  # fmt: skip
+        return rules.for_concurrency(cfg.concurrency)
 
 
 class FailureBudget:
@@ -95,7 +105,8 @@ class FailureBudget:
         self.finished = 0
         self.failed = 0
         self.summary = FailureSummary()
-        self._recent: deque[bool] = deque(maxlen=self.config.min_failure_samples)
+        cfg = self.config
+        self._recent: deque[bool] = deque(maxlen=cfg.window or cfg.min_failure_samples)
         self._recent_failed = 0
         self._held_since: float | None = None
         self._last_hold = 0.0

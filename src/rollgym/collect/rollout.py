@@ -38,6 +38,10 @@ CIRCUIT_WAITS = (2.0, 4.0, 6.0)
 cool-down, so the breaker's probe has been made by the last one."""
 
 
+HOLD_TICK = 1.0
+"""Seconds between the reports of a rollout still held by an open circuit."""
+
+
 @dataclass(frozen=True, slots=True)
 class RolloutPolicy:
     """How one rollout is run: its deadline, its attempts, how long a circuit holds it."""
@@ -111,13 +115,7 @@ class RolloutRunner:
                 if err.root().type == "circuit_open" and (wait := next(waits, None)) is not None:
                     attempts -= 1  # refused unsent: not an attempt
                     self.circuit_holds += 1
-                    if self.on_hold is not None:
-                        self.on_hold(err)
-                        if self.stopping():
-                            # The hold ended the run: like every rollout in flight at an
-                            # abort, this one stays unrecorded (``--resume`` runs it).
-                            raise asyncio.CancelledError from None
-                    await asyncio.sleep(wait)
+                    await self._hold(err, wait)
                     continue
                 if isinstance(err, ConnectError) and failovers > 0 and self.http.live_urls(target):
                     # That replica is gone (the client took it out of rotation); another
@@ -137,6 +135,20 @@ class RolloutRunner:
                 item.task_index, item.rollout_index, float(verified["reward"]), attempts,
                 time.monotonic() - started, verified,
             )  # fmt: skip
+
+    async def _hold(self, err: RollgymError, seconds: float) -> None:
+        """Wait ``seconds`` before re-sending a rollout refused by an open circuit, telling
+        ``on_hold`` every second that it is still held: the run's budget must see a circuit
+        that stays open as it happens, not only when a held rollout is re-sent."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if self.on_hold is not None:
+                self.on_hold(err)
+                if self.stopping():
+                    # The hold ended the run: like every rollout in flight at an abort, this
+                    # one stays unrecorded (``--resume`` runs it).
+                    raise asyncio.CancelledError
+            await asyncio.sleep(min(HOLD_TICK, left))
 
     @staticmethod
     def _failed(
