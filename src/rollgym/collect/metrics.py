@@ -83,6 +83,19 @@ class RunMetrics:
         }
 
 
+def _row_keys(tasks: Path) -> frozenset[str]:
+    """The top-level keys of the run's task rows that hold numbers."""
+    keys: set[str] = set()
+    if tasks.exists():
+        with tasks.open("rb") as fh:
+            for line in fh:
+                row = orjson.loads(line)
+                keys.update(
+                    k for k, v in row.items() if isinstance(v, (int, float)) and k not in keys
+                )
+    return frozenset(keys)
+
+
 def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 1.0) -> RunMetrics:
     """Metrics over ``rollouts.jsonl`` and ``failures.jsonl``; writes ``per_task.jsonl``."""
     tasks = _TaskTable(total // max(1, repeats))
@@ -90,6 +103,9 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
     count, mean, m2 = 0, 0.0, 0.0  # Welford: numerically stable streaming mean/variance
     metric_sums: dict[str, float] = {}
     metric_counts: Counter[str] = Counter()
+    # A verify response echoes its task row: the row's own numbers (a secret, a difficulty)
+    # are task data, not metrics of the environment.
+    skip = _NOT_METRICS | _row_keys(out_dir / "tasks.jsonl")
     rollouts = out_dir / "rollouts.jsonl"
     if rollouts.exists():
         with rollouts.open("rb") as fh:
@@ -106,7 +122,7 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
                 mean += delta / count
                 m2 += delta * (reward - mean)
                 for key, value in rec.items():
-                    if key in _NOT_METRICS or isinstance(value, bool):
+                    if key in skip or isinstance(value, bool):
                         continue
                     if isinstance(value, (int, float)):
                         metric_sums[key] = metric_sums.get(key, 0.0) + value
