@@ -22,12 +22,13 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 import ray
-from ray.exceptions import RayError
+from ray.exceptions import ActorDiedError, RayError
 
 from rollgym.collect.dispatch import DispatchReport, cancel_others
 from rollgym.collect.recorder import Recorder
@@ -43,6 +44,8 @@ log = logging.getLogger("rollgym.ray")
 LANES = 2
 """Chunks in flight per worker: one running, one queued behind it."""
 MONITOR_INTERVAL = 0.5
+RESTART_WAIT_S = 60.0
+"""How long a crashed worker may take to come back before its lanes give up on it."""
 
 
 class _WorkQueue:
@@ -110,7 +113,9 @@ class RayDispatcher:
         self.n_workers = workers
         self.worker_cpus = worker_cpus
         self._actors: list[Any] = []
-        self._worker_nodes: list[NodeInfo] = []
+        self._worker_nodes: list[NodeInfo] = []  # where each worker was meant to run
+        self._where: list[dict[str, Any]] = []  # where it runs: node_id, pid (from ready())
+        self._restarts: list[int] = []
         self._lanes: list[asyncio.Task[None]] = []
         self._down: set[str] = set()
         self._lost: list[dict[str, Any]] = []
@@ -135,15 +140,16 @@ class RayDispatcher:
                 ).remote(agents, concurrency=per_worker, policy=self.policy)
             )
             self._worker_nodes.append(node)
-        await get([a.ready.remote() for a in self._actors], 120)
+        self._where = await get([a.ready.remote() for a in self._actors], 120)
+        self._restarts = [0] * len(self._actors)
 
     async def dispatch(self, work: Iterator[RolloutItem], pending: int, recorder: Recorder) -> None:
         """Feed the workers until every item has a record, watching the replicas meanwhile."""
         self._queue = _WorkQueue(work)
         self._lanes = [
-            asyncio.create_task(self._lane(i, actor, recorder))
+            asyncio.create_task(self._lane(i * LANES + lane, actor, recorder))
             for i, actor in enumerate(self._actors)
-            for _ in range(LANES)
+            for lane in range(LANES)
         ]
         monitor = asyncio.create_task(self._watch_replicas())
         try:
@@ -207,11 +213,12 @@ class RayDispatcher:
                             recorder.record(record)  # a late duplicate is dropped there
                             queue.finished(1)
             except RayError as exc:
+                worker = index // LANES
                 log.warning("collect worker %d failed (%s); %d rollouts go back in the queue",
-                            index, type(exc).__name__, len(out))  # fmt: skip
+                            worker, type(exc).__name__, len(out))  # fmt: skip
                 queue.give_back(list(out.values()))
-                if not await self._alive(actor):
-                    log.error("collect worker %d is gone for good", index)
+                if not await self._alive(worker):
+                    log.error("collect worker %d is gone for good", worker)
                     return
                 continue
             if out and not recorder.aborted:
@@ -219,13 +226,31 @@ class RayDispatcher:
             elif out:
                 queue.finished(len(out))  # cancelled by the abort: they stay pending
 
-    async def _alive(self, actor: Any) -> bool:
-        """Wait for a worker that Ray is restarting; False if it stays dead."""
-        try:
-            await get(actor.ready.remote(), 60)
-        except (RayError, TimeoutError):
-            return False
-        return True
+    async def _alive(self, index: int) -> bool:
+        """Wait for a worker that Ray is restarting (its process crashed, or its node died);
+        False only once Ray says it is dead for good, or it stays away for a minute. A
+        restarting worker answers "unavailable" for a while: that is not dead."""
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                where = await get(self._actors[index].ready.remote(), RESTART_WAIT_S)
+            except ActorDiedError:
+                return False
+            except (RayError, TimeoutError):
+                await asyncio.sleep(0.5)
+                continue
+            self._placed(index, where)
+            return True
+        return False
+
+    def _placed(self, index: int, where: dict[str, Any]) -> None:
+        """Note where worker ``index`` really runs (a new pid: Ray restarted it)."""
+        known = self._where[index]
+        if known and known.get("pid") != where.get("pid"):
+            self._restarts[index] += 1
+            log.warning("collect worker %d was restarted (pid %s -> %s)", index,
+                        known.get("pid"), where.get("pid"))  # fmt: skip
+        self._where[index] = where
 
     async def _collect_stats(self, actors: list[Any]) -> list[dict[str, Any]]:
         stats = []
@@ -258,15 +283,24 @@ class RayDispatcher:
                 actor.mark_down.remote(urls)
 
     def _ray_info(self, stats: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "workers": [
+        ips = {n.node_id: n.ip for n in alive_nodes()}
+        workers = []
+        for i, (planned, s) in enumerate(zip(self._worker_nodes, stats, strict=False)):
+            where = self._where[i] if i < len(self._where) else {}
+            node_id = where.get("node_id", planned.node_id)
+            workers.append(
                 {
-                    "node_id": node.node_id,
-                    "node_ip": node.ip,
+                    "node_id": node_id,
+                    "node_ip": ips.get(node_id),
+                    "planned_node_id": planned.node_id,
+                    "pid": where.get("pid"),
+                    # Counters start again in a restarted worker: they cover its last life.
+                    "restarts": self._restarts[i] if i < len(self._restarts) else 0,
                     **{k: v for k, v in s.items() if k != "http"},
                 }
-                for node, s in zip(self._worker_nodes, stats, strict=False)
-            ],
+            )
+        return {
+            "workers": workers,
             "replicas": self.servers.describe() if self.servers else [],
             "replicas_lost": self._lost,
             "requeued": self._queue.requeued if self._queue else 0,
