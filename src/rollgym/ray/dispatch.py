@@ -126,6 +126,11 @@ class RayDispatcher:
         """The worker actors' handles (empty before ``start`` and after ``close``)."""
         return list(self._actors)
 
+    @property
+    def placements(self) -> list[dict[str, Any]]:
+        """Where each worker runs now: its ``node_id`` and ``pid``."""
+        return [dict(w) for w in self._where]
+
     # -- the dispatch -------------------------------------------------------------------------
 
     async def start(self, http: HttpClient, agents: dict[str, Target]) -> None:
