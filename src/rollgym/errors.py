@@ -14,6 +14,7 @@ this one, as the same kind of record.
     ├── ProtocolError          a server answered 2xx with a body we cannot use (bad JSON, shape)
     ├── TransportError         no usable answer at all
     │   ├── ConnectError       connection refused / nothing was sent (always safe to retry)
+    │   │   └── SessionLost    the replica holding this call's session is gone (never retried)
     │   ├── ConnectionLost     connection reset or closed after the request was sent
     │   ├── ReadTimeout        no answer within the per-attempt timeout
     │   └── DeadlineExceeded   the total deadline (across attempts, or of a rollout) ran out
@@ -377,6 +378,14 @@ class ConnectError(TransportError):
 
     type = "connect_error"
     default_retryable = True
+
+
+class SessionLost(ConnectError):
+    """A call bound to one replica (its session lives there: a tool call, ``/verify``) found
+    that replica gone. Nothing was sent, but no other replica has the session: not retried."""
+
+    type = "session_lost"
+    default_retryable = False
 
 
 class ConnectionLost(TransportError):

@@ -10,8 +10,6 @@ from typing import Any
 
 import orjson
 import pytest
-from fake_transport import Fail, FakeTransport
-from scripted_servers import fast_policy
 
 from rollgym.errors import (
     BudgetExhausted,
@@ -22,9 +20,12 @@ from rollgym.errors import (
     HTTPStatusError,
     ProtocolError,
     ReadTimeout,
+    SessionLost,
 )
 from rollgym.http import HttpClient, RawAnswer, Target
 from rollgym.http.breaker import CLOSED, OPEN
+from tests.http.fake_transport import Fail, FakeTransport
+from tests.support.stack import fast_policy
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -194,10 +195,11 @@ async def test_pinned_call_to_a_replica_marked_down_fails_at_once_unsent() -> No
     home = fake.sent[0].url.removesuffix("/seed_session")
     client.mark_down(tgt, home)
     assert client.live_urls(tgt) == [u for u in (a, b) if u != home]
-    with pytest.raises(ConnectError) as info:
+    with pytest.raises(SessionLost) as info:
         await client.call(tgt, "/verify", {}, sticky="r1", pin=True)
     assert len(fake.sent) == 1
     assert info.value.retryable is False and info.value.url == home
+    assert info.value.type == "session_lost" and "session lived there" in info.value.message
     # Unpinned, the same sticky key fails over to the live replica.
     await client.call(tgt, "/verify", {}, sticky="r1")
     assert fake.sent[-1].url.startswith(b if home == a else a)

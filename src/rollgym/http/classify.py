@@ -31,11 +31,11 @@ from rollgym.config import RetryPolicy
 from rollgym.errors import (
     BudgetExhausted,
     CircuitOpen,
-    ConnectError,
     DeadlineExceeded,
     HTTPStatusError,
     ReadTimeout,
     RollgymError,
+    SessionLost,
 )
 from rollgym.http.policy import backoff, is_transient
 
@@ -128,10 +128,10 @@ def circuit_open(
 
 def replica_lost(
     server: str, endpoint: str, url: str, *, attempts: int, last: RollgymError | None
-) -> ConnectError:
+) -> SessionLost:
     """A pinned call's replica is down: its state is gone with it, so no other replica will do."""
-    return ConnectError(
-        f"{server} replica {url} is down, and this call's state lived there",
+    return SessionLost(
+        f"{server} replica {url} is down, and this call's session lived there",
         server=server, endpoint=endpoint, method="POST", url=url, attempts=attempts,
         retryable=False, origin=last,
     )  # fmt: skip
