@@ -7,10 +7,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +20,17 @@ import pytest
 import typer
 import yaml
 
-from tests.collect.fault_servers import FAIL_MARKER, FAULT_MESSAGE
-from tests.collect.stack import (
-    FAST_RETRY,
-    assert_ledger_invariant,
-    error_chain,
-    keys,
-    read_jsonl,
-    task_row,
-    write_tasks,
-)
-from tests.launch.procs import still_alive
+from tests.support.ledger import assert_ledger_invariant, error_chain, keys, read_jsonl
+from tests.support.procs import still_alive
+from tests.support.servers import FAIL_MARKER, FAULT_MESSAGE
+from tests.support.stack import stack_data, task_row, write_tasks
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
 REPO = Path(__file__).resolve().parents[1]
 ROLLGYM = str(Path(sys.executable).parent / "rollgym")
-FAULTY_MODEL = "tests.collect.fault_servers:FaultyModel"
+FAULTY_MODEL = "tests.support.servers:FaultyModel"
 # The children import the test-only servers as ``tests.*``; a wide terminal keeps rich from
 # wrapping error messages in the middle of a path.
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "1000"}
@@ -54,33 +48,33 @@ def rollgym(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProce
 
 
 def write_config(path: Path, **model_options: Any) -> Path:
-    config = {
-        "servers": {
-            "model": {
-                "kind": "model",
-                "impl": FAULTY_MODEL,
-                "options": model_options,
-                "retry": FAST_RETRY,
-            },
-            "env": {"kind": "resources", "impl": "echo"},
-            "agent": {
-                "kind": "agent",
-                "impl": "tool_agent",
-                "options": {"model": "model", "resources": "env"},
-            },
-        },
-        "collect": {"concurrency": 4},
-    }
-    path.write_text(yaml.safe_dump(config))
+    """The stack's config file, its model a ``FaultyModel`` with ``model_options``."""
+    model = {"impl": FAULTY_MODEL, "options": model_options}
+    path.write_text(yaml.safe_dump(stack_data({"concurrency": 4}, model=model)))
     return path
 
 
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+@contextmanager
+def run_midway(
+    args: list[str | Path], out: Path, *, capture: bool = False
+) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """``rollgym *args`` in the background, yielded with its servers' pids once it has recorded
+    4 rollouts in ``out``; killed on the way out if it still runs."""
+    pipe = subprocess.PIPE if capture else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [ROLLGYM, *map(str, args)], env=ENV, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe,
+        text=True,
+    )  # fmt: skip
+    try:
+        recorded = out / "rollouts.jsonl"
+        wait_for(
+            lambda: recorded.exists() and recorded.read_bytes().count(b"\n") >= 4, 30, "records"
+        )
+        yield proc, [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
 
 
 @pytest.fixture(scope="module")
@@ -165,27 +159,13 @@ def test_a_killed_run_resumes_without_redoing_a_success_and_leaves_no_orphans(
     tasks = write_tasks(tmp_path / "tasks.jsonl", 30)
     out = tmp_path / "out"
     args = ["run", cfg, "-i", tasks, "-o", out, "--concurrency", "3", "--no-progress"]
-    proc = subprocess.Popen(
-        [ROLLGYM, *map(str, args)],
-        env=ENV,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        recorded = out / "rollouts.jsonl"
-        wait_for(
-            lambda: recorded.exists() and recorded.read_bytes().count(b"\n") >= 4, 30, "records"
-        )
-        servers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    with run_midway(args, out) as (proc, servers):
         assert len(servers) == 3
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert still_alive(servers) == []  # the servers died with their collector
 
+    recorded = out / "rollouts.jsonl"
     raw = recorded.read_bytes()
     before = raw[: raw.rfind(b"\n") + 1]  # the whole records; a torn tail is redone
     done_before = keys(read_jsonl(recorded))[: before.count(b"\n")]
@@ -209,26 +189,9 @@ def test_sigterm_aborts_the_run_cleanly_and_resume_finishes_it(tmp_path: Path) -
     tasks = write_tasks(tmp_path / "tasks.jsonl", 30)
     out = tmp_path / "out"
     args = ["run", cfg, "-i", tasks, "-o", out, "--concurrency", "3", "--no-progress"]
-    proc = subprocess.Popen(
-        [ROLLGYM, *map(str, args)],
-        env=ENV,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        recorded = out / "rollouts.jsonl"
-        wait_for(
-            lambda: recorded.exists() and recorded.read_bytes().count(b"\n") >= 4, 30, "records"
-        )
-        servers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    with run_midway(args, out, capture=True) as (proc, servers):
         proc.send_signal(signal.SIGTERM)  # what a scheduler sends before it kills
         stdout, stderr = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
     assert proc.returncode == 2, stderr
     assert "interrupted by SIGTERM" in stdout
     assert still_alive(servers, timeout=2) == []  # stopped by the run itself

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.collect.stack import write_tasks
+from tests.support.stack import stack_data, write_tasks
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -37,14 +37,7 @@ def test_rollgym_runs_without_importing_ray(tmp_path: Path) -> None:
     # Outside tests/ray on purpose: that folder is skipped when Ray is not installed, which is
     # exactly when this must hold.
     write_tasks(tmp_path / "tasks.jsonl", 3)
-    config = {
-        "servers": {
-            "model": {"kind": "model", "impl": "scripted"},
-            "env": {"kind": "resources", "impl": "echo"},
-            "agent": {"kind": "agent", "impl": "tool_agent", "options": {"resources": "env"}},
-        },
-        "collect": {"repeats": 2, "input": "tasks.jsonl"},
-    }
+    config = stack_data({"repeats": 2, "input": "tasks.jsonl"})
     config_path = tmp_path / "config.yaml"
     config_path.write_text(json.dumps(config))  # JSON is YAML
     done = subprocess.run(

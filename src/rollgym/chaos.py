@@ -172,13 +172,9 @@ async def chaos_proxy(
     proxy = ChaosProxy(upstream, spec, name)
     runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    server = site._server
-    assert server is not None
-    sock = server.sockets[0]  # type: ignore[attr-defined]
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()  # OSError: the port is taken
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         yield url, proxy
     finally:
         await runner.cleanup()

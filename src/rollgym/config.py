@@ -16,6 +16,7 @@ Each server carries its own retry policy; the defaults depend on its kind (see `
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -182,7 +183,10 @@ class ServerConfig(_Strict):
     """One server of the run: what it is, how to reach or start it, how to retry calls to it."""
 
     kind: ServerKind
-    impl: str = Field(description="registered short name, or 'package.module:Class'")
+    impl: str | None = Field(
+        default=None,
+        description="registered short name, or 'package.module:Class'; required unless url",
+    )
     options: dict[str, Any] = Field(default_factory=dict)
     retry: RetryPolicy = RetryPolicy()
     host: str = "127.0.0.1"
@@ -201,12 +205,31 @@ class ServerConfig(_Strict):
             data = {**data, "retry": merged}
         return data
 
+    @model_validator(mode="after")
+    def _impl_or_url(self) -> ServerConfig:
+        # A server given by ``url`` runs elsewhere (rollgym's or not): nothing to import.
+        if self.impl is None and self.url is None:
+            raise ValueError(
+                "impl is required for a server rollgym starts (or give url: for one that "
+                "runs elsewhere)"
+            )
+        return self
+
 
 class CollectConfig(_Strict):
     """How the collector runs; every field can also be set on the command line."""
 
     input: str | None = Field(default=None, description="task file, relative to the config")
-    agent: str | None = None
+    agent: str | None = Field(
+        default=None, description="the agent of rows that name none (every row: ignore_agent_ref)"
+    )
+    agent_aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="agent_ref names of the task rows (e.g. NeMo Gym's) -> agent servers",
+    )
+    ignore_agent_ref: bool = Field(
+        default=False, description="run every row with `agent`, whatever its agent_ref (--agent)"
+    )
     concurrency: int = Field(default=64, ge=1, le=65536)
     repeats: int = Field(default=1, ge=1, le=100_000)
     limit: int | None = Field(default=None, ge=1)
@@ -250,6 +273,13 @@ class Config(_Strict):
         agent = self.collect.agent
         if agent is not None and agent not in self.servers:
             raise ValueError(f"collect.agent: no server named {agent!r}")
+        agents = sorted(n for n, s in self.servers.items() if s.kind == "agent")
+        for alias, target in self.collect.agent_aliases.items():
+            if target not in agents:
+                raise ValueError(
+                    f"collect.agent_aliases.{alias}: {target!r} is not an agent server "
+                    f"(agents: {', '.join(agents) or 'none'})"
+                )
         return self
 
     def base_dir(self) -> Path:
@@ -282,14 +312,25 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
 
 
 def format_validation_error(
-    source: str, exc: ValidationError, prefix: str = "", *, one_line: bool = False
+    source: str,
+    exc: ValidationError,
+    prefix: str = "",
+    *,
+    one_line: bool = False,
+    names: Mapping[str, str] | None = None,
 ) -> str:
     """The one way rollgym words a pydantic ``ValidationError``: ``source``, then each problem
     as its dotted key (under ``prefix``) and message. A config error lists one problem a line;
-    ``one_line`` joins them with ``;`` (an error body of a request)."""
+    ``one_line`` joins them with ``;`` (an error body of a request). ``names`` words a top-level
+    key the way the user gave it instead (``{"repeats": "--repeats"}`` for a command-line flag).
+    """
     problems = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "") or "<top level>"
+        loc = [str(p) for p in err["loc"]]
+        if names and loc and loc[0] in names:
+            key = ".".join([names[loc[0]], *loc[1:]])
+        else:
+            key = ".".join(p for p in (prefix, *loc) if p != "") or "<top level>"
         problems.append(f"{key}: {_problem(err)}")
     if one_line:
         return f"{source}: {'; '.join(problems)}"

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollgym.errors import ProtocolError
+from rollgym.errors import InvalidRequest, ProtocolError
 
 HEADER_ROLLOUT = "x-rollgym-rollout"
 """Header carrying ``task_index:rollout_index`` on every call made for one rollout."""
@@ -60,16 +60,35 @@ def rollout_key(row: dict[str, Any]) -> str:
 
 
 def output_text(response: dict[str, Any]) -> str:
-    """The text of the last assistant message in a Responses API response (``""`` if none)."""
-    for item in reversed(response.get("output") or []):
-        if isinstance(item, dict) and item.get("type") == "message":
-            parts = item.get("content") or []
-            return "".join(
-                p.get("text", "")
-                for p in parts
-                if isinstance(p, dict) and p.get("type") == "output_text"
+    """All the assistant's output text in a Responses API response: the ``output_text`` parts of
+    every assistant ``message`` item, in order, joined with nothing between them (``""`` if none).
+
+    This is what the ``openai`` package's ``Response.output_text`` and NeMo Gym's verifiers read,
+    so a reward does not change with the side that computes it: reasoning items, tool calls and
+    their outputs, refusals and other roles' messages are not part of it. Joining without a
+    separator is theirs too: ``"Answer: B"`` then ``"Thanks"`` reads ``"Answer: BThanks"``. An
+    assistant message whose content is not a list of parts is no Responses API output (NeMo Gym
+    fails on it too): it is refused (422) rather than read one way or another.
+    """
+    texts: list[str] = []
+    for item in response.get("output") or []:
+        if not isinstance(item, dict) or item.get("type") != "message":
+            continue
+        if item.get("role", "assistant") != "assistant":
+            continue  # e.g. an environment's observation that an agent put in the output
+        parts = item.get("content")
+        if not isinstance(parts, list):
+            raise InvalidRequest(
+                "an assistant message in a response's output must have a list of content "
+                f"parts, not {type(parts).__name__}",
+                status=422,
             )
-    return ""
+        for part in parts:
+            if isinstance(part, dict) and part.get("type") == "output_text":
+                text = part.get("text")
+                if isinstance(text, str):
+                    texts.append(text)
+    return "".join(texts)
 
 
 def function_calls(response: dict[str, Any]) -> list[dict[str, Any]]:

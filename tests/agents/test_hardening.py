@@ -16,7 +16,7 @@ from rollgym.http import HttpClient, Target
 from rollgym.server.resources import ResourcesServer, Session, tool
 from rollgym.testing import serve_server
 from tests.agents.test_tool_agent import post_run
-from tests.collect.stack import running_stack, task_row
+from tests.support.stack import running_stack, task_row
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,8 +14,8 @@ from rollgym.agents.tool_agent import ToolAgent
 from rollgym.config import ServerConfig
 from rollgym.errors import ConfigError
 from rollgym.server.base import ServerContext
-from tests.collect.fault_servers import FAIL_MARKER, FAULT_MESSAGE
-from tests.collect.stack import running_stack, task_row
+from tests.support.servers import FAIL_MARKER, FAULT_MESSAGE
+from tests.support.stack import running_stack, task_row
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -18,18 +18,9 @@ from rollgym.collect import (
     prepare_run,
 )
 from rollgym.errors import ConfigError
-
-from .fault_servers import FAIL_MARKER, FAULT_MESSAGE
-from .stack import (
-    Stack,
-    assert_ledger_invariant,
-    error_chain,
-    keys,
-    read_jsonl,
-    running_stack,
-    stack_config,
-    write_tasks,
-)
+from tests.support.ledger import assert_ledger_invariant, error_chain, keys, read_jsonl
+from tests.support.servers import FAIL_MARKER, FAULT_MESSAGE
+from tests.support.stack import Stack, running_stack, stack_config, write_tasks
 
 pytestmark = pytest.mark.timeout(60)
 

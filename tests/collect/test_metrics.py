@@ -11,8 +11,7 @@ import orjson
 import pytest
 
 from rollgym.collect.metrics import compute_metrics, pass_at_k
-
-from .stack import read_jsonl
+from tests.support.ledger import read_jsonl
 
 
 @pytest.mark.parametrize(

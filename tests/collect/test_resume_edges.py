@@ -11,7 +11,7 @@ import pytest
 from rollgym.collect import mark_failed_to_start, prepare_run
 from rollgym.collect.ledger import Ledger
 from rollgym.errors import ConfigError, LaunchError
-from tests.collect.stack import stack_config, write_tasks
+from tests.support.stack import stack_config, write_tasks
 
 
 def test_a_resume_killed_before_recording_keeps_the_attempt_count(tmp_path: Path) -> None:

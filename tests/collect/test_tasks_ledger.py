@@ -12,8 +12,8 @@ from rollgym.collect.ledger import Ledger
 from rollgym.collect.records import ScoredRollout
 from rollgym.collect.tasks import iter_rollouts, materialize, scan_tasks
 from rollgym.errors import InputError
-
-from .stack import read_jsonl, task_row, write_tasks
+from tests.support.ledger import read_jsonl
+from tests.support.stack import task_row, write_tasks
 
 
 def test_bad_json_on_line_3_names_the_file_and_line(tmp_path: Path) -> None:

@@ -89,10 +89,14 @@ def test_different_answers_are_wrong(
     assert check(pool, expected, answer) == MathCheck(True, parsed, False)
 
 
-def test_gold_text_boxes_bare_answers() -> None:
+def test_gold_text_boxes_the_answer_as_nemo_gym_does() -> None:
+    # Outer \( \) and then $ $ are stripped, and the rest is always boxed.
     assert gold_text(" \\sqrt{18} ") == "\\boxed{\\sqrt{18}}"
-    assert gold_text("$x$") == "$x$"
-    assert gold_text("\\boxed{4}") == "\\boxed{4}"
+    assert gold_text("$x$") == "\\boxed{x}"
+    assert gold_text("\\(\\frac{1}{2}\\)") == "\\boxed{\\frac{1}{2}}"
+    assert gold_text("\\( $3$ \\)") == "\\boxed{3}"
+    assert gold_text("$") == "\\boxed{$}"
+    assert gold_text("\\boxed{4}") == "\\boxed{\\boxed{4}}"
 
 
 # The env tests below share one MathEnv (and its warmed worker pool): starting workers and

@@ -8,13 +8,15 @@ import pickle
 import random
 
 import pytest
-from scripted_servers import Reply, Script, fast_policy, serve_script, wait_until
 
 from rollgym.config import BreakerConfig, RetryBudgetConfig
 from rollgym.errors import BudgetExhausted, CircuitOpen, HTTPStatusError
 from rollgym.http import HttpClient, Target
 from rollgym.http.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rollgym.http.budget import RetryBudget
+from tests.support.scripted import Reply, Script, serve_script
+from tests.support.stack import fast_policy
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -6,7 +6,6 @@ import pickle
 
 import orjson
 import pytest
-from scripted_servers import Reply, Script, fast_policy, serve_script
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
@@ -27,6 +26,9 @@ from rollgym.http.balancer import Balancer
 from rollgym.http.breaker import CLOSED, OPEN
 from rollgym.http.translate import translate
 from rollgym.testing import serve_asgi
+from tests.support.scripted import Reply, Script, serve_script
+from tests.support.servers import dead_url
+from tests.support.stack import fast_policy
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -164,8 +166,6 @@ def test_bare_socket_errors_translate_to_transport_errors(
 async def test_pinned_calls_never_fail_over_but_unpinned_ones_do() -> None:
     # Replica A holds the rollout's session; when A dies, a pinned call (a tool call, /verify)
     # must fail as A's loss, not land on B and be told "unknown session".
-    from scripted_servers import dead_url
-
     live = Script(verify=lambda n: Reply(200, b'{"reward": 1.0}'))
     policy = fast_policy(max_attempts=3, idempotent=True)
     async with serve_script(live) as b_url, HttpClient() as client:

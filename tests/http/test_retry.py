@@ -15,16 +15,6 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from scripted_servers import (
-    RawScript,
-    Reply,
-    Script,
-    dead_url,
-    fast_policy,
-    serve_raw,
-    serve_script,
-    wait_until,
-)
 
 from rollgym.config import RetryPolicy, ServerConfig, parse_config
 from rollgym.errors import (
@@ -37,6 +27,10 @@ from rollgym.errors import (
     ReadTimeout,
 )
 from rollgym.http import HttpClient, Target
+from tests.support.scripted import RawScript, Reply, Script, serve_raw, serve_script
+from tests.support.servers import dead_url
+from tests.support.stack import fast_policy
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -12,7 +12,7 @@ from rollgym.config import parse_config
 from rollgym.errors import LaunchError
 from rollgym.launch import ProcessGroup, ServerSpec, Supervisor
 from rollgym.launch.health import probe
-from tests.launch.procs import still_alive
+from tests.support.procs import still_alive
 
 pytestmark = pytest.mark.timeout(60)
 

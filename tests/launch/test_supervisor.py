@@ -10,43 +10,25 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import orjson
 import psutil
 import pytest
 
-from rollgym.config import Config, parse_config
+from rollgym.config import Config
 from rollgym.errors import LaunchError
 from rollgym.launch import Supervisor
-from tests.collect.stack import task_row
-from tests.launch.procs import still_alive
+from tests.support.procs import still_alive
+from tests.support.stack import stack_config, task_row
 
 pytestmark = pytest.mark.timeout(60)
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
-def config(**agent_options: Any) -> Config:
-    return parse_config(
-        {
-            "servers": {
-                "model": {"kind": "model", "impl": "scripted"},
-                "env": {"kind": "resources", "impl": "echo"},
-                "agent": {
-                    "kind": "agent",
-                    "impl": "tool_agent",
-                    "options": {"model": "model", "resources": "env", **agent_options},
-                },
-            }
-        },
-        "test-config",
-    )
-
-
 async def test_start_wires_the_servers_together_and_stop_ends_them(tmp_path: Path) -> None:
-    supervisor = Supervisor(config(), log_dir=tmp_path / "logs", startup_timeout=30)
+    supervisor = Supervisor(stack_config(), log_dir=tmp_path / "logs", startup_timeout=30)
     try:
         urls = await supervisor.start()
         pids = supervisor.pids()
@@ -74,11 +56,8 @@ async def test_start_wires_the_servers_together_and_stop_ends_them(tmp_path: Pat
 async def test_a_server_that_crashes_on_startup_is_a_launch_error_with_its_log(
     tmp_path: Path,
 ) -> None:
-    cfg = config().model_dump()
-    cfg["servers"]["env"]["impl"] = "tests.launch.crashing:CrashOnStart"
-    supervisor = Supervisor(
-        parse_config(cfg, "test-config"), log_dir=tmp_path / "logs", startup_timeout=30
-    )
+    cfg = stack_config(env={"impl": "tests.launch.crashing:CrashOnStart"})
+    supervisor = Supervisor(cfg, log_dir=tmp_path / "logs", startup_timeout=30)
     with pytest.raises(LaunchError) as info:
         await supervisor.start()
     message = str(info.value)
@@ -93,9 +72,7 @@ async def test_a_port_in_use_is_a_launch_error_before_anything_starts() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cfg = config().model_dump()
-        cfg["servers"]["env"]["port"] = port
-        supervisor = Supervisor(parse_config(cfg, "test-config"), startup_timeout=10)
+        supervisor = Supervisor(stack_config(env={"port": port}), startup_timeout=10)
         with pytest.raises(LaunchError, match=rf"server env: cannot listen on 127.0.0.1:{port}"):
             await supervisor.start()
     assert supervisor.pids() == []
@@ -142,5 +119,5 @@ def test_servers_die_with_a_killed_parent() -> None:
 
 def test_the_worker_spec_carries_the_whole_config() -> None:
     # What a server process is told (see rollgym.launch.worker) must round-trip the config.
-    cfg = config(max_steps=4)
+    cfg = stack_config(max_steps=4)
     assert Config.model_validate(orjson.loads(orjson.dumps(cfg.model_dump(mode="json")))) == cfg

@@ -13,10 +13,11 @@ import pytest
 import ray
 
 from rollgym.collect import EXIT_ABORTED, Collector, prepare_run
-from rollgym.config import parse_config
 from rollgym.errors import LaunchError
 from rollgym.launch import Supervisor
 from rollgym.ray import run_on_ray
+from tests.support.ledger import assert_recorded_once, ledger_counts
+from tests.support.stack import SOME_RIGHT, stack_config, write_tasks
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -43,19 +44,19 @@ async def _local_run(config: Any, tasks: Path, out: Path) -> dict[str, Any]:
 
 
 async def test_ray_run_matches_a_local_run(
-    ray_cluster: Any, node_ids: set[str], stack: Any, tmp_path: Path
+    ray_cluster: Any, node_ids: set[str], tmp_path: Path
 ) -> None:
-    config = stack.config(replicas=2, env_replicas=2, collect={"repeats": 4, "concurrency": 16})
-    tasks = stack.write_tasks(tmp_path / "tasks.jsonl", 30)
+    config = stack_config({"repeats": 4, "concurrency": 16}, replicas=2, env_replicas=2)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 30, say=SOME_RIGHT)
 
     outcome = await run_on_ray(
         config, config.collect, tasks, tmp_path / "ray", workers=2, progress=False
     )
     assert outcome.status == "completed", outcome.abort_reason
-    assert stack.invariant(tmp_path / "ray") == (120, 0)
+    assert ledger_counts(tmp_path / "ray") == (120, 0)
 
     local = await _local_run(config, tasks, tmp_path / "local")
-    assert stack.invariant(tmp_path / "local") == (120, 0)
+    assert ledger_counts(tmp_path / "local") == (120, 0)
     for key in COMPARED:
         # records arrive in another order, so float sums may differ in the last bits
         assert _rounded(outcome.metrics[key]) == _rounded(local[key]), key
@@ -75,11 +76,9 @@ async def test_ray_run_matches_a_local_run(
     assert run_json["ray"]["replicas"] == info["replicas"]
 
 
-async def test_ray_run_resumes_without_redoing_successes(
-    ray_cluster: Any, stack: Any, tmp_path: Path
-) -> None:
-    config = stack.config(replicas=1, collect={"repeats": 2})
-    tasks = stack.write_tasks(tmp_path / "tasks.jsonl", 10)
+async def test_ray_run_resumes_without_redoing_successes(ray_cluster: Any, tmp_path: Path) -> None:
+    config = stack_config({"repeats": 2}, replicas=1)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 10)
     out = tmp_path / "out"
     first = await run_on_ray(config, config.collect, tasks, out, progress=False)
     assert first.status == "completed"
@@ -91,39 +90,34 @@ async def test_ray_run_resumes_without_redoing_successes(
 
 
 async def test_ray_run_aborts_on_its_failure_budget_then_resumes(
-    ray_cluster: Any, overloaded_model: str, stack: Any, tmp_path: Path
+    ray_cluster: Any, down_model: str, tmp_path: Path
 ) -> None:
-    broken = stack.config(
-        replicas=1, model_url=overloaded_model, collect={"repeats": 3, "max_failures": 3}
-    )
-    tasks = stack.write_tasks(tmp_path / "tasks.jsonl", 40)
+    broken = stack_config({"repeats": 3, "max_failures": 3}, model={"url": down_model}, replicas=1)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 40)
     out = tmp_path / "out"
     aborted = await run_on_ray(broken, broken.collect, tasks, out, progress=False)
     assert aborted.status == "aborted" and aborted.abort_reason
     assert aborted.exit_code == EXIT_ABORTED
     counts = aborted.metrics["counts"]
     assert counts["failed"] >= 3 and counts["pending"] > 0
-    ok, bad = stack.ledger_keys(out)
-    assert all(n == 1 for n in (ok + bad).values())  # nothing recorded twice
+    assert_recorded_once(out)
 
     # The model is back: --resume redoes the failed and the pending rollouts, nothing else.
-    fixed = stack.config(replicas=1, collect={"repeats": 3, "max_rollout_attempts": 5})
+    fixed = stack_config({"repeats": 3, "max_rollout_attempts": 5}, replicas=1)
     done = await run_on_ray(fixed, fixed.collect, tasks, out, resume=True, progress=False)
     assert done.status == "completed", done.abort_reason
-    assert stack.invariant(out) == (120, 0)
+    assert ledger_counts(out) == (120, 0)
 
 
 async def test_a_server_that_cannot_start_fails_the_run_with_a_plain_launch_error(
-    ray_cluster: Any, stack: Any, tmp_path: Path
+    ray_cluster: Any, tmp_path: Path
 ) -> None:
     taken = socket.socket()
     taken.bind((ray.util.get_node_ip_address(), 0))
     taken.listen()
     try:
-        data = stack.config(replicas=1).model_dump(mode="json", exclude={"source"})
-        data["servers"]["env"]["port"] = taken.getsockname()[1]
-        config = parse_config(data, "bad-port")
-        tasks = stack.write_tasks(tmp_path / "tasks.jsonl", 2)
+        config = stack_config(env={"port": taken.getsockname()[1]}, replicas=1)
+        tasks = write_tasks(tmp_path / "tasks.jsonl", 2)
         with pytest.raises(LaunchError) as caught:
             await run_on_ray(config, config.collect, tasks, tmp_path / "out", progress=False)
     finally:
@@ -132,17 +126,15 @@ async def test_a_server_that_cannot_start_fails_the_run_with_a_plain_launch_erro
     assert caught.value.server == "env" and "cannot listen" in caught.value.message
 
 
-def test_the_cli_runs_on_the_cluster_with_ray_address(
-    ray_cluster: Any, stack: Any, tmp_path: Path
-) -> None:
+def test_the_cli_runs_on_the_cluster_with_ray_address(ray_cluster: Any, tmp_path: Path) -> None:
     """`rollgym run --ray-address` from a separate process joins the cluster and completes."""
     import json
     import os
     import subprocess
     import sys
 
-    config = stack.config(replicas=2, collect={"repeats": 2, "input": "tasks.jsonl"})
-    stack.write_tasks(tmp_path / "tasks.jsonl", 6)
+    config = stack_config({"repeats": 2, "input": "tasks.jsonl"}, replicas=2)
+    write_tasks(tmp_path / "tasks.jsonl", 6)
     config_path = tmp_path / "config.yaml"
     config_path.write_text(config.model_dump_json(exclude={"source"}))  # JSON is YAML
     rollgym = str(Path(sys.executable).parent / "rollgym")
@@ -154,7 +146,7 @@ def test_the_cli_runs_on_the_cluster_with_ray_address(
     assert done.returncode == 0, done.stderr[-3000:]
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run["status"] == "completed"
-    ok, failed = stack.invariant(tmp_path / "out")
+    ok, failed = ledger_counts(tmp_path / "out")
     assert (ok, failed) == (12, 0)
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert "ray" in metrics

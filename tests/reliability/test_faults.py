@@ -13,44 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
 from rollgym.collect import EXIT_ABORTED, EXIT_OK, Collector, prepare_run
-from rollgym.config import parse_config
 from rollgym.launch import Supervisor
-from tests.collect.stack import assert_ledger_invariant, write_tasks
-
-FAST_RETRY = {"backoff_initial": 0.01, "backoff_max": 0.05}
+from tests.support.ledger import ledger_counts, read_jsonl
+from tests.support.stack import FAST_BACKOFF, stack_config, write_tasks
 
 
 def make_config(model: dict[str, Any] | None = None, **collect: Any) -> Any:
-    return parse_config(
-        {
-            "servers": {
-                "model": {
-                    "kind": "model",
-                    "impl": "scripted",
-                    "retry": FAST_RETRY,
-                    **(model or {}),
-                },
-                "env": {"kind": "resources", "impl": "echo", "retry": FAST_RETRY},
-                "agent": {
-                    "kind": "agent",
-                    "impl": "tool_agent",
-                    "options": {"model": "model", "resources": "env"},
-                },
-            },
-            "collect": collect,
-        },
-        "test-config",
-    )
-
-
-def ledger_check(out: Path) -> tuple[int, int]:
-    """Assert the DESIGN.md invariant; return (succeeded, failed)."""
-    rollouts, failures = assert_ledger_invariant(out)
-    return len(rollouts), len(failures)
+    """The stack with fast backoff, and the retry budget and breakers on: these runs are
+    about how they behave under faults."""
+    return stack_config(collect, model=model, retry=FAST_BACKOFF)
 
 
 async def run_collection(cfg: Any, tasks: Path, out: Path, *, resume: bool = False) -> Any:
@@ -76,7 +50,7 @@ async def test_soak_10pct_503_1pct_reset_loses_nothing(tmp_path: Path) -> None:
     cfg = make_config({"chaos": chaos}, concurrency=128, repeats=40)
     tasks = write_tasks(tmp_path / "tasks.jsonl", 25)  # 1,000 rollouts
     outcome = await run_collection(cfg, tasks, tmp_path / "out")
-    ok, failed = ledger_check(tmp_path / "out")
+    ok, failed = ledger_counts(tmp_path / "out")
     assert ok + failed == 1000
     # 10% 503 with 3 attempts: a model call fails for good about 1 time in 1,000.
     assert ok >= 980, outcome.metrics["failures"]
@@ -124,7 +98,7 @@ async def test_hanging_model_costs_one_rollout_deadline(tmp_path: Path) -> None:
     started = time.monotonic()
     outcome = await run_collection(cfg, tasks, tmp_path / "out")
     assert time.monotonic() - started < 30
-    ok, failed = ledger_check(tmp_path / "out")
+    ok, failed = ledger_counts(tmp_path / "out")
     assert failed > 0 and ok > 150
     assert set(outcome.metrics["failures"]["by_type"]) == {"deadline_exceeded"}
 
@@ -157,20 +131,17 @@ async def test_model_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path) 
         outcome = await run
     finally:
         await supervisor.stop()
-    ok_before, failed = ledger_check(out)
+    ok_before, failed = ledger_counts(out)
     assert failed > 0, "killing the model should have failed some rollouts"
     assert ok_before > 60
-    first_ids = {
-        r["response"]["id"]
-        for r in map(orjson.loads, (out / "rollouts.jsonl").read_bytes().splitlines())
-    }
+    first_ids = {r["response"]["id"] for r in read_jsonl(out / "rollouts.jsonl")}
     assert outcome.exit_code != EXIT_OK
     # Resume finishes the failed ones and redoes no success.
     resumed = await run_collection(cfg, tasks, out, resume=True)
     assert resumed.exit_code == EXIT_OK
-    ok_after, failed_after = ledger_check(out)
+    ok_after, failed_after = ledger_counts(out)
     assert (ok_after, failed_after) == (400, 0)
-    rows = [orjson.loads(x) for x in (out / "rollouts.jsonl").read_bytes().splitlines()]
+    rows = read_jsonl(out / "rollouts.jsonl")
     kept = [r for r in rows if r["response"]["id"] in first_ids]
     assert len(kept) == ok_before
     assert all(r["attempts"] == 1 for r in kept)
@@ -212,12 +183,12 @@ async def test_open_circuit_holds_rollouts_instead_of_failing_them(tmp_path: Pat
     chaos = {"seed": 0, "paths": ["/v1/responses"], "sequence": [500] * 6}
     model = {
         "chaos": chaos,
-        "retry": {**FAST_RETRY, "breaker": {"consecutive_failures": 2, "cooldown": 1.0}},
+        "retry": {**FAST_BACKOFF, "breaker": {"consecutive_failures": 2, "cooldown": 1.0}},
     }
     cfg = make_config(model, concurrency=1, repeats=2)
     tasks = write_tasks(tmp_path / "tasks.jsonl", 4)  # 8 rollouts
     outcome = await run_collection(cfg, tasks, tmp_path / "out")
-    ok, failed = ledger_check(tmp_path / "out")
+    ok, failed = ledger_counts(tmp_path / "out")
     assert (ok, failed) == (6, 2), outcome.metrics["failures"]
     assert outcome.metrics["failures"]["by_type"] == {"http_status": 2}
     model_calls = outcome.metrics["servers"]["agent"]["model"]

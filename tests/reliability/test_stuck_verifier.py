@@ -7,86 +7,41 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from rollgym.collect import EXIT_SOME_FAILED, Collector, prepare_run
-from rollgym.config import RetryPolicy, parse_config
-from rollgym.http import Target
-from rollgym.protocol import output_text
-from rollgym.server.resources import ResourcesServer, Session, tool
-from rollgym.testing import serve_server, spin
+from rollgym.config import parse_config
+from rollgym.server.resources import Session
+from rollgym.testing import spin
+from tests.support.servers import CountingEcho
+from tests.support.stack import running_stack, stack_config, task_row
 
 
-class StuckEnv(ResourcesServer):
+class StuckEnv(CountingEcho):
+    """The echo env, whose verifier spins for an hour on "stuck" tasks: only the process
+    pool's timeout can stop it."""
+
     verify_timeout = 1.0
-
-    @tool
-    async def echo(self, session: Session, text: str) -> dict[str, Any]:
-        """Echo."""
-        return {"echo": text}
 
     async def verify(
         self, session: Session, task: dict[str, Any], response: dict[str, Any]
     ) -> float:
-        # "stuck" tasks spin for an hour: only the process pool's timeout can stop them.
-        seconds = 3600.0 if task.get("stuck") else 0.0
-        await self.run_cpu(spin, seconds)
-        return 1.0 if task["expected_answer"] in output_text(response) else 0.0
+        await self.run_cpu(spin, 3600.0 if task.get("stuck") else 0.0)
+        return await super().verify(session, task, response)
 
 
 @pytest.mark.timeout(60)
 async def test_stuck_verifier_fails_only_its_rollout(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
-    with tasks.open("w") as fh:
-        for i in range(12):
-            script = [{"call": "echo", "arguments": {"text": f"v{i}"}}, {"say": "{tool_output}"}]
-            fh.write(
-                json.dumps(
-                    {
-                        "responses_create_params": {
-                            "input": "go",
-                            "metadata": {"rollgym_script": json.dumps(script)},
-                        },
-                        "expected_answer": f"v{i}",
-                        "stuck": i == 5,
-                    }
-                )
-                + "\n"
-            )
-    cfg = parse_config(
-        {
-            "servers": {
-                "model": {"kind": "model", "impl": "scripted"},
-                "env": {
-                    "kind": "resources",
-                    "impl": "tests.reliability.test_stuck_verifier:StuckEnv",
-                },
-                "agent": {
-                    "kind": "agent",
-                    "impl": "tool_agent",
-                    "options": {"model": "model", "resources": "env"},
-                },
-            },
-            "collect": {"concurrency": 4},
-        }
+    tasks.write_bytes(
+        b"".join(orjson.dumps({**task_row(i), "stuck": i == 5}) + b"\n" for i in range(12))
     )
-    policy = RetryPolicy(max_attempts=1)
-    async with (
-        serve_server("scripted", name="model") as (model_url, _),
-        serve_server(StuckEnv, name="env", retry={"max_attempts": 1}) as (env_url, _),
-        serve_server(
-            "tool_agent",
-            name="agent",
-            options={"model": "model", "resources": "env"},
-            peers={
-                "model": Target.single("model", model_url, policy),
-                "env": Target.single("env", env_url, cfg.servers["env"].retry),
-            },
-        ) as (agent_url, _),
-    ):
+    cfg = stack_config({"concurrency": 4})
+    async with running_stack(env=StuckEnv, model_retry={"max_attempts": 1}) as stack:
         prepared = prepare_run(cfg, cfg.collect, tasks, tmp_path / "out", resume=False)
         started = time.monotonic()
-        outcome = await Collector(prepared, {"agent": [agent_url]}, progress=False).execute()
+        outcome = await Collector(prepared, stack.urls, progress=False).execute()
         elapsed = time.monotonic() - started
     assert outcome.exit_code == EXIT_SOME_FAILED
     assert outcome.metrics["counts"] == {"total": 12, "succeeded": 11, "failed": 1, "pending": 0}

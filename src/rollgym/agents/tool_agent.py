@@ -28,11 +28,19 @@ from rollgym.server.episode import Episode
 
 class ToolAgent(AgentServer):
     """Options: ``model`` and ``resources`` (server names), ``max_steps`` (default 10),
-    ``model_timeout``, ``tool_timeout``, ``verify_timeout`` (seconds, per call)."""
+    ``model_timeout``, ``tool_timeout``, ``verify_timeout`` (seconds, per call),
+    ``tools_from_server`` (default false)."""
 
     class Options(AgentServer.Options):
         # At least one: zero steps would "verify" a response the model never gave.
         max_steps: int = Field(default=10, ge=1, le=1000)
+        # A row's tools are its ``responses_create_params.tools``, as in NeMo Gym, whose
+        # servers have no ``/tools`` (404). Offering a rollgym environment's tools to rows
+        # that declare none is a choice the config makes, never a guess.
+        tools_from_server: bool = Field(
+            default=False,
+            description="give rows without tools the resources server's tools (GET /tools)",
+        )
 
     options: Options
 
@@ -48,7 +56,7 @@ class ToolAgent(AgentServer):
             if isinstance(raw_input, str)
             else list(raw_input or [])
         )
-        if not params.get("tools"):
+        if not params.get("tools") and self.options.tools_from_server:
             tools = await episode.tools()
             if tools:
                 params["tools"] = tools
@@ -74,7 +82,7 @@ class ToolAgent(AgentServer):
             # it stands (a truncated episode is still data), and marked so trainers can tell.
             truncated = True
 
-        verified = await episode.verify(row, _final_response(response, outputs, turns))
+        verified = await episode.verify(row, final_response(response, outputs, turns))
         verified.setdefault("num_steps", steps)
         verified.setdefault("truncated", truncated)
         verified.setdefault("agent_seconds", round(time.monotonic() - started, 4))
@@ -95,7 +103,7 @@ async def _call_tool(episode: Episode, call: dict[str, Any], declared: set[str])
     return _tool_output(call, await episode.call_tool(name, args))
 
 
-def _final_response(
+def final_response(
     last: dict[str, Any], outputs: list[Any], turns: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The rollout as one Responses API response: every turn's output, usage summed over the

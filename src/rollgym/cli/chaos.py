@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +12,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from rollgym.cli.args import http_url
 from rollgym.cli.run import PlainHelpCommand
 from rollgym.config import ChaosSpec, format_validation_error
 from rollgym.errors import ConfigError
@@ -41,6 +43,9 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"{spec}: not valid YAML: {exc}") from None
         except ValidationError as exc:
             raise ConfigError(format_validation_error(str(spec), exc)) from None
+        upstream = http_url(upstream, "UPSTREAM")
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"--port {port}: not a port number (0 to 65535; 0 picks one)")
         asyncio.run(_serve(upstream, chaos_spec, port, name))
 
 
@@ -51,7 +56,16 @@ async def _serve(upstream: str, spec: ChaosSpec, port: int, name: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with chaos_proxy(upstream, spec, name=name, port=port) as (url, proxy):
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            url, proxy = await stack.enter_async_context(
+                chaos_proxy(upstream, spec, name=name, port=port)
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"--port {port}: cannot listen on 127.0.0.1:{port}: {exc.strerror or exc} "
+                "(choose another port, or 0 for a free one)"
+            ) from None
         print(f"chaos proxy for {upstream} listening on {url}", flush=True)
         await stop.wait()
         print(f"stopped; {proxy.stats()}", flush=True)

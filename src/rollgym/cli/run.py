@@ -14,7 +14,7 @@ from rich.table import Table
 from typer.core import TyperCommand
 
 from rollgym.collect import EXIT_ABORTED, Launcher, RunningServers, RunOutcome, run_collection
-from rollgym.config import CollectConfig, Config, load_config
+from rollgym.config import CollectConfig, Config, format_validation_error, load_config
 from rollgym.errors import ConfigError, RollgymError
 from rollgym.launch import Supervisor
 
@@ -38,7 +38,11 @@ InputOpt = Annotated[
 ]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Output directory of the run.")]
 AgentOpt = Annotated[
-    str | None, typer.Option(help="Agent server to run. Default: the config's only agent.")
+    str | None,
+    typer.Option(
+        help="Agent server to run every row with, whatever its agent_ref names. Default: the "
+        "row's agent_ref (mapped by collect.agent_aliases), else collect.agent or the only agent."
+    ),
 ]
 RepeatsOpt = Annotated[
     int | None, typer.Option(help="Rollouts per task (a GRPO group). Default: collect.repeats (1).")
@@ -117,17 +121,20 @@ COLLECT_HELP = (
 
 
 def _collect_config(cfg: Config, **overrides: Any) -> CollectConfig:
-    data = cfg.collect.model_dump()
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    """The collect section of ``cfg`` with the options given on the command line; ``--agent``
+    runs every row, whatever its ``agent_ref`` names."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    data = {**cfg.collect.model_dump(), **given}
+    if given.get("agent") is not None:
+        data["ignore_agent_ref"] = True
     try:
         return CollectConfig.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            key = str(err["loc"][0]) if err["loc"] else "?"
-            where = f"--{key.replace('_', '-')}" if key in overrides else f"collect.{key}"
-            problems.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
-        raise ConfigError(f"{cfg.source}: invalid option: " + "; ".join(problems)) from None
+        flags = {key: f"--{key.replace('_', '-')}" for key in given}
+        source = cfg.source or "config"
+        raise ConfigError(
+            format_validation_error(source, exc, prefix="collect", names=flags)
+        ) from None
 
 
 def _input_path(cfg: Config, given: Path | None) -> Path:
@@ -158,7 +165,7 @@ def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
         shown = [(k, v) for k, v in shown if k in keep]
     for key, value in shown:
         table.add_row(key, f"{value:.4f}")
-    env = {**m.get("env_metrics", {}), **(m.get("env_aggregate") or {})}
+    env = {**m.get("env_metrics", {}), **((m.get("env_aggregate") or {}).get("key_metrics") or {})}
     env = {k: v for k, v in env.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if env:
         table.add_row("env metrics", ", ".join(f"{k} {v:.4g}" for k, v in sorted(env.items())))
@@ -267,7 +274,7 @@ def register(app: typer.Typer) -> None:
         setup_logging(log_level)
         cfg = load_config(config)
         collect = _collect_config(
-            cfg, repeats=repeats, concurrency=concurrency, limit=limit,
+            cfg, agent=agent, repeats=repeats, concurrency=concurrency, limit=limit,
             rollout_timeout=rollout_timeout, max_failures=max_failures,
             max_failure_rate=max_failure_rate, min_failure_samples=min_failure_samples,
             max_rollout_attempts=max_rollout_attempts, pass_threshold=pass_threshold,
@@ -335,7 +342,7 @@ def register(app: typer.Typer) -> None:
         urls = {n: [s.url] for n, s in cfg.servers.items() if s.url}
         urls.update(_parse_servers(servers or []))
         collect_cfg = _collect_config(
-            cfg, repeats=repeats, concurrency=concurrency, limit=limit,
+            cfg, agent=agent, repeats=repeats, concurrency=concurrency, limit=limit,
             rollout_timeout=rollout_timeout, max_failures=max_failures,
             max_failure_rate=max_failure_rate, min_failure_samples=min_failure_samples,
             max_rollout_attempts=max_rollout_attempts, pass_threshold=pass_threshold,

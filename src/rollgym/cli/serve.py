@@ -14,6 +14,7 @@ from rich.table import Table
 
 from rollgym.cli.run import PlainHelpCommand
 from rollgym.config import Config, load_config
+from rollgym.errors import LaunchError
 from rollgym.launch import Supervisor
 from rollgym.launch.supervisor import STARTUP_TIMEOUT
 
@@ -70,11 +71,26 @@ async def _serve(cfg: Config, write_urls: Path | None, timeout: float, log_level
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    fatal: list[str] = []
+
+    def crash_loop(reason: str) -> None:
+        fatal.append(reason)
+        stop.set()
+
     try:
         urls = await supervisor.start()
         _print_urls(cfg, urls)
         if write_urls is not None:
             await asyncio.to_thread(_write_urls, write_urls, urls)
+        # A server that dies is started again; one that keeps dying stops them all.
+        watch = asyncio.create_task(supervisor.watch(crash_loop))
         await stop.wait()
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
     finally:
         await supervisor.stop()
+        if write_urls is not None:
+            # Stale URLs would send the next `collect` to servers that are gone.
+            await asyncio.to_thread(write_urls.unlink, missing_ok=True)
+    if fatal:
+        raise LaunchError(fatal[0])

@@ -15,10 +15,11 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from rollgym.collect.dispatch import Dispatcher, LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
@@ -37,10 +38,11 @@ from rollgym.collect.rundir import (
     now,
     write_json,
 )
-from rollgym.collect.tasks import iter_rollouts
-from rollgym.config import RetryPolicy
-from rollgym.errors import ConfigError, RollgymError
+from rollgym.collect.tasks import ROLLGYM_ROW_FIELDS, AgentRoute, iter_rollouts
+from rollgym.config import RetryPolicy, format_validation_error
+from rollgym.errors import ConfigError, ProtocolError, RollgymError
 from rollgym.http import HttpClient, Target
+from rollgym.server.aggregate import AggregateMetrics
 
 log = logging.getLogger("rollgym.collect")
 
@@ -72,6 +74,15 @@ class Collector:
         }
         if self.agent_name not in self.targets:
             raise ConfigError(f"no URL for agent {self.agent_name!r}")
+        self.route = AgentRoute.of(config, self.cfg, self.agent_name)
+        for ref in sorted(run.info.agent_refs):
+            routed = self.route.agent_for(ref)
+            if routed is not None and routed not in self.targets:
+                # Sent to the default agent instead, it would run under another agent's loop.
+                raise ConfigError(
+                    f"task rows name agent {ref!r}, run by server {routed!r}, which has no URL: "
+                    f"pass --servers {routed}=URL, or --agent to run every row with one agent"
+                )
         self.urls = {name: list(u) for name, u in urls.items()}
         self.client = client or HttpClient()
         self._own_client = client is None
@@ -83,6 +94,8 @@ class Collector:
         self.recorder = Recorder(self.ledger, FailureBudget(BudgetRules.from_collect(self.cfg)),
                                  self.progress)  # fmt: skip
         self.recorder.on_abort(self.dispatcher.cancel)
+        self.sections: Callable[[], dict[str, Any]] = dict
+        """More sections for ``metrics.json`` (the launcher's report: restarts...)."""
         self._started = False
 
     @property
@@ -111,17 +124,20 @@ class Collector:
                 )  # fmt: skip
 
     def _agent_for(self, raw: bytes, default: str) -> str:
-        if b'"agent_ref"' in raw:  # cheap check first: most rows name no agent
-            ref = orjson.loads(raw).get("agent_ref")
-            if isinstance(ref, dict) and ref.get("name") in self.targets:
-                return str(ref["name"])
-        return default
+        # Cheap checks first: most runs route every row alike, most rows name no agent.
+        if self.route.override or b'"agent_ref"' not in raw:
+            return default
+        ref = orjson.loads(raw).get("agent_ref")
+        agent = self.route.agent_for(ref.get("name") if isinstance(ref, dict) else None)
+        # Every name was checked when the run was prepared (and against the URLs above).
+        return agent if agent in self.targets else default
 
     async def execute(self) -> RunOutcome:
         """Dispatch every pending rollout, then write metrics and ``run.json``."""
         started = time.monotonic()
         try:
             await self.start()
+            await self._warn_unread_fields()
             self.ledger.load(self.cfg.max_rollout_attempts)
             self.ledger.open()
             with _abort_on_signals(self.abort):
@@ -168,6 +184,7 @@ class Collector:
         data["servers"] = await self._server_stats()
         data["dispatch"] = {"circuit_holds": report.circuit_holds, "failovers": report.failovers}
         data.update(report.sections)
+        data.update(self.sections())
         if not self.recorder.aborted:
             data["env_aggregate"] = await self._env_aggregate()
         write_json(run.out_dir / "metrics.json", data)
@@ -209,32 +226,105 @@ class Collector:
             if isinstance(got, dict) and got.get("calls")
         }
 
+    async def _health(self, name: str) -> dict[str, Any] | None:
+        """Server ``name``'s ``/health`` answer; ``None`` if it gives none (NeMo Gym's servers
+        have no such endpoint). Once, briefly: it informs, it never holds a run up."""
+        if name not in self.urls or name not in self.run.config.servers:
+            return None
+        once = RetryPolicy(max_attempts=1, attempt_timeout=5.0)
+        target = Target(f"{name}.health", tuple(self.urls[name]), once)
+        try:
+            return await self.client.call(target, "/health", {}, deadline=5.0)
+        except RollgymError:
+            return None
+
+    async def _warn_unread_fields(self) -> None:
+        """Warn, once per run, about the task rows' fields that neither rollgym nor any server
+        of the run declares it reads (``row_fields`` in ``/health``): a field nobody reads may
+        be a misspelt one the verifier needed."""
+        fields = self.run.info.fields - ROLLGYM_ROW_FIELDS
+        if not fields:
+            return
+        names = [
+            n for n, s in self.run.config.servers.items()
+            if s.kind in ("agent", "resources") and n in self.urls
+        ]  # fmt: skip
+        answers = await asyncio.gather(*(self._health(n) for n in names))
+        declared: set[str] = set()
+        silent = []
+        for name, health in zip(names, answers, strict=True):
+            read = health.get("row_fields") if health else None
+            if isinstance(read, list):
+                declared.update(str(f) for f in read)
+            elif self.run.config.servers[name].kind == "resources":
+                silent.append(name)
+        unread = sorted(fields - declared)
+        if not unread:
+            return
+        shown = ", ".join(unread[:20]) + (
+            f" and {len(unread) - 20} more" if len(unread) > 20 else ""
+        )
+        message = f"task rows carry fields that no server of the run says it reads: {shown}"
+        if silent:
+            message += (
+                f" (resources server(s) {', '.join(silent)} do not declare the fields they "
+                "read: ResourcesServer.row_fields)"
+            )
+        log.warning("%s", message)
+        self.run.run_info.setdefault("warnings", []).append(message)
+
     async def _env_aggregate(self) -> dict[str, Any]:
-        """Ask the agent's resources server for environment metrics (optional endpoint)."""
+        """The environment's metrics over the run (``/aggregate_metrics`` of the agent's
+        resources server, in NeMo Gym's shapes): ``agent_metrics`` and ``key_metrics`` go to
+        ``metrics.json``; all of it, per-task metrics too, to ``rollouts_aggregate_metrics.json``
+        as NeMo Gym writes it. Only asked of an environment that has metrics of its own."""
         agent_cfg = self.run.config.servers[self.agent_name]
         res_name = agent_cfg.options.get("resources")
         if not res_name or res_name not in self.urls:
             return {}
+        health = await self._health(res_name)
+        if health is None or "aggregate_metrics" not in (health.get("features") or []):
+            return {}  # the environment has none: do not ship every rollout to it
         target = Target(
             res_name, tuple(self.urls[res_name]), self.run.config.servers[res_name].retry
         )
         try:
-            health = await self.client.call(target, "/health", {}, deadline=10)
-        except RollgymError:
-            return {}
-        if "aggregate_metrics" not in (health.get("features") or []):
-            return {}  # the environment has none: do not ship every rollout to it
-        # The request body is built as bytes, one compact record at a time: as a list of dicts
-        # it would be the largest object of the whole run. Scalars only (reward, metrics,
-        # short task fields); the response and the inputs stay out.
-        body = bytearray(b'{"rollouts":[')
+            answer = await self.client.call(
+                target, "/aggregate_metrics", self._verify_responses(), deadline=60
+            )
+            result = AggregateMetrics.model_validate(answer)
+        except RollgymError as err:
+            log.warning("aggregate_metrics failed: %s", err)
+            return {"error": err.to_dict()}
+        except ValidationError as exc:
+            bad = ProtocolError(
+                format_validation_error("not NeMo Gym's AggregateMetrics", exc, one_line=True),
+                server=res_name, endpoint="/aggregate_metrics",
+            )  # fmt: skip
+            log.warning("aggregate_metrics failed: %s", bad)
+            return {"error": bad.to_dict()}
+        entry = {"agent_ref": {"name": self.agent_name}, **result.model_dump()}
+        write_json(self.run.out_dir / "rollouts_aggregate_metrics.json", [entry])
+        return {"agent_metrics": result.agent_metrics, "key_metrics": result.key_metrics}
+
+    def _verify_responses(self) -> bytes:
+        """``{"verify_responses": [...]}`` of the recorded rollouts, built as bytes one compact
+        record at a time: as a list of dicts it would be the largest object of the whole run.
+        Scalars only (reward, metrics, indices, short task fields) and ``response.usage``, as
+        NeMo Gym sends them; the response and the inputs stay out."""
+        body = bytearray(b'{"verify_responses":[')
         path = self.run.out_dir / "rollouts.jsonl"
         count = 0
         if path.exists():
             with path.open("rb") as fh:
                 for line in fh:
                     rec = orjson.loads(line)
-                    body += orjson.dumps({k: v for k, v in rec.items() if _is_scalar(v)})
+                    slim = {k: v for k, v in rec.items() if _is_scalar(v)}
+                    response = rec.get("response")
+                    usage = response.get("usage") if isinstance(response, dict) else None
+                    if isinstance(usage, dict):
+                        slim["response"] = {"usage": usage}
+                    body += orjson.dumps(slim)
                     body += b","
                     count += 1
                     if count >= AGGREGATE_MAX_ROLLOUTS:
@@ -242,12 +332,7 @@ class Collector:
         if count:
             body.pop()  # the last comma
         body += b"]}"
-        try:
-            result = await self.client.call(target, "/aggregate_metrics", body, deadline=60)
-        except RollgymError as err:
-            log.warning("aggregate_metrics failed: %s", err)
-            return {"error": err.to_dict()}
-        return result if isinstance(result, dict) else {}
+        return bytes(body)
 
 
 @contextlib.contextmanager

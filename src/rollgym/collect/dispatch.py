@@ -92,6 +92,7 @@ class LocalDispatcher:
             await asyncio.sleep(delay)
         try:
             for item in work:
+                await recorder.resumed.wait()
                 if recorder.aborted:
                     return
                 recorder.record(await self.runner.run(item))

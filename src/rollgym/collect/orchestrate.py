@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rollgym.collect.collector import Collector
 from rollgym.collect.dispatch import Dispatcher
@@ -32,6 +33,16 @@ class Launcher(Protocol):
 
     async def stop(self) -> None:
         """Stop what ``start`` started; idempotent, safe after a failed start."""
+
+    async def watch(
+        self, on_fatal: Callable[[str], None], pause: Callable[[bool], None] | None = None
+    ) -> None:
+        """While the run collects (cancelled at its end): keep the servers up, calling
+        ``pause(True)`` / ``pause(False)`` around a repair; ``on_fatal(reason)`` when they
+        cannot be kept up (the run then aborts)."""
+
+    def report(self) -> dict[str, Any]:
+        """What the launcher did during the run, for ``metrics.json`` (``{}``: nothing)."""
 
 
 async def run_collection(
@@ -51,7 +62,13 @@ async def run_collection(
     prepared = prepare_run(config, collect, input_path, out_dir, resume=resume)
     try:
         collector = await _start(prepared, launcher, dispatcher, agent_name, progress)
-        return await collector.execute()
+        collector.sections = launcher.report
+        watch = asyncio.create_task(launcher.watch(collector.abort, collector.recorder.pause))
+        try:
+            return await collector.execute()
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
     finally:
         await launcher.stop()
 
@@ -101,6 +118,14 @@ class RunningServers:
 
     async def stop(self) -> None:
         """Nothing to stop: the servers are not ours."""
+
+    async def watch(
+        self, on_fatal: Callable[[str], None], pause: Callable[[bool], None] | None = None
+    ) -> None:
+        """Nothing to watch: servers that are not ours are not restarted by us."""
+
+    def report(self) -> dict[str, Any]:
+        return {}
 
 
 # Refused connections are retried until the deadline: a server started a moment ago (``serve &``

@@ -8,6 +8,7 @@ rollouts and hands their records over.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -59,6 +60,18 @@ class Recorder:
         self.recorded = 0
         self.abort_reason: str | None = None
         self._on_abort: list[Callable[[], None]] = []
+        self.resumed = asyncio.Event()
+        """Set unless the launcher is repairing a server: dispatchers wait on it before they
+        send the next rollout (rollouts sent to a dead server would only fail)."""
+        self.resumed.set()
+
+    def pause(self, paused: bool) -> None:
+        """Hold new rollouts (True) while a server is being restarted; send them again
+        (False)."""
+        if paused:
+            self.resumed.clear()
+        else:
+            self.resumed.set()
 
     def on_abort(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once when the run aborts (a dispatcher cancels its work)."""

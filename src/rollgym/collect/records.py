@@ -14,6 +14,7 @@ from typing import Any, Literal
 import orjson
 
 from rollgym.errors import RollgymError
+from rollgym.server.aggregate import INDEX_FIELDS, NG_ROLLOUT_INDEX, NG_TASK_INDEX
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,20 +56,29 @@ class ScoredRollout:
     @property
     def metrics(self) -> dict[str, float]:
         """The verifier's other numeric top-level fields (DESIGN.md: they are metrics)."""
-        skip = ("reward", "task_index", "rollout_index")
         return {
             k: float(v)
             for k, v in self.verified.items()
-            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)
+            if k != "reward"
+            and k not in INDEX_FIELDS
+            and isinstance(v, (int, float))
+            and not isinstance(v, bool)
         }
 
     def to_json(self) -> bytes:
-        """This record as one line of ``rollouts.jsonl`` (without the newline)."""
+        """This record as one line of ``rollouts.jsonl`` (without the newline), its indices in
+        rollgym's and NeMo Gym's spelling. ``_ng_task_index`` is the task row's, which the
+        verify response echoes (an input file may carry its own); else the task index."""
+        ng_task = self.verified.get(NG_TASK_INDEX)
+        if not isinstance(ng_task, int) or isinstance(ng_task, bool):
+            ng_task = self.task_index
         return orjson.dumps(
             {
                 **self.verified,
                 "task_index": self.task_index,
                 "rollout_index": self.rollout_index,
+                NG_TASK_INDEX: ng_task,
+                NG_ROLLOUT_INDEX: self.rollout_index,
                 "reward": self.reward,
                 "attempts": self.attempts,
                 "duration_s": round(self.duration_s, 4),

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from rollgym import __version__
-from rollgym.collect.tasks import TaskFileInfo, materialize, scan_tasks
+from rollgym.collect.tasks import AgentRoute, TaskFileInfo, materialize, scan_tasks
 from rollgym.config import CollectConfig, Config
 from rollgym.errors import ConfigError, RollgymError
 
@@ -63,8 +63,7 @@ def prepare_run(
     config: Config, collect: CollectConfig, input_path: Path, out_dir: Path, *, resume: bool
 ) -> PreparedRun:
     """Validate the input and set up (or check, on resume) the output directory."""
-    agents = {name for name, server in config.servers.items() if server.kind == "agent"}
-    info = scan_tasks(input_path, collect.limit, agents)
+    info = scan_tasks(input_path, collect.limit, AgentRoute.of(config, collect))
     fingerprint = {
         "input": str(input_path),
         "input_sha256": info.sha256,

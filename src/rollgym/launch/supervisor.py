@@ -7,11 +7,14 @@ no orphan outlives its run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rollgym.config import Config
 from rollgym.launch.group import ProcessGroup, ServerSpec
 from rollgym.launch.process import ServerProcess
+from rollgym.launch.watch import Watchdog
 from rollgym.server.base import check_servers
 
 STARTUP_TIMEOUT = 30.0
@@ -35,6 +38,7 @@ class Supervisor:
             config.model_dump(mode="json"), log_dir=log_dir, log_level=log_level
         )
         self.urls: dict[str, list[str]] = {}
+        self.watchdog = Watchdog(self.group, startup_timeout)
 
     @property
     def servers(self) -> list[ServerProcess]:
@@ -60,6 +64,17 @@ class Supervisor:
                 )
         self.urls = await self.group.start(specs, external, self.startup_timeout)
         return self.urls
+
+    async def watch(
+        self, on_fatal: Callable[[str], None], pause: Callable[[bool], None] | None = None
+    ) -> None:
+        """Until cancelled: restart a server whose process dies, with dispatch paused
+        meanwhile; ``on_fatal(reason)`` for a crash loop (see ``rollgym.launch.watch``)."""
+        await self.watchdog.run(on_fatal, pause)
+
+    def report(self) -> dict[str, Any]:
+        """Restarts per replica, for ``metrics.json``."""
+        return {"restarts": self.watchdog.report()}
 
     async def stop(self) -> None:
         """Stop every server (SIGTERM, then SIGKILL after a grace period). Idempotent, and safe

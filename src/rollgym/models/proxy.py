@@ -1,7 +1,10 @@
 """A model server in front of an OpenAI-compatible upstream (vLLM, SGLang, OpenAI).
 
 ``POST /v1/responses`` translates Responses API requests to Chat Completions and back
-(``rollgym.models.translate``); ``POST /v1/chat/completions`` passes through. Options::
+(``rollgym.models.translate``); ``POST /v1/chat/completions`` passes through, and so does vLLM's
+``POST /tokenize`` (to the upstream's root: ``base_url`` without its ``/v1``, where vLLM serves
+it and NeMo Gym's vLLM client looks for it). ``GET /v1/models`` lists the ``model`` option
+(without it the proxy cannot say which model the upstream serves, and answers 501). Options::
 
     servers:
       model:
@@ -31,12 +34,18 @@ from pydantic import AfterValidator, Field, SecretStr, field_validator
 from starlette.routing import BaseRoute, Route
 
 from rollgym.config import RetryPolicy, kind_defaults
-from rollgym.errors import InvalidRequest, ProtocolError, RollgymError
+from rollgym.errors import HTTPStatusError, InvalidRequest, ProtocolError, RollgymError
 from rollgym.http import Target
 from rollgym.models.translate import CHAT_ENDPOINT, chat_to_response, responses_to_chat
 from rollgym.server.base import ServerContext
 from rollgym.server.endpoint import Call, json_endpoint
-from rollgym.server.model import ModelServer, json_object
+from rollgym.server.model import (
+    MODELS_ENDPOINT,
+    TOKENIZE_ENDPOINT,
+    ModelServer,
+    json_object,
+    model_list,
+)
 
 _REDACTED = "REDACTED"
 _MIN_SCRUB_LEN = 6  # a shorter "key" would blank out ordinary words in error messages
@@ -90,6 +99,13 @@ class OpenAIProxy(ModelServer):
         if opts.timeout is not None:
             policy = policy.model_copy(update={"attempt_timeout": opts.timeout})
         self.upstream = Target(f"{self.name}.upstream", (opts.base_url,), policy)
+        root = opts.base_url.removesuffix("/v1")
+        # Another name for another URL: the client keeps its breaker and stats per name.
+        self.upstream_root = (
+            self.upstream
+            if root == opts.base_url
+            else Target(f"{self.name}.upstream_root", (root,), policy)
+        )
         # A SecretStr: the key stays out of reprs, tracebacks with locals and state dumps.
         self._api_key = (
             SecretStr(os.environ[opts.api_key_env]) if opts.api_key_env is not None else None
@@ -97,7 +113,29 @@ class OpenAIProxy(ModelServer):
 
     def routes(self) -> list[BaseRoute]:
         chat = Route("/v1/chat/completions", json_endpoint(self._chat), methods=["POST"])
-        return [*super().routes(), chat]
+        models = Route(MODELS_ENDPOINT, json_endpoint(self._models), methods=["GET"])
+        tokenize = Route(TOKENIZE_ENDPOINT, json_endpoint(self._tokenize), methods=["POST"])
+        return [*super().routes(), chat, models, tokenize]
+
+    async def _models(self, body: Any, call: Call) -> Any:
+        if self.options.model is None:
+            # Listing the upstream's models needs a GET, which rollgym's client does not
+            # send; an empty or made-up list would mislead whoever picks a model from it.
+            raise HTTPStatusError(
+                f"{MODELS_ENDPOINT}: set servers.{self.name}.options.model to list the model "
+                "this proxy serves",
+                status=501, server=self.name, endpoint=MODELS_ENDPOINT, method="GET",
+            )  # fmt: skip
+        return model_list(self.options.model, owned_by=self.upstream.name)
+
+    async def _tokenize(self, raw: Any, call: Call) -> Any:
+        body = json_object(raw)
+        if self.options.model:
+            body["model"] = self.options.model  # the upstream's name for it, as in chat calls
+        headers = self._auth()
+        return await self._scrubbed(
+            self.client.call(self.upstream_root, TOKENIZE_ENDPOINT, body, headers=headers)
+        )
 
     async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any]:
         chat = responses_to_chat(params, model=self.options.model)
@@ -126,10 +164,12 @@ class OpenAIProxy(ModelServer):
     async def _call_upstream(self, payload: dict[str, Any]) -> Any:
         if self.options.extra_body:
             payload = {**self.options.extra_body, **payload}
-        headers = None
-        if self._api_key is not None:
-            headers = {"Authorization": f"Bearer {self._api_key.get_secret_value()}"}
-        return await self.client.call(self.upstream, CHAT_ENDPOINT, payload, headers=headers)
+        return await self.client.call(self.upstream, CHAT_ENDPOINT, payload, headers=self._auth())
+
+    def _auth(self) -> dict[str, str] | None:
+        if self._api_key is None:
+            return None
+        return {"Authorization": f"Bearer {self._api_key.get_secret_value()}"}
 
     async def _scrubbed(self, work: Awaitable[T]) -> T:
         """``work``'s result, with the API key removed from any error it raises.

@@ -12,6 +12,11 @@ It is NOT a language model. It answers OpenAI-compatible ``/v1/responses`` and
 Without a script it calls the first declared tool once (string arguments filled from the last
 user message) and then says the tool's output; with no tools it says a fixed sentence.
 Option ``latency`` (seconds) delays every answer, to stand in for model time in benchmarks.
+
+``GET /v1/models`` lists ``rollgym-scripted``. ``POST /tokenize`` answers like vLLM's
+(``{"count", "max_model_len", "tokens", "token_strs"}`` for a ``prompt`` or chat ``messages``)
+with a made-up deterministic tokenizer: the same text always gives the same ids, and that is
+all it promises.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import time
 from typing import Any
 
@@ -28,9 +34,19 @@ from starlette.routing import BaseRoute, Route
 
 from rollgym.errors import InvalidRequest
 from rollgym.server.endpoint import Call, json_endpoint
-from rollgym.server.model import ModelServer, json_object
+from rollgym.server.model import (
+    MODELS_ENDPOINT,
+    TOKENIZE_ENDPOINT,
+    ModelServer,
+    json_object,
+    model_list,
+)
 
 NO_SCRIPT_ANSWER = "I have no script for this task."
+MODEL_ID = "rollgym-scripted"
+MAX_MODEL_LEN = 32768
+VOCAB_SIZE = 131072
+BOS_ID = 1
 
 
 class ScriptedModel(ModelServer):
@@ -41,7 +57,15 @@ class ScriptedModel(ModelServer):
 
     def routes(self) -> list[BaseRoute]:
         chat = Route("/v1/chat/completions", json_endpoint(self._chat), methods=["POST"])
-        return [*super().routes(), chat]
+        models = Route(MODELS_ENDPOINT, json_endpoint(self._models), methods=["GET"])
+        tokenize = Route(TOKENIZE_ENDPOINT, json_endpoint(self._tokenize), methods=["POST"])
+        return [*super().routes(), chat, models, tokenize]
+
+    async def _models(self, body: Any, call: Call) -> Any:
+        return model_list(MODEL_ID)
+
+    async def _tokenize(self, body: Any, call: Call) -> Any:
+        return tokenize(json_object(body))
 
     async def _delay(self) -> None:
         if self.options.latency > 0:
@@ -247,7 +271,7 @@ def build_response(params: dict[str, Any], action: dict[str, Any]) -> dict[str, 
         "id": f"resp_{os.urandom(16).hex()}",
         "object": "response",
         "created_at": int(time.time()),
-        "model": params.get("model") or "rollgym-scripted",
+        "model": params.get("model") or MODEL_ID,
         "status": "completed",
         "output": output,
         "parallel_tool_calls": bool(params.get("parallel_tool_calls", True)),
@@ -299,7 +323,58 @@ def build_chat_completion(params: dict[str, Any], action: dict[str, Any]) -> dic
         "id": f"chatcmpl-{os.urandom(16).hex()}",
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": params.get("model") or "rollgym-scripted",
+        "model": params.get("model") or MODEL_ID,
         "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
         "usage": {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out},
     }
+
+
+# -- tokenizing ------------------------------------------------------------------------------
+
+_PIECES = re.compile(r"<\|[a-z_]+\|>|\w+|[^\w\s]")
+
+
+def tokenize(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``/tokenize`` answer for ``body`` (a ``prompt``, or chat ``messages`` with optional
+    ``tools``), from a made-up tokenizer: words, punctuation and role markers, each an id
+    hashed from its text."""
+    if isinstance(body.get("messages"), list):
+        text = _chat_text(
+            body["messages"], body.get("tools"), body.get("add_generation_prompt", True)
+        )
+        special = body.get("add_special_tokens", False)
+    elif isinstance(body.get("prompt"), str):
+        text, special = body["prompt"], body.get("add_special_tokens", True)
+    else:
+        raise InvalidRequest("/tokenize needs a 'prompt' string or a 'messages' list", status=400)
+    pieces = _PIECES.findall(text)
+    tokens = [_token_id(p) for p in pieces]
+    if special:
+        pieces, tokens = ["<s>", *pieces], [BOS_ID, *tokens]
+    return {
+        "count": len(tokens),
+        "max_model_len": MAX_MODEL_LEN,
+        "tokens": tokens,
+        "token_strs": pieces if body.get("return_token_strs") else None,
+    }
+
+
+def _token_id(piece: str) -> int:
+    digest = hashlib.blake2b(piece.encode(), digest_size=4).digest()
+    return 2 + int.from_bytes(digest, "big") % (VOCAB_SIZE - 2)  # 0, 1: pad and BOS
+
+
+def _chat_text(messages: list[Any], tools: Any, generation_prompt: Any) -> str:
+    parts = []
+    if tools:
+        parts.append(f"<|tools|>{orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode()}\n")
+    for msg in messages:
+        if not isinstance(msg, dict):
+            raise InvalidRequest("/tokenize: each of 'messages' must be an object", status=400)
+        text = _text_of(msg.get("content"))
+        if msg.get("tool_calls"):
+            text += orjson.dumps(msg["tool_calls"], option=orjson.OPT_SORT_KEYS).decode()
+        parts.append(f"<|{msg.get('role', 'user')}|>{text}\n")
+    if generation_prompt:
+        parts.append("<|assistant|>")
+    return "".join(parts)

@@ -204,6 +204,7 @@ class RayDispatcher:
         assert self._queue is not None
         queue = self._queue
         while not recorder.aborted:
+            await recorder.resumed.wait()
             items = await queue.take(self._chunk())
             if not items:
                 return

@@ -3,7 +3,9 @@ as processes on the cluster's nodes) and the Ray dispatcher (collect worker acto
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -27,6 +29,15 @@ class RayLauncher:
     async def start(self) -> dict[str, list[str]]:
         self._owns_ray = connect(self.address)
         return await self.servers.start()
+
+    async def watch(
+        self, on_fatal: Callable[[str], None], pause: Callable[[bool], None] | None = None
+    ) -> None:
+        """Lost replicas are the dispatcher's business on a cluster (it takes them out of
+        rotation); they are not restarted."""
+
+    def report(self) -> dict[str, Any]:
+        return {}
 
     async def stop(self) -> None:
         try:

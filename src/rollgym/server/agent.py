@@ -7,7 +7,8 @@
             response = await ctx.respond(row["responses_create_params"])
             return await episode.verify(row, response)
 
-The base owns ``/run``: reading the body, validating the task row (422), the rollout id (the
+The base owns ``/run`` (and ``/aggregate_metrics``, forwarded to the ``resources`` server, as
+NeMo Gym's collector asks the agent for it): reading the body, validating the task row (422), the rollout id (the
 caller's ``x-rollgym-rollout``, or a fresh one), cancelling the rollout with its requests in
 flight if the caller disconnects, and error bodies: a failure of the model or resources server
 is answered 502/504 with that server's error as ``origin``.
@@ -117,7 +118,18 @@ class AgentServer(BaseServer):
         return self._resources[name]
 
     def routes(self) -> list[BaseRoute]:
-        return [Route("/run", json_endpoint(self._run), methods=["POST"])]
+        return [
+            Route("/run", json_endpoint(self._run), methods=["POST"]),
+            Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
+        ]
+
+    async def _aggregate(self, body: Any, call: Call) -> Any:
+        # NeMo Gym's collector asks each agent; the metrics are the environment's to compute
+        # (its simple_agent forwards the same way), and its answer goes back as it is.
+        return await self.client.call(
+            self.peer(self.options.resources), "/aggregate_metrics", body,
+            deadline=self.options.verify_timeout,
+        )  # fmt: skip
 
     async def _run(self, body: Any, call: Call) -> Response:
         row = task_row(body)

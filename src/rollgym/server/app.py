@@ -99,14 +99,7 @@ def build_app(server: BaseServer) -> App:
     """The ASGI app of ``server``: health, stats, error handlers and its own routes."""
 
     async def health(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "status": "ok",
-                "server": server.name,
-                "kind": server.kind,
-                "features": server.features(),
-            }
-        )
+        return JSONResponse(server.health())
 
     async def stats(request: Request) -> Response:
         # What this server's calls to others went through: retries, budget, breaker state.

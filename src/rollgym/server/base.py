@@ -18,10 +18,12 @@ BUILTIN_IMPLS: dict[str, str] = {
     "scripted": "rollgym.models.scripted:ScriptedModel",
     "openai_proxy": "rollgym.models.proxy:OpenAIProxy",
     "tool_agent": "rollgym.agents.tool_agent:ToolAgent",
+    "gymnasium_agent": "rollgym.agents.gymnasium:GymnasiumAgent",
     "lookup": "rollgym.envs.lookup.server:LookupEnv",
     "mcqa": "rollgym.envs.mcqa.server:MCQAEnv",
     "math": "rollgym.envs.math.server:MathEnv",
     "echo": "rollgym.envs.echo.server:EchoEnv",
+    "guess": "rollgym.envs.guess.server:GuessEnv",
 }
 
 
@@ -70,6 +72,10 @@ class BaseServer:
     transport lives elsewhere."""
 
     kind: ClassVar[str] = "server"
+    row_fields: ClassVar[frozenset[str] | None] = None
+    """The top-level task-row fields this server reads, besides rollgym's own
+    (``responses_create_params``, ``agent_ref``, the indices); ``None``: not declared. Reported
+    by ``/health``: the collector warns once per run about row fields that no server reads."""
 
     class Options(BaseModel):
         """The ``options:`` a server takes, validated once into ``self.options``. A subclass
@@ -123,6 +129,17 @@ class BaseServer:
         """Optional endpoints this server really implements (reported by ``/health``)."""
         return []
 
+    def health(self) -> dict[str, Any]:
+        """The ``/health`` answer: who this server is and what it offers and reads."""
+        fields = type(self).row_fields
+        return {
+            "status": "ok",
+            "server": self.name,
+            "kind": self.kind,
+            "features": self.features(),
+            "row_fields": None if fields is None else sorted(fields),
+        }
+
     async def startup(self) -> None:
         """Called once before the first request."""
 
@@ -146,11 +163,15 @@ def check_servers(config: Config) -> None:
     """Before anything starts: every server's impl resolves and its options (peers included)
     are valid; raise ``ConfigError`` naming the file and key."""
     for name, server in config.servers.items():
+        if server.impl is None:
+            continue  # given by url only: runs elsewhere, maybe not a rollgym server at all
         resolve_impl(server.impl, server.kind).check_options(config, name)
 
 
-def resolve_impl(impl: str, kind: str | None = None) -> type[BaseServer]:
+def resolve_impl(impl: str | None, kind: str | None = None) -> type[BaseServer]:
     """The server class named by ``impl`` (a short name or ``package.module:Class``)."""
+    if impl is None:
+        raise ConfigError("no impl: a server rollgym starts needs one (impl: NAME)")
     path = BUILTIN_IMPLS.get(impl, impl)
     module_name, _, attr = path.partition(":")
     if not attr:

@@ -6,7 +6,8 @@
 
 The base reads and checks the body (a JSON object), cancels the work if the caller goes away,
 and answers errors with rollgym's error body. ``call.rollout`` names the rollout, so replies
-can be deterministic per rollout. Other endpoints (chat completions) are added in ``routes``.
+can be deterministic per rollout. Other endpoints (chat completions, ``GET /v1/models``,
+vLLM's ``POST /tokenize``) are added in ``routes``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from rollgym.server.base import BaseServer
 from rollgym.server.endpoint import Call, json_endpoint
 
 RESPONSES_ENDPOINT = "/v1/responses"
+MODELS_ENDPOINT = "/v1/models"
+TOKENIZE_ENDPOINT = "/tokenize"
+"""vLLM's tokenizer endpoint: at the server's root, not under ``/v1`` (NeMo Gym's vLLM client
+strips ``/v1`` from its base URL to reach it)."""
 
 
 class ModelServer(BaseServer):
@@ -40,6 +45,14 @@ class ModelServer(BaseServer):
         return await self.respond(json_object(params), call)
 
 
+def model_list(*ids: str, owned_by: str = "rollgym") -> dict[str, Any]:
+    """``GET /v1/models``'s answer (OpenAI's shape) listing ``ids``."""
+    return {
+        "object": "list",
+        "data": [{"id": i, "object": "model", "created": 0, "owned_by": owned_by} for i in ids],
+    }
+
+
 def json_object(body: Any) -> dict[str, Any]:
     """``body`` if it is a JSON object; else the caller's mistake (422)."""
     if not isinstance(body, dict):
@@ -47,4 +60,4 @@ def json_object(body: Any) -> dict[str, Any]:
     return body
 
 
-__all__ = ["Call", "ModelServer", "json_object"]
+__all__ = ["Call", "ModelServer", "json_object", "model_list"]

@@ -38,6 +38,7 @@ from starlette.routing import BaseRoute, Route
 from rollgym.config import format_validation_error
 from rollgym.errors import DeadlineExceeded, InternalError, InvalidRequest
 from rollgym.protocol import output_text
+from rollgym.server.aggregate import AggregateMetricsRequest, aggregate
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.server.endpoint import Call, Handler, JSONResponse, error_response, json_endpoint
 
@@ -98,7 +99,9 @@ def _tool_spec(name: str, fn: Callable[..., Any]) -> ToolSpec:
 
 class ResourcesServer(BaseServer):
     """Base class of an environment. Override ``verify``; add ``@tool`` methods; optionally
-    ``seed_session`` and ``aggregate_metrics``."""
+    ``seed_session`` and ``aggregate_metrics``. Declare the task-row fields it reads in
+    ``row_fields`` (e.g. ``frozenset({"expected_answer"})``): the collector warns about the
+    others, which nobody reads."""
 
     kind: ClassVar[str] = "resources"
     verify_timeout: ClassVar[float] = 60.0
@@ -133,7 +136,10 @@ class ResourcesServer(BaseServer):
         raise NotImplementedError(f"{type(self).__name__} must implement verify()")
 
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-        """Environment-level metrics over finished rollouts (reward, metrics, task fields)."""
+        """Environment-level metrics over finished rollouts: their verify responses without
+        ``response`` and ``responses_create_params`` (reward, metrics, task fields, indices).
+        ``POST /aggregate_metrics`` answers them as the key metrics, in NeMo Gym's shape
+        (``rollgym.server.aggregate``)."""
         return {}
 
     def features(self) -> list[str]:
@@ -277,10 +283,24 @@ class ResourcesServer(BaseServer):
         return JSONResponse(out)
 
     async def _aggregate(self, body: Any, call: Call) -> Any:
-        rollouts = body.get("rollouts") if isinstance(body, dict) else None
-        if not isinstance(rollouts, list):
-            raise InvalidRequest("aggregate_metrics expects {'rollouts': [...]}", status=422)
-        return await self.aggregate_metrics(rollouts)
+        if isinstance(body, dict) and "verify_responses" not in body and "rollouts" in body:
+            # rollgym's first shape, kept for older callers: the hook's own metrics only.
+            return await self.aggregate_metrics(_rollouts(body["rollouts"]))
+        try:
+            request = AggregateMetricsRequest.model_validate(body)
+        except ValidationError as exc:
+            message = format_validation_error("aggregate_metrics", exc, one_line=True)
+            raise InvalidRequest(message, status=422) from None
+        own = await self.aggregate_metrics(request.verify_responses)
+        if not isinstance(own, dict):
+            raise InternalError(f"{type(self).__name__}.aggregate_metrics returned no dict")
+        return aggregate(request.verify_responses, own).model_dump()
+
+
+def _rollouts(raw: Any) -> list[dict[str, Any]]:
+    if not (isinstance(raw, list) and all(isinstance(r, dict) for r in raw)):
+        raise InvalidRequest("aggregate_metrics: 'rollouts' must be a list of objects", status=422)
+    return raw
 
 
 def _arguments(spec: ToolSpec, raw: Any) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from rollgym.server.resources import ResourcesServer, Session, tool
 
 
 class EchoEnv(ResourcesServer):
+    row_fields = frozenset({"expected_answer"})
+
     @tool
     async def echo(self, session: Session, text: str) -> dict[str, Any]:
         """Return the text unchanged."""

@@ -38,6 +38,8 @@ def contains_answer(text: str, expected: str) -> bool:
 class LookupEnv(ResourcesServer):
     """Questions about the fictional Norrowvale registry, answered with the ``lookup`` tool."""
 
+    row_fields = frozenset({"expected_answer"})
+
     async def seed_session(self, session: Session) -> None:
         session.data["lookups"] = []
 

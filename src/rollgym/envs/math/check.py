@@ -10,10 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from math_verify import parse, verify
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 PARSE_TIMEOUT_S = 5
 COMPARE_TIMEOUT_S = 5
+FLOAT_ROUNDING = 6
+"""Decimal places numbers are compared at (math-verify's ``math_metric`` default)."""
+
+# What NeMo Gym 0.4.0's math_with_judge extracts: the gold from LaTeX only (it is boxed first),
+# the reply's answer from plain expressions and LaTeX.
+_GOLD_TARGETS = (LatexExtractionConfig(),)
+_ANSWER_TARGETS = (ExprExtractionConfig(), LatexExtractionConfig())
 
 
 @dataclass(frozen=True)
@@ -26,22 +33,31 @@ class MathCheck:
 
 
 def gold_text(expected: str) -> str:
-    """``expected`` as math-verify's gold: bare answers are boxed so LaTeX extraction applies
-    (bare ``\\sqrt{18}`` would not parse; ``\\boxed{\\sqrt{18}}`` does)."""
+    """``expected`` as math-verify's gold, as NeMo Gym writes it: outer ``\\(...\\)`` and then
+    ``$...$`` removed, the rest boxed (bare ``\\sqrt{18}`` would not parse; boxed it does)."""
     expected = expected.strip()
-    if "$" in expected or "\\boxed" in expected:
-        return expected
+    if expected.startswith("\\(") and expected.endswith("\\)"):
+        expected = expected[2:-2].strip()
+    if len(expected) > 1 and expected.startswith("$") and expected.endswith("$"):
+        expected = expected[1:-1].strip()
     return f"\\boxed{{{expected}}}"
 
 
 def check_answer(expected: str, answer: str) -> MathCheck:
-    """Whether the final answer in ``answer`` equals ``expected`` (gold first: math-verify's
-    comparison is not symmetric)."""
-    gold = parse(gold_text(expected), parsing_timeout=PARSE_TIMEOUT_S)
+    """Whether an answer extracted from ``answer`` equals ``expected``: math-verify's
+    ``math_metric`` as NeMo Gym configures it, gold first (the comparison is not symmetric)."""
+    gold = parse(gold_text(expected), _GOLD_TARGETS, parsing_timeout=PARSE_TIMEOUT_S)
     if not gold:
         return MathCheck(gold_parsed=False, answer_parsed=False, correct=False)
-    predicted = parse(answer, parsing_timeout=PARSE_TIMEOUT_S)
-    if not predicted:
+    try:
+        predicted = parse(answer, _ANSWER_TARGETS, parsing_timeout=PARSE_TIMEOUT_S)
+        correct = bool(predicted) and bool(
+            verify(
+                gold, predicted, float_rounding=FLOAT_ROUNDING, timeout_seconds=COMPARE_TIMEOUT_S
+            )
+        )
+    except Exception:
+        # NeMo Gym scores an answer that makes math-verify raise as wrong; so do we (the gold
+        # parsed, so the fault is in the answer).
         return MathCheck(gold_parsed=True, answer_parsed=False, correct=False)
-    correct = bool(verify(gold, predicted, timeout_seconds=COMPARE_TIMEOUT_S))
-    return MathCheck(gold_parsed=True, answer_parsed=True, correct=correct)
+    return MathCheck(gold_parsed=True, answer_parsed=bool(predicted), correct=correct)

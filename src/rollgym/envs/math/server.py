@@ -1,13 +1,17 @@
-"""``MathEnv``: math answers checked symbolically, off the event loop, under a deadline.
+"""``MathEnv``: math answers checked symbolically, off the event loop, under a deadline, with
+the same reward as NeMo Gym 0.4.0's ``math_with_judge`` with its judge off.
 
 Task field ``expected_answer`` is the gold answer in any form math-verify reads (``12``,
-``\\frac{3}{4}``, ``3\\sqrt{2}``, ``x^2+1``). The reply's final answer (``\\boxed{...}`` first,
-else the last expression) is compared with it, so ``1/2``, ``0.5`` and ``\\frac{1}{2}`` score
-the same. Metric ``answer_parsed`` (1/0) separates "no readable answer" from "wrong answer".
+``\\frac{3}{4}``, ``3\\sqrt{2}``, ``x^2+1``, with or without outer ``$...$`` or ``\\(...\\)``).
+The reply is all the assistant's output text (``protocol.output_text``); the answer is extracted
+from it as NeMo Gym does (``check.py``), so ``1/2``, ``0.5`` and ``\\frac{1}{2}`` score the
+same. Metric ``answer_parsed`` (1/0) separates "no readable answer" from "wrong answer".
+Unlike NeMo Gym, ``question`` is not required (there is no judge), a numeric ``expected_answer``
+is read as text, and a gold that math-verify cannot parse is refused (422) instead of scoring 0.
 
 Option ``verify_timeout`` (seconds, default 30) bounds each check; a check still running then is
-abandoned (its pool is retired) and the verify fails with ``DeadlineExceeded``; a check that
-lost its worker to a broken pool is run once more.
+abandoned (its pool is retired) and the verify fails with ``DeadlineExceeded`` (NeMo Gym scores
+it 0: a failure is not a reward); a check that lost its worker to a broken pool is run once more.
 """
 
 from __future__ import annotations

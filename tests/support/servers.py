@@ -1,12 +1,14 @@
 """Test-only servers: a scripted model that fails on demand, an echo env that counts its calls.
 
-Server processes import them as ``tests.collect.fault_servers`` (with the repository root on
-``PYTHONPATH``); in-process tests pass the classes to ``rollgym.testing.serve_server``.
+Server processes import them as ``tests.support.servers`` (with the repository root on
+``PYTHONPATH``); in-process tests serve the classes with ``rollgym.testing.serve_server``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,13 +28,15 @@ FAULT_MESSAGE = "injected fault: NaN in logprobs"
 
 class FaultyModel(ScriptedModel):
     """The scripted model, answering ``fail_status`` (500) on ``/v1/responses`` when the request
-    contains ``fail_marker``, or on every request while the file ``fail_while_exists`` exists
-    (delete it to "fix" the model). Counts requests and the faults it answered; with
+    contains ``fail_marker``, on every request while the file ``fail_while_exists`` exists
+    (delete it to "fix" the model), or on every request for ``down_for`` seconds from the first
+    one (an outage that ends by itself). Counts requests and the faults it answered; with
     ``request_log``, appends the rollout id of every request to that file."""
 
     class Options(ScriptedModel.Options):
         fail_marker: str | None = None
         fail_while_exists: str | None = None
+        down_for: float | None = None
         request_log: str | None = None
         fail_status: int = 500
 
@@ -42,6 +46,7 @@ class FaultyModel(ScriptedModel):
         super().__init__(ctx)
         self.requests = 0
         self.faults = 0
+        self.first_request: float | None = None
         self.requested = asyncio.Event()  # set by the first request (in-process tests)
         self.rollout_ids: list[str | None] = []  # the x-rollgym-rollout of every request
 
@@ -49,11 +54,16 @@ class FaultyModel(ScriptedModel):
         marker = self.options.fail_marker
         if marker and marker.encode() in raw:
             return True
+        down_for, first = self.options.down_for, self.first_request
+        if down_for is not None and first is not None and time.monotonic() - first < down_for:
+            return True
         path = self.options.fail_while_exists
         return bool(path) and Path(path).exists()
 
     async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
         self.requests += 1
+        if self.first_request is None:
+            self.first_request = time.monotonic()
         self.requested.set()
         self.rollout_ids.append(call.rollout)
         if self.options.request_log:
@@ -96,3 +106,10 @@ class CountingEcho(EchoEnv):
     ) -> float:
         self.calls["verify"] += 1
         return await super().verify(session, task, response)
+
+
+def dead_url() -> str:
+    """A loopback URL where nothing listens: bind a port, note it, close it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -23,22 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from rollgym.config import RetryPolicy
 from rollgym.testing import serve_asgi
-
-FAST = {"backoff_initial": 0.01, "backoff_max": 0.02}
-"""Tiny backoff so retry tests take milliseconds."""
-
-
-def fast_policy(**overrides: Any) -> RetryPolicy:
-    """A retry policy with tiny backoff, and budget and breaker out of the way unless asked."""
-    data: dict[str, Any] = {
-        **FAST,
-        "budget": {"enabled": False},
-        "breaker": {"enabled": False},
-    }
-    data.update(overrides)
-    return RetryPolicy.model_validate(data)
 
 
 @dataclass
@@ -167,21 +151,3 @@ async def serve_raw(script: RawScript) -> AsyncIterator[str]:
     finally:
         server.close()
         await server.wait_closed()
-
-
-async def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
-    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"condition not met within {timeout}s")
-
-
-def dead_url() -> str:
-    """A URL where nothing listens: bind a port, note it, close it."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return f"http://127.0.0.1:{port}"

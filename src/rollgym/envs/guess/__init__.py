@@ -1,0 +1,1 @@
+"""Guess the number: a multi-turn environment served Gymnasium-style (``/reset`` + ``/step``)."""
