@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
 from rollgym.config import CollectConfig
@@ -57,28 +57,24 @@ class RolloutPolicy:
         return cls(cfg.rollout_timeout, cfg.max_rollout_attempts if cfg.retry_in_run else 1)
 
 
+def _never() -> bool:
+    return False
+
+
+@dataclass(slots=True)
 class RolloutRunner:
     """Runs rollouts against ``agents`` (name -> target) through ``http``. ``stopping()`` says
     the run is being aborted: no more holds or re-runs, the record is made at once;
-    ``on_hold(err)`` hears of every hold."""
+    ``on_hold(err)`` hears of every rollout held by an open circuit (the run's failure budget
+    watches). ``circuit_holds`` and ``failovers`` count what it did."""
 
-    def __init__(
-        self,
-        http: HttpClient,
-        agents: dict[str, Target],
-        policy: RolloutPolicy,
-        *,
-        stopping: Callable[[], bool] = lambda: False,
-        on_hold: Callable[[RollgymError], None] | None = None,
-    ) -> None:
-        self.http = http
-        self.agents = agents
-        self.policy = policy
-        self.stopping = stopping
-        self.on_hold = on_hold
-        """Told of every rollout held by an open circuit (the run's failure budget watches)."""
-        self.circuit_holds = 0
-        self.failovers = 0
+    http: HttpClient
+    agents: dict[str, Target]
+    policy: RolloutPolicy
+    stopping: Callable[[], bool] = field(default=_never, kw_only=True)
+    on_hold: Callable[[RollgymError], None] | None = field(default=None, kw_only=True)
+    circuit_holds: int = field(default=0, init=False)
+    failovers: int = field(default=0, init=False)
 
     async def run(self, item: RolloutItem) -> RolloutRecord:
         """Run ``item`` to its record; never raises but ``CancelledError``."""
