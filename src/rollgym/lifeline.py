@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import os
 import signal
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -22,7 +23,10 @@ def die_with_parent(sig: int = signal.SIGTERM, parent: int | None = None) -> Non
         os._exit(1)
 
 
-def pool_worker_lifeline(parent: int) -> None:
+def pool_worker_lifeline(parent: int, pids: Any = None) -> None:
     """Initializer for process-pool workers: SIGKILL with the parent (``parent`` pid), and exit
-    at once if it died while this worker was starting."""
+    at once if it died while this worker was starting. ``pids``: a multiprocessing queue this
+    worker's pid is put on, so the parent can kill it (``rollgym.server.cpu_pool``)."""
     die_with_parent(signal.SIGKILL, parent)
+    if pids is not None:
+        pids.put(os.getpid())

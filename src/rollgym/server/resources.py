@@ -21,13 +21,12 @@ cookies only (and keep just those of the latest answer). The header wins when bo
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, get_type_hints
@@ -40,6 +39,7 @@ from rollgym.errors import DeadlineExceeded, InternalError, InvalidRequest
 from rollgym.protocol import output_text
 from rollgym.server.aggregate import AggregateMetricsRequest, aggregate
 from rollgym.server.base import BaseServer, ServerContext
+from rollgym.server.cpu_pool import CpuPool, warm
 from rollgym.server.endpoint import Call, Handler, JSONResponse, error_response, json_endpoint
 
 SESSION_HEADER = "x-rollgym-session"
@@ -122,7 +122,7 @@ class ResourcesServer(BaseServer):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self._sessions: OrderedDict[str, Session] = OrderedDict()
-        self._pool: ProcessPoolExecutor | None = None
+        self._pool: CpuPool | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._pool_lock = asyncio.Lock()
 
@@ -181,14 +181,14 @@ class ResourcesServer(BaseServer):
                 self._pool = None
             raise
 
-    async def _cpu_pool(self, module: str) -> ProcessPoolExecutor:
+    async def _cpu_pool(self, module: str) -> CpuPool:
         """The current pool, started and warmed first: spawning workers and importing the
         function's module takes seconds, which must not count against a call's timeout."""
         async with self._pool_lock:
             if self._pool is None:
-                pool = _new_pool(self.cpu_verify_workers)
-                warm = [pool.submit(_warm, module) for _ in range(self.cpu_verify_workers)]
-                await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, warm)), 120)
+                pool = CpuPool(self.cpu_verify_workers)
+                warmed = [pool.submit(warm, module) for _ in range(self.cpu_verify_workers)]
+                await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, warmed)), 120)
                 self._pool = pool
             return self._pool
 
@@ -211,7 +211,7 @@ class ResourcesServer(BaseServer):
         for task in self._retiring:
             task.cancel()
         if self._pool is not None:
-            _kill_pool(self._pool)
+            self._pool.kill()
             self._pool = None
         await super().shutdown()
 
@@ -325,47 +325,16 @@ def _in_session(result: Any, session: Session) -> Any:
     return JSONResponse(result, headers={"set-cookie": _cookie(session)})
 
 
-def _new_pool(workers: int) -> ProcessPoolExecutor:
-    import multiprocessing
-
-    # spawn: a fork of a process running an event loop and threads is unsafe.
-    from rollgym.lifeline import pool_worker_lifeline
-
-    return ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=pool_worker_lifeline,  # a worker must not outlive its server
-        initargs=(os.getpid(),),
-    )
-
-
-def _warm(module: str) -> None:
-    importlib.import_module(module)
-    time.sleep(0.05)  # hold this worker so the next warm-up call lands on another one
-
-
-async def _retire(pool: ProcessPoolExecutor, stuck: Future[Any], grace: float) -> None:
+async def _retire(pool: CpuPool, stuck: Future[Any], grace: float) -> None:
     """Kill ``pool`` once every call but the stuck one has finished (or after ``grace`` more
     seconds, since each of those calls has its own timeout too)."""
-    deadline = time.monotonic() + grace
     try:
-        while time.monotonic() < deadline:
-            if not [f for f in _pending_jobs(pool) if f is not stuck]:
-                break
-            await asyncio.sleep(0.05)
+        # The pool takes no new work once retired: the calls to wait for are known now.
+        others = [asyncio.wrap_future(f) for f in pool.others(stuck)]
+        if others:
+            await asyncio.wait(others, timeout=grace)
     finally:  # also when cancelled at shutdown
-        _kill_pool(pool)
-
-
-def _pending_jobs(pool: ProcessPoolExecutor) -> list[Future[Any]]:
-    items = getattr(pool, "_pending_work_items", {})
-    return [item.future for item in list(items.values()) if not item.future.done()]
-
-
-def _kill_pool(pool: ProcessPoolExecutor) -> None:
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
-        proc.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
+        pool.kill()
 
 
 __all__ = ["SESSION_COOKIE", "SESSION_HEADER", "ResourcesServer", "Session", "output_text", "tool"]
