@@ -34,6 +34,7 @@ from rollgym.collect.dispatch import DispatchReport, cancel_others
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
 from rollgym.collect.rollout import RolloutPolicy
+from rollgym.errors import LaunchError
 from rollgym.http import HttpClient, Target
 from rollgym.ray.placement import NodeInfo, alive_nodes, get, on_node, spread
 from rollgym.ray.servers import RayServers
@@ -116,6 +117,9 @@ class RayDispatcher:
         self._worker_nodes: list[NodeInfo] = []  # where each worker was meant to run
         self._where: list[dict[str, Any]] = []  # where it runs: node_id, pid (from ready())
         self._restarts: list[int] = []
+        self._locks: list[asyncio.Lock] = []  # one per worker: its lanes repair it once
+        self._agents: dict[str, Target] = {}
+        self._per_worker = 1
         self._lanes: list[asyncio.Task[None]] = []
         self._down: set[str] = set()
         self._lost: list[dict[str, Any]] = []
@@ -137,23 +141,29 @@ class RayDispatcher:
         """Start the worker actors (the driver's own client is not used: workers have theirs)."""
         nodes = alive_nodes()
         n = self.n_workers or len(nodes)
-        per_worker = max(1, math.ceil(self.concurrency / n))
+        self._agents = agents
+        self._per_worker = max(1, math.ceil(self.concurrency / n))
         for _, node in spread(range(n), nodes):
-            self._actors.append(
-                CollectWorkerActor.options(
-                    num_cpus=self.worker_cpus, scheduling_strategy=on_node(node, soft=True)
-                ).remote(agents, concurrency=per_worker, policy=self.policy)
-            )
+            self._actors.append(self._spawn(node))
             self._worker_nodes.append(node)
+            self._locks.append(asyncio.Lock())
         self._where = await get([a.ready.remote() for a in self._actors], 120)
         self._restarts = [0] * len(self._actors)
+
+    def _spawn(self, node: NodeInfo) -> Any:
+        # Hard affinity: a zero-CPU actor with soft affinity may land on any node, and two
+        # workers meant for two nodes then share one. Ray restarts a crashed worker on its node;
+        # a worker whose node is gone is replaced on a live one (``_alive``).
+        return CollectWorkerActor.options(
+            num_cpus=self.worker_cpus, scheduling_strategy=on_node(node, soft=False)
+        ).remote(self._agents, concurrency=self._per_worker, policy=self.policy)
 
     async def dispatch(self, work: Iterator[RolloutItem], pending: int, recorder: Recorder) -> None:
         """Feed the workers until every item has a record, watching the replicas meanwhile."""
         self._queue = _WorkQueue(work)
         self._lanes = [
-            asyncio.create_task(self._lane(i * LANES + lane, actor, recorder))
-            for i, actor in enumerate(self._actors)
+            asyncio.create_task(self._lane(i * LANES + lane, recorder))
+            for i in range(len(self._actors))
             for lane in range(LANES)
         ]
         monitor = asyncio.create_task(self._watch_replicas())
@@ -190,21 +200,23 @@ class RayDispatcher:
     def _chunk(self) -> int:
         return max(1, math.ceil(self.concurrency / max(1, len(self._actors))))
 
-    async def _lane(self, index: int, actor: Any, recorder: Recorder) -> None:
+    async def _lane(self, index: int, recorder: Recorder) -> None:
         try:
-            await self._feed(index, actor, recorder)
+            await self._feed(index, recorder)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             recorder.crashed("collect lane", exc)
 
-    async def _feed(self, index: int, actor: Any, recorder: Recorder) -> None:
-        """Hand ``actor`` chunk after chunk and record what comes back, until no work is left
-        (or the worker is dead for good)."""
+    async def _feed(self, index: int, recorder: Recorder) -> None:
+        """Hand lane ``index``'s worker chunk after chunk and record what comes back, until no
+        work is left (or the worker is dead for good)."""
         assert self._queue is not None
         queue = self._queue
+        worker = index // LANES
         while not recorder.aborted:
             await recorder.resumed.wait()
+            actor = self._actors[worker]  # a replaced worker is a new actor
             items = await queue.take(self._chunk())
             if not items:
                 return
@@ -219,11 +231,10 @@ class RayDispatcher:
                             recorder.record(record)  # a late duplicate is dropped there
                             queue.finished(1)
             except RayError as exc:
-                worker = index // LANES
                 log.warning("collect worker %d failed (%s); %d rollouts go back in the queue",
                             worker, type(exc).__name__, len(out))  # fmt: skip
                 queue.give_back(list(out.values()))
-                if not await self._alive(worker):
+                if not await self._alive(worker, actor):
                     log.error("collect worker %d is gone for good", worker)
                     return
                 continue
@@ -232,14 +243,27 @@ class RayDispatcher:
             elif out:
                 queue.finished(len(out))  # cancelled by the abort: they stay pending
 
-    async def _alive(self, index: int) -> bool:
-        """Wait for a worker that Ray is restarting (its process crashed, or its node died);
-        False only once Ray says it is dead for good, or it stays away for a minute. A
-        restarting worker answers "unavailable" for a while: that is not dead."""
+    async def _alive(self, index: int, failed: Any) -> bool:
+        """Worker ``index`` (the actor ``failed``) failed: wait while Ray restarts it (its
+        process crashed), or replace it on a live node (its node died). False if neither
+        works. Both lanes of a worker come here; the first repairs it, the other sees that."""
+        async with self._locks[index]:
+            if self._actors[index] is not failed:
+                return True  # the other lane already repaired it
+            if await self._restarted(index):
+                return True
+            return await self._replace(index)
+
+    async def _restarted(self, index: int) -> bool:
+        """A restarting worker answers "unavailable" for a while: that is not dead. False once
+        Ray says it is dead for good, or it stays away for ``RESTART_WAIT_S``."""
         deadline = time.monotonic() + RESTART_WAIT_S
+        home = self._worker_nodes[index].node_id
         while time.monotonic() < deadline:
+            if home not in {n.node_id for n in alive_nodes()}:
+                return False  # its node is gone: Ray cannot restart it there
             try:
-                where = await get(self._actors[index].ready.remote(), RESTART_WAIT_S)
+                where = await get(self._actors[index].ready.remote(), 2.0)
             except ActorDiedError:
                 return False
             except (RayError, TimeoutError):
@@ -248,6 +272,22 @@ class RayDispatcher:
             self._placed(index, where)
             return True
         return False
+
+    async def _replace(self, index: int) -> bool:
+        """A new worker for ``index`` on a live node (its own node is gone)."""
+        try:
+            nodes = alive_nodes()
+            node = nodes[index % len(nodes)]
+            actor = self._spawn(node)
+            where = await get(actor.ready.remote(), RESTART_WAIT_S)
+        except (RayError, TimeoutError, LaunchError) as exc:
+            log.error("collect worker %d could not be replaced: %s", index, exc)
+            return False
+        log.warning("collect worker %d replaced on node %s", index, node.node_id)
+        self._actors[index] = actor
+        self._worker_nodes[index] = node
+        self._placed(index, where)
+        return True
 
     def _placed(self, index: int, where: dict[str, Any]) -> None:
         """Note where worker ``index`` really runs (a new pid: Ray restarted it)."""
