@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install test lint demo bench bench-quick clean
+.PHONY: install test lint demo bench bench-quick interop clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,5 +32,12 @@ bench: install
 bench-quick: install
 	$(BIN)/python bench/throughput.py
 
+# Interoperability with the real nemo-gym==0.4.0 in its own Python 3.12 venv (not part of test).
+INTEROP_VENV ?= .interop-venv
+
+interop: install
+	interop/setup.sh $(INTEROP_VENV)
+	INTEROP_VENV=$(INTEROP_VENV) $(BIN)/pytest -q interop
+
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) out .interop-venv

@@ -16,9 +16,12 @@ Each server carries its own retry policy; the defaults depend on its kind (see `
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import difflib
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
@@ -26,13 +29,15 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializationInfo,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails
 
-from rollgym.errors import ConfigError
+from rollgym.errors import ConfigError, redact_url
 
 ServerKind = Literal["model", "resources", "agent"]
 MAX_ATTEMPTS_CAP = 10
@@ -179,6 +184,18 @@ def _rates_fit(spec: ChaosSpec) -> ChaosSpec:
     return spec
 
 
+def _redact_urls(value: Any) -> Any:
+    """``value`` with every URL in it (strings holding ``://``, in nested dicts and lists)
+    stripped of credentials."""
+    if isinstance(value, str):
+        return redact_url(value) if "://" in value else value
+    if isinstance(value, dict):
+        return {k: _redact_urls(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_urls(v) for v in value]
+    return value
+
+
 class ServerConfig(_Strict):
     """One server of the run: what it is, how to reach or start it, how to retry calls to it."""
 
@@ -204,6 +221,16 @@ class ServerConfig(_Strict):
             merged = _deep_merge(kind_defaults(data["kind"]), data.get("retry") or {})
             data = {**data, "retry": merged}
         return data
+
+    @field_serializer("url", "options")
+    def _without_secrets(self, value: Any, info: SerializationInfo) -> Any:
+        # A dump is written to run.json and logs by default: credentials in a URL
+        # (user:pass@, ?api_key=) are removed. Launchers, which hand the config to the server
+        # processes that need the real URLs, ask for them with context={"keep_secrets": True};
+        # one that forgets fails loudly (401 upstream) instead of leaking quietly.
+        if info.context and info.context.get("keep_secrets"):
+            return value
+        return _redact_urls(value)
 
     @model_validator(mode="after")
     def _impl_or_url(self) -> ServerConfig:
@@ -283,6 +310,8 @@ class Config(_Strict):
         return self
 
     def base_dir(self) -> Path:
+        """The config's folder: relative paths in it (``collect.input``) start here, and
+        ``impl: module:Class`` finds ``module.py`` here (``rollgym.server.base.resolve_impl``)."""
         return Path(self.source).parent if self.source else Path.cwd()
 
     def agent_name(self, override: str | None = None) -> str:
@@ -318,11 +347,13 @@ def format_validation_error(
     *,
     one_line: bool = False,
     names: Mapping[str, str] | None = None,
+    model: type[BaseModel] | None = None,
 ) -> str:
     """The one way rollgym words a pydantic ``ValidationError``: ``source``, then each problem
     as its dotted key (under ``prefix``) and message. A config error lists one problem a line;
     ``one_line`` joins them with ``;`` (an error body of a request). ``names`` words a top-level
     key the way the user gave it instead (``{"repeats": "--repeats"}`` for a command-line flag).
+    ``model``: the model validated, so an unknown key can name the known key nearest to it.
     """
     problems = []
     for err in exc.errors():
@@ -331,7 +362,10 @@ def format_validation_error(
             key = ".".join([names[loc[0]], *loc[1:]])
         else:
             key = ".".join(p for p in (prefix, *loc) if p != "") or "<top level>"
-        problems.append(f"{key}: {_problem(err)}")
+        problem = _problem(err)
+        if err["type"] == "extra_forbidden" and model is not None and loc:
+            problem += _nearest(loc[-1], _known_keys(model, err["loc"][:-1]))
+        problems.append(f"{key}: {problem}")
     if one_line:
         return f"{source}: {'; '.join(problems)}"
     return "\n  ".join([f"{source}: invalid config", *problems])
@@ -346,6 +380,59 @@ def _problem(err: ErrorDetails) -> str:
     return str(err["msg"])
 
 
+def _nearest(key: str, known: list[str]) -> str:
+    """ " (did you mean KEY?)", or the keys to choose from when none is near."""
+    if not known:
+        return ""
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if near:
+        return f" (did you mean {near[0]}?)"
+    return f" (known keys: {', '.join(sorted(known))})"
+
+
+def _known_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
+    """The keys of the model found at ``loc`` under ``model`` ([] if none is there)."""
+    current: Any = model
+    for part in loc:
+        current = _child(current, part)
+        if current is None:
+            return []
+    return list(current.model_fields) if _is_model(current) else []
+
+
+def _child(tp: Any, part: str | int) -> Any:
+    """The type of ``tp``'s member ``part``: a model's field, a dict's value, a list's item."""
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _child(typing.get_args(tp)[0], part)
+    if origin in (Union, types.UnionType):
+        arms = [_child(arm, part) for arm in typing.get_args(tp) if arm is not type(None)]
+        return next((arm for arm in arms if arm is not None), None)
+    if _is_model(tp):
+        field = tp.model_fields.get(str(part))
+        return None if field is None else _unwrap(field.annotation)
+    if origin in (dict, Mapping):
+        return _unwrap(typing.get_args(tp)[1])
+    if origin in (list, tuple, Sequence):
+        return _unwrap(typing.get_args(tp)[0])
+    return None
+
+
+def _unwrap(tp: Any) -> Any:
+    """``tp`` without ``Annotated`` and ``| None``: the model (or container) a key lives in."""
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _unwrap(typing.get_args(tp)[0])
+    if origin in (Union, types.UnionType):
+        arms = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _unwrap(arms[0]) if len(arms) == 1 else tp
+    return tp
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
 def parse_config(data: Any, source: str = "<config>") -> Config:
     """Validate a config dict; raise ``ConfigError`` naming ``source`` and each bad key."""
     if not isinstance(data, dict):
@@ -353,7 +440,7 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
     try:
         return Config.model_validate({**data, "source": source})
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
+        raise ConfigError(format_validation_error(source, exc, model=Config)) from None
 
 
 def load_config(path: str | Path) -> Config:
@@ -366,5 +453,18 @@ def load_config(path: str | Path) -> Config:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(yaml_error_message(path, exc)) from None
     return parse_config(data, str(path))
+
+
+def yaml_error_message(path: Path, exc: yaml.YAMLError) -> str:
+    """A YAML error as FILE:LINE:COLUMN and what is wrong there (PyYAML's own text names a
+    ``<unicode string>`` instead of the file)."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return f"{path}: not valid YAML: {exc}"
+    mark, what = exc.problem_mark, str(exc.problem)
+    if exc.context:
+        where = exc.context_mark
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        what += f" ({exc.context}{at})"
+    return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {what}"

@@ -12,6 +12,7 @@ this one, as the same kind of record.
     ├── InvalidRequest         a request to a rollgym server is malformed (answered 4xx)
     ├── HTTPStatusError        a server answered with a non-2xx status
     ├── ProtocolError          a server answered 2xx with a body we cannot use (bad JSON, shape)
+    │   └── UnparseableVerdict a judge model answered, but no verdict could be read from it
     ├── TransportError         no usable answer at all
     │   ├── ConnectError       connection refused / nothing was sent (always safe to retry)
     │   │   └── SessionLost    the replica holding this call's session is gone (never retried)
@@ -22,6 +23,7 @@ this one, as the same kind of record.
     ├── CircuitOpen            the called server's circuit breaker is open
     ├── RolloutError           the rollout itself could not finish (e.g. too many steps)
     ├── InternalError          a bug or unexpected exception inside a rollgym server
+    │   └── SandboxError       an environment's sandbox could not run the code (not the code)
     ├── LaunchError            a server could not be started or never became healthy
     └── RunAborted             the run-level failure budget stopped the run
 
@@ -367,6 +369,12 @@ class ProtocolError(RollgymError):
     type = "protocol_error"
 
 
+class UnparseableVerdict(ProtocolError):
+    """A judge model answered, but no verdict could be read from its answer."""
+
+    type = "unparseable_verdict"
+
+
 class TransportError(RollgymError):
     """No usable answer came back."""
 
@@ -428,6 +436,12 @@ class InternalError(RollgymError):
     """An unexpected exception inside a rollgym server (a bug, or an environment's own code)."""
 
     type = "internal_error"
+
+
+class SandboxError(InternalError):
+    """An environment's sandbox could not run the program (not the program's own failure)."""
+
+    type = "sandbox_error"
 
 
 class LaunchError(RollgymError):

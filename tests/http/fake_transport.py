@@ -33,6 +33,7 @@ class Sent:
     headers: dict[str, str]
     timeout: float
     connect_timeout: float
+    idle_timeout: float | None = None
 
 
 Step = RawAnswer | Fail | int
@@ -59,8 +60,11 @@ class FakeTransport:
         connect_timeout: float,
         server: str,
         endpoint: str,
+        idle_timeout: float | None = None,
     ) -> RawAnswer:
-        self.sent.append(Sent(url, bytes(body), dict(headers or {}), timeout, connect_timeout))
+        self.sent.append(
+            Sent(url, bytes(body), dict(headers or {}), timeout, connect_timeout, idle_timeout)
+        )
         step = self.script.pop(0) if self.script else self.default
         if isinstance(step, Fail):
             err = step.kind(

@@ -319,3 +319,17 @@ async def test_an_injected_transport_is_used_and_left_to_its_owner() -> None:
     async with HttpClient(transport=fake) as client:
         await client.call(target(), "/x", {})
     assert len(fake.sent) == 1 and closed == []
+
+
+async def test_call_stream_sends_its_idle_timeout_and_retries_a_silent_attempt() -> None:
+    events = b'data: {"n": 1}\n\ndata: [DONE]\n\n'
+    # The call's deadline (5 s) is below the attempt timeout: a read timeout could be the
+    # deadline's, but a shorter idle timeout was in force, so it is retried, not final.
+    client, fake = client_with(Fail(ReadTimeout), RawAnswer(200, events))
+    answer = await client.call_stream(
+        target(idempotent=True, attempt_timeout=60), "/gen", {}, idle_timeout=0.5, deadline=5
+    )
+    assert answer.events == [{"n": 1}] and answer.whole is None
+    assert [s.idle_timeout for s in fake.sent] == [0.5, 0.5]
+    await client.call(target(), "/x", {})
+    assert fake.sent[-1].idle_timeout is None  # plain calls have none

@@ -22,12 +22,14 @@ from openai.types.chat import (
 from openai.types.chat.completion_create_params import (
     CompletionCreateParamsBase,
     CompletionCreateParamsNonStreaming,
+    CompletionCreateParamsStreaming,
 )
 from openai.types.responses import Response
 from openai.types.shared_params import FunctionDefinition
 from pydantic import TypeAdapter
 
 _REQUEST = TypeAdapter(CompletionCreateParamsNonStreaming)
+_STREAM_REQUEST = TypeAdapter(CompletionCreateParamsStreaming)
 _MESSAGE = TypeAdapter(ChatCompletionMessageParam)
 _PART = TypeAdapter(ChatCompletionContentPartParam)
 _TOOL_CALL = TypeAdapter(ChatCompletionMessageFunctionToolCallParam)
@@ -49,9 +51,11 @@ def _only_known_keys(obj: dict[str, Any], typed_dict: Any, extra: tuple[str, ...
 
 
 def check_chat_request(request: dict[str, Any], *, extra_keys: tuple[str, ...] = ()) -> None:
-    """Fail unless ``request`` is a valid non-streaming chat completions request."""
-    _only_known_keys(request, CompletionCreateParamsBase, extra_keys)
-    _REQUEST.validate_python(request)
+    """Fail unless ``request`` is a valid chat completions request (streaming or not)."""
+    streaming = request.get("stream") is True
+    known = CompletionCreateParamsStreaming if streaming else CompletionCreateParamsBase
+    _only_known_keys(request, known, extra_keys)
+    (_STREAM_REQUEST if streaming else _REQUEST).validate_python(request)
     for message in request["messages"]:
         _MESSAGE.validate_python(message)
         _only_known_keys(message, _BY_ROLE[message["role"]], _VLLM_MESSAGE_KEYS)

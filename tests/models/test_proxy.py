@@ -60,6 +60,7 @@ class FakeUpstream:
             "header"  # what a failure echoes: the Authorization "header" or bare "key"
         )
         self.answer_override: Any = None  # a 200 body to send instead of a completion
+        self.plain = False  # answer whole JSON even when asked to stream (an upstream that can't)
         self.reasoning: str | None = None
         self.delay = 0.0
         self.url = ""
@@ -81,6 +82,11 @@ class FakeUpstream:
             )
         if self.answer_override is not None:
             return JSONResponse(self.answer_override)
+        if body.get("stream") and not self.plain:
+            usage = (body.get("stream_options") or {}).get("include_usage", False)
+            chunks = vllm_chunks(self._completion(body), usage)
+            data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return Response(data, media_type="text/event-stream")
         return JSONResponse(self._completion(body))
 
     def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -122,6 +128,46 @@ class FakeUpstream:
             "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
             "prompt_token_ids": [1, 2, 3, 4, 5, 6, 7],
         }
+
+
+def vllm_chunks(completion: dict[str, Any], usage: bool) -> list[dict[str, Any]]:
+    """``completion`` streamed the way vLLM streams (a few characters and one token id per
+    chunk, ``prompt_token_ids`` on the first, usage last), written out here independently of
+    the proxy's own code."""
+    head = {k: completion[k] for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+    [choice] = completion["choices"]
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                     "finish_reason": None, **extra}]}  # fmt: skip
+
+    out = [{**chunk({"role": "assistant", "content": ""}),
+            "prompt_token_ids": completion["prompt_token_ids"]}]  # fmt: skip
+    for i in range(0, len(message.get("reasoning_content") or ""), 5):
+        out.append(chunk({"reasoning_content": message["reasoning_content"][i : i + 5]}))
+    text = message.get("content") or ""
+    ids = list(choice["token_ids"])
+
+    def take() -> list[int]:
+        first = ids[:1]
+        del ids[:1]
+        return first
+
+    for i in range(0, len(text), 4):
+        out.append(chunk({"content": text[i : i + 4]}, token_ids=take()))
+    for n, call in enumerate(message.get("tool_calls") or []):
+        args = call["function"]["arguments"]
+        out.append(chunk({"tool_calls": [{"index": n, "id": call["id"], "type": "function",
+                                          "function": {"name": call["function"]["name"]}}]}))  # fmt: skip
+        for i in range(0, len(args), 3):
+            piece = {"index": n, "function": {"arguments": args[i : i + 3]}}
+            out.append(chunk({"tool_calls": [piece]}, token_ids=take()))
+    out.append(chunk({}, finish_reason=choice["finish_reason"], token_ids=ids))
+    if usage:
+        out.append({**head, "choices": [], "usage": completion["usage"]})
+    return out
 
 
 @pytest.fixture
@@ -171,6 +217,9 @@ async def test_responses_create_through_the_sdk(upstream: FakeUpstream) -> None:
         ],
         "temperature": 0.2,
         "max_tokens": 16,
+        # Streamed, so that a silent upstream is caught (idle_timeout); usage included.
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
     check_chat_request(sent)
 
@@ -245,6 +294,8 @@ async def test_chat_completions_pass_through(upstream: FakeUpstream) -> None:
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 4,
         "return_token_ids": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
 
 
@@ -337,8 +388,6 @@ async def test_unreachable_upstream_is_a_502_connect_error() -> None:
         ("/v1/responses", b"{not json", 400),
         ("/v1/responses", b"[1, 2]", 422),
         ("/v1/responses", b'{"input": [{"type": "item_reference", "id": "x"}]}', 422),
-        ("/v1/responses", b'{"input": "x", "stream": true}', 400),
-        ("/v1/chat/completions", b'{"messages": [], "stream": true}', 400),
     ],
 )
 async def test_bad_requests_are_4xx_and_never_reach_the_upstream(

@@ -270,7 +270,6 @@ def test_tools_tool_choice_and_parallel_tool_calls() -> None:
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": 3}]}, "output"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "web_search"),
         ({"input": "x", "tools": [WEATHER_TOOL], "tool_choice": {"type": "mcp"}}, "tool_choice"),
-        ({"input": "x", "stream": True}, "streaming"),
         ({"input": "x", "previous_response_id": "resp_1"}, "no conversation state"),
         ({"input": "x", "instructions": ["a"]}, "instructions"),
     ],

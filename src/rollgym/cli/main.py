@@ -61,11 +61,14 @@ def _root(
 
 
 def _register() -> None:
-    from rollgym.cli import chaos, run, serve
+    from rollgym.cli import chaos, check, report, reverify, run, serve
 
     serve.register(app)
     run.register(app)
     chaos.register(app)
+    check.register(app)
+    report.register(app)
+    reverify.register(app)
 
 
 def main() -> None:

@@ -13,10 +13,13 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperCommand
 
-from rollgym.collect import EXIT_ABORTED, Launcher, RunningServers, RunOutcome, run_collection
+from rollgym.cli.args import http_url
+from rollgym.collect import Launcher, RunningServers, RunOutcome, run_collection
+from rollgym.collect.rundir import RecordedInputs, recorded_inputs
 from rollgym.config import CollectConfig, Config, format_validation_error, load_config
-from rollgym.errors import ConfigError, RollgymError
+from rollgym.errors import ConfigError, RunAborted
 from rollgym.launch import Supervisor
+from rollgym.server.base import check_servers
 
 
 class PlainHelpCommand(TyperCommand):
@@ -55,7 +58,8 @@ ResumeOpt = Annotated[
     bool,
     typer.Option(
         "--resume",
-        help="Finish the run in --output: redo rollouts without a success record, never a success.",
+        help="Finish the run in --output: redo rollouts without a success record, never a "
+        "success. The run's own input, --repeats and --limit are reused unless given.",
     ),
 ]
 TimeoutOpt = Annotated[
@@ -120,11 +124,17 @@ COLLECT_HELP = (
 )
 
 
-def _collect_config(cfg: Config, **overrides: Any) -> CollectConfig:
+def _collect_config(
+    cfg: Config, recorded: RecordedInputs | None = None, **overrides: Any
+) -> CollectConfig:
     """The collect section of ``cfg`` with the options given on the command line; ``--agent``
-    runs every row, whatever its ``agent_ref`` names."""
+    runs every row, whatever its ``agent_ref`` names. On ``--resume`` (``recorded``), the run's
+    own repeats and limit stand in for options not given: they are what identifies the run."""
     given = {k: v for k, v in overrides.items() if v is not None}
-    data = {**cfg.collect.model_dump(), **given}
+    data = cfg.collect.model_dump()
+    if recorded is not None:
+        data.update(repeats=recorded.repeats or data["repeats"], limit=recorded.limit)
+    data.update(given)
     if given.get("agent") is not None:
         data["ignore_agent_ref"] = True
     try:
@@ -133,13 +143,21 @@ def _collect_config(cfg: Config, **overrides: Any) -> CollectConfig:
         flags = {key: f"--{key.replace('_', '-')}" for key in given}
         source = cfg.source or "config"
         raise ConfigError(
-            format_validation_error(source, exc, prefix="collect", names=flags)
+            format_validation_error(source, exc, prefix="collect", names=flags, model=CollectConfig)
         ) from None
 
 
-def _input_path(cfg: Config, given: Path | None) -> Path:
+def _recorded(output: Path, resume: bool) -> RecordedInputs | None:
+    """On ``--resume``, what the run in ``output`` was run with (None: nothing readable there;
+    the run's preparation says why)."""
+    return recorded_inputs(output) if resume else None
+
+
+def _input_path(cfg: Config, given: Path | None, recorded: RecordedInputs | None = None) -> Path:
     if given is not None:
         return given
+    if recorded is not None and recorded.input is not None:
+        return recorded.input
     if cfg.collect.input is None:
         raise ConfigError(f"{cfg.source}: no --input given and no collect.input in the config")
     return cfg.base_dir() / cfg.collect.input
@@ -226,13 +244,21 @@ def _finish(outcome: RunOutcome, command: str = "run") -> None:
 
 
 def _parse_servers(values: list[str]) -> dict[str, list[str]]:
+    """``--servers`` values (NAME=URL, or a JSON file of NAME: URL or [URL, ...]) as name ->
+    URLs; every URL checked here, so a typo fails before anything is written."""
     urls: dict[str, list[str]] = {}
     for value in values:
         if "=" in value:
-            name, url = value.split("=", 1)
-            urls.setdefault(name.strip(), []).append(url.strip())
+            name, url = (part.strip() for part in value.split("=", 1))
+            if not name:
+                raise ConfigError(f"--servers {value}: expected NAME=URL (e.g. agent=http://...)")
+            urls.setdefault(name, []).append(http_url(url, f"--servers {value}"))
             continue
         path = Path(value)
+        if "://" in value and not path.exists():
+            raise ConfigError(
+                f"--servers {value}: name the server it is, as NAME=URL (e.g. agent={value})"
+            )
         try:
             data = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError) as exc:
@@ -242,8 +268,26 @@ def _parse_servers(values: list[str]) -> dict[str, list[str]]:
         if not isinstance(data, dict):
             raise ConfigError(f"--servers {value}: expected a JSON object of NAME: URL(s)")
         for name, got in data.items():
-            urls.setdefault(name, []).extend([got] if isinstance(got, str) else list(got))
+            listed = [got] if isinstance(got, str) else got
+            if not isinstance(listed, list) or not listed:
+                raise ConfigError(
+                    f"--servers {value}: {name}: expected a URL or a list of URLs, not {got!r}"
+                )
+            for url in listed:
+                where = f"--servers {value}: {name}"
+                if not isinstance(url, str):
+                    raise ConfigError(f"{where}: {url!r} is not a URL")
+                urls.setdefault(name, []).append(http_url(url, where))
     return urls
+
+
+def _config_urls(cfg: Config) -> dict[str, list[str]]:
+    """The ``url:`` of each server in the config, each checked naming its file and key."""
+    return {
+        name: [http_url(s.url, f"{cfg.source}: servers.{name}.url")]
+        for name, s in cfg.servers.items()
+        if s.url
+    }
 
 
 def register(app: typer.Typer) -> None:
@@ -273,8 +317,12 @@ def register(app: typer.Typer) -> None:
 
         setup_logging(log_level)
         cfg = load_config(config)
+        _config_urls(cfg)  # a server given by url: checked before anything starts
+        check_servers(cfg)  # every impl imports, every option is valid: before any write
+        recorded = _recorded(output, resume)
+        input_path = _input_path(cfg, input, recorded)
         collect = _collect_config(
-            cfg, agent=agent, repeats=repeats, concurrency=concurrency, limit=limit,
+            cfg, recorded, agent=agent, repeats=repeats, concurrency=concurrency, limit=limit,
             rollout_timeout=rollout_timeout, max_failures=max_failures,
             max_failure_rate=max_failure_rate, min_failure_samples=min_failure_samples,
             max_rollout_attempts=max_rollout_attempts, pass_threshold=pass_threshold,
@@ -287,23 +335,14 @@ def register(app: typer.Typer) -> None:
                     f"--ray needs Ray installed (pip install 'rollgym[ray]'): {exc}"
                 ) from None
             on_ray = run_on_ray(
-                cfg, collect, _input_path(cfg, input), output, resume=resume, agent=agent,
+                cfg, collect, input_path, output, resume=resume, agent=agent,
                 address=ray_address, workers=ray_workers, progress=progress, log_level=log_level,
             )  # fmt: skip
-            _finish(_guarded(on_ray))
+            _finish(_guarded(on_ray, output))
             return
         outcome = _guarded(
-            _run(
-                cfg,
-                collect,
-                _input_path(cfg, input),
-                output,
-                resume,
-                agent,
-                progress,
-                log_level,
-                None,
-            )
+            _run(cfg, collect, input_path, output, resume, agent, progress, log_level, None),
+            output,
         )
         _finish(outcome)
 
@@ -339,35 +378,30 @@ def register(app: typer.Typer) -> None:
 
         setup_logging(log_level)
         cfg = load_config(config)
-        urls = {n: [s.url] for n, s in cfg.servers.items() if s.url}
+        urls = _config_urls(cfg)
         urls.update(_parse_servers(servers or []))
+        recorded = _recorded(output, resume)
+        input_path = _input_path(cfg, input, recorded)
         collect_cfg = _collect_config(
-            cfg, agent=agent, repeats=repeats, concurrency=concurrency, limit=limit,
+            cfg, recorded, agent=agent, repeats=repeats, concurrency=concurrency, limit=limit,
             rollout_timeout=rollout_timeout, max_failures=max_failures,
             max_failure_rate=max_failure_rate, min_failure_samples=min_failure_samples,
             max_rollout_attempts=max_rollout_attempts, pass_threshold=pass_threshold,
         )  # fmt: skip
         outcome = _guarded(
-            _run(
-                cfg,
-                collect_cfg,
-                _input_path(cfg, input),
-                output,
-                resume,
-                agent,
-                progress,
-                log_level,
-                urls,
-            )
+            _run(cfg, collect_cfg, input_path, output, resume, agent, progress, log_level, urls),
+            output,
         )
         _finish(outcome, "collect")
 
 
-def _guarded(coro: Any) -> RunOutcome:
+def _guarded(coro: Any, output: Path) -> RunOutcome:
     try:
         result: RunOutcome = asyncio.run(coro)
-    except RollgymError:
-        raise
     except KeyboardInterrupt:
-        raise typer.Exit(EXIT_ABORTED) from None
+        # Ctrl-C where the run does not handle signals itself; run.json says where it stopped.
+        raise RunAborted(
+            f"interrupted; {output / 'run.json'} records how far the run got, and --resume "
+            "finishes it"
+        ) from None
     return result

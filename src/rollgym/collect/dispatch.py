@@ -1,19 +1,21 @@
 """Dispatchers: who runs the rollout core. ``LocalDispatcher`` runs it in asyncio workers of
 this process; ``rollgym.ray.dispatch.RayDispatcher`` in worker actors across a cluster. Both take
 pending ``RolloutItem``s, run each through ``RolloutRunner`` and hand every record to the one
-``Recorder``; neither writes anything itself.
+``Recorder``; neither writes anything itself. ``LocalDispatcher`` may be given another runner
+(``runner=``): ``rollgym reverify`` runs ``/verify`` on recorded rollouts through the same path.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollgym.collect.recorder import Recorder
-from rollgym.collect.records import RolloutItem
+from rollgym.collect.records import RolloutItem, RolloutRecord
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
+from rollgym.errors import RollgymError
 from rollgym.http import HttpClient, Target
 
 RAMP_STEP = 256  # workers started per wave
@@ -52,6 +54,28 @@ class Dispatcher(Protocol):
         """What the dispatch did, for ``metrics.json`` and ``run.json``."""
 
 
+class Runner(Protocol):
+    """Runs one rollout to its record (``RolloutRunner`` is the one of every run)."""
+
+    on_hold: Callable[[RollgymError], None] | None
+    circuit_holds: int
+    failovers: int
+
+    async def run(self, item: RolloutItem) -> RolloutRecord:
+        """``item``'s record; never raises but ``CancelledError``."""
+
+
+RunnerFactory = Callable[[HttpClient, dict[str, Target], RolloutPolicy, Callable[[], bool]], Runner]
+"""Makes the runner of a dispatch: (client, agents, policy, stopping) -> runner."""
+
+
+def rollout_runner(
+    http: HttpClient, agents: dict[str, Target], policy: RolloutPolicy, stopping: Callable[[], bool]
+) -> Runner:
+    """The default: rollouts through their agent's ``/run``."""
+    return RolloutRunner(http, agents, policy, stopping=stopping)
+
+
 def cancel_others(tasks: list[asyncio.Task[None]]) -> None:
     """Cancel ``tasks`` but the one running this (an abort is decided inside a worker, which
     must finish recording before it stops)."""
@@ -62,17 +86,21 @@ def cancel_others(tasks: list[asyncio.Task[None]]) -> None:
 
 
 class LocalDispatcher:
-    """At most ``concurrency`` rollouts in flight, as asyncio tasks of this event loop."""
+    """At most ``concurrency`` rollouts in flight, as asyncio tasks of this event loop, each
+    run by the runner that ``runner`` makes (default: ``rollout_runner``)."""
 
-    def __init__(self, policy: RolloutPolicy, concurrency: int) -> None:
+    def __init__(
+        self, policy: RolloutPolicy, concurrency: int, *, runner: RunnerFactory | None = None
+    ) -> None:
         self.policy = policy
         self.concurrency = concurrency
-        self.runner: RolloutRunner | None = None
+        self.make_runner = runner or rollout_runner
+        self.runner: Runner | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._cancelled = False
 
     async def start(self, http: HttpClient, agents: dict[str, Target]) -> None:
-        self.runner = RolloutRunner(http, agents, self.policy, stopping=lambda: self._cancelled)
+        self.runner = self.make_runner(http, agents, self.policy, lambda: self._cancelled)
 
     async def dispatch(self, work: Iterator[RolloutItem], pending: int, recorder: Recorder) -> None:
         assert self.runner is not None, "start() first"

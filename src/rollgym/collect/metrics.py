@@ -3,6 +3,11 @@
 pass@k uses the unbiased estimator of Chen et al. (2021): for a task with n scored rollouts of
 which c pass, pass@k = 1 - C(n-c, k) / C(n, k); averaged over tasks with n >= k. Failed rollouts
 are not scored (a failure is never a reward of 0), so they lower n, not c.
+
+Sub-scores: a verify response may carry ``scores``, an object of named numbers besides the
+reward (``{"tests": 0.5, "style": 1.0}``); each is aggregated as its mean and its pass rate
+(the share of rollouts where it reaches the run's pass threshold), over the rollouts that
+report it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,17 @@ from typing import Any
 import orjson
 
 _NOT_METRICS = frozenset(
-    {"task_index", "rollout_index", "reward", "attempts", "duration_s", "agent_seconds"}
+    {
+        "task_index",
+        "rollout_index",
+        "reward",
+        "attempts",
+        "duration_s",
+        "agent_seconds",
+        "finished_at",
+        "_ng_task_index",
+        "_ng_rollout_index",
+    }
 )
 
 
@@ -52,6 +67,41 @@ class _TaskTable:
 
 
 @dataclass
+class ScoreStats:
+    """One named sub-score over a run."""
+
+    mean: float
+    pass_rate: float
+    count: int
+
+
+class _ScoreSums:
+    def __init__(self) -> None:
+        self.sum: dict[str, float] = {}
+        self.passed: Counter[str] = Counter()
+        self.count: Counter[str] = Counter()
+
+    def add(self, scores: Any, threshold: float) -> None:
+        if not isinstance(scores, dict):
+            return
+        for name, value in scores.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.sum[name] = self.sum.get(name, 0.0) + value
+                self.passed[name] += value >= threshold
+                self.count[name] += 1
+
+    def stats(self) -> dict[str, ScoreStats]:
+        return {
+            name: ScoreStats(
+                mean=self.sum[name] / self.count[name],
+                pass_rate=self.passed[name] / self.count[name],
+                count=self.count[name],
+            )
+            for name in sorted(self.sum)
+        }
+
+
+@dataclass
 class RunMetrics:
     total: int
     succeeded: int = 0
@@ -63,6 +113,7 @@ class RunMetrics:
     failures_by_server: dict[str, int] = field(default_factory=dict)
     failures_by_status: dict[str, int] = field(default_factory=dict)
     env_metrics: dict[str, float] = field(default_factory=dict)
+    scores: dict[str, ScoreStats] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +131,7 @@ class RunMetrics:
                 "by_status": self.failures_by_status,
             },
             "env_metrics": self.env_metrics,
+            "scores": {name: vars(stats) for name, stats in self.scores.items()},
         }
 
 
@@ -103,6 +155,7 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
     count, mean, m2 = 0, 0.0, 0.0  # Welford: numerically stable streaming mean/variance
     metric_sums: dict[str, float] = {}
     metric_counts: Counter[str] = Counter()
+    sub_scores = _ScoreSums()
     # A verify response echoes its task row: the row's own numbers (a secret, a difficulty)
     # are task data, not metrics of the environment.
     skip = _NOT_METRICS | _row_keys(out_dir / "tasks.jsonl")
@@ -121,6 +174,7 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
                 delta = reward - mean
                 mean += delta / count
                 m2 += delta * (reward - mean)
+                sub_scores.add(rec.get("scores"), threshold)
                 for key, value in rec.items():
                     if key in skip or isinstance(value, bool):
                         continue
@@ -163,6 +217,7 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
         if values:
             m.pass_at_k[f"pass@{k}"] = sum(values) / len(values)
     m.env_metrics = {k: metric_sums[k] / metric_counts[k] for k in sorted(metric_sums)}
+    m.scores = sub_scores.stats()
     with (out_dir / "per_task.jsonl").open("wb") as fh:
         for index in range(len(tasks)):
             n, passed, failed = tasks.n[index], tasks.passed[index], tasks.failed[index]

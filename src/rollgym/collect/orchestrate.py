@@ -6,23 +6,36 @@ workers on a cluster). Only the launcher and the dispatcher differ:
         -> collect -> launcher.stop()
 
 A run whose servers or workers never came up is marked ``failed_to_start`` in ``run.json``
-(nothing was dispatched, and a plain rerun into the same directory is allowed).
+(nothing was dispatched, and a plain rerun into the same directory is allowed); so is one
+interrupted (Ctrl-C, SIGTERM) during start-up, at once, before the servers are stopped. The run
+holds its directory's lock (``rundir.RunLock``) from preparation to its last write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from rollgym.collect.collector import Collector
 from rollgym.collect.dispatch import Dispatcher
-from rollgym.collect.rundir import PreparedRun, RunOutcome, mark_failed_to_start, prepare_run
+from rollgym.collect.rundir import (
+    PreparedRun,
+    RunOutcome,
+    mark_aborted,
+    mark_failed_to_start,
+    prepare_run,
+)
 from rollgym.config import CollectConfig, Config, RetryPolicy
 from rollgym.errors import ConfigError, LaunchError, RollgymError, RunAborted, TransportError
 from rollgym.http import HttpClient, Target
+
+log = logging.getLogger("rollgym.collect")
 
 
 class Launcher(Protocol):
@@ -59,18 +72,32 @@ async def run_collection(
 ) -> RunOutcome:
     """Run (or ``resume``) one collection into ``out_dir`` with servers from ``launcher``."""
     agent_name = config.agent_name(agent)  # pre-flight: fails before anything is written
-    prepared = prepare_run(config, collect, input_path, out_dir, resume=resume)
+    prepared = prepare_run(config, collect, input_path, out_dir, resume=resume, lock=True)
     try:
-        collector = await _start(prepared, launcher, dispatcher, agent_name, progress)
-        collector.sections = launcher.report
-        watch = asyncio.create_task(launcher.watch(collector.abort, collector.recorder.pause))
         try:
-            return await collector.execute()
+            collector = await _start(prepared, launcher, dispatcher, agent_name, progress)
+            collector.sections = launcher.report
+            watch = asyncio.create_task(launcher.watch(collector.abort, collector.recorder.pause))
+            try:
+                return await collector.execute()
+            except BaseException as exc:
+                # The collector writes how a run ended, signals included; this covers what
+                # reaches past it (a signal before its handlers are set, a crash).
+                mark_aborted(prepared, _why_stopped(exc))
+                raise
+            finally:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
         finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+            await launcher.stop()
     finally:
-        await launcher.stop()
+        prepared.release()
+
+
+def _why_stopped(exc: BaseException) -> str:
+    if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+        return "interrupted"
+    return f"stopped by an error: {exc}" if isinstance(exc, RollgymError) else f"crashed: {exc!r}"
 
 
 async def _start(
@@ -84,23 +111,78 @@ async def _start(
     started, and the reason raised."""
     t0 = time.monotonic()
     collector: Collector | None = None
-    try:
-        urls = await launcher.start()
-        if agent not in urls:
-            raise ConfigError(
-                f"no URL for agent {agent!r}: pass --servers {agent}=URL or set "
-                f"servers.{agent}.url in {prepared.config.source or 'the config'}"
+    with _interrupts_stop_startup(prepared) as interrupted:
+        try:
+            urls = await launcher.start()
+            if agent not in urls:
+                raise ConfigError(
+                    f"no URL for agent {agent!r}: pass --servers {agent}=URL or set "
+                    f"servers.{agent}.url in {prepared.config.source or 'the config'}"
+                )
+            collector = Collector(
+                prepared, urls, agent=agent, progress=progress, dispatcher=dispatcher
             )
-        collector = Collector(prepared, urls, agent=agent, progress=progress, dispatcher=dispatcher)
-        await collector.start()
-    except BaseException as exc:
-        if collector is not None:
-            await collector.close()
-        err = exc if isinstance(exc, RollgymError) else RunAborted(f"start-up stopped: {exc!r}")
-        mark_failed_to_start(prepared, err)
-        raise
+            await collector.start()
+        except BaseException as exc:
+            if collector is not None:
+                await collector.close()
+            if interrupted:
+                err: RollgymError = RunAborted(interrupted[0])
+                _uncancel()
+            elif isinstance(exc, RollgymError):
+                err = exc
+            elif isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+                err = RunAborted("interrupted during start-up; nothing was dispatched")
+            else:
+                err = RunAborted(f"start-up stopped: {exc!r}")
+            mark_failed_to_start(prepared, err)
+            if interrupted:
+                raise err from None
+            raise
     prepared.run_info["startup_seconds"] = round(time.monotonic() - t0, 3)
     return collector
+
+
+@contextlib.contextmanager
+def _interrupts_stop_startup(prepared: PreparedRun) -> Iterator[list[str]]:
+    """During start-up, SIGINT/SIGTERM mark the run ``failed_to_start`` at once and cancel the
+    start (which stops what it started): stopping servers can take their grace period, and a
+    user who saw nothing happen would press Ctrl-C again or kill the run with ``run.json``
+    still saying "running". Yields the reason once a signal came."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    reasons: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if reasons:
+            log.warning("%s again: still stopping the servers (SIGKILL after their grace)",
+                        sig.name)  # fmt: skip
+            return
+        reasons.append(f"interrupted by {sig.name} during start-up; nothing was dispatched")
+        mark_failed_to_start(prepared, RunAborted(reasons[0]))
+        log.warning("%s: stopping the servers", reasons[0])
+        if task is not None:
+            task.cancel()
+
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # Not in the main thread (or not on Unix): start-up keeps the default handling.
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
+    try:
+        yield reasons
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def _uncancel() -> None:
+    # We cancelled our own task to stop start-up; the run goes on to report it as an error,
+    # so the cancellation must not linger (a later ``asyncio.timeout`` would misread it).
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 class RunningServers:

@@ -8,6 +8,7 @@ plain data), so they cross a ``spawn`` process or a Ray actor boundary unchanged
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -82,6 +83,7 @@ class ScoredRollout:
                 "reward": self.reward,
                 "attempts": self.attempts,
                 "duration_s": round(self.duration_s, 4),
+                "finished_at": round(time.time(), 3),
             }
         )
 
@@ -110,6 +112,7 @@ class FailedRollout:
                 "rollout_index": self.rollout_index,
                 "attempts": self.attempts,
                 "duration_s": round(self.duration_s, 4),
+                "finished_at": round(time.time(), 3),
                 "error": self.error.to_dict(),
             }
         )

@@ -1,14 +1,24 @@
 """The run directory: laid out (or checked, on resume) before anything is sent.
 
-``prepare_run`` validates the whole input first (a bad line fails the run with its file and
-line, nothing dispatched), then writes ``tasks.jsonl`` and ``run.json``; on ``--resume`` it
-checks that the input, ``--repeats`` and ``--limit`` are those of the original run.
+``prepare_run`` checks that ``--output`` can be written, validates the whole input (a bad line
+fails the run with its file and line, nothing dispatched), then writes ``tasks.jsonl`` and
+``run.json``; on ``--resume`` it checks that the input, ``--repeats`` and ``--limit`` are those
+of the original run, and moves the previous session's outcome to ``run.json``'s ``history``.
+
+A live run holds an exclusive ``flock`` on ``run.lock`` in its directory. The kernel drops it
+when the process ends, however it ends (SIGKILL included), so a ``run.json`` that still says
+``running`` while nobody holds the lock belongs to a run that died (``read_state``), and a
+second run (or ``--resume``) cannot write into the directory of a live one.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import platform
+import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +37,11 @@ EXIT_ABORTED = 2
 """Exit codes: all rollouts succeeded / the run completed with failed rollouts / the run could
 not start or was aborted (failure budget, configuration error, interrupt)."""
 
+LOCK_FILE = "run.lock"
+FAILED_TO_START = "failed_to_start"
+DIED = "died"
+"""What ``read_state`` calls a run whose ``run.json`` says ``running`` with nobody alive."""
+
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
@@ -39,6 +54,106 @@ def write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
+class RunLock:
+    """The exclusive ``flock`` on ``OUT/run.lock`` that a live run holds."""
+
+    _WAIT_S = 1.0  # a reader's probe holds a shared lock for microseconds: wait that out
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, out_dir: Path) -> RunLock | None:
+        """The lock of ``out_dir``, or None while another process holds it."""
+        fd = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        deadline = time.monotonic() + cls._WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return cls(fd)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return None
+                time.sleep(0.05)
+
+    def release(self) -> None:
+        """Let go of the lock (closing the file drops it); idempotent."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def lock_held(out_dir: Path) -> bool:
+    """Whether a live process holds ``out_dir``'s run lock (this one included)."""
+    try:
+        fd = os.open(out_dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the shared lock, if taken
+    return False
+
+
+@dataclass(frozen=True)
+class RunState:
+    """Where the run in a directory stands, for ``--resume`` and any other reader."""
+
+    status: str
+    """``run.json``'s status (``running``, ``completed``, ``aborted``...), or ``died`` when it
+    says ``running`` but the process that wrote it no longer holds ``run.lock``."""
+    pid: int | None
+    host: str | None
+    started_at: str | None
+
+    @property
+    def alive(self) -> bool:
+        return self.status == "running"
+
+
+def read_state(out_dir: Path) -> RunState | None:
+    """The state of the run in ``out_dir``; None if it holds no readable ``run.json``."""
+    try:
+        info = orjson.loads((out_dir / "run.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(info, dict):
+        return None
+    process = info.get("process") or {}
+    status = str(info.get("status"))
+    # Runs prepared without the lock (the Python API's prepare_run) cannot be judged: their
+    # "running" is taken at its word.
+    if status == "running" and process.get("locked") and not lock_held(out_dir):
+        status = DIED
+    started = (info.get("resumes") or [info.get("started_at")])[-1]
+    return RunState(status, process.get("pid"), process.get("host"), started)
+
+
+@dataclass(frozen=True)
+class RecordedInputs:
+    """What identifies a run, as its ``run.json`` recorded it: ``--resume`` reuses these."""
+
+    input: Path | None
+    repeats: int | None
+    limit: int | None
+
+
+def recorded_inputs(out_dir: Path) -> RecordedInputs | None:
+    """The input, repeats and limit of the run in ``out_dir`` (None: no readable run.json)."""
+    try:
+        inputs = orjson.loads((out_dir / "run.json").read_bytes()).get("inputs") or {}
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return None
+    given = inputs.get("input")
+    return RecordedInputs(
+        Path(given) if given else None, inputs.get("repeats"), inputs.get("limit")
+    )
+
+
 @dataclass
 class PreparedRun:
     config: Config
@@ -48,6 +163,12 @@ class PreparedRun:
     total: int
     resume: bool
     run_info: dict[str, Any] = field(default_factory=dict)
+    lock: RunLock | None = None
+
+    def release(self) -> None:
+        """Drop the run lock: the run is over (``run.json`` says how it ended)."""
+        if self.lock is not None:
+            self.lock.release()
 
 
 @dataclass
@@ -60,59 +181,147 @@ class RunOutcome:
 
 
 def prepare_run(
-    config: Config, collect: CollectConfig, input_path: Path, out_dir: Path, *, resume: bool
+    config: Config,
+    collect: CollectConfig,
+    input_path: Path,
+    out_dir: Path,
+    *,
+    resume: bool,
+    lock: bool = False,
 ) -> PreparedRun:
-    """Validate the input and set up (or check, on resume) the output directory."""
+    """Validate the input and set up (or check, on resume) the output directory. ``lock``:
+    hold ``run.lock`` until ``PreparedRun.release`` (``run_collection`` does); either way a
+    directory whose run is still alive is refused."""
+    _check_output(out_dir)
     info = scan_tasks(input_path, collect.limit, AgentRoute.of(config, collect))
     fingerprint = {
-        "input": str(input_path),
+        "input": str(input_path.absolute()),  # absolute: --resume may run from elsewhere
         "input_sha256": info.sha256,
         "tasks": info.tasks,
         "repeats": collect.repeats,
         "limit": collect.limit,
     }
+    try:
+        return _prepare(config, collect, input_path, out_dir, fingerprint, info, resume, lock)
+    except OSError as exc:
+        raise ConfigError(
+            f"--output {out_dir}: cannot write the run there ({exc.strerror or exc}); choose a "
+            "directory you can write to"
+        ) from None
+
+
+def _prepare(
+    config: Config,
+    collect: CollectConfig,
+    input_path: Path,
+    out_dir: Path,
+    fingerprint: dict[str, Any],
+    info: TaskFileInfo,
+    resume: bool,
+    lock: bool,
+) -> PreparedRun:
     run_json = out_dir / "run.json"
     tasks_path = out_dir / "tasks.jsonl"
     if resume:
         if not run_json.exists() or not tasks_path.exists():
             raise ConfigError(f"{out_dir}: nothing to resume (no run.json / tasks.jsonl)")
-        previous = orjson.loads(run_json.read_bytes())
-        before = previous.get("inputs", {})
-        _check_same_inputs(out_dir, before, fingerprint)
-        total = int(previous["total"])
-        run_info = previous
-        run_info.setdefault("resumes", []).append(now())
     else:
-        earlier = [name for name in _RUN_FILES if (out_dir / name).exists()]
-        if earlier and _never_started(out_dir):
-            earlier = []  # a run that failed to start recorded nothing: start it afresh
-        if earlier:
-            # Even a run killed before its first record left run.json and tasks.jsonl: starting
-            # over would silently replace them under a run someone may want to resume.
-            raise ConfigError(
-                f"{out_dir}: holds an earlier run ({', '.join(earlier)}); pass --resume to "
-                "finish it, or choose another --output directory"
-            )
         out_dir.mkdir(parents=True, exist_ok=True)
-        total = materialize(input_path, tasks_path, collect.repeats, collect.limit)
-        run_info = {"started_at": now()}
-    run_info.update(
-        {
-            "status": "running",
-            "inputs": fingerprint,
-            "total": total,
-            "config": config.model_dump(mode="json"),
-            "collect": collect.model_dump(mode="json"),
-            "argv": sys.argv,
-            "versions": {"rollgym": __version__, "python": platform.python_version()},
-        }
-    )
-    write_json(run_json, run_info)
-    return PreparedRun(config, collect, out_dir, info, total, resume, run_info)
+    held = _claim(out_dir, lock)
+    try:
+        if resume:
+            run_info = orjson.loads(run_json.read_bytes())
+            _check_same_inputs(out_dir, run_info.get("inputs", {}), fingerprint)
+            total = int(run_info["total"])
+            _close_session(run_info)
+            run_info.setdefault("resumes", []).append(now())
+        else:
+            _refuse_earlier_run(out_dir)
+            total = materialize(input_path, tasks_path, collect.repeats, collect.limit)
+            run_info = {"started_at": now()}
+        run_info.update(
+            {
+                "status": "running",
+                "process": {"pid": os.getpid(), "host": socket.gethostname(), "locked": lock},
+                "inputs": fingerprint,
+                "total": total,
+                "config": config.model_dump(mode="json"),
+                "collect": collect.model_dump(mode="json"),
+                "argv": sys.argv,
+                "versions": {"rollgym": __version__, "python": platform.python_version()},
+            }
+        )
+        write_json(run_json, run_info)
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+    return PreparedRun(config, collect, out_dir, info, total, resume, run_info, held)
+
+
+def _check_output(out_dir: Path) -> None:
+    """Refuse an ``--output`` that is a file or lies under one, before the input is read."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(
+            f"--output {out_dir}: is a file, not a directory; choose a directory (it is "
+            "created if missing)"
+        )
+    for parent in out_dir.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(
+                    f"--output {out_dir}: {parent} is a file, so no directory can be made "
+                    "under it; choose another --output"
+                )
+            return
 
 
 _RUN_FILES = ("run.json", "tasks.jsonl", "rollouts.jsonl", "failures.jsonl")
-FAILED_TO_START = "failed_to_start"
+# The keys of run.json that describe one session (the first run or one resume) and its end.
+_SESSION_KEYS = (
+    "status", "exit_code", "ended_at", "abort", "error", "startup_seconds", "process", "warnings",
+)  # fmt: skip
+
+
+def _claim(out_dir: Path, hold: bool) -> RunLock | None:
+    """The run lock if ``hold``; refuse a directory whose run is still alive either way."""
+    if hold:
+        got = RunLock.acquire(out_dir)
+        if got is not None:
+            return got
+    elif not lock_held(out_dir):
+        return None
+    state = read_state(out_dir)
+    who = f"pid {state.pid} on {state.host}, since {state.started_at}" if state else "?"
+    stop = f"kill -INT {state.pid}" if state and state.pid else "stop it"
+    raise ConfigError(
+        f"{out_dir}: a run is still collecting into it ({who}); wait for it to end, or "
+        f"stop it ({stop}) and finish it with --resume"
+    )
+
+
+def _refuse_earlier_run(out_dir: Path) -> None:
+    earlier = [name for name in _RUN_FILES if (out_dir / name).exists()]
+    if earlier and not _never_started(out_dir):
+        # Even a run killed before its first record left run.json and tasks.jsonl: starting
+        # over would silently replace them under a run someone may want to resume.
+        raise ConfigError(
+            f"{out_dir}: holds an earlier run ({', '.join(earlier)}); pass --resume to "
+            "finish it, or choose another --output directory"
+        )
+
+
+def _close_session(info: dict[str, Any]) -> None:
+    """Move the previous session's outcome (status, abort, error...) from the top of
+    ``run.json`` to its ``history``: the top shows the current session only."""
+    entry: dict[str, Any] = {"started_at": (info.get("resumes") or [info.get("started_at")])[-1]}
+    for key in _SESSION_KEYS:
+        if key in info:
+            entry[key] = info.pop(key)
+    if entry.get("status") == "running":
+        # We hold the lock (or no one took one): the process that wrote this is gone.
+        entry["status"] = DIED
+    info.setdefault("history", []).append(entry)
 
 
 def _never_started(out_dir: Path) -> bool:
@@ -129,6 +338,17 @@ def mark_failed_to_start(run: PreparedRun, err: RollgymError) -> None:
     """Record in ``run.json`` that the run never dispatched (its servers did not start...)."""
     run.run_info.update(
         status=FAILED_TO_START, exit_code=EXIT_ABORTED, ended_at=now(), error=err.to_dict()
+    )
+    write_json(run.out_dir / "run.json", run.run_info)
+
+
+def mark_aborted(run: PreparedRun, reason: str) -> None:
+    """Record in ``run.json`` that a run stopped without writing its own end (interrupted
+    where the collector does not handle signals, or crashed); what it recorded is kept."""
+    if run.run_info.get("status") != "running":
+        return  # the collector wrote how it ended
+    run.run_info.update(
+        status="aborted", exit_code=EXIT_ABORTED, ended_at=now(), abort={"reason": reason}
     )
     write_json(run.out_dir / "run.json", run.run_info)
 
@@ -151,5 +371,6 @@ def _check_same_inputs(out_dir: Path, before: dict[str, Any], current: dict[str,
             raise ConfigError(
                 f"{out_dir}: cannot resume: {what} differs from the original run "
                 f"({then} then, {later} now); resume with the same input, --repeats and "
-                "--limit, or start a new output directory"
+                "--limit (or leave them out: --resume reuses the run's own), or start a new "
+                "output directory"
             )

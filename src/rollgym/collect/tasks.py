@@ -36,6 +36,7 @@ ROLLGYM_ROW_FIELDS = frozenset(
         "task_index",
         "rollout_index",
         NG_TASK_INDEX,
+        "rollgym_check",  # reference and wrong answers for `rollgym check`
         NG_ROLLOUT_INDEX,
     }
 )

@@ -6,12 +6,13 @@ server asked us to wait (``Retry-After``) and whether a rollgym error body decla
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import orjson
 
 from rollgym.errors import HTTPStatusError, ProtocolError, RollgymError, is_known_type
 from rollgym.http.policy import parse_retry_after
+from rollgym.http.sse import parse_events
 from rollgym.http.translate import translate
 from rollgym.http.transport import RawAnswer
 
@@ -31,15 +32,27 @@ class AttemptFailed(Exception):
         self.final = final
 
 
+class Streamed(NamedTuple):
+    """A streamed answer: the ``data`` of its events (``data: [DONE]`` seen), or ``whole``, the
+    JSON object a server that does not stream answered instead."""
+
+    events: list[Any]
+    whole: dict[str, Any] | None = None
+
+
+def read_object(answer: RawAnswer, server: str, url: str, endpoint: str) -> Any:
+    return read_answer(answer, server, url, endpoint, True)
+
+
+def read_value(answer: RawAnswer, server: str, url: str, endpoint: str) -> Any:
+    return read_answer(answer, server, url, endpoint, False)
+
+
 def read_answer(answer: RawAnswer, server: str, url: str, endpoint: str, want_object: bool) -> Any:
     """The JSON of a 2xx ``answer`` (an object if ``want_object``), or ``AttemptFailed``."""
     status, raw = answer.status, answer.body
     if status >= 400:
-        raise AttemptFailed(
-            status_error(server, url, endpoint, status, raw),
-            parse_retry_after(answer.retry_after),
-            final=_declared_final(raw),
-        )
+        raise _status_failure(answer, server, url, endpoint)
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -53,6 +66,53 @@ def read_answer(answer: RawAnswer, server: str, url: str, endpoint: str, want_ob
         )  # fmt: skip
         raise AttemptFailed(err)
     return value
+
+
+def read_stream(answer: RawAnswer, server: str, url: str, endpoint: str) -> Streamed:
+    """The events of a 2xx server-sent-events ``answer``, or ``AttemptFailed``. A stream cut
+    before ``data: [DONE]`` or carrying an ``{"error": ...}`` event (a server that failed after
+    it had answered 200, as vLLM does) is a failed attempt; a plain JSON object is ``whole``."""
+    status, raw = answer.status, answer.body
+    if status >= 400:
+        raise _status_failure(answer, server, url, endpoint)
+    if raw[:64].lstrip()[:1] == b"{":
+        return Streamed([], read_answer(answer, server, url, endpoint, True))
+    where: dict[str, Any] = {"server": server, "url": url, "endpoint": endpoint, "method": "POST"}
+    try:
+        events = parse_events(raw)
+    except ValueError as exc:
+        err = translate(exc, timeout=0, **where)
+        raise AttemptFailed(err.with_fields(status=status, body=raw)) from exc
+    for event in events.data:
+        if isinstance(event, dict) and isinstance(event.get("error"), dict):
+            raise AttemptFailed(_stream_error(event, **where), final=_declared_final(raw))
+    if not events.done:
+        # No [DONE]: the server stopped mid-answer; what came is not the whole answer.
+        err = ProtocolError(
+            f"{server}'s stream on POST {endpoint} ended before 'data: [DONE]'",
+            status=status, body=raw[-2048:], **where,
+        )  # fmt: skip
+        raise AttemptFailed(err)
+    return Streamed(events.data)
+
+
+def _stream_error(event: dict[str, Any], **where: Any) -> HTTPStatusError:
+    inner = event["error"]
+    code = inner.get("code")
+    # The status it would have answered had it not started streaming (vLLM puts it in code).
+    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+    message = f"{where['server']} sent an error event in its stream on POST {where['endpoint']}"
+    if inner.get("message"):
+        message += f": {inner['message']}"
+    return HTTPStatusError(message, status=status, body=orjson.dumps(event), **where)
+
+
+def _status_failure(answer: RawAnswer, server: str, url: str, endpoint: str) -> AttemptFailed:
+    return AttemptFailed(
+        status_error(server, url, endpoint, answer.status, answer.body),
+        parse_retry_after(answer.retry_after),
+        final=_declared_final(answer.body),
+    )
 
 
 def status_error(server: str, url: str, endpoint: str, status: int, raw: bytes) -> HTTPStatusError:

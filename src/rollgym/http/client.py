@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,18 +25,27 @@ import orjson
 
 from rollgym.config import RetryPolicy
 from rollgym.errors import ConnectError, RollgymError
-from rollgym.http.answer import AttemptFailed, JsonValue, read_answer, status_error
+from rollgym.http.answer import (
+    AttemptFailed,
+    JsonValue,
+    Streamed,
+    read_object,
+    read_stream,
+    read_value,
+    status_error,
+)
 from rollgym.http.balancer import Balancer
 from rollgym.http.breaker import CLOSED, CircuitBreaker
 from rollgym.http.budget import RetryBudget
 from rollgym.http.classify import budget_exhausted, circuit_open, classify, replica_lost
 from rollgym.http.scrub import header_secrets, scrubbed
-from rollgym.http.transport import AiohttpTransport, Transport
+from rollgym.http.transport import AiohttpTransport, RawAnswer, Transport
 
 __all__ = [
     "REPLICA_DOWN_SECONDS",
     "HttpClient",
     "JsonValue",
+    "Streamed",
     "Target",
     "TargetStats",
     "status_error",
@@ -46,6 +55,9 @@ log = logging.getLogger("rollgym.http")
 
 REPLICA_DOWN_SECONDS = 10.0
 """How long a replica that refused a connection gets no new requests before it is tried again."""
+
+Reader = Callable[[RawAnswer, str, str, str], Any]
+"""Decodes one answer (answer, server, url, endpoint), or raises ``AttemptFailed``."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +186,32 @@ class HttpClient:
         """
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
         answer: dict[str, Any] = (
-            await self._send(target, endpoint, body, headers, deadline, sticky, pin, True)
+            await self._send(target, endpoint, body, headers, deadline, sticky, pin, read_object)
+        )[0]
+        return answer
+
+    async def call_stream(
+        self,
+        target: Target,
+        endpoint: str,
+        payload: Any,
+        *,
+        idle_timeout: float | None,
+        headers: Mapping[str, str] | None = None,
+        deadline: float | None = None,
+    ) -> Streamed:
+        """POST ``payload`` to an endpoint that answers server-sent events (a chat completion
+        with ``"stream": true``) and return the events once ``data: [DONE]`` has come.
+
+        ``idle_timeout`` bounds every wait for the next bytes (the answer's headers included):
+        a server that goes silent that long fails the attempt as a ``ReadTimeout``, retried
+        under the target's policy, while one that keeps sending may run for the whole attempt
+        timeout. A cut stream, or an error event in it, is a failed attempt too."""
+        body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
+        answer: Streamed = (
+            await self._send(
+                target, endpoint, body, headers, deadline, None, False, read_stream, idle_timeout
+            )
         )[0]
         return answer
 
@@ -192,7 +229,7 @@ class HttpClient:
         """``call`` for an endpoint that may answer any JSON value (a list, a string, ...)."""
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
         answer: JsonValue = (
-            await self._send(target, endpoint, body, headers, deadline, sticky, pin, False)
+            await self._send(target, endpoint, body, headers, deadline, sticky, pin, read_value)
         )[0]
         return answer
 
@@ -211,7 +248,7 @@ class HttpClient:
         cookie jar: a caller that holds a session in a cookie sends it back itself."""
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
         value, cookies = await self._send(
-            target, endpoint, body, headers, deadline, sticky, pin, False
+            target, endpoint, body, headers, deadline, sticky, pin, read_value
         )
         return value, dict(cookies)
 
@@ -224,7 +261,8 @@ class HttpClient:
         deadline: float | None,
         sticky: str | None,
         pin: bool,
-        want_object: bool,
+        read: Reader,
+        idle_timeout: float | None = None,
     ) -> tuple[Any, tuple[tuple[str, str], ...]]:
         """The retry loop: (the decoded answer, the cookies it set), or the final error."""
         policy = target.policy
@@ -247,7 +285,7 @@ class HttpClient:
             try:
                 value = await self._attempt(
                     target.name, base, endpoint, body, headers, min(attempt_timeout, left),
-                    policy.connect_timeout, state.balancer, want_object,
+                    policy.connect_timeout, idle_timeout, state.balancer, read,
                 )  # fmt: skip
             except AttemptFailed as failed:
                 failure = failed
@@ -266,10 +304,13 @@ class HttpClient:
                 # Nothing listens there (its process or node is gone): send nothing new to
                 # that replica for a while; this call's next attempt goes to another one.
                 state.balancer.mark_down(base, REPLICA_DOWN_SECONDS)
+            # A read timeout is the total deadline's only if no shorter idle timeout could
+            # have fired first; if it was, the next attempt finds no time left anyway.
+            cut = left <= attempt_timeout and (idle_timeout is None or left <= idle_timeout)
             decision = classify(
                 err, policy, idempotent=idempotent, max_attempts=max_attempts, attempt=attempt,
                 time_left=total - (time.monotonic() - start), deadline=total,
-                timeout_was_deadline=left <= attempt_timeout,
+                timeout_was_deadline=cut,
                 retry_after=failure.retry_after, final=failure.final,
             )  # fmt: skip
             refused = decision.retry and not state.budget.try_retry()
@@ -326,8 +367,9 @@ class HttpClient:
         headers: Mapping[str, str] | None,
         timeout: float,
         connect_timeout: float,
+        idle_timeout: float | None,
         balancer: Balancer,
-        want_object: bool,
+        read: Reader,
     ) -> tuple[Any, tuple[tuple[str, str], ...]]:
         """One attempt: (the decoded answer, the cookies it set), or ``AttemptFailed``."""
         url = base + endpoint
@@ -335,13 +377,13 @@ class HttpClient:
         try:
             answer = await self._transport.send(
                 url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
-                server=server, endpoint=endpoint,
+                server=server, endpoint=endpoint, idle_timeout=idle_timeout,
             )  # fmt: skip
         except RollgymError as err:
             raise AttemptFailed(err) from err
         finally:
             balancer.end(base)
-        return read_answer(answer, server, url, endpoint, want_object), answer.cookies
+        return read(answer, server, url, endpoint), answer.cookies
 
 
 def _report(breaker: CircuitBreaker, blame: bool, ends: bool) -> None:

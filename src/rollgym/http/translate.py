@@ -7,9 +7,11 @@ nothing from aiohttp may escape past this module. Every branch raises ``from`` t
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, NoReturn
 
 import aiohttp
+import orjson
 
 from rollgym.errors import (
     ConnectError,
@@ -22,7 +24,14 @@ from rollgym.errors import (
 
 
 def translate(
-    exc: BaseException, *, server: str, method: str, url: str, endpoint: str, timeout: float
+    exc: BaseException,
+    *,
+    server: str,
+    method: str,
+    url: str,
+    endpoint: str,
+    timeout: float,
+    idle_timeout: float | None = None,
 ) -> RollgymError:
     """Map an exception from one aiohttp attempt to the matching rollgym error."""
     where: dict[str, Any] = {"server": server, "method": method, "url": url, "endpoint": endpoint}
@@ -36,6 +45,9 @@ def translate(
         )
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return ConnectError(f"timed out connecting to {server}", **where)
+    if isinstance(exc, aiohttp.ServerTimeoutError) and idle_timeout is not None:
+        # sock_read: the server went silent mid-answer (or before its headers).
+        return ReadTimeout(f"{server} sent nothing for {idle_timeout:g}s", **where)
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return ReadTimeout(f"{server} did not answer within {timeout:g}s", **where)
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
@@ -52,8 +64,14 @@ def translate(
         return ConnectError(f"invalid URL for {server}: {url}", retryable=False, **where)
     if isinstance(exc, aiohttp.ClientError):
         return TransportError(f"{server}: {type(exc).__name__}: {exc}", **where)
-    if isinstance(exc, (ValueError, UnicodeDecodeError)):
+    if isinstance(exc, (orjson.JSONDecodeError, json.JSONDecodeError, UnicodeDecodeError)):
         return ProtocolError(f"{server} sent a body that is not valid JSON: {exc}", **where)
+    if isinstance(exc, ValueError):
+        # Raised before anything was sent (aiohttp refusing the request as built, e.g. a URL
+        # with credentials and an Authorization header): the same request fails every time.
+        return TransportError(
+            f"cannot send the request to {server}: {exc}", retryable=False, **where
+        )
     if isinstance(exc, ConnectionRefusedError):
         return ConnectError(f"cannot connect to {server}: {exc.strerror or exc}", **where)
     if isinstance(exc, OSError):
@@ -63,8 +81,16 @@ def translate(
 
 
 def raise_translated(
-    exc: BaseException, *, server: str, method: str, url: str, endpoint: str, timeout: float
+    exc: BaseException,
+    *,
+    server: str,
+    method: str,
+    url: str,
+    endpoint: str,
+    timeout: float,
+    idle_timeout: float | None = None,
 ) -> NoReturn:
     raise translate(
-        exc, server=server, method=method, url=url, endpoint=endpoint, timeout=timeout
-    ) from exc
+        exc, server=server, method=method, url=url, endpoint=endpoint, timeout=timeout,
+        idle_timeout=idle_timeout,
+    ) from exc  # fmt: skip

@@ -33,7 +33,9 @@ class RawAnswer(NamedTuple):
 
 class Transport(Protocol):
     """Sends one attempt. Raises a ``RollgymError`` naming ``server`` and ``endpoint`` when no
-    answer came back (refused, reset, timed out); any answer, a 5xx included, is returned."""
+    answer came back (refused, reset, timed out); any answer, a 5xx included, is returned.
+    ``timeout`` bounds the whole attempt; ``idle_timeout``, if given, every wait for more bytes
+    (the answer's headers included): a streamed answer may take long, but never go silent."""
 
     async def send(
         self,
@@ -45,6 +47,7 @@ class Transport(Protocol):
         connect_timeout: float,
         server: str,
         endpoint: str,
+        idle_timeout: float | None = None,
     ) -> RawAnswer: ...
 
 
@@ -57,8 +60,8 @@ class AiohttpTransport:
         self._limit = limit
         self._keepalive = keepalive_timeout
         self._session: aiohttp.ClientSession | None = None
-        # One ClientTimeout per connect timeout in use (a handful), not one per attempt.
-        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        # One ClientTimeout per (connect, idle) timeouts in use (a handful), not one per attempt.
+        self._timeouts: dict[tuple[float, float | None], aiohttp.ClientTimeout] = {}
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -99,13 +102,17 @@ class AiohttpTransport:
         connect_timeout: float,
         server: str,
         endpoint: str,
+        idle_timeout: float | None = None,
     ) -> RawAnswer:
         session = self._get_session()
         hdrs = {**JSON_HEADERS, **headers} if headers else JSON_HEADERS
-        client_timeout = self._timeouts.get(connect_timeout)
+        client_timeout = self._timeouts.get((connect_timeout, idle_timeout))
         if client_timeout is None:
-            client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
-            self._timeouts[connect_timeout] = client_timeout
+            # sock_read is aiohttp's idle timeout: its timer restarts whenever bytes arrive.
+            client_timeout = aiohttp.ClientTimeout(
+                total=None, sock_connect=connect_timeout, sock_read=idle_timeout
+            )
+            self._timeouts[(connect_timeout, idle_timeout)] = client_timeout
         try:
             async with asyncio.timeout(max(timeout, 0.001)):
                 async with session.post(
@@ -123,6 +130,7 @@ class AiohttpTransport:
             raise
         except Exception as exc:
             raise_translated(
-                exc, server=server, method="POST", url=url, endpoint=endpoint, timeout=timeout
-            )
+                exc, server=server, method="POST", url=url, endpoint=endpoint, timeout=timeout,
+                idle_timeout=idle_timeout,
+            )  # fmt: skip
         return RawAnswer(status, raw, retry_after, cookies)

@@ -35,7 +35,9 @@ class Supervisor:
         self.config = config
         self.startup_timeout = startup_timeout
         self.group = ProcessGroup(
-            config.model_dump(mode="json"), log_dir=log_dir, log_level=log_level
+            config.model_dump(mode="json", context={"keep_secrets": True}),
+            log_dir=log_dir,
+            log_level=log_level,
         )
         self.urls: dict[str, list[str]] = {}
         self.watchdog = Watchdog(self.group, startup_timeout)

@@ -38,7 +38,11 @@ def main() -> None:
     )
     config = Config.model_validate(spec["config"])
     server_cfg = config.servers[name]
-    klass = resolve_impl(server_cfg.impl, server_cfg.kind)
+    # ``impl: module:Class`` may name a module beside the config file (see resolve_impl).
+    klass = resolve_impl(
+        server_cfg.impl, server_cfg.kind, config_dir=config.base_dir(),
+        where=f"{config.source}: servers.{name}.impl",
+    )  # fmt: skip
     server = klass(ServerContext.from_run(name, config, spec["urls"]))
     sock = socket.socket(fileno=int(spec["fd"]))
     uv_config = uvicorn.Config(

@@ -14,14 +14,30 @@ it and NeMo Gym's vLLM client looks for it). ``GET /v1/models`` lists the ``mode
           base_url: http://gpu-node:8000/v1
           api_key_env: VLLM_API_KEY     # the NAME of the variable holding the key (optional)
           model: Qwen/Qwen3-8B          # sent upstream instead of the request's model (optional)
-          timeout: 300                  # seconds per attempt (optional)
+          timeout: 600                  # seconds per attempt (optional)
+          idle_timeout: 60              # seconds the upstream may send nothing (null: off)
           upstream_retry: {max_attempts: 3}   # RetryPolicy fields (optional)
           extra_body: {return_token_ids: true}  # merged into every upstream request (optional)
+
+**A silent upstream is caught in ``idle_timeout`` seconds, a long generation is not cut.** The
+proxy asks its upstream to stream (``"stream": true``, usage included) and reads the stream to
+its end before answering: an upstream that sends no byte for ``idle_timeout`` seconds (60 by
+default; time to its first byte included) fails the attempt as a read timeout, retried like any
+model call, while one that keeps streaming may take the whole attempt timeout (600 s). The
+chunks are put back together into the completion the upstream would have answered whole
+(``rollgym.models.assemble``). An upstream that answers plain JSON instead is used as is, but it
+too must answer within ``idle_timeout``; ``idle_timeout: null`` asks for whole answers (then
+only the attempt timeout bounds a call).
+
+Clients may stream too (``"stream": true`` on either endpoint): they get the answer as
+server-sent events once it is complete (``rollgym.models.stream``).
 
 Calls to the upstream go through the shared ``HttpClient``, so retries, timeouts and error
 translation are those of every other rollgym call; a failure after retries propagates as the
 client's typed error, which the app answers 502/504 with the upstream's error as ``origin``.
 The API key goes only to the upstream, and is scrubbed from any error that passes through.
+Credentials in ``base_url`` (``http://user:pass@host/v1``) are sent as basic auth; they cannot
+be combined with ``api_key_env`` (refused before the run starts).
 """
 
 from __future__ import annotations
@@ -29,13 +45,22 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable
 from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, SecretStr, field_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from rollgym.config import RetryPolicy, kind_defaults
-from rollgym.errors import HTTPStatusError, InvalidRequest, ProtocolError, RollgymError
+from rollgym.errors import HTTPStatusError, RollgymError
 from rollgym.http import Target
+from rollgym.http.sse import encode_events
+from rollgym.models.assemble import assemble_chat
+from rollgym.models.stream import (
+    EventStreamResponse,
+    chat_stream,
+    response_stream,
+)
 from rollgym.models.translate import CHAT_ENDPOINT, chat_to_response, responses_to_chat
 from rollgym.server.base import ServerContext
 from rollgym.server.endpoint import Call, json_endpoint
@@ -71,6 +96,9 @@ class OpenAIProxy(ModelServer):
         api_key_env: str | None = Field(default=None, description="the NAME of the variable")
         model: str | None = Field(default=None, description="sent instead of the request's")
         timeout: float | None = Field(default=None, gt=0, description="seconds per attempt")
+        idle_timeout: float | None = Field(
+            default=60.0, gt=0, description="seconds the streaming upstream may send nothing"
+        )
         upstream_retry: RetryPolicy = Field(default_factory=_model_policy)
         extra_body: dict[str, Any] = Field(default_factory=dict)
 
@@ -89,6 +117,18 @@ class OpenAIProxy(ModelServer):
                 # Name the variable, never a value.
                 raise ValueError(f"environment variable {name or '(empty name)'} is not set")
             return name
+
+        @model_validator(mode="after")
+        def _one_credential(self) -> OpenAIProxy.Options:
+            # aiohttp refuses a request with both (an Authorization header and a URL's
+            # user:password); caught here, it is a config error before the run, not a failure
+            # of every model call.
+            if self.api_key_env is not None and urlsplit(self.base_url).username is not None:
+                raise ValueError(
+                    "base_url carries credentials (user:password@) and api_key_env is set: use "
+                    "one of them"
+                )
+            return self
 
     options: Options
 
@@ -137,34 +177,58 @@ class OpenAIProxy(ModelServer):
             self.client.call(self.upstream_root, TOKENIZE_ENDPOINT, body, headers=headers)
         )
 
-    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any]:
+    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
         chat = responses_to_chat(params, model=self.options.model)
-        completion = await self._scrubbed(self._call_upstream(chat))
-        return chat_to_response(
+        completion = await self._scrubbed(self._complete(chat))
+        response = chat_to_response(
             completion, params, upstream=self.upstream.name, model=chat.get("model")
         )
+        return response_stream(response) if params.get("stream") else response
 
     async def _chat(self, raw: Any, call: Call) -> Any:
         body = json_object(raw)
-        if body.get("stream"):
-            raise InvalidRequest(
-                "streaming is not supported by the proxy; omit 'stream'", status=400
-            )
         if self.options.model:
             body["model"] = self.options.model
-        completion = await self._scrubbed(self._call_upstream(body))
-        if not isinstance(completion, dict):
-            raise ProtocolError(
-                f"{self.upstream.name} answered {CHAT_ENDPOINT} with something other than "
-                "a JSON object",
-                server=self.upstream.name, endpoint=CHAT_ENDPOINT, method="POST",
-            )  # fmt: skip
-        return completion
+        if not body.get("stream"):
+            return await self._scrubbed(self._complete(body))
+        if self.options.idle_timeout is None:
+            whole = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+            return chat_stream(await self._scrubbed(self._complete(whole)), body)
+        # The client's own stream request, passed on as it is; its chunks go back unchanged.
+        answer = await self._scrubbed(
+            self.client.call_stream(
+                self.upstream,
+                CHAT_ENDPOINT,
+                self._with_extras(body),
+                idle_timeout=self.options.idle_timeout,
+                headers=self._auth(),
+            )
+        )
+        if answer.whole is not None:  # an upstream that does not stream
+            return chat_stream(answer.whole, body)
+        return EventStreamResponse(encode_events(answer.events))
 
-    async def _call_upstream(self, payload: dict[str, Any]) -> Any:
-        if self.options.extra_body:
-            payload = {**self.options.extra_body, **payload}
-        return await self.client.call(self.upstream, CHAT_ENDPOINT, payload, headers=self._auth())
+    async def _complete(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The upstream's whole chat completion for ``payload``: streamed and put back together
+        when an idle timeout is set (so that a silent upstream is caught in that time)."""
+        payload = self._with_extras(payload)
+        idle = self.options.idle_timeout
+        if idle is None:
+            return await self.client.call(
+                self.upstream, CHAT_ENDPOINT, payload, headers=self._auth()
+            )
+        options = payload.get("stream_options")
+        usage = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        payload = {**payload, "stream": True, "stream_options": usage}
+        answer = await self.client.call_stream(
+            self.upstream, CHAT_ENDPOINT, payload, idle_timeout=idle, headers=self._auth()
+        )
+        if answer.whole is not None:
+            return answer.whole
+        return assemble_chat(answer.events, upstream=self.upstream.name)
+
+    def _with_extras(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return {**self.options.extra_body, **payload} if self.options.extra_body else payload
 
     def _auth(self) -> dict[str, str] | None:
         if self._api_key is None:

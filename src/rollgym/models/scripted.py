@@ -12,6 +12,8 @@ It is NOT a language model. It answers OpenAI-compatible ``/v1/responses`` and
 Without a script it calls the first declared tool once (string arguments filled from the last
 user message) and then says the tool's output; with no tools it says a fixed sentence.
 Option ``latency`` (seconds) delays every answer, to stand in for model time in benchmarks.
+With ``"stream": true`` (either endpoint) the answer comes as server-sent events, as the
+``openai`` SDK's streaming calls expect (``rollgym.models.stream``).
 
 ``GET /v1/models`` lists ``rollgym-scripted``. ``POST /tokenize`` answers like vLLM's
 (``{"count", "max_model_len", "tokens", "token_strs"}`` for a ``prompt`` or chat ``messages``)
@@ -30,9 +32,11 @@ from typing import Any
 
 import orjson
 from pydantic import Field
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from rollgym.errors import InvalidRequest
+from rollgym.models.stream import chat_stream, response_stream
 from rollgym.server.endpoint import Call, json_endpoint
 from rollgym.server.model import (
     MODELS_ENDPOINT,
@@ -71,14 +75,15 @@ class ScriptedModel(ModelServer):
         if self.options.latency > 0:
             await asyncio.sleep(self.options.latency)
 
-    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any]:
+    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
         if "input" not in params:
             raise InvalidRequest("a Responses API request needs 'input'", status=400)
         items = _input_items(params["input"])
         turn, tool_output, user_text = _history(items)
         action = decide(params, turn, tool_output, user_text, call.rollout)
         await self._delay()
-        return build_response(params, action)
+        response = build_response(params, action)
+        return response_stream(response) if params.get("stream") else response
 
     async def _chat(self, body: Any, call: Call) -> Any:
         params = json_object(body)
@@ -101,7 +106,8 @@ class ScriptedModel(ModelServer):
             call.rollout,
         )
         await self._delay()
-        return build_chat_completion(params, action)
+        completion = build_chat_completion(params, action)
+        return chat_stream(completion, params) if params.get("stream") else completion
 
 
 # -- deciding what to say -------------------------------------------------------------------

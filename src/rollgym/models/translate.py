@@ -44,8 +44,6 @@ def _new_id(prefix: str) -> str:
 
 def responses_to_chat(params: dict[str, Any], *, model: str | None = None) -> dict[str, Any]:
     """A chat completions request for Responses API create ``params``; ``model`` overrides."""
-    if params.get("stream"):
-        raise InvalidRequest("streaming is not supported by the proxy; omit 'stream'", status=400)
     if params.get("previous_response_id"):
         raise InvalidRequest(
             "the proxy keeps no conversation state: send the whole conversation as 'input' "

@@ -110,7 +110,7 @@ class RayServers:
     async def _start(self, deadline: float) -> None:
         nodes = self._nodes or alive_nodes()
         layout = self._layout(nodes)
-        config_json = self.config.model_dump(mode="json")
+        config_json = self.config.model_dump(mode="json", context={"keep_secrets": True})
         log_dir = str(self.log_dir.resolve()) if self.log_dir else None
         for _, node in layout:
             if node.node_id not in self._hosts:

@@ -12,12 +12,19 @@ NeMo Gym's collector asks the agent for it): reading the body, validating the ta
 caller's ``x-rollgym-rollout``, or a fresh one), cancelling the rollout with its requests in
 flight if the caller disconnects, and error bodies: a failure of the model or resources server
 is answered 502/504 with that server's error as ``origin``.
+
+Every verified rollout also carries ``rollgym_timing`` (``Hops.to_dict``): the seconds of each
+hop the rollout made through its context (seed, model calls, tool calls, verify), the retries
+inside them and the time they spent waiting between attempts, for ``rollgym report``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import orjson
@@ -28,11 +35,123 @@ from starlette.routing import BaseRoute, Route
 from rollgym.config import format_validation_error
 from rollgym.errors import InvalidRequest, ProtocolError
 from rollgym.http import HttpClient, Target
+from rollgym.http.transport import AiohttpTransport, RawAnswer, Transport
 from rollgym.protocol import HEADER_ROLLOUT, TaskRow, rollout_key
 from rollgym.server.base import BaseServer, ModelPeer, ResourcesPeer, ServerContext
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
 from rollgym.server.episode import Episode, ResourcesClient
 from rollgym.server.model import RESPONSES_ENDPOINT
+
+TIMING_FIELD = "rollgym_timing"
+"""The verify response's field that holds the rollout's ``Hops``."""
+
+
+class _Call:
+    """One timed hop's attempts, counted by ``HopTransport`` (the client retries inside)."""
+
+    __slots__ = ("attempts", "sent_s")
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.sent_s = 0.0
+
+
+# The hop being timed in this task: set around each call (concurrent tool calls run in tasks of
+# their own, so each sees its own), read by the transport for every attempt it sends.
+_CALL: ContextVar[_Call | None] = ContextVar("rollgym_hop_call", default=None)
+
+
+class Hops:
+    """Per-hop timing of one rollout: seconds of every seed, model, tool and verify call, the
+    retries inside them, and the time they waited between attempts (backoff)."""
+
+    __slots__ = ("retries", "seconds", "started", "wait_s")
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, list[float]] = {}
+        self.retries: dict[str, int] = {}
+        self.wait_s = 0.0
+        self.started = time.monotonic()
+
+    async def timed(self, hop: str, call: Awaitable[Any]) -> Any:
+        """Await ``call`` as one ``hop``, and record it (failed calls too)."""
+        counted = _Call()
+        token = _CALL.set(counted)
+        t0 = time.monotonic()
+        try:
+            return await call
+        finally:
+            took = time.monotonic() - t0
+            _CALL.reset(token)
+            self.seconds.setdefault(hop, []).append(took)
+            if counted.attempts > 1:
+                self.retries[hop] = self.retries.get(hop, 0) + counted.attempts - 1
+                self.wait_s += max(0.0, took - counted.sent_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record: ``{hop: [seconds...], "retries": {hop: n}, "wait_s", "total_s", "end"}``
+        (``end``: wall-clock time, so a report can plot the run over time)."""
+        out: dict[str, Any] = {k: [round(s, 5) for s in v] for k, v in self.seconds.items()}
+        out["retries"] = self.retries
+        out["wait_s"] = round(self.wait_s, 5)
+        out["total_s"] = round(time.monotonic() - self.started, 5)
+        out["end"] = round(time.time(), 3)
+        return out
+
+
+class HopTransport:
+    """The agent's transport: aiohttp's, counting each attempt (and its seconds) against the
+    hop being timed, so ``Hops`` knows a call's retries and its wait between attempts."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+
+    async def send(
+        self,
+        url: str,
+        body: bytes | bytearray,
+        headers: Mapping[str, str] | None,
+        *,
+        timeout: float,
+        connect_timeout: float,
+        server: str,
+        endpoint: str,
+        idle_timeout: float | None = None,
+    ) -> RawAnswer:
+        call = _CALL.get()
+        if call is None:
+            return await self.inner.send(
+                url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
+                server=server, endpoint=endpoint, idle_timeout=idle_timeout,
+            )  # fmt: skip
+        call.attempts += 1
+        t0 = time.monotonic()
+        try:
+            return await self.inner.send(
+                url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
+                server=server, endpoint=endpoint, idle_timeout=idle_timeout,
+            )  # fmt: skip
+        finally:
+            call.sent_s += time.monotonic() - t0
+
+
+class TimedEpisode(Episode):
+    """An ``Episode`` whose seed, tool and verify calls are recorded in ``hops``."""
+
+    def __init__(self, resources: ResourcesClient, rollout: str, hops: Hops) -> None:
+        super().__init__(resources, rollout)
+        self.hops = hops
+
+    async def seed(self, row: dict[str, Any]) -> None:
+        await self.hops.timed("seed", super().seed(row))
+
+    async def call_tool(self, name: str, arguments: Any) -> str:
+        output: str = await self.hops.timed("tool", super().call_tool(name, arguments))
+        return output
+
+    async def verify(self, row: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+        verified: dict[str, Any] = await self.hops.timed("verify", super().verify(row, response))
+        return verified
 
 
 class ModelClient:
@@ -43,6 +162,10 @@ class ModelClient:
 
     async def respond(self, params: dict[str, Any], rollout: str) -> dict[str, Any]:
         """The model's Responses API response to ``params``, for rollout ``rollout``."""
+        if params.get("stream"):
+            # A row asking for a stream would get server-sent events back: the agent needs the
+            # whole response (the model server still streams from its upstream itself).
+            params = {**params, "stream": False}
         response = await self.http.call(
             self.target, RESPONSES_ENDPOINT, params, headers={HEADER_ROLLOUT: rollout},
             deadline=self.timeout, sticky=rollout,
@@ -61,15 +184,21 @@ class RunContext:
 
     rollout: str
     agent: AgentServer
+    hops: Hops = field(default_factory=Hops)
+    """The timing of the calls made through this context (recorded as ``rollgym_timing``)."""
 
     def episode(self, resources: str | None = None) -> Episode:
         """A session of this rollout on resources server ``resources`` (default: the
         ``resources`` option)."""
-        return self.agent.resources_client(resources).episode(self.rollout)
+        return TimedEpisode(self.agent.resources_client(resources), self.rollout, self.hops)
 
     async def respond(self, params: dict[str, Any], model: str | None = None) -> dict[str, Any]:
         """The response of model server ``model`` (default: the ``model`` option)."""
-        return await self.agent.model_client(model).respond(params, self.rollout)
+        client = self.agent.model_client(model)
+        response: dict[str, Any] = await self.hops.timed(
+            "model", client.respond(params, self.rollout)
+        )
+        return response
 
 
 class AgentServer(BaseServer):
@@ -92,6 +221,10 @@ class AgentServer(BaseServer):
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
+        # Its own client, whose transport counts each hop's attempts (``Hops``); the pool
+        # settings are the client's defaults.
+        self._transport = AiohttpTransport()
+        self.client = HttpClient(transport=HopTransport(self._transport))
         self._models: dict[str, ModelClient] = {}
         self._resources: dict[str, ResourcesClient] = {}
 
@@ -117,6 +250,10 @@ class AgentServer(BaseServer):
             )  # fmt: skip
         return self._resources[name]
 
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        await self._transport.close()  # passed in, so the client leaves it to us
+
     def routes(self) -> list[BaseRoute]:
         return [
             Route("/run", json_endpoint(self._run), methods=["POST"]),
@@ -134,7 +271,10 @@ class AgentServer(BaseServer):
     async def _run(self, body: Any, call: Call) -> Response:
         row = task_row(body)
         rollout = call.rollout or _rollout_id(row)
-        verified = await self.run(row, RunContext(rollout, self))
+        ctx = RunContext(rollout, self)
+        verified = await self.run(row, ctx)
+        if isinstance(verified, dict):
+            verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())
         return JSONResponse(verified, headers={HEADER_ROLLOUT: rollout})
 
 
@@ -159,4 +299,12 @@ def _rollout_id(row: dict[str, Any]) -> str:
     return os.urandom(16).hex()
 
 
-__all__ = ["AgentServer", "Episode", "ModelClient", "ResourcesClient", "RunContext"]
+__all__ = [
+    "AgentServer",
+    "Episode",
+    "Hops",
+    "ModelClient",
+    "ResourcesClient",
+    "RunContext",
+    "TimedEpisode",
+]

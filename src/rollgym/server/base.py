@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo
@@ -24,6 +27,9 @@ BUILTIN_IMPLS: dict[str, str] = {
     "math": "rollgym.envs.math.server:MathEnv",
     "echo": "rollgym.envs.echo.server:EchoEnv",
     "guess": "rollgym.envs.guess.server:GuessEnv",
+    "code": "rollgym.envs.code.server:CodeEnv",
+    "judge": "rollgym.envs.judge.server:JudgeEnv",
+    "stand_in_judge": "rollgym.envs.judge.stand_in:StandInJudge",
 }
 
 
@@ -110,7 +116,9 @@ class BaseServer:
         try:
             return cls.Options.model_validate(raw, context={"servers": servers})
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(source, exc, prefix=prefix)) from None
+            raise ConfigError(
+                format_validation_error(source, exc, prefix=prefix, model=cls.Options)
+            ) from None
 
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
@@ -162,30 +170,94 @@ NoOptions = BaseServer.Options
 def check_servers(config: Config) -> None:
     """Before anything starts: every server's impl resolves and its options (peers included)
     are valid; raise ``ConfigError`` naming the file and key."""
+    source = config.source or "config"
     for name, server in config.servers.items():
         if server.impl is None:
             continue  # given by url only: runs elsewhere, maybe not a rollgym server at all
-        resolve_impl(server.impl, server.kind).check_options(config, name)
+        klass = resolve_impl(
+            server.impl,
+            server.kind,
+            config_dir=config.base_dir(),
+            where=f"{source}: servers.{name}.impl",
+        )
+        klass.check_options(config, name)
 
 
-def resolve_impl(impl: str | None, kind: str | None = None) -> type[BaseServer]:
-    """The server class named by ``impl`` (a short name or ``package.module:Class``)."""
+def resolve_impl(
+    impl: str | None,
+    kind: str | None = None,
+    *,
+    config_dir: Path | None = None,
+    where: str = "impl",
+) -> type[BaseServer]:
+    """The server class named by ``impl`` (a short name or ``module:Class``). A module is
+    looked for among the installed packages, then in ``config_dir`` (the config's folder, so
+    ``impl: weather:Weather`` finds the ``weather.py`` beside the config). ``where`` names the
+    file and key in errors."""
     if impl is None:
-        raise ConfigError("no impl: a server rollgym starts needs one (impl: NAME)")
+        raise ConfigError(f"{where}: missing: a server rollgym starts needs one (impl: NAME)")
     path = BUILTIN_IMPLS.get(impl, impl)
     module_name, _, attr = path.partition(":")
-    if not attr:
+    if not attr or not module_name:
+        near = difflib.get_close_matches(impl, BUILTIN_IMPLS, n=1)
+        hint = f"did you mean {near[0]}? Otherwise use " if near else "use "
         raise ConfigError(
-            f"impl {impl!r} is neither a built-in ({', '.join(BUILTIN_IMPLS)}) "
-            "nor of the form 'package.module:Class'"
+            f"{where}: {impl!r} is not a built-in server ({', '.join(BUILTIN_IMPLS)}); "
+            f"{hint}'module:Class' (e.g. weather:Weather for a weather.py beside the config)"
         )
-    try:
-        module = importlib.import_module(module_name)
-        klass = getattr(module, attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"impl {impl!r}: cannot load {path}: {exc}") from None
-    if not (isinstance(klass, type) and issubclass(klass, BaseServer)):
-        raise ConfigError(f"impl {impl!r}: {path} is not a rollgym server class")
+    if config_dir is not None:
+        folder = str(Path(config_dir).absolute())
+        # Appended, not prepended: a file beside the config never shadows an installed
+        # module (a config folder named like a package must not hide the package).
+        if folder not in sys.path:
+            sys.path.append(folder)
+    module = _import(module_name, impl, where, config_dir)
+    klass = getattr(module, attr, None)
+    if klass is None:
+        classes = sorted(n for n, v in vars(module).items() if _is_server(v))
+        near = difflib.get_close_matches(attr, classes, n=1)
+        hint = (
+            f"did you mean {near[0]}?"
+            if near
+            else (f"server classes in it: {', '.join(classes) or 'none'}")
+        )
+        raise ConfigError(
+            f"{where}: {impl!r}: {getattr(module, '__file__', module_name)} has no {attr!r} "
+            f"({hint})"
+        )
+    if not _is_server(klass):
+        raise ConfigError(
+            f"{where}: {impl!r}: {path} is not a rollgym server class (a subclass of "
+            "ResourcesServer, ModelServer or AgentServer)"
+        )
     if kind is not None and klass.kind != kind:
-        raise ConfigError(f"impl {impl!r} is a {klass.kind} server, not a {kind} server")
-    return klass
+        raise ConfigError(f"{where}: {impl!r} is a {klass.kind} server, not a {kind} server")
+    result: type[BaseServer] = klass
+    return result
+
+
+def _is_server(value: object) -> bool:
+    return isinstance(value, type) and issubclass(value, BaseServer)
+
+
+def _import(module_name: str, impl: str, where: str, config_dir: Path | None) -> Any:
+    """Import the module of ``impl``; a ``ConfigError`` saying what to do if that fails."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module_name != missing and not module_name.startswith(missing + "."):
+            raise ConfigError(
+                f"{where}: {impl!r}: importing {module_name} failed: {exc} (install what it needs)"
+            ) from None
+        top = module_name.split(".")[0]
+        beside = f" ({Path(config_dir).absolute()})" if config_dir is not None else ""
+        raise ConfigError(
+            f"{where}: {impl!r}: no module named {missing!r} among the installed packages or "
+            f"beside the config; put {top}.py (or the package {top}/) beside the config"
+            f"{beside}, install it, or add its folder to PYTHONPATH"
+        ) from None
+    except Exception as exc:  # the user's module failed to import: say where, not a traceback
+        raise ConfigError(
+            f"{where}: {impl!r}: importing {module_name} failed: {type(exc).__name__}: {exc}"
+        ) from None

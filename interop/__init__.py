@@ -1,0 +1,1 @@
+"""Interoperability suite against the real nemo-gym==0.4.0 (see interop/README.md)."""

@@ -1,0 +1,40 @@
+"""A deterministic stand-in judge for demos, tests and ``rollgym check``. It is NOT a language
+model: it reads the GOLD and CANDIDATE sections of ``JudgeEnv``'s default equivalence prompt and
+says ``[[A=B]]`` when their normalized texts (case, spaces, punctuation, a ``\\boxed{}``) match,
+else ``[[A!=B]]``. Point ``judge`` at an ``openai_proxy`` server for real judging."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rollgym.models.scripted import build_response
+from rollgym.server.endpoint import Call
+from rollgym.server.model import ModelServer
+
+_SECTIONS = re.compile(r"GOLD:\n(?P<gold>.*?)\n\nCANDIDATE:\n(?P<candidate>.*)\Z", re.DOTALL)
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def normalize(text: str) -> str:
+    boxed = _BOXED.findall(text)
+    if boxed:
+        text = boxed[-1]
+    return re.sub(r"[\W_]+", "", text.lower())
+
+
+class StandInJudge(ModelServer):
+    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any]:
+        items = params.get("input")
+        prompt = ""
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, dict) and item.get("role") == "user":
+                prompt = str(item.get("content", ""))
+        found = _SECTIONS.search(prompt)
+        if found is None:
+            text = "I can only compare a GOLD and a CANDIDATE section."
+        elif normalize(found["gold"]) == normalize(found["candidate"]):
+            text = "They state the same answer. [[A=B]]"
+        else:
+            text = "They state different answers. [[A!=B]]"
+        return build_response(params, {"say": text})

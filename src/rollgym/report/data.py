@@ -1,0 +1,194 @@
+"""A run directory read for a report: one streaming pass over its ledger into flat columns.
+
+Works on any run directory: finished, aborted, resumed or still being written (a torn last
+line is skipped; ``metrics.json`` may be missing or from an earlier session, and is only used
+for the counters no record holds: HTTP retries, breaker rejections, circuit holds).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from rollgym.collect.metrics import pass_at_k
+from rollgym.collect.rundir import read_state
+from rollgym.errors import RollgymError
+from rollgym.server.agent import TIMING_FIELD
+
+HOPS = ("seed", "model", "tool", "verify")
+"""The hops an agent times (``rollgym.server.agent.Hops``), in the order a rollout makes them."""
+
+
+@dataclass
+class Failure:
+    task_index: int
+    type: str
+    server: str
+    status: str
+    attempts: int
+    at: float | None
+    """Wall-clock time it was recorded (``finished_at``), when the record has one."""
+
+
+@dataclass
+class TaskStats:
+    scored: int = 0
+    passed: int = 0
+    failed: int = 0
+    reward_sum: float = 0.0
+
+    @property
+    def pass_rate(self) -> float | None:
+        return self.passed / self.scored if self.scored else None
+
+
+@dataclass
+class RunData:
+    """What a report needs of one run."""
+
+    path: Path
+    name: str
+    status: str
+    total: int
+    repeats: int
+    threshold: float
+    rewards: array[float] = field(default_factory=lambda: array("d"))
+    durations: array[float] = field(default_factory=lambda: array("d"))
+    """Seconds of each scored rollout as the collector saw it (the rollout's whole time)."""
+    ends: array[float] = field(default_factory=lambda: array("d"))
+    """Wall-clock end of each scored rollout that has one."""
+    attempts: Counter[int] = field(default_factory=Counter)
+    hops: dict[str, array[float]] = field(default_factory=dict)
+    hop_retries: Counter[str] = field(default_factory=Counter)
+    wait_s: float = 0.0
+    timed: int = 0
+    """Scored rollouts that carry per-hop timing (runs made before it have none)."""
+    failures: list[Failure] = field(default_factory=list)
+    tasks: dict[int, TaskStats] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scored(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def pending(self) -> int:
+        return max(0, self.total - self.scored - len(self.failures))
+
+    def pass_at(self) -> dict[int, float]:
+        """Unbiased pass@k for every k up to the most rollouts scored on a task."""
+        out: dict[int, float] = {}
+        most = max((t.scored for t in self.tasks.values()), default=0)
+        for k in range(1, most + 1):
+            values = [
+                pass_at_k(t.scored, t.passed, k) for t in self.tasks.values() if t.scored >= k
+            ]
+            out[k] = sum(values) / len(values)
+        return out
+
+    def reward_mean(self) -> float | None:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+
+def load_run(path: Path, name: str | None = None) -> RunData:
+    """Read the run in ``path``."""
+    info = _json(path / "run.json")
+    if not (path / "tasks.jsonl").exists() and not info:
+        raise RollgymError(f"{path}: not a run directory (no run.json or tasks.jsonl)")
+    state = read_state(path)
+    inputs = info.get("inputs") or {}
+    collect = info.get("collect") or {}
+    run = RunData(
+        path=path,
+        name=name or path.name,
+        status=state.status if state else "unknown",
+        total=int(info.get("total") or 0),
+        repeats=int(inputs.get("repeats") or collect.get("repeats") or 1),
+        threshold=float(collect.get("pass_threshold", 1.0)),
+        metrics=_json(path / "metrics.json"),
+    )
+    for hop in HOPS:
+        run.hops[hop] = array("d")
+    _read_rollouts(run, path / "rollouts.jsonl")
+    _read_failures(run, path / "failures.jsonl")
+    run.total = max(run.total, run.scored + len(run.failures))
+    return run
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _lines(path: Path) -> Any:
+    if not path.exists():
+        return
+    with path.open("rb") as fh:
+        for line in fh:
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a run still writing (or killed) may leave a torn last line
+            if isinstance(rec, dict) and "task_index" in rec:
+                yield rec
+
+
+def _read_rollouts(run: RunData, path: Path) -> None:
+    threshold = run.threshold
+    for rec in _lines(path):
+        reward = float(rec.get("reward", 0.0))
+        run.rewards.append(reward)
+        run.durations.append(float(rec.get("duration_s", 0.0)))
+        run.attempts[int(rec.get("attempts", 1))] += 1
+        task = run.tasks.get(rec["task_index"])
+        if task is None:
+            task = run.tasks[rec["task_index"]] = TaskStats()
+        task.scored += 1
+        task.passed += reward >= threshold
+        task.reward_sum += reward
+        timing = rec.get(TIMING_FIELD)
+        end = rec.get("finished_at")
+        if isinstance(timing, dict):
+            run.timed += 1
+            for hop in HOPS:
+                seconds = timing.get(hop)
+                if isinstance(seconds, list):
+                    run.hops[hop].extend(float(s) for s in seconds)
+            retries = timing.get("retries")
+            if isinstance(retries, dict):
+                run.hop_retries.update({str(k): int(v) for k, v in retries.items()})
+            run.wait_s += float(timing.get("wait_s") or 0.0)
+            if end is None:
+                end = timing.get("end")
+        if isinstance(end, (int, float)):
+            run.ends.append(float(end))
+
+
+def _read_failures(run: RunData, path: Path) -> None:
+    for rec in _lines(path):
+        err = rec.get("error")
+        root = RollgymError.from_dict(err).root() if isinstance(err, dict) else None
+        status = "?" if root is None else (str(root.status) if root.status else root.type)
+        at = rec.get("finished_at")
+        run.failures.append(
+            Failure(
+                task_index=rec["task_index"],
+                type=root.type if root else "?",
+                server=(root.server if root else None) or "?",
+                status=status,
+                attempts=int(rec.get("attempts", 1)),
+                at=float(at) if isinstance(at, (int, float)) else None,
+            )
+        )
+        task = run.tasks.get(rec["task_index"])
+        if task is None:
+            task = run.tasks[rec["task_index"]] = TaskStats()
+        task.failed += 1

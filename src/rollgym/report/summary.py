@@ -1,0 +1,96 @@
+"""The numbers a report leads with, as plain data: for the page's tables and the terminal."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from rollgym.report.data import RunData
+
+HARDEST = 15
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    task_index: int
+    scored: int
+    passed: int
+    failed: int
+    pass_rate: float | None
+    reward_mean: float | None
+
+
+@dataclass(frozen=True)
+class Delta:
+    task_index: int
+    before: float
+    after: float
+
+    @property
+    def change(self) -> float:
+        return self.after - self.before
+
+
+def hardest(run: RunData, n: int = HARDEST) -> list[TaskRow]:
+    """The ``n`` tasks with the lowest pass rate (then the most failed rollouts)."""
+    rows = [
+        TaskRow(i, t.scored, t.passed, t.failed, t.pass_rate,
+                t.reward_sum / t.scored if t.scored else None)
+        for i, t in run.tasks.items()
+    ]  # fmt: skip
+    rows.sort(key=lambda r: (r.pass_rate if r.pass_rate is not None else -1.0, -r.failed))
+    return rows[:n]
+
+
+def deltas(base: RunData, other: RunData, n: int = HARDEST) -> list[Delta]:
+    """The ``n`` tasks whose pass rate moved most from ``base`` to ``other``."""
+    out = []
+    for i, t in base.tasks.items():
+        o = other.tasks.get(i)
+        if o is not None and t.pass_rate is not None and o.pass_rate is not None:
+            out.append(Delta(i, t.pass_rate, o.pass_rate))
+    out.sort(key=lambda d: (-abs(d.change), d.task_index))
+    return [d for d in out if d.change][:n]
+
+
+def headline(run: RunData) -> dict[str, str]:
+    """One run in a few labelled values."""
+    mean = run.reward_mean()
+    curve = run.pass_at()
+    kmax = max(curve, default=0)
+    top = Counter(f.type for f in run.failures).most_common(3)
+    hops = {h: run.hops[h] for h in run.hops if len(run.hops[h])}
+    return {
+        "status": run.status,
+        "rollouts": f"{run.scored} ok, {len(run.failures)} failed, {run.pending} pending "
+        f"of {run.total}",
+        "reward mean": "-" if mean is None else f"{mean:.4f}",
+        "pass@1": f"{curve[1]:.4f}" if curve else "-",
+        f"pass@{kmax}": f"{curve[kmax]:.4f}" if kmax > 1 else "-",
+        "failures": ", ".join(f"{k} {v}" for k, v in top) or "none",
+        "hop p50 (ms)": ", ".join(f"{h} {_median(v) * 1000:.1f}" for h, v in hops.items())
+        or "no per-hop timing",
+    }
+
+
+def _median(values: object) -> float:
+    ordered = sorted(values)  # type: ignore[call-overload]
+    return float(ordered[len(ordered) // 2]) if ordered else 0.0
+
+
+def terminal(runs: list[RunData]) -> str:
+    """A short plain-text summary of every run, and of the per-task deltas when comparing."""
+    lines = []
+    for run in runs:
+        lines.append(f"{run.name} ({run.path})")
+        lines.extend(f"  {k}: {v}" for k, v in headline(run).items() if v != "-")
+        worst = [r for r in hardest(run, 5) if r.pass_rate is not None]
+        if worst:
+            shown = ", ".join(f"{r.task_index} ({r.pass_rate:.2f})" for r in worst)
+            lines.append(f"  hardest tasks (pass rate): {shown}")
+    for other in runs[1:]:
+        moved = deltas(runs[0], other, 5)
+        if moved:
+            shown = ", ".join(f"{d.task_index} {d.before:.2f}->{d.after:.2f}" for d in moved)
+            lines.append(f"largest per-task changes, {runs[0].name} -> {other.name}: {shown}")
+    return "\n".join(lines)
