@@ -42,7 +42,7 @@ _BY_ROLE: dict[str, Any] = {
     "tool": ChatCompletionToolMessageParam,
 }
 # vLLM/SGLang read the previous turn's reasoning back from this field of an assistant message.
-_VLLM_MESSAGE_KEYS = ("reasoning_content",)
+_VLLM_MESSAGE_KEYS = ("reasoning_content", "reasoning")  # vLLM >= 0.16 reads "reasoning"
 
 
 def _only_known_keys(obj: dict[str, Any], typed_dict: Any, extra: tuple[str, ...] = ()) -> None:

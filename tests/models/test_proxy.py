@@ -261,6 +261,7 @@ async def test_tool_call_round_trip(upstream: FakeUpstream) -> None:
             "role": "assistant",
             "content": None,
             "reasoning_content": "Need the weather tool.",
+            "reasoning": "Need the weather tool.",
             "tool_calls": [
                 {
                     "id": call.call_id,

@@ -84,6 +84,7 @@ def test_string_input_with_params_becomes_a_chat_request() -> None:
         "temperature": 0.7,
         "top_p": 0.9,
         "max_tokens": 64,
+        "reasoning_effort": "low",
     }
     check_chat_request(chat)
 
@@ -190,6 +191,7 @@ def test_function_calls_merge_into_one_assistant_turn_and_outputs_become_tool_me
             "role": "assistant",
             "content": "Checking.",
             "reasoning_content": "Two cities, two calls.",
+            "reasoning": "Two cities, two calls.",
             "tool_calls": [
                 {
                     "id": "call_a",
@@ -255,8 +257,10 @@ def test_tools_tool_choice_and_parallel_tool_calls() -> None:
             responses_to_chat({"input": "x", "tools": [bare], "tool_choice": mode})["tool_choice"]
             == mode
         )
-    # Chat APIs refuse tool_choice without tools: it is dropped.
-    assert "tool_choice" not in responses_to_chat({"input": "x", "tool_choice": "required"})
+    # Chat APIs refuse tool_choice without tools: a no-op one is left out, a demand refused.
+    assert "tool_choice" not in responses_to_chat({"input": "x", "tool_choice": "auto"})
+    with pytest.raises(InvalidRequest, match="needs 'tools'"):
+        responses_to_chat({"input": "x", "tool_choice": "required"})
 
 
 @pytest.mark.parametrize(
@@ -410,7 +414,7 @@ def test_a_response_fed_back_as_input_rebuilds_the_same_assistant_turn() -> None
     for item in items:
         INPUT_ITEM.validate_python(item)
     chat = responses_to_chat({"model": "m", "input": items, "tools": [WEATHER_TOOL]})
-    assert chat["messages"][1] == {"role": "assistant", **msg}
+    assert chat["messages"][1] == {"role": "assistant", **msg, "reasoning": "Need the weather."}
     assert chat["messages"][2] == {"role": "tool", "tool_call_id": "call_9", "content": "cold"}
     check_chat_request(chat)
 

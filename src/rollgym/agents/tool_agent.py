@@ -4,6 +4,10 @@
 
 A rollout that runs out of steps is verified as it stands and marked ``truncated``.
 
+When its model server attaches training token data (``openai_proxy``'s ``return_token_ids``),
+the rollout records ``drifted_turns``: how many calls' prompts do not extend the previous call's
+prompt and generation (``rollgym.models.tokens``), with the details under ``rollgym_drift``.
+
 A tool's own 4xx answer (bad arguments, unknown key) is the tool's output, handed back to the
 model as a ``function_call_output``. An infrastructure failure (model, tool or verify failing
 after the called server's retries) fails the rollout with the typed error as ``origin``.
@@ -21,6 +25,7 @@ from typing import Any
 import orjson
 from pydantic import Field
 
+from rollgym.models.tokens import DRIFT_FIELD, DRIFTED_TURNS, CallTokens, drifted_turns
 from rollgym.protocol import function_calls
 from rollgym.server.agent import AgentServer, RunContext
 from rollgym.server.episode import Episode
@@ -83,6 +88,7 @@ class ToolAgent(AgentServer):
             truncated = True
 
         verified = await episode.verify(row, final_response(response, outputs, turns))
+        verified.update(drift_fields(turns))
         verified.setdefault("num_steps", steps)
         verified.setdefault("truncated", truncated)
         verified.setdefault("agent_seconds", round(time.monotonic() - started, 4))
@@ -116,6 +122,23 @@ def final_response(
     if any("rollgym_upstream" in t for t in turns):
         final["rollgym_upstream"] = [t.get("rollgym_upstream") for t in turns]
     return final
+
+
+def drift_fields(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """``drifted_turns`` (and which) when the model server put token data on its calls: the
+    calls whose prompt ids do not begin with the previous call's prompt + generation ids.
+
+    Every call of this agent extends one conversation, so any mismatch is re-tokenisation
+    drift: training on those ids would teach a sequence the model never saw.
+    """
+    calls = [CallTokens.of_item(t["output"][-1]) if t.get("output") else None for t in turns]
+    if not any(calls):
+        return {}
+    drift = drifted_turns(calls)
+    return {
+        DRIFTED_TURNS: len(drift.turns),
+        DRIFT_FIELD: {"checked": drift.checked, "turns": list(drift.turns)},
+    }
 
 
 def _sum_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:

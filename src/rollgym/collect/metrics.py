@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from rollgym.models.tokens import DRIFTED_TURNS
+
 _NOT_METRICS = frozenset(
     {
         "task_index",
@@ -102,6 +104,15 @@ class _ScoreSums:
 
 
 @dataclass
+class TokenDrift:
+    """Re-tokenisation drift over the rollouts that carried token data (``drifted_turns``)."""
+
+    checked_rollouts: int = 0
+    drifted_rollouts: int = 0
+    drifted_turns: int = 0
+
+
+@dataclass
 class RunMetrics:
     total: int
     succeeded: int = 0
@@ -114,6 +125,7 @@ class RunMetrics:
     failures_by_status: dict[str, int] = field(default_factory=dict)
     env_metrics: dict[str, float] = field(default_factory=dict)
     scores: dict[str, ScoreStats] = field(default_factory=dict)
+    token_drift: TokenDrift | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +144,7 @@ class RunMetrics:
             },
             "env_metrics": self.env_metrics,
             "scores": {name: vars(stats) for name, stats in self.scores.items()},
+            "token_drift": vars(self.token_drift) if self.token_drift else None,
         }
 
 
@@ -156,6 +169,7 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
     metric_sums: dict[str, float] = {}
     metric_counts: Counter[str] = Counter()
     sub_scores = _ScoreSums()
+    drift = TokenDrift()
     # A verify response echoes its task row: the row's own numbers (a secret, a difficulty)
     # are task data, not metrics of the environment.
     skip = _NOT_METRICS | _row_keys(out_dir / "tasks.jsonl")
@@ -175,6 +189,11 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
                 mean += delta / count
                 m2 += delta * (reward - mean)
                 sub_scores.add(rec.get("scores"), threshold)
+                turns = rec.get(DRIFTED_TURNS)
+                if isinstance(turns, int) and not isinstance(turns, bool):
+                    drift.checked_rollouts += 1
+                    drift.drifted_rollouts += turns > 0
+                    drift.drifted_turns += turns
                 for key, value in rec.items():
                     if key in skip or isinstance(value, bool):
                         continue
@@ -218,6 +237,7 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
             m.pass_at_k[f"pass@{k}"] = sum(values) / len(values)
     m.env_metrics = {k: metric_sums[k] / metric_counts[k] for k in sorted(metric_sums)}
     m.scores = sub_scores.stats()
+    m.token_drift = drift if drift.checked_rollouts else None
     with (out_dir / "per_task.jsonl").open("wb") as fh:
         for index in range(len(tasks)):
             n, passed, failed = tasks.n[index], tasks.passed[index], tasks.failed[index]

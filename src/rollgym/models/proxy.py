@@ -17,7 +17,8 @@ it and NeMo Gym's vLLM client looks for it). ``GET /v1/models`` lists the ``mode
           timeout: 600                  # seconds per attempt (optional)
           idle_timeout: 60              # seconds the upstream may send nothing (null: off)
           upstream_retry: {max_attempts: 3}   # RetryPolicy fields (optional)
-          extra_body: {return_token_ids: true}  # merged into every upstream request (optional)
+          extra_body: {top_k: 20}       # merged into every upstream request (optional)
+          return_token_ids: true        # training token fields on every call (see below)
 
 **A silent upstream is caught in ``idle_timeout`` seconds, a long generation is not cut.** The
 proxy asks its upstream to stream (``"stream": true``, usage included) and reads the stream to
@@ -28,6 +29,14 @@ chunks are put back together into the completion the upstream would have answere
 (``rollgym.models.assemble``). An upstream that answers plain JSON instead is used as is, but it
 too must answer within ``idle_timeout``; ``idle_timeout: null`` asks for whole answers (then
 only the attempt timeout bounds a call).
+
+**Training token data** (``return_token_ids: true``): the last output item of every
+``/v1/responses`` answer carries that call's ``prompt_token_ids``, ``generation_token_ids`` and
+``generation_log_probs``, where NeMo Gym's ``vllm_model`` puts them for NeMo RL
+(``rollgym.models.tokens``). The proxy asks vLLM for logprobs with token ids and, for a vLLM
+that sends no ``prompt_token_ids``, renders the prompt with the upstream's ``/tokenize``; an
+answer without usable token data fails the call (``ProtocolError``), never a record without
+them. The raw fields stay under ``rollgym_upstream``.
 
 Clients may stream too (``"stream": true`` on either endpoint): they get the answer as
 server-sent events once it is complete (``rollgym.models.stream``).
@@ -60,6 +69,13 @@ from rollgym.models.stream import (
     EventStreamResponse,
     chat_stream,
     response_stream,
+)
+from rollgym.models.tokens import (
+    attach,
+    call_tokens,
+    needs_tokenize,
+    token_request,
+    tokenize_request,
 )
 from rollgym.models.translate import CHAT_ENDPOINT, chat_to_response, responses_to_chat
 from rollgym.server.base import ServerContext
@@ -101,6 +117,11 @@ class OpenAIProxy(ModelServer):
         )
         upstream_retry: RetryPolicy = Field(default_factory=_model_policy)
         extra_body: dict[str, Any] = Field(default_factory=dict)
+        return_token_ids: bool = Field(
+            default=False,
+            description="put each call's prompt/generation token ids and logprobs on its "
+            "last output item (vLLM upstreams)",
+        )
 
         @field_validator("upstream_retry", mode="before")
         @classmethod
@@ -179,10 +200,25 @@ class OpenAIProxy(ModelServer):
 
     async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
         chat = responses_to_chat(params, model=self.options.model)
+        if self.options.return_token_ids:
+            chat = token_request(chat)
         completion = await self._scrubbed(self._complete(chat))
         response = chat_to_response(
             completion, params, upstream=self.upstream.name, model=chat.get("model")
         )
+        if self.options.return_token_ids:
+            tokenized = None
+            if needs_tokenize(completion):
+                # The prompt as the generation saw it: the same messages, tools and template
+                # options (extra_body may carry chat_template_kwargs).
+                body = tokenize_request(self._with_extras(chat))
+                tokenized = await self._scrubbed(
+                    self.client.call(
+                        self.upstream_root, TOKENIZE_ENDPOINT, body, headers=self._auth()
+                    )
+                )
+            tokens = call_tokens(completion, upstream=self.upstream.name, tokenized=tokenized)
+            attach(response["output"], tokens)
         return response_stream(response) if params.get("stream") else response
 
     async def _chat(self, raw: Any, call: Call) -> Any:

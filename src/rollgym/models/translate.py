@@ -34,6 +34,51 @@ _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant"
 _TOOL_CHOICE_MODES = ("none", "auto", "required")
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
+_SAME_NAME = ("temperature", "top_p", "seed", "stop", "frequency_penalty", "presence_penalty")
+"""Sampling parameters spelt alike in both APIs (``seed`` and ``stop`` are chat-only in
+OpenAI's types, but NeMo Gym rows and vLLM use them)."""
+
+_REFUSED: dict[str, tuple[Any, ...]] = {
+    # Responses-only options that would change the answer; their no-op values pass.
+    "background": (False,),
+    # "auto" only acts past the context window, where the upstream answers 400 instead: loud.
+    "truncation": ("disabled", "auto"),
+    "max_tool_calls": (),
+    "conversation": (),
+    "prompt": (),
+}
+
+_HANDLED = frozenset(
+    {
+        *_SAME_NAME,
+        *_REFUSED,
+        "input",
+        "instructions",
+        "model",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "max_output_tokens",
+        "top_logprobs",
+        "reasoning",
+        "text",
+        "previous_response_id",
+        # No effect on the tokens generated: bookkeeping of the Responses API, or handled by
+        # the server (streaming to the client is the proxy's own business, not the upstream's).
+        "stream",
+        "stream_options",
+        "metadata",
+        "store",
+        "user",
+        "include",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+    }
+)
+"""Responses create params translated, refused or known to change nothing upstream; any other
+key is passed through to the chat request unchanged."""
+
 
 def _new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -65,14 +110,18 @@ def responses_to_chat(params: dict[str, Any], *, model: str | None = None) -> di
     tools = params.get("tools") or []
     if not isinstance(tools, list):
         raise InvalidRequest("'tools' must be a list", status=422)
+    choice = params.get("tool_choice")
     if tools:
         chat["tools"] = [chat_tool(t, i) for i, t in enumerate(tools)]
         # Chat APIs refuse tool_choice / parallel_tool_calls without tools.
-        if params.get("tool_choice") is not None:
-            chat["tool_choice"] = chat_tool_choice(params["tool_choice"])
+        if choice is not None:
+            chat["tool_choice"] = chat_tool_choice(choice)
         if params.get("parallel_tool_calls") is not None:
             chat["parallel_tool_calls"] = bool(params["parallel_tool_calls"])
-    for key in ("temperature", "top_p"):
+    elif choice not in (None, "none", "auto"):
+        # "auto"/"none" without tools change nothing; demanding a call of no tool does.
+        raise InvalidRequest(f"tool_choice {choice!r} needs 'tools'", status=422)
+    for key in _SAME_NAME:
         if params.get(key) is not None:
             chat[key] = params[key]
     if params.get("max_output_tokens") is not None:
@@ -80,7 +129,50 @@ def responses_to_chat(params: dict[str, Any], *, model: str | None = None) -> di
     if params.get("top_logprobs") is not None:
         chat["logprobs"] = True
         chat["top_logprobs"] = params["top_logprobs"]
+    effort = (params.get("reasoning") or {}).get("effort")
+    if effort is not None:
+        chat["reasoning_effort"] = effort
+    response_format = _response_format(params.get("text"))
+    if response_format is not None:
+        chat["response_format"] = response_format
+    _refuse_untranslatable(params)
+    for key, value in params.items():
+        # An upstream's own sampling parameters (vLLM's top_k, min_p, repetition_penalty,
+        # chat_template_kwargs, ...) go through as they are: dropping one would change the
+        # sampling without a word.
+        if key not in _HANDLED and value is not None:
+            chat.setdefault(key, value)
     return chat
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    """Chat ``response_format`` for a Responses ``text`` option (``None``: plain text)."""
+    if text is None:
+        return None
+    fmt = text.get("format") if isinstance(text, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema" and isinstance(fmt, dict) and isinstance(fmt.get("schema"), dict):
+        schema = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise InvalidRequest(
+        f"text.format {fmt!r} is not supported by the proxy (text, json_object, json_schema)",
+        status=422,
+    )
+
+
+def _refuse_untranslatable(params: dict[str, Any]) -> None:
+    for key, harmless in _REFUSED.items():
+        value = params.get(key)
+        if value is not None and value not in harmless:
+            raise InvalidRequest(
+                f"{key!r} ({value!r}) has no chat completions counterpart and is not supported "
+                "by the proxy",
+                status=422,
+            )
 
 
 def input_messages(value: Any) -> list[dict[str, Any]]:
@@ -98,7 +190,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         if kind == "message":
             message = _message(item, index)
             if message["role"] == "assistant" and reasoning is not None:
-                message["reasoning_content"] = reasoning
+                _with_reasoning(message, reasoning)
                 reasoning = None
             messages.append(message)
         elif kind == "function_call":
@@ -112,19 +204,33 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
             if reasoning is not None:
-                messages[-1]["reasoning_content"] = reasoning
+                _with_reasoning(messages[-1], reasoning)
                 reasoning = None
         elif kind == "function_call_output":
             messages.append(_tool_message(item, index))
         elif kind == "reasoning":
-            reasoning = _reasoning_text(item)
+            text = _reasoning_text(item)
+            if text is not None:
+                # Two reasoning items in a row are one turn's thinking, kept whole.
+                reasoning = text if reasoning is None else f"{reasoning}\n{text}"
         else:
             raise InvalidRequest(
                 f"input[{index}]: item type {kind!r} is not supported by the proxy "
                 "(message, function_call, function_call_output and reasoning are)",
                 status=422,
             )
+    if reasoning is not None:
+        # A turn that ended in thought alone: it is still what the model said.
+        messages.append(_with_reasoning({"role": "assistant", "content": ""}, reasoning))
     return messages
+
+
+def _with_reasoning(message: dict[str, Any], text: str) -> dict[str, Any]:
+    # vLLM's chat templates read ``reasoning_content``; vLLM >= 0.16 names it ``reasoning``.
+    # Both, as NeMo Gym sends them, so the template renders the thinking the model produced.
+    message["reasoning_content"] = text
+    message["reasoning"] = text
+    return message
 
 
 def _message(item: dict[str, Any], index: int) -> dict[str, Any]:

@@ -57,9 +57,21 @@ def _isolate_fs(workdir: str, spec_paths: list[str]) -> None:
         except OSError:
             if target == "/":
                 raise
+    # The interpreter or this launcher may live under a scratch dir (a checkout in /tmp): keep
+    # that part of it, read-only, through the fresh tmpfs about to hide it.
+    kept = {}
+    for path in spec_paths:
+        top = _scratch_top(os.path.abspath(path))
+        if top is not None and top not in kept:
+            kept[top] = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
     for target in _SCRATCH:
         if os.path.isdir(target):
             _mount(libc, "tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=16m,mode=1777")
+    for top, fd in kept.items():
+        os.makedirs(top, exist_ok=True)
+        _mount(libc, f"/proc/self/fd/{fd}", top, None, _MS_BIND, None)
+        _mount(libc, None, top, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY, None)
+        os.close(fd)
     for path in spec_paths:
         _expose(libc, path)
     # The work dir's own path now lies under the fresh /tmp: show it there as WORK_DIR.
@@ -68,6 +80,15 @@ def _isolate_fs(workdir: str, spec_paths: list[str]) -> None:
     os.close(keep)
     os.chdir(WORK_DIR)
     os.environ["HOME"] = os.environ["TMPDIR"] = WORK_DIR
+
+
+def _scratch_top(path: str) -> str | None:
+    """The first directory of ``path`` below a scratch dir (``/tmp/ci`` for
+    ``/tmp/ci/.venv/bin``), or None if ``path`` is not under one."""
+    for scratch in _SCRATCH:
+        if path.startswith(scratch + "/"):
+            return os.path.join(scratch, path[len(scratch) + 1 :].split("/")[0])
+    return None
 
 
 def _expose(libc: Any, path: str) -> None:

@@ -1,0 +1,206 @@
+"""Token data for training: each model call's prompt ids, generated ids and their logprobs.
+
+With ``return_token_ids: true`` on ``openai_proxy``, the last output item of every model call
+(its message, last function call or reasoning item) carries three fields, where NeMo Gym's
+``vllm_model`` puts them for NeMo RL, so a trainer reads each call's tokens exactly once::
+
+    prompt_token_ids       the ids vLLM fed the model (the chat template applied)
+    generation_token_ids   the ids it sampled, in order (integers)
+    generation_log_probs   the logprob of each sampled id
+
+vLLM offers them three ways, and the proxy asks for all that apply: ``logprobs: true,
+top_logprobs: 0`` with ``return_tokens_as_token_ids: true`` (each content token is
+``"token_id:N"`` with its logprob), ``return_token_ids: true`` (newer vLLM: top-level
+``prompt_token_ids``, per choice ``token_ids``), and ``POST /tokenize`` for the prompt of an
+older vLLM that sends no ``prompt_token_ids``. Where two sources give the same ids they must
+agree; missing, malformed or disagreeing data is a ``ProtocolError`` naming the upstream, never
+a guess: a wrong training record is worse than a failed rollout.
+
+``drifted_turns`` checks the multi-turn contract: a call's prompt must begin with the previous
+call's prompt and generation, or the trainer would train on a sequence the model never saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+import orjson
+
+from rollgym.errors import ProtocolError
+from rollgym.models.translate import CHAT_ENDPOINT
+
+PROMPT_IDS = "prompt_token_ids"
+GENERATION_IDS = "generation_token_ids"
+GENERATION_LOGPROBS = "generation_log_probs"
+FIELDS = (PROMPT_IDS, GENERATION_IDS, GENERATION_LOGPROBS)
+
+TOKENIZE_KEYS = ("model", "messages", "tools", "chat_template_kwargs")
+"""The request fields that shape the prompt; ``/tokenize`` takes no sampling parameters."""
+
+_ID_PREFIX = "token_id:"
+
+DRIFTED_TURNS = "drifted_turns"
+"""A verified rollout's count of calls whose prompt did not extend the previous call."""
+DRIFT_FIELD = "rollgym_drift"
+"""A verified rollout's drift details: ``{"checked": pairs compared, "turns": [call index]}``."""
+
+
+@dataclass(frozen=True)
+class CallTokens:
+    """One model call's token data, checked: as many logprobs as generated ids."""
+
+    prompt_token_ids: list[int]
+    generation_token_ids: list[int]
+    generation_log_probs: list[float]
+
+    def as_fields(self) -> dict[str, Any]:
+        return {
+            PROMPT_IDS: self.prompt_token_ids,
+            GENERATION_IDS: self.generation_token_ids,
+            GENERATION_LOGPROBS: self.generation_log_probs,
+        }
+
+    @classmethod
+    def of_item(cls, item: Any) -> CallTokens | None:
+        """The token data an output item carries, or ``None`` if it carries none."""
+        if not isinstance(item, dict) or not all(isinstance(item.get(f), list) for f in FIELDS):
+            return None
+        return cls(item[PROMPT_IDS], item[GENERATION_IDS], item[GENERATION_LOGPROBS])
+
+
+def token_request(chat: dict[str, Any]) -> dict[str, Any]:
+    """``chat`` asking vLLM for every token field it can give.
+
+    ``top_logprobs: 0`` is pinned because vLLM computes no logprobs for a null
+    ``top_logprobs``; a request's own ``top_logprobs`` wins (the chosen token comes first).
+    """
+    top = chat.get("top_logprobs")
+    return {
+        **chat,
+        "logprobs": True,
+        "top_logprobs": top if isinstance(top, int) else 0,
+        "return_tokens_as_token_ids": True,
+        "return_token_ids": True,
+    }
+
+
+def tokenize_request(chat: dict[str, Any]) -> dict[str, Any]:
+    """The ``/tokenize`` body that renders ``chat``'s prompt as the generation saw it."""
+    return {k: chat[k] for k in TOKENIZE_KEYS if k in chat}
+
+
+def needs_tokenize(completion: Any) -> bool:
+    """Whether the upstream left out the prompt's ids (vLLM before ``return_token_ids``)."""
+    return not (isinstance(completion, dict) and isinstance(completion.get(PROMPT_IDS), list))
+
+
+def call_tokens(completion: dict[str, Any], *, upstream: str, tokenized: Any = None) -> CallTokens:
+    """The checked token data of ``completion``'s first choice.
+
+    ``tokenized`` is the upstream's ``/tokenize`` answer, used when the completion has no
+    ``prompt_token_ids``.
+    """
+    choices = completion.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, dict):
+        raise _protocol(upstream, "no choice to take token data from", completion)
+    prompt = completion.get(PROMPT_IDS)
+    if prompt is None and isinstance(tokenized, dict):
+        prompt = tokenized.get("tokens")
+    if not _ints(prompt):
+        raise _protocol(upstream, "no prompt token ids (prompt_token_ids or /tokenize)", completion)
+
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        # vLLM answers logprobs: null when it computed none; without them there is nothing
+        # to train on, and an empty list would silently zero the loss mask.
+        raise _protocol(upstream, "no per-token logprobs (choices[0].logprobs.content)", completion)
+    from_logprobs: list[int] = []
+    values: list[float] = []
+    for n, entry in enumerate(content):
+        token = entry.get("token") if isinstance(entry, dict) else None
+        value = entry.get("logprob") if isinstance(entry, dict) else None
+        if not (isinstance(token, str) and token.startswith(_ID_PREFIX)):
+            raise _protocol(
+                upstream,
+                f"logprobs.content[{n}].token is {token!r}, not 'token_id:N' "
+                "(return_tokens_as_token_ids ignored?)",
+                completion,
+            )
+        try:
+            from_logprobs.append(int(token.removeprefix(_ID_PREFIX)))
+        except ValueError:
+            raise _protocol(
+                upstream, f"logprobs.content[{n}].token is {token!r}", completion
+            ) from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _protocol(upstream, f"logprobs.content[{n}].logprob is {value!r}", completion)
+        values.append(float(value))
+
+    ids = choice.get("token_ids")
+    if ids is None:
+        ids = from_logprobs
+    elif not _ints(ids):
+        raise _protocol(upstream, "choices[0].token_ids is not a list of integers", completion)
+    elif ids != from_logprobs:
+        raise _protocol(
+            upstream,
+            f"choices[0].token_ids ({len(ids)} ids) disagree with the ids of "
+            f"logprobs.content ({len(from_logprobs)})",
+            completion,
+        )
+    return CallTokens(list(prompt), list(ids), values)
+
+
+def attach(output: list[dict[str, Any]], tokens: CallTokens) -> None:
+    """Put ``tokens`` on the last item of one call's ``output``, as NeMo Gym does."""
+    if output:
+        output[-1].update(tokens.as_fields())
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Turns whose prompt does not extend the previous call's prompt and generation."""
+
+    checked: int
+    """Consecutive pairs of calls that both carried token data."""
+    turns: tuple[int, ...]
+    """The (0-based) indices of the calls whose prompt drifted."""
+
+
+def drifted_turns(calls: Sequence[CallTokens | None]) -> Drift:
+    """Compare each call's prompt with the previous call's prompt + generation.
+
+    Pairs where either call has no token data are not checked (and not counted as checked).
+    """
+    checked = 0
+    drifted: list[int] = []
+    for k in range(1, len(calls)):
+        before, after = calls[k - 1], calls[k]
+        if before is None or after is None:
+            continue
+        checked += 1
+        seen = before.prompt_token_ids + before.generation_token_ids
+        if after.prompt_token_ids[: len(seen)] != seen:
+            drifted.append(k)
+    return Drift(checked, tuple(drifted))
+
+
+def _ints(value: Any) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
+
+
+def _protocol(upstream: str, problem: str, answer: Any) -> ProtocolError:
+    try:
+        body = orjson.dumps(answer)[:4096]
+    except TypeError:
+        body = repr(answer)[:4096].encode()
+    return ProtocolError(
+        f"{upstream} answered {CHAT_ENDPOINT} without usable token data: {problem}",
+        server=upstream, endpoint=CHAT_ENDPOINT, method="POST", body=body,
+    )  # fmt: skip
