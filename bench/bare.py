@@ -112,18 +112,28 @@ async def chat_completions(request: web.Request) -> web.Response:
     else:
         message["content"] = tool_output or "done"
         finish = "stop"
-    return reply(
-        {
-            "id": new_id("chatcmpl"),
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": params.get("model") or "instant",
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-            ],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    answer: dict[str, Any] = {
+        "id": new_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": params.get("model") or "instant",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+    if params.get("return_token_ids") or params.get("logprobs"):
+        # vLLM's shapes: "token_id:N" tokens with logprobs, prompt and generation ids. The
+        # prompt ids grow with the conversation, so consecutive calls do not drift.
+        prompt = [100 + len(str(m.get("content") or "")) % 50 for m in messages]
+        generated = [7, 8, 9, 10, 11]
+        answer["prompt_token_ids"] = prompt
+        answer["choices"][0]["token_ids"] = generated
+        answer["choices"][0]["logprobs"] = {
+            "content": [
+                {"token": f"token_id:{t}", "logprob": -0.5, "bytes": None, "top_logprobs": []}
+                for t in generated
+            ]
         }
-    )
+    return reply(answer)
 
 
 # -- the baseline pipeline ---------------------------------------------------------------------

@@ -36,7 +36,9 @@ from rollgym.launch import Supervisor
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 BARE = BENCH_DIR / "bare.py"
-VARIANTS = ("scripted", "proxy")
+VARIANTS = ("scripted", "proxy", "proxy_tokens")
+"""``proxy_tokens``: the proxy with ``return_token_ids`` (every call's token ids and logprobs on
+its last output item); its bare baseline is the plain proxy pipeline, the same hops."""
 
 ECHO_TOOL = {
     "type": "function",
@@ -89,7 +91,10 @@ def rollgym_config(
     if variant == "scripted":
         model: dict[str, Any] = {"kind": "model", "impl": "scripted"}
     else:
-        model = {"kind": "model", "impl": "openai_proxy", "options": {"base_url": upstream + "/v1"}}
+        options: dict[str, Any] = {"base_url": f"{upstream}/v1"}
+        if variant == "proxy_tokens":
+            options["return_token_ids"] = True
+        model = {"kind": "model", "impl": "openai_proxy", "options": options}
     servers: dict[str, dict[str, Any]] = {
         "model": model,
         "echo": {"kind": "resources", "impl": "echo"},
@@ -201,7 +206,7 @@ async def start_rollgym(
 ) -> Pipeline:
     bare: list[BareProc] = []
     upstream = None
-    if variant == "proxy":
+    if variant in ("proxy", "proxy_tokens"):
         bare.append(start_bare("upstream"))
         upstream = bare[0].url
     config = rollgym_config(variant, upstream, counting=counting, concurrency=concurrency)
@@ -223,7 +228,7 @@ async def start_bare_pipeline(variant: str) -> Pipeline:
     try:
         resources = start_bare("resources")
         procs.append(resources)
-        if variant == "proxy":
+        if variant in ("proxy", "proxy_tokens"):
             procs.append(start_bare("upstream"))
             model = start_bare("proxy", upstream=procs[-1].url)
         else:
