@@ -169,6 +169,10 @@ class Collector:
 
     async def _finish(self, wall: float) -> RunOutcome:
         run = self.run
+        # The outcome is decided when dispatch ends: an abort raised while the final stats are
+        # gathered (the watchdog seeing a server die under /aggregate_metrics) must not turn a
+        # run with every rollout recorded into an aborted one.
+        aborted, reason = self.recorder.aborted, self.abort_reason
         metrics = compute_metrics(run.out_dir, run.total, self.cfg.repeats, self.cfg.pass_threshold)
         data = metrics.to_dict()
         data["pass_threshold"] = self.cfg.pass_threshold
@@ -185,11 +189,11 @@ class Collector:
         data["dispatch"] = {"circuit_holds": report.circuit_holds, "failovers": report.failovers}
         data.update(report.sections)
         data.update(self.sections())
-        if not self.recorder.aborted:
+        if not aborted:
             data["env_aggregate"] = await self._env_aggregate()
         write_json(run.out_dir / "metrics.json", data)
         pending = metrics.total - metrics.succeeded - metrics.failed
-        if self.recorder.aborted or pending:
+        if aborted or pending:
             status, code = "aborted", EXIT_ABORTED
         elif metrics.failed:
             status, code = "completed_with_failures", EXIT_SOME_FAILED
@@ -197,11 +201,11 @@ class Collector:
             status, code = "completed", EXIT_OK
         info = run.run_info
         info.update(status=status, exit_code=code, ended_at=now(), **report.sections)
-        if self.recorder.aborted:
+        if aborted:
             assert self.recorder.budget is not None
-            info["abort"] = {"reason": self.abort_reason, **self.recorder.budget.summary.to_dict()}
+            info["abort"] = {"reason": reason, **self.recorder.budget.summary.to_dict()}
         write_json(run.out_dir / "run.json", info)
-        return RunOutcome(status, code, data, run.out_dir, self.abort_reason)
+        return RunOutcome(status, code, data, run.out_dir, reason)
 
     async def _server_stats(self) -> dict[str, Any]:
         """Each server's view of the servers it called: retries, budget refusals, breaker

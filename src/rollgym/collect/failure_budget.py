@@ -106,7 +106,9 @@ class FailureBudget:
         self.failed = 0
         self.summary = FailureSummary()
         cfg = self.config
-        self._recent: deque[bool] = deque(maxlen=cfg.window or cfg.min_failure_samples)
+        # Never smaller than the samples the rate waits for, or the rule could never apply.
+        window = max(cfg.window or 0, cfg.min_failure_samples)
+        self._recent: deque[bool] = deque(maxlen=window)
         self._recent_failed = 0
         self._held_since: float | None = None
         self._last_hold = 0.0

@@ -78,6 +78,7 @@ async def run_collection(
             collector = await _start(prepared, launcher, dispatcher, agent_name, progress)
             collector.sections = launcher.report
             watch = asyncio.create_task(launcher.watch(collector.abort, collector.recorder.pause))
+            watch.add_done_callback(lambda task: _watch_ended(task, collector))
             try:
                 return await collector.execute()
             except BaseException as exc:
@@ -244,3 +245,10 @@ async def check_reachable(
         raise LaunchError(
             f"{len(problems)} server(s) not reachable: " + "; ".join(problems), retryable=False
         )
+
+
+def _watch_ended(task: asyncio.Task[None], collector: Collector) -> None:
+    """A launcher's watch that crashed must stop the run, not leave it unwatched in silence."""
+    if task.cancelled() or task.exception() is None:
+        return
+    collector.abort(f"the server watchdog crashed: {task.exception()!r}")

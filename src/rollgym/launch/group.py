@@ -135,7 +135,13 @@ class ProcessGroup:
                 f"server {name}: cannot listen on {server.url} again: {exc.strerror or exc}",
                 server=name,
             ) from None
-        server.spawn(self.config, self.urls, self.log_level)
+        try:
+            server.spawn(self.config, self.urls, self.log_level)
+        except BaseException:
+            # Nobody will accept on the re-bound socket: close it, so callers are refused
+            # (and fail over) instead of waiting in its backlog.
+            server.close()
+            raise
         await wait_healthy([server], timeout)
 
     async def stop(self) -> None:

@@ -18,7 +18,6 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rollgym.errors import LaunchError
 from rollgym.launch.group import ProcessGroup
 
 log = logging.getLogger("rollgym.launch")
@@ -102,7 +101,7 @@ class Watchdog:
         self.restarts[key] += 1
         try:
             await self.group.restart(name, int(index), self.startup_timeout)
-        except LaunchError as err:
+        except Exception as err:  # an OSError from spawn (no fds, no fork) too: never silent
             return f"server {name} exited with code {code} and could not be restarted: {err}"
         return None
 

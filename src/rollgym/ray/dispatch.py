@@ -234,6 +234,8 @@ class RayDispatcher:
                 log.warning("collect worker %d failed (%s); %d rollouts go back in the queue",
                             worker, type(exc).__name__, len(out))  # fmt: skip
                 queue.give_back(list(out.values()))
+                if recorder.abort_reason is not None:
+                    return  # no repair for a run that is stopping
                 if not await self._alive(worker, actor):
                     log.error("collect worker %d is gone for good", worker)
                     return
