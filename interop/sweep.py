@@ -184,14 +184,18 @@ def sweep_one(name: str, model_url: str, work: Path, limit: int) -> dict[str, An
             model_url, urls[name], rows, work / name / "rollgym", impl=ours_kind
         )
         ours = [r["reward"] if r else None for r in rollouts]
-        theirs = nemo_agent_rewards(urls["agent"], rows)
+        try:
+            theirs = nemo_agent_rewards(urls["agent"], rows)
+        except Exception as exc:  # NeMo Gym's own agent broke (seen: a garbled HTTP answer)
+            theirs = [(0, f"{type(exc).__name__}")] * len(rows)
+            result["note"] = f"NeMo Gym's agent failed: {type(exc).__name__}: {exc}"[:160]
         result |= {
             "ran_to_end": code == 0 and None not in ours,
             "rollgym": ours,
             "nemo": [reward if status == 200 else f"HTTP {status}" for status, reward in theirs],
         }
         result["same_reward"] = result["rollgym"] == result["nemo"]
-        if code != 0:
+        if code != 0 and "note" not in result:
             failures = read_jsonl(work / name / "rollgym" / "run" / "failures.jsonl")
             result["note"] = (failures[0]["error"]["message"] if failures else f"exit {code}")[:160]
         return result
