@@ -165,7 +165,7 @@ def sweep_one(name: str, model_url: str, work: Path, limit: int) -> dict[str, An
     try:
         config, kind = stack_config(name, model_url)
         rows, source = task_rows(name, limit)
-    except (LookupError, OSError, yaml.YAMLError, KeyError) as exc:
+    except (LookupError, OSError, yaml.YAMLError, KeyError, ValueError) as exc:
         return {**result, "started": False, "note": str(exc)[:160]}
     result |= {"agent": kind, "outputs": source, "rows": len(rows)}
     shutil.rmtree(work / name, ignore_errors=True)  # rollgym run refuses a used output dir
