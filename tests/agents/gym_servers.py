@@ -18,21 +18,17 @@ servers are written from those facts (not copied), as plain Starlette apps.
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
 import re
-import uuid
 from collections import Counter
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
-from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tests.support.nemo_session import SignedSession
 
 
 def response_text(response: dict[str, Any]) -> str:
@@ -153,42 +149,3 @@ class FollowUpEnv(GymEnv):
 def _metadata(body: dict[str, Any]) -> dict[str, Any]:
     # NeMo Gym passes the row's fields other than responses_create_params (and response).
     return {k: v for k, v in body.items() if k not in ("responses_create_params", "response")}
-
-
-class SignedSession:
-    """Starlette's SessionMiddleware as NeMo Gym uses it (``itsdangerous`` is not installed
-    here): ``scope["session"]`` from an HMAC-signed cookie, a fresh ``session_id`` when there is
-    none, and the cookie set again on every answer."""
-
-    def __init__(self, app: ASGIApp, cookie: str) -> None:
-        self.app, self.cookie, self.key = app, cookie, cookie.encode()
-
-    def _sign(self, data: bytes) -> str:
-        payload = base64.urlsafe_b64encode(data).decode()
-        return payload + "." + hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()
-
-    def _load(self, value: str) -> dict[str, Any]:
-        payload, _, sig = value.rpartition(".")
-        expected = hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(sig, expected):
-            return {}
-        loaded: dict[str, Any] = orjson.loads(base64.urlsafe_b64decode(payload))
-        return loaded
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        cookie = Request(scope).cookies.get(self.cookie)
-        session = self._load(cookie) if cookie else {}
-        session.setdefault("session_id", str(uuid.uuid4()))
-        scope["session"] = session
-
-        async def send_with_cookie(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                value = self._sign(orjson.dumps(scope["session"]))
-                MutableHeaders(scope=message).append(
-                    "set-cookie", f"{self.cookie}={value}; path=/; httponly"
-                )
-            await send(message)
-
-        await self.app(scope, receive, send_with_cookie)

@@ -28,19 +28,14 @@ class AskOnce(AgentServer):
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.mark.parametrize(("said", "reward"), [("It is 42.", 1.0), ("No idea.", 0.0)])
-async def test_the_example_agent_runs_a_verified_rollout(said: str, reward: float) -> None:
-    script = [{"say": said}]
-    row = {
-        "responses_create_params": {"input": "6 x 7?", "metadata": {"rollgym_script": script}},
-        "expected_answer": "42",
-    }
+async def run_once(agent: type[AgentServer], row: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """One ``/run`` of ``row`` by ``agent``, against the scripted model and the echo env."""
     policy = RetryPolicy(max_attempts=1)
     async with (
         serve_server("scripted", name="model") as (model_url, _),
         serve_server("echo", name="resources") as (env_url, _),
         serve_server(
-            AskOnce,
+            agent,
             name="agent",
             peers={
                 "model": Target.single("model", model_url, policy),
@@ -48,7 +43,17 @@ async def test_the_example_agent_runs_a_verified_rollout(said: str, reward: floa
             },
         ) as (agent_url, _),
     ):
-        status, body = await post_run(agent_url, row, headers={"x-rollgym-rollout": "0:0"})
+        return await post_run(agent_url, row, headers={"x-rollgym-rollout": "0:0"})
+
+
+@pytest.mark.parametrize(("said", "reward"), [("It is 42.", 1.0), ("No idea.", 0.0)])
+async def test_the_example_agent_runs_a_verified_rollout(said: str, reward: float) -> None:
+    script = [{"say": said}]
+    row = {
+        "responses_create_params": {"input": "6 x 7?", "metadata": {"rollgym_script": script}},
+        "expected_answer": "42",
+    }
+    status, body = await run_once(AskOnce, row)
     assert status == 200, body
     assert body["reward"] == reward
     assert body["expected_answer"] == "42"
@@ -86,20 +91,7 @@ async def test_the_readme_tool_loop_agent_uses_the_tools_and_is_verified() -> No
         "responses_create_params": {"input": "task 7", "metadata": {"rollgym_script": script}},
         "expected_answer": "v7",
     }
-    policy = RetryPolicy(max_attempts=1)
-    async with (
-        serve_server("scripted", name="model") as (model_url, _),
-        serve_server("echo", name="resources") as (env_url, _),
-        serve_server(
-            ToolLoop,
-            name="agent",
-            peers={
-                "model": Target.single("model", model_url, policy),
-                "resources": Target.single("resources", env_url, policy),
-            },
-        ) as (agent_url, _),
-    ):
-        status, body = await post_run(agent_url, row, headers={"x-rollgym-rollout": "0:0"})
+    status, body = await run_once(ToolLoop, row)
     assert status == 200, body
     assert body["reward"] == 1.0
     kinds = [item["type"] for item in body["response"]["output"]]

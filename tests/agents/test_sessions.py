@@ -10,10 +10,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,11 +17,9 @@ import aiohttp
 import orjson
 import pytest
 from starlette.applications import Starlette
-from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rollgym.config import RetryPolicy
 from rollgym.envs.lookup.server import LookupEnv
@@ -34,6 +28,7 @@ from rollgym.server.episode import ResourcesClient
 from rollgym.server.resources import SESSION_COOKIE, SESSION_HEADER
 from rollgym.testing import serve_asgi, serve_server
 from tests.envs.env_client import reply
+from tests.support.nemo_session import SignedSession
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -98,7 +93,7 @@ class NemoStyleEnv:
             Route("/count", self.count, methods=["POST"]),
             Route("/verify", self.verify, methods=["POST"]),
         ]
-        self.app = _SignedSession(Starlette(routes=routes), "NemoStyleEnv___env")
+        self.app = SignedSession(Starlette(routes=routes), "NemoStyleEnv___env")
 
     async def seed(self, request: Request) -> JSONResponse:
         self.counts[request.session["session_id"]] = 0
@@ -114,44 +109,6 @@ class NemoStyleEnv:
         body = await request.json()
         count = self.counts.get(request.session["session_id"], -1)
         return JSONResponse({**body, "reward": float(count == body["expected"]), "count": count})
-
-
-class _SignedSession:
-    """NeMo Gym's session behaviour (Starlette's SessionMiddleware, whose ``itsdangerous``
-    dependency is not installed here): ``scope["session"]`` from a signed cookie, a new session
-    id when there is none, and the cookie set again on every answer."""
-
-    def __init__(self, app: ASGIApp, name: str) -> None:
-        self.app, self.name, self.key = app, name, name.encode()
-        self.sent: list[tuple[str, str | None]] = []  # (path, the Cookie header) per request
-
-    def _sign(self, data: bytes) -> str:
-        payload = base64.urlsafe_b64encode(data).decode()
-        return payload + "." + hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()
-
-    def _load(self, value: str) -> dict[str, Any]:
-        payload, _, sig = value.rpartition(".")
-        expected = hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()
-        return orjson.loads(base64.urlsafe_b64decode(payload)) if sig == expected else {}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        request = Request(scope)
-        self.sent.append((scope["path"], request.headers.get("cookie")))
-        cookie = request.cookies.get(self.name)
-        session = self._load(cookie) if cookie else {}
-        session.setdefault("session_id", str(uuid.uuid4()))
-        scope["session"] = session
-
-        async def send_with_cookie(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                value = self._sign(orjson.dumps(scope["session"]))
-                headers = MutableHeaders(scope=message)
-                headers.append("set-cookie", f"{self.name}={value}; path=/; httponly")
-            await send(message)
-
-        await self.app(scope, receive, send_with_cookie)
 
 
 async def test_an_episode_carries_a_nemo_gym_session_cookie_for_its_rollout_only() -> None:

@@ -14,30 +14,15 @@ from rollgym.config import Config, RetryPolicy, kind_defaults, parse_config
 from rollgym.http import Target
 from rollgym.server.base import BaseServer
 from rollgym.testing import serve_asgi, serve_server
+from tests.support.stack import ECHO_TOOL, script
 
 FAST = {"backoff_initial": 0.01, "backoff_max": 0.02, "budget": {"enabled": False}}
-
-ECHO_TOOL = {
-    "type": "function",
-    "name": "echo",
-    "description": "Return the text unchanged.",
-    "parameters": {
-        "type": "object",
-        "properties": {"text": {"type": "string"}},
-        "required": ["text"],
-        "additionalProperties": False,
-    },
-    "strict": False,
-}
 
 
 def echo_row(index: int, *, tools: bool = True, **fields: Any) -> dict[str, Any]:
     """A row the echo environment scores 1.0: call ``echo``, say what it returned."""
-    script = [
-        {"call": "echo", "arguments": {"text": f"v{index}"}},
-        {"say": "The answer is {tool_output}"},
-    ]
-    params: dict[str, Any] = {"input": f"task {index}", "metadata": {"rollgym_script": script}}
+    turns = script(f"v{index}")
+    params: dict[str, Any] = {"input": f"task {index}", "metadata": {"rollgym_script": turns}}
     if tools:
         params["tools"] = [ECHO_TOOL]
     return {"responses_create_params": params, "expected_answer": f"v{index}", **fields}
@@ -46,10 +31,6 @@ def echo_row(index: int, *, tools: bool = True, **fields: Any) -> dict[str, Any]
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     return path
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
 def policy(kind: str) -> RetryPolicy:

@@ -18,7 +18,8 @@ import pytest
 from rollgym.envs.echo.server import EchoEnv
 from rollgym.testing import serve_server
 from tests.compat.nemo import NEMO_AGGREGATE_KEYS, Recorded, nemo_resources_app
-from tests.compat.stack import collect, echo_row, read_jsonl, serve_stack, stack_config, write_rows
+from tests.compat.stack import collect, echo_row, serve_stack, stack_config, write_rows
+from tests.support.ledger import read_jsonl
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,8 +13,8 @@ from openai.types import Model
 
 from rollgym.testing import serve_asgi, serve_server
 from tests.compat.nemo import TOKENS, Recorded, fake_vllm_app
-from tests.compat.stack import ECHO_TOOL
 from tests.compat.test_aggregate import post
+from tests.support.stack import ECHO_TOOL
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,12 +20,12 @@ from tests.compat.nemo import Recorded, nemo_resources_app
 from tests.compat.stack import (
     collect,
     echo_row,
-    read_jsonl,
     serve_stack,
     stack_config,
     write_rows,
 )
 from tests.compat.test_aggregate import post
+from tests.support.ledger import read_jsonl
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -42,8 +42,6 @@ from pydantic import Field
 
 from rollgym.agents.tool_agent import final_response
 from rollgym.errors import ProtocolError
-from rollgym.http import JsonValue
-from rollgym.protocol import HEADER_ROLLOUT
 from rollgym.server.agent import AgentServer, RunContext
 from rollgym.server.episode import ResourcesClient
 
@@ -83,14 +81,13 @@ class Step:
 class GymEpisode:
     """One rollout's session on a Gymnasium-style server: ``reset`` once, then ``step``.
 
-    Like ``Episode``, it sends the rollout id and every cookie the server has set, on this
+    Through an ``Episode``, it sends the rollout id and every cookie the server has set, on this
     rollout's calls only, pinned to the replica that holds the session once it has one.
     """
 
     def __init__(self, resources: ResourcesClient, rollout: str) -> None:
         self.resources = resources
-        self.rollout = rollout
-        self.cookies: dict[str, str] = {}
+        self.session = resources.episode(rollout)  # the session protocol: rollout id, cookies
 
     @property
     def server(self) -> str:
@@ -98,26 +95,15 @@ class GymEpisode:
 
     async def reset(self, row: dict[str, Any]) -> Reset:
         """Start the episode for task ``row``."""
-        answer = await self._post("/reset", row, self.resources.tool_timeout)
+        answer = await self.session.post("/reset", row, self.resources.tool_timeout)
         return parse_reset(answer, self.server)
 
     async def step(self, row: dict[str, Any], response: dict[str, Any]) -> Step:
         """Act with the model's ``response``. Uses ``verify_timeout``: a step may score."""
-        answer = await self._post(
+        answer = await self.session.post(
             "/step", {**row, "response": response}, self.resources.verify_timeout
         )
         return parse_step(answer, self.server)
-
-    async def _post(self, endpoint: str, payload: Any, deadline: float) -> JsonValue:
-        headers = {HEADER_ROLLOUT: self.rollout}
-        if self.cookies:
-            headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
-        answer, cookies = await self.resources.http.call_with_cookies(
-            self.resources.target, endpoint, payload, headers=headers, deadline=deadline,
-            sticky=self.rollout, pin=bool(self.cookies),
-        )  # fmt: skip
-        self.cookies.update(cookies)
-        return answer
 
 
 class GymnasiumAgent(AgentServer):

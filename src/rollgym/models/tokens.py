@@ -26,10 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-import orjson
-
 from rollgym.errors import ProtocolError
-from rollgym.models.translate import CHAT_ENDPOINT
+from rollgym.models.translate import unusable_answer
 
 PROMPT_IDS = "prompt_token_ids"
 GENERATION_IDS = "generation_token_ids"
@@ -196,11 +194,4 @@ def _ints(value: Any) -> TypeGuard[list[int]]:
 
 
 def _protocol(upstream: str, problem: str, answer: Any) -> ProtocolError:
-    try:
-        body = orjson.dumps(answer)[:4096]
-    except TypeError:
-        body = repr(answer)[:4096].encode()
-    return ProtocolError(
-        f"{upstream} answered {CHAT_ENDPOINT} without usable token data: {problem}",
-        server=upstream, endpoint=CHAT_ENDPOINT, method="POST", body=body,
-    )  # fmt: skip
+    return unusable_answer(upstream, f"without usable token data: {problem}", answer)

@@ -497,12 +497,17 @@ def _int(value: Any) -> int:
 
 
 def _protocol(upstream: str, problem: str, answer: Any) -> ProtocolError:
+    return unusable_answer(upstream, f"with an unusable chat completion: {problem}", answer)
+
+
+def unusable_answer(upstream: str, what: str, answer: Any) -> ProtocolError:
+    """``upstream`` answered ``/v1/chat/completions`` ``what`` (the answer kept as the body)."""
     try:
         body = orjson.dumps(answer)[:4096]
     except TypeError:
         body = repr(answer)[:4096].encode()
     return ProtocolError(
-        f"{upstream} answered {CHAT_ENDPOINT} with an unusable chat completion: {problem}",
+        f"{upstream} answered {CHAT_ENDPOINT} {what}",
         server=upstream,
         endpoint=CHAT_ENDPOINT,
         method="POST",

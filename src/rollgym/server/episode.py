@@ -76,7 +76,7 @@ class Episode:
 
     async def seed(self, row: dict[str, Any]) -> None:
         """Open the session for task ``row`` (``/seed_session``)."""
-        seeded = await self._post("/seed_session", row, self.resources.tool_timeout)
+        seeded = await self.post("/seed_session", row, self.resources.tool_timeout)
         sid = seeded.get("session_id") if isinstance(seeded, dict) else None
         if isinstance(sid, str) and sid:
             self.session_id = sid
@@ -91,7 +91,7 @@ class Episode:
             # A model must not reach /verify or /seed_session by naming it as a tool.
             return _error(f"unknown tool {name!r}")
         try:
-            result = await self._post(f"/{name}", arguments, self.resources.tool_timeout)
+            result = await self.post(f"/{name}", arguments, self.resources.tool_timeout)
         except HTTPStatusError as err:
             if err.status is not None and 400 <= err.status < 500 and err.status not in (408, 429):
                 return _error(err.message)
@@ -100,7 +100,7 @@ class Episode:
 
     async def verify(self, row: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
         """Score ``response`` for ``row`` (``/verify``): the verify response with ``reward``."""
-        verified = await self._post(
+        verified = await self.post(
             "/verify", {**row, "response": response}, self.resources.verify_timeout
         )
         if not isinstance(verified, dict):
@@ -111,7 +111,9 @@ class Episode:
             )  # fmt: skip
         return verified
 
-    async def _post(self, endpoint: str, payload: Any, deadline: float) -> JsonValue:
+    async def post(self, endpoint: str, payload: Any, deadline: float) -> JsonValue:
+        """POST ``payload`` to ``endpoint`` within this rollout's session (its header, its
+        cookies, its replica): for endpoints beyond seed/tools/verify (``/reset``, ``/step``)."""
         headers = {HEADER_ROLLOUT: self.rollout}
         if self.session_id:
             headers[SESSION_HEADER] = self.session_id
