@@ -37,7 +37,7 @@ INTEROP_VENV ?= .interop-venv
 
 interop: install
 	interop/setup.sh $(INTEROP_VENV)
-	INTEROP_VENV=$(INTEROP_VENV) $(BIN)/pytest -q interop
+	INTEROP_VENV=$(abspath $(INTEROP_VENV)) $(BIN)/pytest -q interop
 
 clean:
 	rm -rf $(VENV) out .interop-venv
