@@ -282,6 +282,11 @@ class CollectConfig(_Strict):
     config_error_window: int = Field(
         default=5, ge=0, description="401/403/404 within the first N rollouts abort the run"
     )
+    agent_in_process: bool = Field(
+        default=False,
+        description="run the agents inside the collector's process: no /run hop, no agent "
+        "process (rollgym.collect.inprocess; not with --ray)",
+    )
 
 
 class Config(_Strict):

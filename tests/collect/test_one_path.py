@@ -1,8 +1,10 @@
 """One rollout path: the circuit hold, the failure budget and the failed-to-start check behave
-the same in a local run, a ``--ray`` run and the trainer API, because all three run the same
-rollout core, recorder and orchestration. Each test runs every mode against the same real
-servers (a model that goes down on cue, echo env, tool agent on 127.0.0.1). Only the ``ray``
-mode needs Ray: without it, that mode is skipped."""
+the same in a local run, a ``--ray`` run, a run with the agent in the collector's process
+(``in_process``) and the trainer API, because all of them run the same rollout core, recorder
+and orchestration. Each test runs every mode against the same real servers (a model that goes
+down on cue, echo env, tool agent on 127.0.0.1; ``in_process`` builds its own tool agent from
+the config, with the same peers and policies). Only the ``ray`` mode needs Ray: without it,
+that mode is skipped."""
 
 from __future__ import annotations
 
@@ -27,11 +29,18 @@ from rollgym.errors import LaunchError, RunAborted
 from rollgym.trainer import BudgetRules, RolloutClient
 from tests.support.ledger import error_chain, read_jsonl
 from tests.support.servers import dead_url
-from tests.support.stack import Stack, running_stack, stack_config, task_row, write_tasks
+from tests.support.stack import (
+    Stack,
+    fast_policy,
+    running_stack,
+    stack_config,
+    task_row,
+    write_tasks,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
-MODES = ["local", "ray", "trainer"]
+MODES = ["local", "ray", "in_process", "trainer"]
 
 
 @asynccontextmanager
@@ -46,14 +55,27 @@ async def model_down(down_for: float, breaker: dict[str, Any]) -> AsyncIterator[
 
 
 async def collect_run(
-    mode: str, tmp_path: Path, urls: dict[str, list[str]], n: int, **collect: Any
+    mode: str,
+    tmp_path: Path,
+    urls: dict[str, list[str]],
+    n: int,
+    model_retry: dict[str, Any] | None = None,
+    **collect: Any,
 ) -> RunOutcome:
-    """``n`` tasks through the one run orchestration, dispatched locally or over Ray."""
-    cfg = stack_config({"rollout_timeout": 30, **collect})
+    """``n`` tasks through the one run orchestration, dispatched locally or over Ray, or with
+    the agent in this process (built from the config: ``model_retry`` is laid over its policy
+    to the model, as ``running_stack`` does for the served agent)."""
+    in_process = mode == "in_process"
+    model = {"retry": fast_policy("model", **(model_retry or {})).model_dump()}
+    cfg = stack_config({"rollout_timeout": 30, "agent_in_process": in_process, **collect},
+                       model=model)  # fmt: skip
     tasks = write_tasks(tmp_path / "tasks.jsonl", n)
     policy = RolloutPolicy.from_collect(cfg.collect)
-    dispatcher: Dispatcher
-    if mode == "local":
+    dispatcher: Dispatcher | None
+    if in_process:
+        urls = {name: found for name, found in urls.items() if name != "agent"}
+        dispatcher = None
+    elif mode == "local":
         dispatcher = LocalDispatcher(policy, cfg.collect.concurrency)
     else:
         from rollgym.ray import RayDispatcher  # only this mode may import Ray
@@ -90,10 +112,17 @@ async def test_a_short_outage_holds_rollouts_at_the_open_circuit(mode: str, tmp_
             failed = [r.error.to_dict() for g in groups for r in g.failed]
             holds = None
         else:
-            outcome = await collect_run(mode, tmp_path, stack.urls, n, concurrency=concurrency)
+            outcome = await collect_run(
+                mode, tmp_path, stack.urls, n, {"max_attempts": 1, "breaker": breaker},
+                concurrency=concurrency,
+            )  # fmt: skip
             assert outcome.status in ("completed", "completed_with_failures"), outcome
             failed = [f["error"] for f in read_jsonl(tmp_path / "out" / "failures.jsonl")]
             holds = outcome.metrics["dispatch"]["circuit_holds"]
+            # The agent that ran is the one this mode meant: in this process, or served.
+            assert outcome.metrics.get("agents_in_process") == (
+                ["agent"] if mode == "in_process" else None
+            )
         refused = stack.model.faults
     assert refused >= 2
     # Only rollouts already in flight when the model went down can fail; the rest were held.
@@ -119,8 +148,9 @@ async def test_a_broken_model_trips_the_failure_budget(mode: str, tmp_path: Path
             assert "--max-failure-rate" in caught.value.message
         else:
             outcome = await collect_run(
-                mode, tmp_path, stack.urls, n, concurrency=4, min_failure_samples=10
-            )
+                mode, tmp_path, stack.urls, n, {"max_attempts": 1, "breaker": {"enabled": False}},
+                concurrency=4, min_failure_samples=10,
+            )  # fmt: skip
             assert outcome.status == "aborted" and outcome.exit_code == 2
             run_info = orjson.loads((tmp_path / "out" / "run.json").read_bytes())
             assert run_info["status"] == "aborted"
@@ -133,16 +163,18 @@ async def test_a_broken_model_trips_the_failure_budget(mode: str, tmp_path: Path
 
 
 async def test_an_agent_that_never_answers_fails_to_start(mode: str, tmp_path: Path) -> None:
-    """Nothing listens at the agent's URL: nothing is dispatched; the run is marked
-    failed_to_start (a plain rerun is allowed), the trainer raises the same LaunchError."""
-    urls = {"agent": [dead_url()]}
+    """Nothing listens at the agent's URL (with the agent in process: at its model's):
+    nothing is dispatched; the run is marked failed_to_start (a plain rerun is allowed), the
+    trainer raises the same LaunchError."""
+    dead = "model" if mode == "in_process" else "agent"
+    urls = {dead: [dead_url()], "env": [dead_url()]} if dead == "model" else {"agent": [dead_url()]}
     started = time.monotonic()
     if mode == "trainer":
         async with RolloutClient(urls["agent"]) as client:
             with pytest.raises(LaunchError, match=r"agent at http://127\.0\.0\.1"):
                 await client.collect([task_row(0)])
     else:
-        with pytest.raises(LaunchError, match=r"agent at http://127\.0\.0\.1"):
+        with pytest.raises(LaunchError, match=rf"{dead} at http://127\.0\.0\.1"):
             await collect_run(mode, tmp_path, urls, 3)
         out = tmp_path / "out"
         run_info = orjson.loads((out / "run.json").read_bytes())

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-import yaml
-from pydantic import ValidationError
 
 from rollgym.cli.args import http_url
 from rollgym.cli.run import PlainHelpCommand
-from rollgym.config import ChaosSpec, format_validation_error
 from rollgym.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rollgym.config import ChaosSpec
 
 
 def register(app: typer.Typer) -> None:
@@ -34,6 +33,12 @@ def register(app: typer.Typer) -> None:
         """Forward every request to UPSTREAM, injecting the faults of --spec on a seeded,
         reproducible schedule (5xx/4xx answers, connection resets, delays, hangs, bad JSON).
         Point a client or a config's `url:` at the printed URL. Ctrl-C stops it."""
+        import yaml
+        from pydantic import ValidationError
+
+        from rollgym import runtime
+        from rollgym.config import ChaosSpec, format_validation_error
+
         try:
             data = yaml.safe_load(spec.read_text())
             chaos_spec = ChaosSpec.model_validate(data)
@@ -46,10 +51,12 @@ def register(app: typer.Typer) -> None:
         upstream = http_url(upstream, "UPSTREAM")
         if not 0 <= port <= 65535:
             raise ConfigError(f"--port {port}: not a port number (0 to 65535; 0 picks one)")
-        asyncio.run(_serve(upstream, chaos_spec, port, name))
+        runtime.run(_serve(upstream, chaos_spec, port, name))
 
 
 async def _serve(upstream: str, spec: ChaosSpec, port: int, name: str) -> None:
+    import asyncio  # here, not at the top: `rollgym --help` does not need it
+
     from rollgym.chaos import chaos_proxy
 
     stop = asyncio.Event()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +9,6 @@ import typer
 from rich.console import Console
 
 from rollgym.cli.run import PlainHelpCommand
-from rollgym.config import load_config
 
 EXIT_PROBLEM = 1
 
@@ -29,10 +27,12 @@ def register(app: typer.Typer) -> None:
         example rows with a reference and a wrong answer, determinism, isolated sessions, the
         uniform error body. Exit 0 when every check passes, 1 on a problem, 2 if the servers
         cannot start."""
+        from rollgym import runtime
         from rollgym.check import check_env
+        from rollgym.config import load_config
 
         cfg = load_config(config)
-        report = asyncio.run(check_env(cfg, server, limit=limit))
+        report = runtime.run(check_env(cfg, server, limit=limit))
         console = Console(highlight=False, soft_wrap=True)
         console.print(f"checking environment [bold]{report.env}[/] of {config}")
         for f in report.findings:

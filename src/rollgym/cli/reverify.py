@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
@@ -24,9 +23,7 @@ from rollgym.cli.run import (
     _collect_config,
     print_outcome,
 )
-from rollgym.config import load_config
 from rollgym.errors import ConfigError
-from rollgym.server.base import check_servers
 
 HELP = (
     "Run the verifier of --config again on every recorded rollout of OUT (/seed_session, the "
@@ -57,8 +54,11 @@ def register(app: typer.Typer) -> None:
         progress: ProgressOpt = True,
         log_level: LogOpt = "WARNING",
     ) -> None:
+        from rollgym import runtime
         from rollgym.cli.main import setup_logging
+        from rollgym.config import load_config
         from rollgym.reverify import reverify as run_reverify
+        from rollgym.server.base import check_servers
 
         setup_logging(log_level)
         if not (out / "tasks.jsonl").exists():
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
             log_level=log_level,
         )  # fmt: skip
         try:
-            outcome, diff = asyncio.run(job)
+            outcome, diff = runtime.run(job)
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
         print_outcome(outcome, "reverify")

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 from typer.core import TyperCommand
 
 from rollgym.cli.args import http_url
-from rollgym.collect import Launcher, RunningServers, RunOutcome, run_collection
-from rollgym.collect.rundir import RecordedInputs, recorded_inputs
-from rollgym.config import CollectConfig, Config, format_validation_error, load_config
 from rollgym.errors import ConfigError, RunAborted
-from rollgym.launch import Supervisor
-from rollgym.server.base import check_servers
+
+if TYPE_CHECKING:
+    # Imported where used: `rollgym --help` must not pay for the collector, the launcher and
+    # pydantic's schemas (a third of a second).
+    from rollgym.collect import Launcher, RunOutcome
+    from rollgym.collect.rundir import RecordedInputs
+    from rollgym.config import CollectConfig, Config
 
 
 class PlainHelpCommand(TyperCommand):
@@ -103,6 +101,16 @@ RayAddressOpt = Annotated[
         help="Ray cluster to join (implies --ray). Default: $RAY_ADDRESS, else a new local Ray."
     ),
 ]
+InProcessOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--agent-in-process/--agent-as-server",
+        help="Run the agents inside the collector's process: no /run hop and no agent "
+        "process, the same records (faster; the agent's code shares the collector's event "
+        "loop). Not with --ray. Default: collect.agent_in_process (off).",
+        show_default=False,
+    ),
+]
 RayWorkersOpt = Annotated[
     int | None, typer.Option(min=1, help="Collect worker actors with --ray. Default: one per node.")
 ]
@@ -130,6 +138,10 @@ def _collect_config(
     """The collect section of ``cfg`` with the options given on the command line; ``--agent``
     runs every row, whatever its ``agent_ref`` names. On ``--resume`` (``recorded``), the run's
     own repeats and limit stand in for options not given: they are what identifies the run."""
+    from pydantic import ValidationError
+
+    from rollgym.config import CollectConfig, format_validation_error
+
     given = {k: v for k, v in overrides.items() if v is not None}
     data = cfg.collect.model_dump()
     if recorded is not None:
@@ -150,6 +162,8 @@ def _collect_config(
 def _recorded(output: Path, resume: bool) -> RecordedInputs | None:
     """On ``--resume``, what the run in ``output`` was run with (None: nothing readable there;
     the run's preparation says why)."""
+    from rollgym.collect.rundir import recorded_inputs
+
     return recorded_inputs(output) if resume else None
 
 
@@ -164,6 +178,9 @@ def _input_path(cfg: Config, given: Path | None, recorded: RecordedInputs | None
 
 
 def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
     m = outcome.metrics
     counts, reward = m["counts"], m["reward"]
@@ -222,11 +239,16 @@ async def _run(
     urls: dict[str, list[str]] | None,
 ) -> RunOutcome:
     """``run`` launches the config's servers; ``collect`` (``urls`` given) finds them running."""
+    from rollgym.collect import RunningServers, run_collection
+    from rollgym.collect.inprocess import in_process_agents
+    from rollgym.launch import Supervisor
+
     agent_name = cfg.agent_name(agent)  # pre-flight: fails before anything is written
     launcher: Launcher
+    in_process = in_process_agents(cfg) if collect.agent_in_process else []
     if urls is None:
-        launcher = Supervisor(cfg, log_dir=output / "logs", log_level=log_level)
-    elif agent_name not in urls:
+        launcher = Supervisor(cfg, log_dir=output / "logs", log_level=log_level, skip=in_process)
+    elif agent_name not in urls and agent_name not in in_process:
         raise ConfigError(
             f"no URL for agent {agent_name!r}: pass --servers {agent_name}=URL "
             f"or set servers.{agent_name}.url in {cfg.source}"
@@ -307,6 +329,7 @@ def register(app: typer.Typer) -> None:
         min_failure_samples: SamplesOpt = None,
         max_rollout_attempts: AttemptsOpt = None,
         pass_threshold: ThresholdOpt = None,
+        agent_in_process: InProcessOpt = None,
         progress: ProgressOpt = True,
         log_level: LogOpt = "WARNING",
         ray: RayOpt = False,
@@ -314,6 +337,8 @@ def register(app: typer.Typer) -> None:
         ray_workers: RayWorkersOpt = None,
     ) -> None:
         from rollgym.cli.main import setup_logging
+        from rollgym.config import load_config
+        from rollgym.server.base import check_servers
 
         setup_logging(log_level)
         cfg = load_config(config)
@@ -326,6 +351,7 @@ def register(app: typer.Typer) -> None:
             rollout_timeout=rollout_timeout, max_failures=max_failures,
             max_failure_rate=max_failure_rate, min_failure_samples=min_failure_samples,
             max_rollout_attempts=max_rollout_attempts, pass_threshold=pass_threshold,
+            agent_in_process=agent_in_process,
         )  # fmt: skip
         if ray or ray_address is not None:
             try:
@@ -338,7 +364,7 @@ def register(app: typer.Typer) -> None:
                 cfg, collect, input_path, output, resume=resume, agent=agent,
                 address=ray_address, workers=ray_workers, progress=progress, log_level=log_level,
             )  # fmt: skip
-            _finish(_guarded(on_ray, output))
+            _finish(_guarded(on_ray, output, collects_here=False))
             return
         outcome = _guarded(
             _run(cfg, collect, input_path, output, resume, agent, progress, log_level, None),
@@ -371,10 +397,12 @@ def register(app: typer.Typer) -> None:
         min_failure_samples: SamplesOpt = None,
         max_rollout_attempts: AttemptsOpt = None,
         pass_threshold: ThresholdOpt = None,
+        agent_in_process: InProcessOpt = None,
         progress: ProgressOpt = True,
         log_level: LogOpt = "WARNING",
     ) -> None:
         from rollgym.cli.main import setup_logging
+        from rollgym.config import load_config
 
         setup_logging(log_level)
         cfg = load_config(config)
@@ -387,6 +415,7 @@ def register(app: typer.Typer) -> None:
             rollout_timeout=rollout_timeout, max_failures=max_failures,
             max_failure_rate=max_failure_rate, min_failure_samples=min_failure_samples,
             max_rollout_attempts=max_rollout_attempts, pass_threshold=pass_threshold,
+            agent_in_process=agent_in_process,
         )  # fmt: skip
         outcome = _guarded(
             _run(cfg, collect_cfg, input_path, output, resume, agent, progress, log_level, urls),
@@ -395,9 +424,19 @@ def register(app: typer.Typer) -> None:
         _finish(outcome, "collect")
 
 
-def _guarded(coro: Any, output: Path) -> RunOutcome:
+def _guarded(coro: Any, output: Path, *, collects_here: bool = True) -> RunOutcome:
+    """Run ``coro``; ``collects_here``: this process runs the collector (tuned for it, on
+    uvloop), not only a Ray driver (stock asyncio, as Ray's own asyncio support expects)."""
+    import asyncio
+
+    from rollgym import runtime
+
     try:
-        result: RunOutcome = asyncio.run(coro)
+        if collects_here:
+            runtime.tune_gc()
+            result: RunOutcome = runtime.run(coro)
+        else:
+            result = asyncio.run(coro)
     except KeyboardInterrupt:
         # Ctrl-C where the run does not handle signals itself; run.json says where it stopped.
         raise RunAborted(

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from rollgym.cli.run import PlainHelpCommand
-from rollgym.config import Config, load_config
 from rollgym.errors import LaunchError
-from rollgym.launch import Supervisor
-from rollgym.launch.supervisor import STARTUP_TIMEOUT
+from rollgym.launch.process import STARTUP_TIMEOUT
+
+if TYPE_CHECKING:
+    from rollgym.config import Config
 
 
 def register(app: typer.Typer) -> None:
@@ -40,14 +38,19 @@ def register(app: typer.Typer) -> None:
 
         Exit code 0: the servers ran and were stopped; 2: the config is invalid or a server
         could not start (its log is shown)."""
+        from rollgym import runtime
         from rollgym.cli.main import setup_logging
+        from rollgym.config import load_config
 
         setup_logging(log_level)
         cfg = load_config(config)
-        asyncio.run(_serve(cfg, write_urls, startup_timeout, log_level))
+        runtime.run(_serve(cfg, write_urls, startup_timeout, log_level))
 
 
 def _print_urls(cfg: Config, urls: dict[str, list[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title="rollgym servers (Ctrl-C stops them)")
     table.add_column("name")
     table.add_column("kind")
@@ -66,6 +69,10 @@ def _write_urls(path: Path, urls: dict[str, list[str]]) -> None:
 
 
 async def _serve(cfg: Config, write_urls: Path | None, timeout: float, log_level: str) -> None:
+    import asyncio  # here, not at the top: `rollgym --help` does not need it
+
+    from rollgym.launch import Supervisor
+
     supervisor = Supervisor(cfg, log_level=log_level, startup_timeout=timeout)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

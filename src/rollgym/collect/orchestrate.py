@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from rollgym.collect.collector import Collector
 from rollgym.collect.dispatch import Dispatcher
+from rollgym.collect.inprocess import InProcessAgents, in_process_agents
 from rollgym.collect.rundir import (
     PreparedRun,
     RunOutcome,
@@ -70,8 +71,17 @@ async def run_collection(
     agent: str | None = None,
     progress: bool = True,
 ) -> RunOutcome:
-    """Run (or ``resume``) one collection into ``out_dir`` with servers from ``launcher``."""
+    """Run (or ``resume``) one collection into ``out_dir`` with servers from ``launcher``.
+    With ``collect.agent_in_process`` the agents run here (``InProcessAgents``); ``launcher``
+    must then leave them out (``Supervisor(skip=...)``)."""
     agent_name = config.agent_name(agent)  # pre-flight: fails before anything is written
+    if collect.agent_in_process:
+        if dispatcher is not None:
+            raise ConfigError(
+                "collect.agent_in_process runs the agents in the collector's process; it "
+                "does not combine with another dispatcher (--ray)"
+            )
+        launcher = InProcessAgents(launcher, config, in_process_agents(config))
     prepared = prepare_run(config, collect, input_path, out_dir, resume=resume, lock=True)
     try:
         try:
@@ -120,9 +130,15 @@ async def _start(
                     f"no URL for agent {agent!r}: pass --servers {agent}=URL or set "
                     f"servers.{agent}.url in {prepared.config.source or 'the config'}"
                 )
-            collector = Collector(
-                prepared, urls, agent=agent, progress=progress, dispatcher=dispatcher
+            client = (
+                HttpClient(transport=launcher.transport)
+                if isinstance(launcher, InProcessAgents)
+                else None
             )
+            collector = Collector(
+                prepared, urls, agent=agent, progress=progress, dispatcher=dispatcher,
+                client=client,
+            )  # fmt: skip
             await collector.start()
         except BaseException as exc:
             if collector is not None:

@@ -10,7 +10,6 @@ import asyncio
 import json
 from typing import Any, NoReturn
 
-import aiohttp
 import orjson
 
 from rollgym.errors import (
@@ -34,6 +33,10 @@ def translate(
     idle_timeout: float | None = None,
 ) -> RollgymError:
     """Map an exception from one aiohttp attempt to the matching rollgym error."""
+    # Imported here: only a process that sent with aiohttp has its errors to translate, and a
+    # server that never calls out starts without it (``rollgym.http.transport``).
+    import aiohttp
+
     where: dict[str, Any] = {"server": server, "method": method, "url": url, "endpoint": endpoint}
     if isinstance(exc, RollgymError):
         return exc

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-import aiohttp
 import orjson
 
 from rollgym.http.translate import raise_translated
+
+if TYPE_CHECKING:
+    # Imported on first use: a server that never calls another one (most environments, the
+    # scripted model) starts without aiohttp, a tenth of a second of its start-up.
+    import aiohttp
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -65,6 +69,8 @@ class AiohttpTransport:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            import aiohttp
+
             connector = aiohttp.TCPConnector(
                 limit=self._limit,
                 limit_per_host=0,
@@ -108,6 +114,8 @@ class AiohttpTransport:
         hdrs = {**JSON_HEADERS, **headers} if headers else JSON_HEADERS
         client_timeout = self._timeouts.get((connect_timeout, idle_timeout))
         if client_timeout is None:
+            import aiohttp
+
             # sock_read is aiohttp's idle timeout: its timer restarts whenever bytes arrive.
             client_timeout = aiohttp.ClientTimeout(
                 total=None, sock_connect=connect_timeout, sock_read=idle_timeout

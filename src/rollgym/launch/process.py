@@ -22,6 +22,9 @@ import orjson
 
 from rollgym.launch.ports import bind_socket, socket_url
 
+STARTUP_TIMEOUT = 30.0
+"""Seconds for every local server to answer ``/health``: imports and model loading included."""
+
 SPEC_ENV = "ROLLGYM_WORKER"
 """The environment variable carrying a server process's JSON spec. Defined here, not in the
 worker module: ``python -m rollgym.launch.worker`` imports this package first, and a package

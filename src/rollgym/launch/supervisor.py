@@ -7,22 +7,20 @@ no orphan outlives its run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from rollgym.config import Config
 from rollgym.launch.group import ProcessGroup, ServerSpec
-from rollgym.launch.process import ServerProcess
+from rollgym.launch.process import STARTUP_TIMEOUT, ServerProcess
 from rollgym.launch.watch import Watchdog
 from rollgym.server.base import check_servers
 
-STARTUP_TIMEOUT = 30.0
-"""Seconds for every local server to answer ``/health``: imports and model loading included."""
-
 
 class Supervisor:
-    """Start the servers of ``config`` (all but those given by ``url``), and stop them."""
+    """Start the servers of ``config`` (all but those given by ``url`` and those in ``skip``,
+    which run elsewhere: in the collector's process), and stop them."""
 
     def __init__(
         self,
@@ -31,8 +29,10 @@ class Supervisor:
         log_dir: Path | None = None,
         log_level: str = "WARNING",
         startup_timeout: float = STARTUP_TIMEOUT,
+        skip: Collection[str] = (),
     ) -> None:
         self.config = config
+        self.skip = frozenset(skip)
         self.startup_timeout = startup_timeout
         self.group = ProcessGroup(
             config.model_dump(mode="json", context={"keep_secrets": True}),
@@ -55,6 +55,8 @@ class Supervisor:
         external: dict[str, list[str]] = {}
         specs: list[ServerSpec] = []
         for name, cfg in self.config.servers.items():
+            if name in self.skip:
+                continue
             if cfg.url:
                 external[name] = [cfg.url.rstrip("/")]
                 continue
