@@ -9,6 +9,10 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	@# An editable install leaves src/ uncompiled, and with PYTHONDONTWRITEBYTECODE set every
+	@# server process would compile rollgym again at each start (a pip-installed wheel ships
+	@# its bytecode). Stale files are recompiled by Python itself on import.
+	$(BIN)/python -m compileall -q src
 	touch $@
 
 install: $(BIN)/.installed

@@ -11,6 +11,10 @@ SIGTERM. Roles:
   of a rollgym rollout (``/run``, ``/seed_session``, two ``/v1/responses``, the tool, ``/verify``;
   with ``proxy``, two upstream chat completions) with the same JSON bodies in both directions,
   and no framework logic: no validation, retries, breakers, balancing or error handling.
+- ``nemo_agent``: ``agent`` making NeMo Gym's hops instead: its ``simple_agent`` posts the
+  rollout to its own ``/v1/responses``, which runs the model and tool calls, so a rollout is
+  9 requests with the proxy (``/run``, ``/seed_session``, the agent's ``/v1/responses``, two
+  model ``/v1/responses``, two upstream completions, the tool, ``/verify``).
 - ``instant_agent``: answers ``/run`` at once with a verify-shaped record (and
   ``/aggregate_metrics`` with ``{}``): a fast stand-in to measure the collector alone.
 - ``collect`` (a client, not a server): the bare collector, ``--agent URL --input TASKS
@@ -31,6 +35,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -290,13 +295,50 @@ async def run_rollout(request: web.Request) -> web.Response:
     """seed -> model -> tool -> model -> verify, as plain requests."""
     app = request.app
     session: aiohttp.ClientSession = app["session"]
-    model, resources = app["model"], app["resources"]
+    resources = app["resources"]
     row = orjson.loads(await request.read())
     key = f"{row.get('task_index')}:{row.get('rollout_index')}"
     headers = {"content-type": JSON, "x-rollgym-rollout": key}
     seeded = await post(session, resources + "/seed_session", row, headers)
     res_headers = {**headers, SESSION_HEADER: seeded["session_id"]}
-    params = row["responses_create_params"]
+    final = await agent_loop(app, row["responses_create_params"], headers, res_headers)
+    verified = await post(session, resources + "/verify", {**row, "response": final}, res_headers)
+    return reply(verified)
+
+
+async def nemo_run(request: web.Request) -> web.Response:
+    """NeMo Gym's ``simple_agent``: seed, then the agent's OWN ``/v1/responses`` (one more hop,
+    which runs the model and tool calls), then verify: 9 hops per rollout with the proxy."""
+    app = request.app
+    session: aiohttp.ClientSession = app["session"]
+    resources = app["resources"]
+    row = orjson.loads(await request.read())
+    key = f"{row.get('task_index')}:{row.get('rollout_index')}"
+    headers = {"content-type": JSON, "x-rollgym-rollout": key}
+    seeded = await post(session, resources + "/seed_session", row, headers)
+    res_headers = {**headers, SESSION_HEADER: seeded["session_id"]}
+    final = await post(
+        session, app["self"] + "/v1/responses", row["responses_create_params"], res_headers
+    )
+    verified = await post(session, resources + "/verify", {**row, "response": final}, res_headers)
+    return reply(verified)
+
+
+async def nemo_agent_responses(request: web.Request) -> web.Response:
+    """The agent's own ``/v1/responses``: the tool-calling loop, answered as one response."""
+    params = orjson.loads(await request.read())
+    key = request.headers.get("x-rollgym-rollout", "")
+    headers = {"content-type": JSON, "x-rollgym-rollout": key}
+    res_headers = {**headers, SESSION_HEADER: request.headers.get(SESSION_HEADER, "")}
+    return reply(await agent_loop(request.app, params, headers, res_headers))
+
+
+async def agent_loop(
+    app: web.Application, params: dict[str, Any], headers: Any, res_headers: Any
+) -> dict[str, Any]:
+    """Model and tool calls until the model stops calling tools; the final response."""
+    session: aiohttp.ClientSession = app["session"]
+    model, resources = app["model"], app["resources"]
     items = list(params["input"])
     outputs: list[Any] = []
     response: dict[str, Any] = {}
@@ -321,9 +363,7 @@ async def run_rollout(request: web.Request) -> web.Response:
                     "status": "completed",
                 }
             )
-    final = {**response, "output": outputs}
-    verified = await post(session, resources + "/verify", {**row, "response": final}, res_headers)
-    return reply(verified)
+    return {**response, "output": outputs}
 
 
 CANNED_RESPONSE = responses_object(
@@ -349,7 +389,7 @@ async def empty_object(request: web.Request) -> web.Response:
 # -- the process -------------------------------------------------------------------------------
 
 
-def build_app(args: argparse.Namespace) -> web.Application:
+def build_app(args: argparse.Namespace, own_url: str) -> web.Application:
     app = web.Application(middlewares=[count_requests], client_max_size=64 * 1024 * 1024)
     add = app.router.add_post
     if args.role == "upstream":
@@ -367,6 +407,11 @@ def build_app(args: argparse.Namespace) -> web.Application:
     elif args.role == "agent":
         add("/run", run_rollout)
         app["model"], app["resources"] = args.model.rstrip("/"), args.resources.rstrip("/")
+    elif args.role == "nemo_agent":
+        add("/run", nemo_run)
+        add("/v1/responses", nemo_agent_responses)
+        app["model"], app["resources"] = args.model.rstrip("/"), args.resources.rstrip("/")
+        app["self"] = own_url
     elif args.role == "instant_agent":
         add("/run", instant_run)
         add("/aggregate_metrics", empty_object)
@@ -392,7 +437,8 @@ async def serve(args: argparse.Namespace) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))
     sock.listen(4096)
-    runner = web.AppRunner(build_app(args), access_log=None, keepalive_timeout=75)
+    own_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    runner = web.AppRunner(build_app(args, own_url), access_log=None, keepalive_timeout=75)
     await runner.setup()
     await web.SockSite(runner, sock, backlog=4096).start()
     print(f"READY {sock.getsockname()[1]}", flush=True)
@@ -404,8 +450,9 @@ async def serve(args: argparse.Namespace) -> None:
     await runner.cleanup()
 
 
-async def collect(args: argparse.Namespace, tasks: Any, out: Any) -> None:
-    """Stream ``tasks`` to ``/run`` with ``args.concurrency`` workers, each answer to ``out``."""
+async def collect(args: argparse.Namespace, tasks: Any, out: Any) -> float:
+    """Stream ``tasks`` to ``/run`` with ``args.concurrency`` workers, each answer to ``out``;
+    return the seconds from the first request to the last answer (``--timing FILE``)."""
     url = args.agent.rstrip("/") + "/run"
     headers = {"content-type": JSON}
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
@@ -422,7 +469,10 @@ async def collect(args: argparse.Namespace, tasks: Any, out: Any) -> None:
             out.flush()
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        started = time.monotonic()
         await asyncio.gather(*(worker(session) for _ in range(args.concurrency)))
+        wall = time.monotonic() - started
+    return wall
 
 
 def main() -> None:
@@ -436,10 +486,13 @@ def main() -> None:
     parser.add_argument("--input", default="")
     parser.add_argument("--output", default="")
     parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--timing", default="")
     args = parser.parse_args()
     if args.role == "collect":
         with open(args.input, "rb") as tasks, open(args.output, "wb") as out:
-            asyncio.run(collect(args, tasks, out))  # the stdlib loop, as rollgym's collector
+            wall = uvloop.run(collect(args, tasks, out))  # uvloop, as rollgym's collector
+        if args.timing:
+            Path(args.timing).write_bytes(orjson.dumps({"wall_s": wall}))
     else:
         uvloop.run(serve(args))
     sys.exit(0)

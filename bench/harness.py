@@ -223,7 +223,8 @@ async def start_rollgym(
     return Pipeline("rollgym", variant, pids, flat, config, supervisor, bare, HttpClient())
 
 
-async def start_bare_pipeline(variant: str) -> Pipeline:
+async def start_bare_pipeline(variant: str, agent_role: str = "agent") -> Pipeline:
+    """The bare servers; ``agent_role="nemo_agent"`` makes NeMo Gym's 9 hops, not our 8."""
     procs: list[BareProc] = []
     try:
         resources = start_bare("resources")
@@ -234,11 +235,11 @@ async def start_bare_pipeline(variant: str) -> Pipeline:
         else:
             model = start_bare("model")
         procs.append(model)
-        procs.append(start_bare("agent", model=model.url, resources=resources.url))
+        procs.append(start_bare(agent_role, model=model.url, resources=resources.url))
     except BaseException:
         stop_bare(procs)
         raise
-    names = {"resources": "echo", "proxy": "model", "model": "model"}
+    names = {"resources": "echo", "proxy": "model", "model": "model", "nemo_agent": "agent"}
     pids = {names.get(p.role, p.role): p.pid for p in procs}
     urls = {names.get(p.role, p.role): p.url for p in procs}
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)

@@ -1,10 +1,14 @@
-"""The benchmark suite of issue 6: throughput, latency, memory, start-up, concurrency ceiling.
+"""The benchmark suite: issue 15's targets, then throughput, latency, memory, start-up, ceiling.
 
-    .venv/bin/python bench/suite.py [--only throughput,latency,memory,startup,ceiling] [--quick]
+    .venv/bin/python bench/suite.py [--only targets,throughput,latency,memory,startup,ceiling]
+                                    [--quick]
 
 Each figure comes with a baseline measured in the same invocation (bare aiohttp processes of
 ``bare.py``). Prints one section per benchmark and writes ``bench/results/suite.json``.
 
+- targets: ``targets.py`` (see there): the topology of NeMo Gym against bare aiohttp making its 9
+  hops, 256 against 4,096 in flight, ``--help`` and ``serve`` times; its verdicts are printed
+  again at the very end.
 - throughput: ``throughput.py`` (see there); ``--quick`` runs one repeat and no sustained run.
 - latency: concurrency 1, the ``proxy`` and ``scripted`` pipelines: median and p99 of the
   per-rollout wall time, and of that minus the instant upstream's own time (2 calls x its
@@ -42,9 +46,12 @@ import aiohttp
 import harness
 import orjson
 import psutil
+import targets
 import throughput
 
-BENCHMARKS = ("throughput", "latency", "memory", "startup", "ceiling")
+from rollgym import runtime
+
+BENCHMARKS = ("targets", "throughput", "latency", "memory", "startup", "ceiling")
 ROLLGYM = str(Path(sys.executable).with_name("rollgym"))
 PEAK = harness.BENCH_DIR / "peak.py"
 
@@ -445,6 +452,15 @@ async def bench_ceiling(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return out
 
 
+async def bench_targets(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    targs = argparse.Namespace(
+        rollouts=2000, repeats=2 if args.quick else 3, quick=args.quick, only=""
+    )
+    results = await targets.main_async(targs)
+    targets.print_verdicts(results)
+    return results
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     harness.raise_fd_limit()
     only = [b.strip() for b in args.only.split(",") if b.strip()] if args.only else BENCHMARKS
@@ -458,6 +474,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
     }
     runners = {
+        "targets": bench_targets,
         "throughput": bench_throughput,
         "latency": bench_latency,
         "memory": bench_memory,
@@ -479,7 +496,11 @@ def main() -> None:
     parser.add_argument("--only", default="", help=f"comma-separated subset of {BENCHMARKS}")
     parser.add_argument("--quick", action="store_true", help="fewer rollouts and repeats")
     args = parser.parse_args()
-    asyncio.run(main_async(args))
+    # uvloop, as `rollgym run` has it: rollgym's collector runs in this process in some of the
+    # benchmarks, and the bare client beside it on the same loop.
+    results = runtime.run(main_async(args))
+    if "targets" in results:
+        targets.print_verdicts(results["targets"])
     print(f"\nwrote {harness.RESULTS_DIR / 'suite.json'}")
 
 

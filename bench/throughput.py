@@ -41,6 +41,7 @@ import harness
 import profiling
 from harness import Pipeline
 
+from rollgym import runtime
 from rollgym.collect import Collector, prepare_run
 from rollgym.http import HttpClient
 
@@ -315,7 +316,7 @@ def main() -> None:
     parser.add_argument("--slice", type=float, default=5.0, help="seconds per sustained slice")
     parser.add_argument("--profile", action="store_true", help="py-spy the rollgym processes")
     args = parser.parse_args()
-    results = asyncio.run(main_async(args))
+    results = runtime.run(main_async(args))  # uvloop, as `rollgym run` has it
     print_table(results)
     if args.profile:
         for variant, entry in results["variants"].items():

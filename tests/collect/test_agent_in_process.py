@@ -23,7 +23,7 @@ from rollgym.errors import (
     HTTPStatusError,
     ReadTimeout,
 )
-from rollgym.http import AiohttpTransport, HttpClient, Target
+from rollgym.http import HttpClient, LeanTransport, Target
 from rollgym.http.inprocess import InProcessTransport, inprocess_url
 from rollgym.server.app import App
 from rollgym.server.base import BaseServer
@@ -123,7 +123,7 @@ def client() -> Any:
     from rollgym.server.base import ServerContext
 
     server = Slow(ServerContext("slow", ServerConfig(kind="resources", impl="x")))
-    transport = InProcessTransport({"slow": App(server, server.routes())}, AiohttpTransport())
+    transport = InProcessTransport({"slow": App(server, server.routes())}, LeanTransport())
     return HttpClient(transport=transport)
 
 

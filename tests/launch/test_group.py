@@ -5,18 +5,16 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from rollgym.config import parse_config
 from rollgym.errors import LaunchError
+from rollgym.http import LeanTransport
 from rollgym.launch import ProcessGroup, ServerSpec, Supervisor
 from rollgym.launch.health import probe
 from tests.support.procs import still_alive
 
 pytestmark = pytest.mark.timeout(60)
-
-TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
 def servers_config(**servers: str) -> dict[str, object]:
@@ -58,8 +56,7 @@ async def test_stop_before_spawning_closes_the_bound_sockets() -> None:
     assert server.sock is not None
     await group.stop()
     assert server.sock is None and server.proc is None
-    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-        assert (await probe(session, server.url) or "").startswith("cannot connect")
+    assert (await probe(LeanTransport(), server.url) or "").startswith("cannot connect")
 
 
 async def test_replicas_get_their_own_urls_and_logs(tmp_path: Path) -> None:
@@ -70,8 +67,9 @@ async def test_replicas_get_their_own_urls_and_logs(tmp_path: Path) -> None:
     try:
         urls = await supervisor.start()
         assert len(set(urls["env"])) == 2
-        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-            assert [await probe(session, url) for url in urls["env"]] == [None, None]
+        transport = LeanTransport()
+        assert [await probe(transport, url) for url in urls["env"]] == [None, None]
+        await transport.close()
     finally:
         await supervisor.stop()
     assert file_names(tmp_path) == ["env.0.log", "env.1.log"]
@@ -84,10 +82,11 @@ async def test_a_killed_server_restarts_on_the_same_url(tmp_path: Path) -> None:
         (url,) = (await supervisor.start())["env"]
         (first,) = supervisor.pids()
         supervisor.kill("env")
-        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-            assert (await probe(session, url) or "").startswith("cannot connect")
-            await supervisor.restart("env")
-            assert await probe(session, url) is None
+        transport = LeanTransport()
+        assert (await probe(transport, url) or "").startswith("cannot connect")
+        await supervisor.restart("env")
+        assert await probe(transport, url) is None
+        await transport.close()
         (second,) = supervisor.pids()
         assert second != first
     finally:

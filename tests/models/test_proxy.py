@@ -468,9 +468,14 @@ def make_proxy(**options: Any) -> OpenAIProxy:
 
 def test_upstream_policy_defaults_to_model_server_retries() -> None:
     server = make_proxy(base_url="http://upstream:8000/v1/", timeout=30)
-    policy = server.upstream.policy
-    assert server.upstream.name == "model.upstream"
-    assert server.upstream.urls == ("http://upstream:8000/v1",)
+    [replica] = server.replicas.all
+    policy = replica.chat.policy
+    assert replica.chat.name == "model.upstream"
+    assert replica.chat.urls == ("http://upstream:8000/v1",)
+    assert (replica.root.name, replica.root.urls) == (
+        "model.upstream_root",
+        ("http://upstream:8000",),
+    )
     assert (policy.idempotent, policy.max_attempts, policy.attempt_timeout) == (True, 3, 30)
 
 

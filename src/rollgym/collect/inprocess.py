@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rollgym.http.inprocess import InProcessTransport, inprocess_url
-from rollgym.http.transport import AiohttpTransport
+from rollgym.http.lean import LeanTransport
 from rollgym.server.app import build_app
 from rollgym.server.base import BaseServer, ServerContext, resolve_impl
 
@@ -44,7 +44,7 @@ class InProcessAgents:
         self.config = config
         self.names = list(names)
         self.servers: list[BaseServer] = []
-        self.transport = InProcessTransport({}, AiohttpTransport())
+        self.transport = InProcessTransport({}, LeanTransport())
 
     async def start(self) -> dict[str, list[str]]:
         urls = await self.inner.start()

@@ -2,12 +2,14 @@
 
 from rollgym.http.answer import JsonValue
 from rollgym.http.client import HttpClient, Target, TargetStats
+from rollgym.http.lean import LeanTransport
 from rollgym.http.transport import AiohttpTransport, RawAnswer, Transport
 
 __all__ = [
     "AiohttpTransport",
     "HttpClient",
     "JsonValue",
+    "LeanTransport",
     "RawAnswer",
     "Target",
     "TargetStats",

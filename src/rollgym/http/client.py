@@ -8,8 +8,8 @@ One client per process or event loop. The send path is a chain of small steps::
                           └─ classify    after a failure: retry after how long, or which error
 
 Each ``Target`` carries the called server's own retry policy; a retry budget and a circuit
-breaker per target keep a failing server from being hammered. The transport (aiohttp unless
-one is given) is the seam where an attempt leaves the process.
+breaker per target keep a failing server from being hammered. The transport (``LeanTransport``
+unless one is given) is the seam where an attempt leaves the process.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ from rollgym.http.balancer import Balancer
 from rollgym.http.breaker import CLOSED, CircuitBreaker
 from rollgym.http.budget import RetryBudget
 from rollgym.http.classify import budget_exhausted, circuit_open, classify, replica_lost
+from rollgym.http.lean import LeanTransport
 from rollgym.http.scrub import header_secrets, scrubbed
-from rollgym.http.transport import AiohttpTransport, RawAnswer, Transport
+from rollgym.http.transport import RawAnswer, Transport
 
 __all__ = [
     "REPLICA_DOWN_SECONDS",
@@ -97,7 +98,7 @@ class _TargetState:
 class HttpClient:
     """Pooled JSON-over-HTTP client with per-target retry policy, budget and breaker.
 
-    ``transport`` replaces the default aiohttp one (``limit`` and ``keepalive_timeout`` are
+    ``transport`` replaces the default one (``LeanTransport``; ``limit`` and ``keepalive_timeout`` are
     its pool settings); a transport passed in stays its owner's to close.
     """
 
@@ -108,9 +109,9 @@ class HttpClient:
         keepalive_timeout: float = 30.0,
         transport: Transport | None = None,
     ) -> None:
-        self._owned: AiohttpTransport | None = None
+        self._owned: LeanTransport | None = None
         if transport is None:
-            transport = self._owned = AiohttpTransport(
+            transport = self._owned = LeanTransport(
                 limit=limit, keepalive_timeout=keepalive_timeout
             )
         self._transport = transport

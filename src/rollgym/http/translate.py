@@ -1,13 +1,16 @@
-"""The one place where aiohttp's exceptions become rollgym errors.
+"""The one place where the transports' exceptions become rollgym errors.
 
-aiohttp's own errors hold ``CIMultiDictProxy`` headers and request objects that do not pickle;
-nothing from aiohttp may escape past this module. Every branch raises ``from`` the original.
+Those of the default transport (``rollgym.http.lean``: sockets, httptools, timeouts) and of
+aiohttp, which sends what the default one does not. aiohttp's own errors hold
+``CIMultiDictProxy`` headers and request objects that do not pickle; nothing from either may
+escape past this module. Every branch raises ``from`` the original.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any, NoReturn
 
 import orjson
@@ -32,41 +35,33 @@ def translate(
     timeout: float,
     idle_timeout: float | None = None,
 ) -> RollgymError:
-    """Map an exception from one aiohttp attempt to the matching rollgym error."""
-    # Imported here: only a process that sent with aiohttp has its errors to translate, and a
-    # server that never calls out starts without it (``rollgym.http.transport``).
-    import aiohttp
-
+    """Map an exception from one attempt (either transport) to the matching rollgym error."""
     where: dict[str, Any] = {"server": server, "method": method, "url": url, "endpoint": endpoint}
     if isinstance(exc, RollgymError):
         return exc
-    # Order matters: the connector errors are subclasses of ClientOSError.
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    from rollgym.http import lean  # the default transport's own errors
+
+    if isinstance(exc, lean.ConnectFailed):
         return ConnectError(
-            f"cannot connect to {server} at {exc.host}:{exc.port}: {exc.os_error.strerror or exc}",
+            f"cannot connect to {server} at {exc.host}:{exc.port}: {exc.strerror or exc}",
             **where,
         )
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+    if isinstance(exc, lean.ConnectTimeout):
         return ConnectError(f"timed out connecting to {server}", **where)
-    if isinstance(exc, aiohttp.ServerTimeoutError) and idle_timeout is not None:
-        # sock_read: the server went silent mid-answer (or before its headers).
+    if isinstance(exc, lean.IdleTimeout) and idle_timeout is not None:
         return ReadTimeout(f"{server} sent nothing for {idle_timeout:g}s", **where)
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+    if isinstance(exc, lean.AnswerCut):
+        return ConnectionLost(f"{server} closed the connection: {exc.strerror}", **where)
+    if isinstance(exc, lean.HttpParserError):
+        return ProtocolError(f"{server} sent a response that is not valid HTTP: {exc}", **where)
+    # Only a process that imported aiohttp can have its errors to translate; one that never
+    # did (every server that calls out over plain HTTP only) must not import it for this.
+    if "aiohttp" in sys.modules:
+        known = _aiohttp_error(exc, server, idle_timeout, where)
+        if known is not None:
+            return known
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return ReadTimeout(f"{server} did not answer within {timeout:g}s", **where)
-    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
-        return ConnectionLost(f"{server} closed the connection: {exc}", **where)
-    if isinstance(exc, aiohttp.ClientOSError):
-        return ConnectionLost(f"connection to {server} broke: {exc.strerror or exc}", **where)
-    if isinstance(exc, aiohttp.ClientResponseError):
-        # We never call raise_for_status: this comes from the response parser, so the server
-        # sent something that is not HTTP (its status, if any, is aiohttp's invention).
-        return ProtocolError(
-            f"{server} sent a response that is not valid HTTP: {exc.message}", **where
-        )
-    if isinstance(exc, aiohttp.InvalidURL):
-        return ConnectError(f"invalid URL for {server}: {url}", retryable=False, **where)
-    if isinstance(exc, aiohttp.ClientError):
-        return TransportError(f"{server}: {type(exc).__name__}: {exc}", **where)
     if isinstance(exc, (orjson.JSONDecodeError, json.JSONDecodeError, UnicodeDecodeError)):
         return ProtocolError(f"{server} sent a body that is not valid JSON: {exc}", **where)
     if isinstance(exc, ValueError):
@@ -81,6 +76,42 @@ def translate(
         # A socket error that aiohttp did not wrap: the request may have been sent.
         return ConnectionLost(f"connection to {server} broke: {exc.strerror or exc}", **where)
     return TransportError(f"{server}: unexpected {type(exc).__name__}: {exc}", **where)
+
+
+def _aiohttp_error(
+    exc: BaseException, server: str, idle_timeout: float | None, where: dict[str, Any]
+) -> RollgymError | None:
+    """The rollgym error for one of aiohttp's exceptions; None for any other exception."""
+    import aiohttp  # already imported: the caller checked
+
+    # Order matters: the connector errors are subclasses of ClientOSError.
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return ConnectError(
+            f"cannot connect to {server} at {exc.host}:{exc.port}: {exc.os_error.strerror or exc}",
+            **where,
+        )
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return ConnectError(f"timed out connecting to {server}", **where)
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        if idle_timeout is not None:
+            # sock_read: the server went silent mid-answer (or before its headers).
+            return ReadTimeout(f"{server} sent nothing for {idle_timeout:g}s", **where)
+        return None  # a plain timeout, as any other
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
+        return ConnectionLost(f"{server} closed the connection: {exc}", **where)
+    if isinstance(exc, aiohttp.ClientOSError):
+        return ConnectionLost(f"connection to {server} broke: {exc.strerror or exc}", **where)
+    if isinstance(exc, aiohttp.ClientResponseError):
+        # We never call raise_for_status: this comes from the response parser, so the server
+        # sent something that is not HTTP (its status, if any, is aiohttp's invention).
+        return ProtocolError(
+            f"{server} sent a response that is not valid HTTP: {exc.message}", **where
+        )
+    if isinstance(exc, aiohttp.InvalidURL):
+        return ConnectError(f"invalid URL for {server}: {where['url']}", retryable=False, **where)
+    if isinstance(exc, aiohttp.ClientError):
+        return TransportError(f"{server}: {type(exc).__name__}: {exc}", **where)
+    return None
 
 
 def raise_translated(

@@ -10,15 +10,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-import aiohttp
-
-from rollgym.errors import LaunchError
+from rollgym.errors import ConnectError, LaunchError, RollgymError
+from rollgym.http.lean import LeanTransport
 from rollgym.launch.process import ServerProcess
 
 PROBE_TIMEOUT = 1.0
 """Seconds one probe may take: a server that is up answers ``/health`` in milliseconds."""
 
-_POLL_S = 0.05
+_POLL_S = 0.02
 
 
 async def wait_healthy(servers: Sequence[ServerProcess], timeout: float) -> None:
@@ -27,12 +26,13 @@ async def wait_healthy(servers: Sequence[ServerProcess], timeout: float) -> None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     pending = [s for s in servers if s.proc is not None]
-    # trust_env off (the default, stated): a proxy from the environment must not see probes
-    # to servers on this machine or this cluster.
-    client_timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
-    async with aiohttp.ClientSession(timeout=client_timeout, trust_env=False) as session:
+    # rollgym's own transport (POST /health, which every rollgym server answers): no proxy
+    # from the environment sees probes to servers on this machine or this cluster, and the
+    # launcher does not import aiohttp to wait.
+    transport = LeanTransport(limit=256)
+    try:
         while True:
-            probes = await asyncio.gather(*(probe(session, s.url) for s in pending))
+            probes = await asyncio.gather(*(probe(transport, s.url) for s in pending))
             last = {id(s): result for s, result in zip(pending, probes, strict=True)}
             pending = [s for s in pending if last[id(s)] is not None]
             for server in pending:
@@ -48,19 +48,24 @@ async def wait_healthy(servers: Sequence[ServerProcess], timeout: float) -> None
             if loop.time() >= deadline:
                 raise _not_healthy(pending, [last[id(s)] or "" for s in pending], timeout)
             await asyncio.sleep(_POLL_S)
+    finally:
+        await transport.close()
 
 
-async def probe(session: aiohttp.ClientSession, url: str) -> str | None:
-    """None if ``url`` answers ``GET /health`` with 200; otherwise what happened instead."""
+async def probe(transport: LeanTransport, url: str) -> str | None:
+    """None if ``url`` answers ``/health`` with 200; otherwise what happened instead."""
     try:
-        async with session.get(url + "/health") as resp:
-            return None if resp.status == 200 else f"/health answered {resp.status}"
-    except TimeoutError:  # aiohttp's timeouts included: a server still starting, or stuck
-        return f"/health did not answer within {PROBE_TIMEOUT:g}s"
-    except aiohttp.ClientConnectorError as exc:
-        return f"cannot connect ({exc.os_error.strerror or exc.os_error})"
-    except aiohttp.ClientError as exc:
-        return f"/health failed: {type(exc).__name__}: {exc}"
+        answer = await transport.send(
+            url + "/health", b"{}", None, timeout=PROBE_TIMEOUT, connect_timeout=PROBE_TIMEOUT,
+            server="health", endpoint="/health",
+        )  # fmt: skip
+    except ConnectError as exc:
+        return f"cannot connect ({exc.message.rsplit(': ', 1)[-1]})"
+    except RollgymError as exc:  # a server still starting, or stuck
+        if exc.type == "read_timeout":
+            return f"/health did not answer within {PROBE_TIMEOUT:g}s"
+        return f"/health failed: {exc.message}"
+    return None if answer.status == 200 else f"/health answered {answer.status}"
 
 
 def _not_healthy(pending: list[ServerProcess], probes: list[str], timeout: float) -> LaunchError:

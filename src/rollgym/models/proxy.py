@@ -11,7 +11,7 @@ it and NeMo Gym's vLLM client looks for it). ``GET /v1/models`` lists the ``mode
         kind: model
         impl: openai_proxy
         options:
-          base_url: http://gpu-node:8000/v1
+          base_url: http://gpu-node:8000/v1   # or a list of replicas (see below)
           api_key_env: VLLM_API_KEY     # the NAME of the variable holding the key (optional)
           model: Qwen/Qwen3-8B          # sent upstream instead of the request's model (optional)
           timeout: 600                  # seconds per attempt (optional)
@@ -19,6 +19,7 @@ it and NeMo Gym's vLLM client looks for it). ``GET /v1/models`` lists the ``mode
           upstream_retry: {max_attempts: 3}   # RetryPolicy fields (optional)
           extra_body: {top_k: 20}       # merged into every upstream request (optional)
           return_token_ids: true        # training token fields on every call (see below)
+          sticky_replicas: true         # keep a rollout's calls on one replica (the default)
 
 **A silent upstream is caught in ``idle_timeout`` seconds, a long generation is not cut.** The
 proxy asks its upstream to stream (``"stream": true``, usage included) and reads the stream to
@@ -38,6 +39,15 @@ that sends no ``prompt_token_ids``, renders the prompt with the upstream's ``/to
 answer without usable token data fails the call (``ProtocolError``), never a record without
 them. The raw fields stay under ``rollgym_upstream``.
 
+**Several replicas** (``base_url: [http://gpu-0:8000/v1, http://gpu-1:8000/v1]``, e.g. vLLM's
+data-parallel servers with no load balancer): each call goes to the replica with the fewest
+calls in flight, each replica has its own circuit breaker (``NAME.upstream[i]``), and a call
+that a replica fails on the server's side after its retries goes to another one, each at most
+once, within the call's deadline (a 4xx goes to no other). With ``sticky_replicas`` a rollout's
+calls (the ``x-rollgym-rollout`` header that rollgym's agents send) stay on one replica while
+its breaker is closed, so that its prefix cache is reused. A call's ``/tokenize`` goes to the
+replica that generated it (``rollgym.models.replicas``).
+
 Clients may stream too (``"stream": true`` on either endpoint): they get the answer as
 server-sent events once it is complete (``rollgym.models.stream``).
 
@@ -45,26 +55,29 @@ Calls to the upstream go through the shared ``HttpClient``, so retries, timeouts
 translation are those of every other rollgym call; a failure after retries propagates as the
 client's typed error, which the app answers 502/504 with the upstream's error as ``origin``.
 The API key goes only to the upstream, and is scrubbed from any error that passes through.
-Credentials in ``base_url`` (``http://user:pass@host/v1``) are sent as basic auth; they cannot
-be combined with ``api_key_env`` (refused before the run starts).
+Credentials in ``base_url`` (``http://user:pass@host/v1``, in any replica's URL) are sent as
+basic auth to that URL; they cannot be combined with ``api_key_env`` (refused before the run
+starts).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Awaitable
-from typing import Annotated, Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from rollgym.config import RetryPolicy, kind_defaults
-from rollgym.errors import HTTPStatusError, RollgymError
-from rollgym.http import Target
+from rollgym.errors import HTTPStatusError, RollgymError, redact_url
+from rollgym.http.client import Streamed
 from rollgym.http.sse import encode_events
 from rollgym.models.assemble import assemble_chat
+from rollgym.models.replicas import Replica, Replicas, replica_targets
 from rollgym.models.stream import (
     EventStreamResponse,
     chat_stream,
@@ -100,6 +113,16 @@ def _http_url(url: str) -> str:
     return url.rstrip("/")
 
 
+@dataclass(frozen=True)
+class _Generated:
+    """One call's answer from the replica that gave it: the completion, and the prompt's
+    ``/tokenize`` answer when the completion lacked the prompt's ids."""
+
+    replica: Replica
+    completion: dict[str, Any]
+    tokenized: dict[str, Any] | None
+
+
 def _model_policy() -> RetryPolicy:
     return RetryPolicy.model_validate(kind_defaults("model"))
 
@@ -108,7 +131,7 @@ class OpenAIProxy(ModelServer):
     """Responses API and Chat Completions in front of an OpenAI-compatible upstream."""
 
     class Options(ModelServer.Options):
-        base_url: Annotated[str, AfterValidator(_http_url)]
+        base_url: str | list[str] = Field(description="the upstream, or a list of replicas")
         api_key_env: str | None = Field(default=None, description="the NAME of the variable")
         model: str | None = Field(default=None, description="sent instead of the request's")
         timeout: float | None = Field(default=None, gt=0, description="seconds per attempt")
@@ -122,6 +145,35 @@ class OpenAIProxy(ModelServer):
             description="put each call's prompt/generation token ids and logprobs on its "
             "last output item (vLLM upstreams)",
         )
+        sticky_replicas: bool = Field(
+            default=True,
+            description="keep a rollout's calls on one replica (its prefix cache) while healthy",
+        )
+
+        @field_validator("base_url")
+        @classmethod
+        def _urls(cls, value: str | list[str]) -> str | list[str]:
+            if isinstance(value, str):
+                return _http_url(value)
+            if not value:
+                raise ValueError("an empty list: give at least one upstream URL")
+            urls = []
+            for i, url in enumerate(value):
+                try:
+                    urls.append(_http_url(url))
+                except ValueError as exc:
+                    raise ValueError(f"item {i}: {exc}") from None
+            if len(set(urls)) < len(urls):
+                # Two entries for one server would double its share and split its breaker.
+                twice = next(u for u in urls if urls.count(u) > 1)
+                raise ValueError(f"{redact_url(twice)} is listed twice")
+            return urls
+
+        @property
+        def upstream_urls(self) -> tuple[str, ...]:
+            """``base_url`` as a tuple of replica URLs."""
+            urls = self.base_url
+            return (urls,) if isinstance(urls, str) else tuple(urls)
 
         @field_validator("upstream_retry", mode="before")
         @classmethod
@@ -144,7 +196,9 @@ class OpenAIProxy(ModelServer):
             # aiohttp refuses a request with both (an Authorization header and a URL's
             # user:password); caught here, it is a config error before the run, not a failure
             # of every model call.
-            if self.api_key_env is not None and urlsplit(self.base_url).username is not None:
+            if self.api_key_env is not None and any(
+                urlsplit(url).username is not None for url in self.upstream_urls
+            ):
                 raise ValueError(
                     "base_url carries credentials (user:password@) and api_key_env is set: use "
                     "one of them"
@@ -159,13 +213,12 @@ class OpenAIProxy(ModelServer):
         policy = opts.upstream_retry
         if opts.timeout is not None:
             policy = policy.model_copy(update={"attempt_timeout": opts.timeout})
-        self.upstream = Target(f"{self.name}.upstream", (opts.base_url,), policy)
-        root = opts.base_url.removesuffix("/v1")
-        # Another name for another URL: the client keeps its breaker and stats per name.
-        self.upstream_root = (
-            self.upstream
-            if root == opts.base_url
-            else Target(f"{self.name}.upstream_root", (root,), policy)
+        self.replicas = Replicas(
+            replica_targets(self.name, opts.upstream_urls, policy),
+            # Looked up at each call: the client keeps a breaker per target once called.
+            lambda target: self.client.breaker(target),
+            sticky=opts.sticky_replicas,
+            deadline=policy.deadline,
         )
         # A SecretStr: the key stays out of reprs, tracebacks with locals and state dumps.
         self._api_key = (
@@ -187,37 +240,46 @@ class OpenAIProxy(ModelServer):
                 "this proxy serves",
                 status=501, server=self.name, endpoint=MODELS_ENDPOINT, method="GET",
             )  # fmt: skip
-        return model_list(self.options.model, owned_by=self.upstream.name)
+        return model_list(self.options.model, owned_by=f"{self.name}.upstream")
 
     async def _tokenize(self, raw: Any, call: Call) -> Any:
         body = json_object(raw)
         if self.options.model:
             body["model"] = self.options.model  # the upstream's name for it, as in chat calls
         headers = self._auth()
-        return await self._scrubbed(
-            self.client.call(self.upstream_root, TOKENIZE_ENDPOINT, body, headers=headers)
-        )
+
+        async def tokenize(replica: Replica, deadline: float | None) -> dict[str, Any]:
+            return await self.client.call(
+                replica.root, TOKENIZE_ENDPOINT, body, headers=headers, deadline=deadline
+            )
+
+        return await self._scrubbed(self.replicas.run(call.rollout, tokenize, root=True))
 
     async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
         chat = responses_to_chat(params, model=self.options.model)
         if self.options.return_token_ids:
             chat = token_request(chat)
-        completion = await self._scrubbed(self._complete(chat))
+
+        async def generate(replica: Replica, deadline: float | None) -> _Generated:
+            completion = await self._complete(chat, replica, deadline)
+            tokenized = None
+            if self.options.return_token_ids and needs_tokenize(completion):
+                # The prompt as the generation saw it: the same messages, tools and template
+                # options (extra_body may carry chat_template_kwargs), rendered by the replica
+                # that generated (replicas may differ in version or template).
+                body = tokenize_request(self._with_extras(chat))
+                tokenized = await self.client.call(
+                    replica.root, TOKENIZE_ENDPOINT, body, headers=self._auth(), deadline=deadline
+                )
+            return _Generated(replica, completion, tokenized)
+
+        answer = await self._scrubbed(self.replicas.run(call.rollout, generate))
+        upstream = answer.replica.chat.name
         response = chat_to_response(
-            completion, params, upstream=self.upstream.name, model=chat.get("model")
+            answer.completion, params, upstream=upstream, model=chat.get("model")
         )
         if self.options.return_token_ids:
-            tokenized = None
-            if needs_tokenize(completion):
-                # The prompt as the generation saw it: the same messages, tools and template
-                # options (extra_body may carry chat_template_kwargs).
-                body = tokenize_request(self._with_extras(chat))
-                tokenized = await self._scrubbed(
-                    self.client.call(
-                        self.upstream_root, TOKENIZE_ENDPOINT, body, headers=self._auth()
-                    )
-                )
-            tokens = call_tokens(completion, upstream=self.upstream.name, tokenized=tokenized)
+            tokens = call_tokens(answer.completion, upstream=upstream, tokenized=answer.tokenized)
             attach(response["output"], tokens)
         return response_stream(response) if params.get("stream") else response
 
@@ -225,43 +287,53 @@ class OpenAIProxy(ModelServer):
         body = json_object(raw)
         if self.options.model:
             body["model"] = self.options.model
+        key = call.rollout
         if not body.get("stream"):
-            return await self._scrubbed(self._complete(body))
-        if self.options.idle_timeout is None:
-            whole = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-            return chat_stream(await self._scrubbed(self._complete(whole)), body)
-        # The client's own stream request, passed on as it is; its chunks go back unchanged.
-        answer = await self._scrubbed(
-            self.client.call_stream(
-                self.upstream,
-                CHAT_ENDPOINT,
-                self._with_extras(body),
-                idle_timeout=self.options.idle_timeout,
-                headers=self._auth(),
+            return await self._scrubbed(
+                self.replicas.run(key, lambda replica, left: self._complete(body, replica, left))
             )
-        )
+        idle = self.options.idle_timeout
+        if idle is None:
+            whole = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+            completion = await self._scrubbed(
+                self.replicas.run(key, lambda replica, left: self._complete(whole, replica, left))
+            )
+            return chat_stream(completion, body)
+
+        async def stream(replica: Replica, deadline: float | None) -> Streamed:
+            # The client's own stream request, passed on as it is; its chunks go back unchanged.
+            return await self.client.call_stream(
+                replica.chat, CHAT_ENDPOINT, self._with_extras(body), idle_timeout=idle,
+                headers=self._auth(), deadline=deadline,
+            )  # fmt: skip
+
+        answer = await self._scrubbed(self.replicas.run(key, stream))
         if answer.whole is not None:  # an upstream that does not stream
             return chat_stream(answer.whole, body)
         return EventStreamResponse(encode_events(answer.events))
 
-    async def _complete(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The upstream's whole chat completion for ``payload``: streamed and put back together
+    async def _complete(
+        self, payload: dict[str, Any], replica: Replica, deadline: float | None
+    ) -> dict[str, Any]:
+        """``replica``'s whole chat completion for ``payload``: streamed and put back together
         when an idle timeout is set (so that a silent upstream is caught in that time)."""
         payload = self._with_extras(payload)
         idle = self.options.idle_timeout
+        target = replica.chat
         if idle is None:
             return await self.client.call(
-                self.upstream, CHAT_ENDPOINT, payload, headers=self._auth()
+                target, CHAT_ENDPOINT, payload, headers=self._auth(), deadline=deadline
             )
         options = payload.get("stream_options")
         usage = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         payload = {**payload, "stream": True, "stream_options": usage}
         answer = await self.client.call_stream(
-            self.upstream, CHAT_ENDPOINT, payload, idle_timeout=idle, headers=self._auth()
-        )
+            target, CHAT_ENDPOINT, payload, idle_timeout=idle, headers=self._auth(),
+            deadline=deadline,
+        )  # fmt: skip
         if answer.whole is not None:
             return answer.whole
-        return assemble_chat(answer.events, upstream=self.upstream.name)
+        return assemble_chat(answer.events, upstream=target.name)
 
     def _with_extras(self, payload: dict[str, Any]) -> dict[str, Any]:
         return {**self.options.extra_body, **payload} if self.options.extra_body else payload

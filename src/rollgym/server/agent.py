@@ -35,7 +35,8 @@ from starlette.routing import BaseRoute, Route
 from rollgym.config import format_validation_error
 from rollgym.errors import InvalidRequest, ProtocolError
 from rollgym.http import HttpClient, Target
-from rollgym.http.transport import AiohttpTransport, RawAnswer, Transport
+from rollgym.http.lean import LeanTransport
+from rollgym.http.transport import RawAnswer, Transport
 from rollgym.protocol import HEADER_ROLLOUT, TaskRow, rollout_key
 from rollgym.server.base import BaseServer, ModelPeer, ResourcesPeer, ServerContext
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
@@ -100,7 +101,7 @@ class Hops:
 
 
 class HopTransport:
-    """The agent's transport: aiohttp's, counting each attempt (and its seconds) against the
+    """The agent's transport: the default one, counting each attempt (and its seconds) against the
     hop being timed, so ``Hops`` knows a call's retries and its wait between attempts."""
 
     def __init__(self, inner: Transport) -> None:
@@ -223,7 +224,7 @@ class AgentServer(BaseServer):
         super().__init__(ctx)
         # Its own client, whose transport counts each hop's attempts (``Hops``); the pool
         # settings are the client's defaults.
-        self._transport = AiohttpTransport()
+        self._transport = LeanTransport()
         self.client = HttpClient(transport=HopTransport(self._transport))
         self._models: dict[str, ModelClient] = {}
         self._resources: dict[str, ResourcesClient] = {}

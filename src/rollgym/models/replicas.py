@@ -1,0 +1,225 @@
+"""Several upstream replicas behind one ``openai_proxy``: vLLM's data-parallel servers with no
+load balancer in front of them (``base_url`` given as a list).
+
+Each replica is its own pair of client ``Target``s (chat at its ``base_url``, ``/tokenize`` at
+its root), so the shared ``HttpClient`` keeps a circuit breaker, a retry budget and stats per
+replica. ``Replicas`` decides where each call goes:
+
+- **least outstanding**: a new call goes to the replica with the fewest calls in flight; ties
+  take turns, so that calls made one at a time spread too;
+- **sticky** (``sticky_replicas``): calls with the same key (the rollout, from the
+  ``x-rollgym-rollout`` header) go back to the replica that answered the key's last call, whose
+  prefix cache holds the conversation so far; the last ``STICKY_MAX`` keys are remembered;
+- **an open breaker** takes no new calls (a sticky key moves, and sticks where it lands: model
+  calls are stateless, only the cache is lost); after the breaker's cooldown one call probes it;
+- **failover**: a call whose replica failed on the server's side after that replica's own
+  retries (5xx, no answer, a garbled answer, its circuit open, its retry budget spent) goes to
+  the next replica, each replica at most once, within the call's one deadline. A 4xx is the
+  caller's mistake and is raised at once; so is a spent deadline. When every replica failed,
+  the last error is raised.
+
+A single replica keeps the names the proxy always had (``NAME.upstream``, ``NAME.upstream_root``)
+and is called exactly as before: no failover, no deadline of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from rollgym.config import RetryPolicy
+from rollgym.errors import BudgetExhausted, CircuitOpen, DeadlineExceeded, RollgymError
+from rollgym.http import Target
+from rollgym.http.breaker import CLOSED, HALF_OPEN, CircuitBreaker
+from rollgym.http.classify import blames_server
+
+log = logging.getLogger("rollgym.models.replicas")
+
+STICKY_MAX = 65536
+"""Sticky keys remembered (least recently used out first): memory stays flat on long runs."""
+
+T = TypeVar("T")
+
+_READY, _PROBE, _SHUT = "ready", "probe", "shut"
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One upstream server: its chat target (``base_url``) and its root (``/tokenize``)."""
+
+    index: int
+    chat: Target
+    root: Target
+
+
+def replica_targets(name: str, urls: Sequence[str], policy: RetryPolicy) -> tuple[Replica, ...]:
+    """The replicas of proxy ``name`` for ``urls`` (each ending in ``/v1``, or not)."""
+    several = len(urls) > 1
+    replicas = []
+    for i, url in enumerate(urls):
+        suffix = f"[{i}]" if several else ""
+        chat = Target(f"{name}.upstream{suffix}", (url,), policy)
+        root_url = url.removesuffix("/v1")
+        # Another name for another URL: the client keeps its breaker and stats per name.
+        root = (
+            chat
+            if root_url == url
+            else Target(f"{name}.upstream_root{suffix}", (root_url,), policy)
+        )
+        replicas.append(Replica(i, chat, root))
+    return tuple(replicas)
+
+
+def fails_over(err: RollgymError) -> bool:
+    """Whether another replica may answer what ``err``'s replica could not."""
+    if isinstance(err, CircuitOpen):
+        return True  # not sent at all
+    if isinstance(err, BudgetExhausted):
+        return err.origin is not None and blames_server(err.origin)
+    if isinstance(err, DeadlineExceeded):
+        return False  # the call's whole time is spent; another replica gets none of it
+    # A 4xx is not (the same request would be refused anywhere); 5xx and no answer are.
+    return blames_server(err)
+
+
+class Replicas:
+    """Chooses a replica per call and fails over to the others (see the module docstring).
+
+    ``breaker`` looks up the client's breaker of a target name (``None``: not called yet).
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        breaker: Callable[[str], CircuitBreaker | None],
+        *,
+        sticky: bool = True,
+        deadline: float,
+        sticky_max: int = STICKY_MAX,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not replicas:
+            raise ValueError("at least one replica is needed")
+        self.all = tuple(replicas)
+        self._breaker = breaker
+        self._sticky = sticky
+        self._deadline = deadline
+        self._sticky_max = sticky_max
+        self._clock = clock
+        self._outstanding = [0] * len(self.all)
+        self._homes: OrderedDict[str, int] = OrderedDict()  # sticky key -> replica index
+        self._opened: dict[str, tuple[int, float]] = {}  # target -> (breaker.opened, seen at)
+        self._turn = 0
+
+    def outstanding(self) -> list[int]:
+        """Calls in flight per replica, in order."""
+        return list(self._outstanding)
+
+    def home(self, key: str) -> int | None:
+        """The replica index ``key`` sticks to, if any (does not refresh the key)."""
+        return self._homes.get(key)
+
+    async def run(
+        self,
+        key: str | None,
+        work: Callable[[Replica, float | None], Awaitable[T]],
+        *,
+        root: bool = False,
+    ) -> T:
+        """``work(replica, deadline)`` on the chosen replica, failing over to the others.
+
+        ``deadline`` is the seconds left of the call's total (``None`` with one replica: its
+        calls keep their own). ``root``: the call starts at the replica's root (``/tokenize``),
+        so that target's breaker decides whether the replica takes it.
+        """
+        if len(self.all) == 1:
+            return await self._on(self.all[0], work, None)
+        start = self._clock()
+        last: RollgymError | None = None
+        for replica in self.order(key if self._sticky else None, root=root):
+            left = self._deadline - (self._clock() - start)
+            if last is not None and left <= 0:
+                break
+            try:
+                result = await self._on(replica, work, left)
+            except RollgymError as err:
+                # Note now when a breaker this call opened did so: its cooldown runs from here.
+                self._gate(replica.chat)
+                self._gate(replica.root)
+                if not fails_over(err):
+                    raise
+                log.info("%s failed (%s); trying another replica", replica.chat.name, err.type)
+                last = err
+                continue
+            if key is not None and self._sticky:
+                self._stick(key, replica.index)
+            return result
+        assert last is not None  # the order is never empty
+        raise last
+
+    def order(self, key: str | None, *, root: bool = False) -> list[Replica]:
+        """The replicas to try for a call, first choice first.
+
+        A sticky key's replica while its breaker is closed; else one replica due a probe (its
+        breaker open past the cooldown, no call in flight there); then the closed replicas,
+        least outstanding first. With every breaker open: all of them (the client refuses
+        each at once, and the call fails as ``circuit_open``).
+        """
+        gates = [self._gate(r.root if root else r.chat) for r in self.all]
+        ready = [r for r in self.all if gates[r.index] == _READY]
+        n = len(self.all)
+        turn = self._turn
+        self._turn = (turn + 1) % n
+        ready.sort(key=lambda r: (self._outstanding[r.index], (r.index - turn) % n))
+        home = self._homes.get(key) if key is not None else None
+        if key is not None and home is not None and gates[home] == _READY:
+            self._homes.move_to_end(key)
+            first = self.all[home]
+            return [first, *(r for r in ready if r is not first)]
+        probes = [
+            r for r in self.all if gates[r.index] == _PROBE and self._outstanding[r.index] == 0
+        ]
+        chosen = probes[:1] + ready
+        if chosen:
+            return chosen
+        return sorted(self.all, key=lambda r: (self._outstanding[r.index], r.index))
+
+    async def _on(
+        self,
+        replica: Replica,
+        work: Callable[[Replica, float | None], Awaitable[T]],
+        left: float | None,
+    ) -> T:
+        self._outstanding[replica.index] += 1
+        try:
+            return await work(replica, left)
+        finally:
+            self._outstanding[replica.index] -= 1
+
+    def _stick(self, key: str, index: int) -> None:
+        self._homes[key] = index
+        self._homes.move_to_end(key)
+        if len(self._homes) > self._sticky_max:
+            self._homes.popitem(last=False)
+
+    def _gate(self, target: Target) -> str:
+        """Whether ``target``'s breaker takes calls (ready), one probe, or none (shut).
+
+        The breaker turns half-open only when asked to let a call through, so an open one
+        past its cooldown still reads ``open``: its cooldown is timed from when a change of
+        its ``opened`` count was first seen here (at the latest, right after the failed call
+        that opened it)."""
+        breaker = self._breaker(target.name)
+        if breaker is None or not breaker.config.enabled or breaker.state == CLOSED:
+            return _READY
+        if breaker.state == HALF_OPEN:
+            return _PROBE
+        now = self._clock()
+        seen = self._opened.get(target.name)
+        if seen is None or seen[0] != breaker.opened:
+            seen = self._opened[target.name] = (breaker.opened, now)
+        return _PROBE if now - seen[1] >= breaker.config.cooldown else _SHUT

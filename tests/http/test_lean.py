@@ -1,0 +1,176 @@
+"""The default transport against real sockets: raw HTTP servers on 127.0.0.1 that answer the
+ways servers do (lengths, chunks, until-close, gzip, garbage, silence, hanging up), connection
+reuse and its limits, and the typed errors each failure becomes."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from rollgym.errors import ConnectError, ConnectionLost, ProtocolError, ReadTimeout, TransportError
+from rollgym.http.lean import LeanTransport
+from tests.support.servers import dead_url
+
+pytestmark = pytest.mark.timeout(30)
+
+Answer = Callable[[bytes], bytes | None]
+"""Given a request's bytes, what to write back (None: write nothing and keep waiting)."""
+
+
+@asynccontextmanager
+async def raw_server(answer: Answer, *, close_after: bool = False) -> AsyncIterator[dict]:
+    """A TCP server on 127.0.0.1:0 answering each request with ``answer(request)``."""
+    seen: dict = {"connections": 0, "requests": []}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen["connections"] += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                body = await reader.readexactly(length)
+                seen["requests"].append(head + body)
+                out = answer(head + body)
+                if out is None:
+                    await asyncio.sleep(3600)
+                writer.write(out)
+                await writer.drain()
+                if close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    seen["url"] = f"http://127.0.0.1:{port}"
+    async with server:
+        yield seen
+
+
+def ok(body: bytes, *extra: bytes) -> Answer:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + b"".join(extra)
+    return lambda _: head + b"content-length: %d\r\n\r\n" % len(body) + body
+
+
+async def send(t: LeanTransport, url: str, **kw: float | None) -> object:
+    params = {"timeout": 5.0, "connect_timeout": 2.0, "idle_timeout": None} | kw
+    return await t.send(url + "/x", b'{"a": 1}', {"x-rollgym-rollout": "3:0"}, server="s",
+                        endpoint="/x", **params)  # type: ignore[arg-type]  # fmt: skip
+
+
+async def test_keep_alive_reuses_one_connection_and_sends_json() -> None:
+    async with raw_server(ok(b'{"ok": true}')) as srv:
+        t = LeanTransport()
+        for _ in range(5):
+            answer = await send(t, srv["url"])
+            assert answer.status == 200 and answer.body == b'{"ok": true}'  # type: ignore[attr-defined]
+        await t.close()
+    assert srv["connections"] == 1
+    first = srv["requests"][0]
+    assert first.startswith(b"POST /x HTTP/1.1\r\n")
+    assert b"content-type: application/json\r\n" in first.lower()
+    assert b"x-rollgym-rollout: 3:0\r\n" in first and first.endswith(b'{"a": 1}')
+
+
+async def test_chunked_until_close_and_gzip_bodies_are_read_whole() -> None:
+    chunked = (
+        b'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{"a\r\n5\r\n": 2}\r\n0\r\n\r\n'
+    )
+    async with raw_server(lambda _: chunked) as srv:
+        t = LeanTransport()
+        assert (await send(t, srv["url"])).body == b'{"a": 2}'  # type: ignore[attr-defined]
+        await t.close()
+    until_close = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n" + b'{"b": 3}'
+    async with raw_server(lambda _: until_close, close_after=True) as srv:
+        t = LeanTransport()
+        for _ in range(2):  # a closed connection is not reused: a new one each time
+            assert (await send(t, srv["url"])).body == b'{"b": 3}'  # type: ignore[attr-defined]
+        await t.close()
+    assert srv["connections"] == 2
+    zipped = gzip.compress(b'{"c": 4}')
+    async with raw_server(ok(zipped, b"content-encoding: gzip\r\n")) as srv:
+        t = LeanTransport()
+        assert (await send(t, srv["url"])).body == b'{"c": 4}'  # type: ignore[attr-defined]
+        await t.close()
+
+
+async def test_status_retry_after_and_cookies_are_reported() -> None:
+    answer = (b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 7\r\n"
+              b"set-cookie: session=abc; Path=/\r\nset-cookie: other=1\r\ncontent-length: 2\r\n\r\n{}")  # fmt: skip
+    async with raw_server(lambda _: answer) as srv:
+        t = LeanTransport()
+        got = await send(t, srv["url"])
+        await t.close()
+    assert got.status == 503 and got.retry_after == "7"  # type: ignore[attr-defined]
+    assert dict(got.cookies) == {"session": "abc", "other": "1"}  # type: ignore[attr-defined]
+
+
+async def test_each_failure_is_the_typed_error_aiohttp_gave() -> None:
+    t = LeanTransport()
+    with pytest.raises(ConnectError, match=r"cannot connect to s at 127\.0\.0\.1:\d+"):
+        await send(t, dead_url())
+    async with raw_server(lambda _: None) as srv:  # says nothing
+        with pytest.raises(ReadTimeout, match=r"sent nothing for 0\.2s"):
+            await send(t, srv["url"], idle_timeout=0.2)
+        with pytest.raises(ReadTimeout, match=r"did not answer within 0\.3s"):
+            await send(t, srv["url"], timeout=0.3)
+    async with raw_server(lambda _: b"SPAM SPAM SPAM\r\n\r\n") as srv:
+        with pytest.raises(ProtocolError, match="not valid HTTP"):
+            await send(t, srv["url"])
+    cut = b'HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{"half'
+    async with raw_server(lambda _: cut, close_after=True) as srv:
+        with pytest.raises(ConnectionLost, match="closed the connection mid-answer"):
+            await send(t, srv["url"])
+    async with raw_server(lambda _: b"", close_after=True) as srv:
+        with pytest.raises(ConnectionLost, match="before answering"):
+            await send(t, srv["url"])
+    with pytest.raises(TransportError, match="line break"):
+        await t.send(dead_url() + "/x", b"{}", {"x-a": "1\r\nx-b: 2"}, timeout=1,
+                     connect_timeout=1, server="s", endpoint="/x")  # fmt: skip
+    await t.close()
+
+
+async def test_an_unfinished_request_never_leaves_its_connection_for_the_next() -> None:
+    """A request cut by its timeout closes its connection: the late answer must not be read
+    as the next request's."""
+    calls = {"n": 0}
+
+    def answer(_: bytes) -> bytes | None:
+        calls["n"] += 1
+        return None if calls["n"] == 1 else ok(b'{"n": %d}' % calls["n"])(b"")
+
+    async with raw_server(answer) as srv:
+        t = LeanTransport()
+        with pytest.raises(ReadTimeout):
+            await send(t, srv["url"], timeout=0.2)
+        got = await send(t, srv["url"])
+        await t.close()
+    assert got.body == b'{"n": 2}'  # type: ignore[attr-defined]
+    assert srv["connections"] == 2
+
+
+async def test_the_connection_limit_queues_requests_instead_of_opening_more() -> None:
+    async with raw_server(ok(b"{}")) as srv:
+        t = LeanTransport(limit=2)
+        results = await asyncio.gather(*(send(t, srv["url"]) for _ in range(10)))
+        await t.close()
+    assert all(r.status == 200 for r in results)  # type: ignore[attr-defined]
+    assert srv["connections"] <= 2
+
+
+def test_https_and_credentials_go_to_aiohttp() -> None:
+    from rollgym.http.lean import _plain_http
+
+    assert _plain_http("http://127.0.0.1:8000/v1/chat") is not None
+    assert _plain_http("https://api.openai.com/v1/chat") is None
+    assert _plain_http("http://user:pw@127.0.0.1:8000/v1") is None
+    assert _plain_http("http://[::1]:8000/v1") is None
