@@ -19,16 +19,16 @@ every CPU figure), the echo environment, one tool call per rollout.
 - **startup**: ``rollgym --help``, and ``rollgym serve`` until every server of each bundled
   config answers ``/health`` (its ``--write-urls`` file appears); median of 5.
 
-The rates come from the collectors themselves (first request to last record), so process
-start-up is not in them; CPU is each process's user+system time over the run (the collector's
-from ``getrusage`` of its reaped process).
+The rates come from the collectors themselves (first request to last record), and so does the
+collector's CPU (its process time over that window: ``metrics.json``'s ``timing.cpu_seconds``,
+``bare.py``'s timing file), so neither counts a command's start-up; the servers' CPU is their
+user+system time over the run (psutil), idle outside the window.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import resource
 import statistics
 import subprocess
 import sys
@@ -72,10 +72,11 @@ class Run:
 class Pipelines:
     """Every pipeline started once; ``run(kind, tasks, c)`` collects with its collector."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, tag: str) -> None:
         self.work = work
+        self.tag = tag
         self.pipes: dict[str, harness.Pipeline] = {}
-        self.config = work / "proxy.json"
+        self.config = work / f"{tag}-proxy.json"
         self.n = 0
 
     async def start(self, kinds: list[str]) -> None:
@@ -98,7 +99,7 @@ class Pipelines:
 
     def run(self, kind: str, tasks: Path, concurrency: int) -> Run:
         self.n += 1
-        out = self.work / f"{kind}-{self.n}"
+        out = self.work / f"{self.tag}-{kind}-{self.n}"
         pipe = self.pipes["rollgym" if kind.startswith("rollgym") else kind]
         servers = {k: p for k, p in pipe.pids.items() if k != "upstream"}
         if kind == "rollgym_inproc":
@@ -115,15 +116,12 @@ class Pipelines:
                    str(tasks), "--output", str(out) + ".jsonl", "--concurrency", str(concurrency),
                    "--timing", str(out) + ".timing.json"]  # fmt: skip
         before = {k: harness.cpu_seconds(p) for k, p in servers.items()}
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         report = Path(str(out) + ".peak.json")
         proc = subprocess.run(
             [sys.executable, str(PEAK), str(report), *cmd],
             capture_output=True, stdin=subprocess.DEVNULL, timeout=900,
         )  # fmt: skip
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = sum(harness.cpu_seconds(p) - before[k] for k, p in servers.items())
-        cpu += (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
         rows = sum(1 for _ in tasks.open("rb"))
         if kind.startswith("rollgym"):
             if proc.returncode not in (0, 1):
@@ -131,13 +129,15 @@ class Pipelines:
                                    f"{proc.stderr.decode()[-800:]}")  # fmt: skip
             metrics = orjson.loads((out / "metrics.json").read_bytes())
             rate = metrics["timing"]["rollouts_per_second"]
+            cpu += metrics["timing"]["cpu_seconds"]
             failed = metrics["counts"]["failed"]
         else:
             if proc.returncode != 0:
                 raise RuntimeError(f"{kind}: bare collect exited {proc.returncode}: "
                                    f"{proc.stderr.decode()[-800:]}")  # fmt: skip
-            wall = orjson.loads(Path(str(out) + ".timing.json").read_bytes())["wall_s"]
-            rate = rows / wall
+            timing = orjson.loads(Path(str(out) + ".timing.json").read_bytes())
+            rate = rows / timing["wall_s"]
+            cpu += timing["cpu_s"]
             failed = rows - len(Path(str(out) + ".jsonl").read_bytes().splitlines())
         peak = orjson.loads(report.read_bytes())["vm_hwm_kib"] / 1024
         return Run(round(rate, 1), round(1000 * cpu / rows, 3), round(peak, 1), failed)
@@ -155,7 +155,7 @@ def median_run(runs: list[Run]) -> dict[str, Any]:
 
 async def bench_topology(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     kinds = list(KINDS)
-    pipes = Pipelines(work)
+    pipes = Pipelines(work, "topology")
     tasks = harness.write_tasks(work / "topology.jsonl", args.rollouts)
     warm = harness.write_tasks(work / "warm.jsonl", 1000)
     runs: dict[str, list[Run]] = {k: [] for k in kinds}
@@ -182,7 +182,7 @@ async def bench_concurrency(args: argparse.Namespace, work: Path) -> dict[str, A
     kinds = ["rollgym", "rollgym_inproc", "bare"]
     levels = (256, 4096)
     n = 4096 if args.quick else 8192
-    pipes = Pipelines(work)
+    pipes = Pipelines(work, "concurrency")
     tasks = harness.write_tasks(work / "conc.jsonl", n)
     out: dict[str, Any] = {"rollouts": n, "levels": list(levels)}
     print(f"\n== concurrency: {n} rollouts at 256 and at 4,096 in flight", flush=True)

@@ -134,7 +134,7 @@ class Collector:
 
     async def execute(self) -> RunOutcome:
         """Dispatch every pending rollout, then write metrics and ``run.json``."""
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.process_time()
         try:
             await self.start()
             await self._warn_unread_fields()
@@ -155,7 +155,8 @@ class Collector:
                 finally:
                     self.progress.stop()
                     self.ledger.close()
-            return await self._finish(time.monotonic() - started)
+            cpu = time.process_time() - cpu_started
+            return await self._finish(time.monotonic() - started, cpu)
         finally:
             await self.close()
 
@@ -167,7 +168,7 @@ class Collector:
             if self._own_client:
                 await self.client.close()
 
-    async def _finish(self, wall: float) -> RunOutcome:
+    async def _finish(self, wall: float, cpu: float) -> RunOutcome:
         run = self.run
         # The outcome is decided when dispatch ends: an abort raised while the final stats are
         # gathered (the watchdog seeing a server die under /aggregate_metrics) must not turn a
@@ -181,6 +182,9 @@ class Collector:
             "wall_seconds": round(wall, 3),
             "rollouts_this_session": done,
             "rollouts_per_second": round(done / wall, 2) if wall > 0 else None,
+            # This process's CPU while it dispatched (with an agent in process, the agent's
+            # too): what collecting cost here, start-up and reports left out.
+            "cpu_seconds": round(cpu, 3),
         }
         report = await self.dispatcher.report()
         own = {name: vars(s) for name, s in self.client.stats().items()}

@@ -9,18 +9,27 @@ is the backstop for work a signal cannot interrupt.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from functools import cache
+from typing import Any
 
 PARSE_TIMEOUT_S = 5
 COMPARE_TIMEOUT_S = 5
 FLOAT_ROUNDING = 6
 """Decimal places numbers are compared at (math-verify's ``math_metric`` default)."""
 
-# What NeMo Gym 0.4.0's math_with_judge extracts: the gold from LaTeX only (it is boxed first),
-# the reply's answer from plain expressions and LaTeX.
-_GOLD_TARGETS = (LatexExtractionConfig(),)
-_ANSWER_TARGETS = (ExprExtractionConfig(), LatexExtractionConfig())
+
+@cache
+def _math_verify() -> tuple[Any, Any, tuple[Any, ...], tuple[Any, ...]]:
+    """math-verify's ``parse``, ``verify`` and the extraction targets. Imported on the first
+    check, in the pool worker that runs it: math-verify brings sympy (0.4 s), which the
+    server's own process never needs, and which would delay its start by as much."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    # What NeMo Gym 0.4.0's math_with_judge extracts: the gold from LaTeX only (it is boxed
+    # first), the reply's answer from plain expressions and LaTeX.
+    gold = (LatexExtractionConfig(),)
+    answer = (ExprExtractionConfig(), LatexExtractionConfig())
+    return parse, verify, gold, answer
 
 
 @dataclass(frozen=True)
@@ -46,11 +55,12 @@ def gold_text(expected: str) -> str:
 def check_answer(expected: str, answer: str) -> MathCheck:
     """Whether an answer extracted from ``answer`` equals ``expected``: math-verify's
     ``math_metric`` as NeMo Gym configures it, gold first (the comparison is not symmetric)."""
-    gold = parse(gold_text(expected), _GOLD_TARGETS, parsing_timeout=PARSE_TIMEOUT_S)
+    parse, verify, gold_targets, answer_targets = _math_verify()
+    gold = parse(gold_text(expected), gold_targets, parsing_timeout=PARSE_TIMEOUT_S)
     if not gold:
         return MathCheck(gold_parsed=False, answer_parsed=False, correct=False)
     try:
-        predicted = parse(answer, _ANSWER_TARGETS, parsing_timeout=PARSE_TIMEOUT_S)
+        predicted = parse(answer, answer_targets, parsing_timeout=PARSE_TIMEOUT_S)
         correct = bool(predicted) and bool(
             verify(
                 gold, predicted, float_rounding=FLOAT_ROUNDING, timeout_seconds=COMPARE_TIMEOUT_S
