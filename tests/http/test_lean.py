@@ -174,3 +174,15 @@ def test_https_and_credentials_go_to_aiohttp() -> None:
     assert _plain_http("https://api.openai.com/v1/chat") is None
     assert _plain_http("http://user:pw@127.0.0.1:8000/v1") is None
     assert _plain_http("http://[::1]:8000/v1") is None
+
+
+async def test_bytes_past_the_answer_close_the_connection() -> None:
+    """A server that answers twice to one request is out of step: the first answer stands,
+    and the connection is not used again."""
+    twice = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}" * 2
+    async with raw_server(lambda _: twice) as srv:
+        t = LeanTransport()
+        for _ in range(2):
+            assert (await send(t, srv["url"])).body == b"{}"  # type: ignore[attr-defined]
+        await t.close()
+    assert srv["connections"] == 2

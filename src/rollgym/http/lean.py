@@ -114,6 +114,11 @@ class _Connection(asyncio.Protocol):
         self.waiter.set_exception(AnswerCut(104, f"the server closed the connection {where}"))
 
     def data_received(self, data: bytes) -> None:
+        if self.waiter is None:
+            # Bytes nobody asked for, on an idle connection: it cannot be trusted with the next
+            # request's answer.
+            self.close()
+            return
         if self._idle_timeout is not None:
             self._restart_timer()
         try:
@@ -122,6 +127,12 @@ class _Connection(asyncio.Protocol):
             self._fail(exc)
 
     # -- httptools callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.answer.complete:
+            # A second answer to one request: the connection is out of step; it is closed
+            # (through the parser's error) and the first answer stands.
+            raise HttpParserError("a second answer to one request")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
