@@ -149,6 +149,8 @@ def instance_urls(config: dict[str, Any]) -> dict[str, str]:
     """Instance name -> URL of every server instance of a NeMo Gym config."""
     urls = {}
     for name, entry in config.items():
+        if not isinstance(entry, dict):  # a top-level value (interpolated by server configs)
+            continue
         inner = next(iter(next(iter(entry.values())).values()))
         urls[name] = f"http://{inner['host']}:{inner['port']}"
     return urls
@@ -213,6 +215,8 @@ class GymStack:
 
     def start(self, timeout: float = 180.0) -> dict[str, str]:
         for entry in self.config.values():
+            if not isinstance(entry, dict):
+                continue
             kind, inner = next(iter(entry.items()))
             self.workspace.link_venv(kind, next(iter(inner)))
         self.log = self.workspace.path / "gym-env-start.log"

@@ -33,23 +33,34 @@ def scripted(row: dict[str, Any], script: list[dict[str, Any]]) -> dict[str, Any
     return row
 
 
-def nemo_agent_rewards(agent_url: str, rows: list[dict[str, Any]]) -> list[tuple[int, Any]]:
+def nemo_agent_rewards(
+    agent_url: str, rows: list[dict[str, Any]], *, concurrency: int = 4
+) -> list[tuple[int, Any]]:
     """(status, reward or error body) of NeMo Gym's agent ``/run`` for each row."""
 
     def one(row: dict[str, Any]) -> tuple[int, Any]:
         status, body = http_json(agent_url + "/run", row, timeout=120)
         return status, body.get("reward") if status == 200 else body
 
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, rows))
 
 
 def rollgym_rewards(
-    model_url: str, env_url: str, rows: list[dict[str, Any]], out: Path, *, impl: str = "tool_agent"
+    model_url: str,
+    env_url: str,
+    rows: list[dict[str, Any]],
+    out: Path,
+    *,
+    impl: str = "tool_agent",
+    concurrency: int = 4,
 ) -> tuple[int, list[dict[str, Any] | None]]:
     """``rollgym run`` with rollgym's agent: (exit code, the rollout of each row or None)."""
     out.mkdir(parents=True, exist_ok=True)
-    config = write_config(out / "config.yaml", tool_agent_config(model_url, env_url, impl=impl))
+    config = write_config(
+        out / "config.yaml",
+        tool_agent_config(model_url, env_url, impl=impl, concurrency=concurrency),
+    )
     tasks = write_jsonl(out / "rows.jsonl", rows)
     # Rows may name NeMo Gym's agent (agent_ref): run them all with rollgym's.
     code = rollgym_run(config, out / "run", "--input", str(tasks), "--agent", "agent")
