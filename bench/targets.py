@@ -14,8 +14,9 @@ every CPU figure), the echo environment, one tool call per rollout.
   per rollout), rollgym with the agent in the collector's process (7), bare aiohttp making our
   8 hops, and bare aiohttp making NeMo Gym's 9 (``bare.py nemo_agent``). Pipelines run in turn,
   ``--repeats`` times, in rotating order; medians are reported, ratios are of medians.
-- **concurrency**: the same at 256 and at 4,096 in flight (8,192 rollouts each), with the
-  collector's peak RSS (``peak.py``): rollgym served and in-process, and bare (8 hops).
+- **concurrency**: the same at 256 and at 4,096 in flight (8,192 rollouts each, the two levels
+  interleaved ``--repeats`` times, medians), with the collector's peak RSS (``peak.py``):
+  rollgym served and in-process, and bare (8 hops).
 - **startup**: ``rollgym --help``, and ``rollgym serve`` until every server of each bundled
   config answers ``/health`` (its ``--write-urls`` file appears); median of 5.
 
@@ -190,11 +191,12 @@ async def bench_concurrency(args: argparse.Namespace, work: Path) -> dict[str, A
         await pipes.start(kinds)
         for kind in kinds:
             await asyncio.to_thread(pipes.run, kind, tasks, 4096)  # connections warmed up
-            per = {}
-            for c in levels:
-                per[str(c)] = median_run(
-                    [await asyncio.to_thread(pipes.run, kind, tasks, c) for _ in range(2)]
-                )
+            # Interleaved, 256 then 4,096, so that a slow moment of the machine lands on both.
+            runs: dict[int, list[Run]] = {c: [] for c in levels}
+            for _ in range(args.repeats):
+                for c in levels:
+                    runs[c].append(await asyncio.to_thread(pipes.run, kind, tasks, c))
+            per: dict[str, Any] = {str(c): median_run(r) for c, r in runs.items()}
             lo, hi = per["256"], per["4096"]
             per["rate_ratio"] = round(hi["rollouts_per_s"] / lo["rollouts_per_s"], 3)
             per["cpu_ratio"] = round(hi["cpu_ms_per_rollout"] / lo["cpu_ms_per_rollout"], 3)

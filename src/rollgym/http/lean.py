@@ -219,19 +219,47 @@ class _Connection(asyncio.Protocol):
         self._fail(IdleTimeout(f"nothing received for {seconds:g}s"))
 
 
+class _Pool:
+    """The connections to one server (host and port): idle ones newest last, how many are
+    open, and the requests waiting for one at the limit."""
+
+    __slots__ = ("host", "idle", "open", "port", "waiting")
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.idle: list[_Connection] = []
+        self.open = 0
+        self.waiting: deque[asyncio.Future[None]] = deque()
+
+    def closed_one(self) -> None:
+        self.open -= 1
+        self.wake()
+
+    def wake(self) -> None:
+        """A connection was freed (idle again, or closed): a waiting request may go."""
+        while self.waiting:
+            waiter = self.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
 class LeanTransport:
     """Plain-HTTP POSTs on pooled keep-alive connections; ``https`` and URLs with credentials
-    through aiohttp. ``limit``: connections open at once; ``keepalive_timeout``: seconds an idle
-    connection is kept (below the servers' 75 s, so the client closes first)."""
+    through aiohttp. ``limit``: connections open at once to one server (more requests to it
+    wait for one); ``keepalive_timeout``: seconds an idle connection is kept (below the
+    servers' 75 s, so the client closes first).
+
+    The limit is per server, not for all of them: an agent with thousands of rollouts in flight
+    holds about as many connections to its model and to its environment, and a shared limit
+    would close one's idle connections to open the other's, over and over."""
 
     def __init__(self, *, limit: int = 8192, keepalive_timeout: float = 30.0) -> None:
         self.limit = limit
         self.keepalive_timeout = keepalive_timeout
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
-        self._open = 0
-        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._pools: dict[tuple[str, int], _Pool] = {}
         self._fallback: AiohttpTransport | None = None
-        self._where: dict[str, tuple[str, int, bytes] | None] = {}
+        self._where: dict[str, tuple[_Pool, bytes] | None] = {}
 
     async def send(
         self,
@@ -248,9 +276,7 @@ class LeanTransport:
         if url in self._where:
             where = self._where[url]
         else:
-            where = self._where[url] = _plain_http(url)
-            if len(self._where) > 4096:  # URLs are few (servers x endpoints); stay bounded
-                self._where.clear()
+            where = self._where[url] = self._route(url)
         if where is None:
             if self._fallback is None:
                 self._fallback = AiohttpTransport(
@@ -260,17 +286,17 @@ class LeanTransport:
                 url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
                 server=server, endpoint=endpoint, idle_timeout=idle_timeout,
             )  # fmt: skip
-        host, port, head = where
+        pool, head = where
         try:
             async with asyncio.timeout(max(timeout, 0.001)):
                 data = head + _header_lines(headers) + b"content-length: %d\r\n\r\n" % len(body)
-                conn = await self._connection(host, port, connect_timeout)
+                conn = await self._connection(pool, connect_timeout)
                 done = False
                 try:
                     answer = await conn.request(data + body, idle_timeout)
                     done = True
                 finally:
-                    self._release(host, port, conn, done)
+                    self._release(pool, conn, done)
                 return answer
         except asyncio.CancelledError:
             raise
@@ -280,83 +306,75 @@ class LeanTransport:
                 idle_timeout=idle_timeout,
             )  # fmt: skip
 
-    async def _connection(self, host: str, port: int, connect_timeout: float) -> _Connection:
-        """An idle connection to ``host``:``port``, else a new one; at the limit, an idle one
-        to another server is closed to make room, else this waits for one to come back."""
+    def _route(self, url: str) -> tuple[_Pool, bytes] | None:
+        if len(self._where) > 4096:  # URLs are few (servers x endpoints); stay bounded
+            self._where.clear()
+        plain = _plain_http(url)
+        if plain is None:
+            return None
+        host, port, head = plain
+        pool = self._pools.get((host, port))
+        if pool is None:
+            pool = self._pools[(host, port)] = _Pool(host, port)
+        return pool, head
+
+    async def _connection(self, pool: _Pool, connect_timeout: float) -> _Connection:
+        """An idle connection of ``pool``, else a new one; at the limit, wait for one."""
         while True:
-            idle = self._idle.get((host, port))
+            idle = pool.idle
             if idle:
                 oldest_ok = time.monotonic() - self.keepalive_timeout
                 while idle:
                     conn = idle.pop()
                     if not conn.closed and conn.idle_since >= oldest_ok:
                         return conn
-                    self._close(conn)
-            if self._open >= self.limit:
-                self._close_one_idle()
-            if self._open < self.limit:
+                    self._close(pool, conn)
+            if pool.open < self.limit:
                 break
             waiter = asyncio.get_running_loop().create_future()
-            self._waiting.append(waiter)
+            pool.waiting.append(waiter)
             try:
                 await waiter
             finally:
                 if not waiter.done():
                     waiter.cancel()
-        self._open += 1
+        pool.open += 1
         try:
             async with asyncio.timeout(connect_timeout):
                 loop = asyncio.get_running_loop()
-                _, conn = await loop.create_connection(_Connection, host, port)
+                _, conn = await loop.create_connection(_Connection, pool.host, pool.port)
         except TimeoutError:
-            self._closed_one()
+            pool.closed_one()
             raise ConnectTimeout(
-                f"no connection to {host}:{port} in {connect_timeout:g}s"
+                f"no connection to {pool.host}:{pool.port} in {connect_timeout:g}s"
             ) from None
         except OSError as exc:
-            self._closed_one()
-            raise ConnectFailed(host, port, exc) from exc
+            pool.closed_one()
+            raise ConnectFailed(pool.host, pool.port, exc) from exc
         except BaseException:
-            self._closed_one()
+            pool.closed_one()
             raise
         return conn
 
-    def _close_one_idle(self) -> None:
-        for idle in self._idle.values():
-            if idle:
-                self._close(idle.pop(0))  # the longest idle
-                return
-
-    def _release(self, host: str, port: int, conn: _Connection, done: bool) -> None:
+    def _release(self, pool: _Pool, conn: _Connection, done: bool) -> None:
         if done and conn.reusable:
             conn.idle_since = time.monotonic()
-            self._idle.setdefault((host, port), []).append(conn)
-            self._wake()
+            pool.idle.append(conn)
+            pool.wake()
         else:
-            self._close(conn)
+            self._close(pool, conn)
 
-    def _close(self, conn: _Connection) -> None:
+    @staticmethod
+    def _close(pool: _Pool, conn: _Connection) -> None:
         conn.close()
-        self._closed_one()
-
-    def _closed_one(self) -> None:
-        self._open -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        """A connection was freed (idle again, or closed): a waiting request may go."""
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        pool.closed_one()
 
     async def close(self) -> None:
-        for idle in self._idle.values():
-            for conn in idle:
+        for pool in self._pools.values():
+            for conn in pool.idle:
                 conn.close()
-        self._idle.clear()
-        self._open = 0
+            pool.idle.clear()
+            pool.open = 0
         if self._fallback is not None:
             await self._fallback.close()
 
