@@ -266,43 +266,60 @@ async def bench_startup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return out
 
 
-def verdicts(results: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
-    """(target, measured, against, met) for every target measured."""
-    rows: list[tuple[str, str, str, bool]] = []
+def verdicts(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    """(target, measured, against, met) for every target measured: for rollgym as it runs by
+    default (the agent a server), each followed by the opt-in agent in process (``met`` None:
+    shown for reference, its own verdict in the text)."""
+    rows: list[tuple[str, str, str, bool | None]] = []
+
+    def also(ok: bool, measured: str, against: str) -> None:
+        verdict = "within the target" if ok else "NOT within the target"
+        rows.append(("  agent in process (opt-in): " + verdict, measured, against, None))
+
     topo = results.get("topology")
     if topo:
-        fast, nemo = topo["rollgym_inproc"], topo["bare9"]
-        ratio = fast["rollouts_per_s"] / nemo["rollouts_per_s"]
-        rows.append((
-            f"throughput >= {TARGETS['vs_bare9']:.1f}x bare aiohttp on NeMo Gym's 9 hops",
-            f"{fast['rollouts_per_s']:.0f}/s (agent in process)",
-            f"{nemo['rollouts_per_s']:.0f}/s: x{ratio:.2f}", ratio >= TARGETS["vs_bare9"],
-        ))  # fmt: skip
-        served = topo["rollgym"]["rollouts_per_s"] / nemo["rollouts_per_s"]
-        rows.append((
-            "  (agent served, the default: for reference)",
-            f"{topo['rollgym']['rollouts_per_s']:.0f}/s",
-            f"x{served:.2f} of the 9 hops, x"
-            f"{topo['rollgym']['rollouts_per_s'] / topo['bare']['rollouts_per_s']:.2f} of our 8",
-            True,
-        ))  # fmt: skip
-        cpu = fast["cpu_ms_per_rollout"]
-        rows.append((
-            f"whole stack <= {TARGETS['cpu_ms']:.1f} ms CPU per rollout", f"{cpu:.2f} ms",
-            f"bare 9 hops {nemo['cpu_ms_per_rollout']:.2f} ms; served "
-            f"{topo['rollgym']['cpu_ms_per_rollout']:.2f} ms", cpu <= TARGETS["cpu_ms"],
-        ))  # fmt: skip
+        nemo, bare = topo["bare9"], topo["bare"]
+        for kind in ("rollgym", "rollgym_inproc"):
+            r = topo[kind]
+            ratio = r["rollouts_per_s"] / nemo["rollouts_per_s"]
+            measured = f"{r['rollouts_per_s']:.0f}/s: x{ratio:.2f}"
+            against = (f"9 hops {nemo['rollouts_per_s']:.0f}/s; our 8 hops "
+                       f"{bare['rollouts_per_s']:.0f}/s")  # fmt: skip
+            ok = ratio >= TARGETS["vs_bare9"]
+            if kind == "rollgym":
+                target = (
+                    f"throughput >= {TARGETS['vs_bare9']:.1f}x bare aiohttp on NeMo Gym's 9 hops"
+                )
+                rows.append((target, measured, against, ok))
+            else:
+                also(ok, measured, against)
+        for kind in ("rollgym", "rollgym_inproc"):
+            cpu = topo[kind]["cpu_ms_per_rollout"]
+            measured = f"{cpu:.2f} ms"
+            against = (f"bare: 9 hops {nemo['cpu_ms_per_rollout']:.2f} ms, our 8 "
+                       f"{bare['cpu_ms_per_rollout']:.2f} ms")  # fmt: skip
+            ok = cpu <= TARGETS["cpu_ms"]
+            if kind == "rollgym":
+                target = f"whole stack <= {TARGETS['cpu_ms']:.1f} ms CPU per rollout"
+                rows.append((target, measured, against, ok))
+            else:
+                also(ok, measured, against)
     conc = results.get("concurrency")
     if conc:
         for kind in ("rollgym", "rollgym_inproc"):
             c = conc[kind]
-            rows.append((
-                f"{kind}: rate at 4,096 >= {TARGETS['flat']:.1f}x at 256",
-                f"x{c['rate_ratio']:.2f} ({c['256']['rollouts_per_s']:.0f} -> "
-                f"{c['4096']['rollouts_per_s']:.0f}/s)",
-                f"CPU x{c['cpu_ratio']:.2f}, collector RSS x{c['rss_ratio']:.2f}; bare "
-                f"x{conc['bare']['rate_ratio']:.2f}", c["rate_ratio"] >= TARGETS["flat"],
-            ))  # fmt: skip
+            measured = (f"x{c['rate_ratio']:.2f} ({c['256']['rollouts_per_s']:.0f} -> "
+                        f"{c['4096']['rollouts_per_s']:.0f}/s)")  # fmt: skip
+            against = (f"CPU x{c['cpu_ratio']:.2f}, collector RSS x{c['rss_ratio']:.2f} "
+                       f"({c['256']['collector_peak_rss_mib']:.0f} -> "
+                       f"{c['4096']['collector_peak_rss_mib']:.0f} MiB); bare: rate "
+                       f"x{conc['bare']['rate_ratio']:.2f}, RSS x{conc['bare']['rss_ratio']:.2f}")  # fmt: skip
+            ok = c["rate_ratio"] >= TARGETS["flat"]
+            if kind == "rollgym":
+                target = f"rate at 4,096 in flight >= {TARGETS['flat']:.1f}x at 256"
+                rows.append((target, measured, against, ok))
+            else:
+                also(ok, measured, against)
     start = results.get("startup")
     if start:
         rows.append((
@@ -323,7 +340,7 @@ def print_verdicts(results: dict[str, Any]) -> None:
     rows = verdicts(results)
     print("\n== issue 15 targets (this machine, this invocation)")
     for target, measured, against, met in rows:
-        mark = "" if target.startswith("  ") else ("MET " if met else "MISSED ")
+        mark = "" if met is None else ("MET " if met else "MISSED ")
         print(f"  {mark:<7}{target:<58} {measured:<32} {against}")
 
 
