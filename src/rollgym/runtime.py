@@ -43,9 +43,14 @@ def raise_open_files_limit() -> int:
     limit. Every rollout in flight holds a connection in the collector and several in its
     agent: 4,096 in flight need more than the 1,024 many systems start a process with."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
+    # An unlimited hard limit (macOS) still needs a number; the kernel may cap it lower.
+    targets = [hard] if hard != resource.RLIM_INFINITY else [1 << 20, 1 << 16, 10240]
+    for target in targets:
+        if soft >= target:
+            break
         with contextlib.suppress(ValueError, OSError):  # not ours to raise: keep what we have
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            break
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 

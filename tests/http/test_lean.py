@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -186,3 +187,45 @@ async def test_bytes_past_the_answer_close_the_connection() -> None:
             assert (await send(t, srv["url"])).body == b"{}"  # type: ignore[attr-defined]
         await t.close()
     assert srv["connections"] == 2
+
+
+async def test_a_server_closing_an_idle_connection_costs_no_request() -> None:
+    """A server that closes its keep-alive connections after each answer (as a short
+    keep-alive timeout does): the next request goes on a new connection, not the closed one."""
+    framed = ok(b"{}")
+    async with raw_server(framed, close_after=True) as srv:
+        t = LeanTransport()
+        for _ in range(3):
+            assert (await send(t, srv["url"])).status == 200  # type: ignore[attr-defined]
+            await asyncio.sleep(0.05)  # the server's close arrives while the connection idles
+        await t.close()
+    assert srv["connections"] == 3
+
+
+async def test_a_woken_waiter_that_is_cancelled_passes_its_turn_on() -> None:
+    """At the limit, a request woken for a free connection but cancelled before it runs must
+    hand the connection to the next waiter, who would otherwise wait out its timeout."""
+    from rollgym.http.lean import _Connection, _Pool
+
+    async with raw_server(ok(b"{}")) as srv:
+        port = int(srv["url"].rsplit(":", 1)[1])
+        t = LeanTransport(limit=1)
+        pool = _Pool("127.0.0.1", port)
+        pool.open = 1  # the one connection allowed is in use
+        woken = asyncio.create_task(t._connection(pool, 1.0))
+        other = asyncio.create_task(t._connection(pool, 1.0))
+        await asyncio.sleep(0)
+        _, conn = await asyncio.get_running_loop().create_connection(_Connection, "127.0.0.1", port)
+        conn.idle_since = time.monotonic()
+        pool.idle.append(conn)
+        pool.wake()  # the first waiter's turn...
+        woken.cancel()  # ...but it is cancelled before it runs
+        assert await asyncio.wait_for(other, 1.0) is conn
+        conn.close()
+
+
+def test_urls_it_would_send_raw_go_to_aiohttp() -> None:
+    from rollgym.http.lean import _plain_http
+
+    assert _plain_http("http://127.0.0.1:8000/v1/日本") is None  # aiohttp percent-encodes
+    assert _plain_http("http://例え.jp/v1") is None

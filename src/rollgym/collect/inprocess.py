@@ -59,8 +59,8 @@ class InProcessAgents:
                 where=f"{self.config.source or 'config'}: servers.{name}.impl",
             )  # fmt: skip
             server = klass(ServerContext.from_run(name, self.config, every))
+            self.servers.append(server)  # before startup: a failed one is shut down too
             await server.startup()
-            self.servers.append(server)
             self.transport.apps[name] = build_app(server)
         return every
 

@@ -104,18 +104,18 @@ async def _call(
         "server": (name, 0),
     }
     delivered = False
-    never: asyncio.Future[Message] | None = None
+    answered = asyncio.get_running_loop().create_future()
 
     async def receive() -> Message:
-        nonlocal delivered, never
+        nonlocal delivered
         if not delivered:
             delivered = True
             return {"type": "http.request", "body": body, "more_body": False}
         # The caller never goes away mid-request (a deadline cancels this whole call instead):
-        # an app waiting for a disconnect waits until its request ends.
-        if never is None:
-            never = asyncio.get_running_loop().create_future()
-        return await never
+        # an app waiting for a disconnect hears of it once its answer is sent, as from a
+        # server. Shielded: a waiter cancelled (its request done) must not cancel the others.
+        await asyncio.shield(answered)
+        return {"type": "http.disconnect"}
 
     status = 0
     answer_headers: list[tuple[bytes, bytes]] = []
@@ -128,8 +128,14 @@ async def _call(
             answer_headers = list(message.get("headers", ()))
         elif message["type"] == "http.response.body":
             chunks.append(message.get("body", b""))
+            if not message.get("more_body", False) and not answered.done():
+                answered.set_result(None)
 
-    await app(scope, receive, send)
+    try:
+        await app(scope, receive, send)
+    finally:
+        if not answered.done():
+            answered.set_result(None)  # whoever still waits for a disconnect gets it
     if not status:
         raise ConnectionResetError(104, f"{name} ended the request without an answer")
     retry_after = None

@@ -113,6 +113,11 @@ class _Connection(asyncio.Protocol):
         where = "mid-answer" if answer.headers_done else "before answering"
         self.waiter.set_exception(AnswerCut(104, f"the server closed the connection {where}"))
 
+    def eof_received(self) -> bool | None:
+        if self.waiter is None:
+            self.closed = True  # the server closed an idle connection: never reuse it
+        return None  # let the transport close; connection_lost ends any answer in progress
+
     def data_received(self, data: bytes) -> None:
         if self.waiter is None:
             # Bytes nobody asked for, on an idle connection: it cannot be trusted with the next
@@ -152,6 +157,9 @@ class _Connection(asyncio.Protocol):
         self.answer.body.append(body)
 
     def on_message_complete(self) -> None:
+        if self.parser.get_status_code() < 200:
+            self.answer = _Answer()  # 1xx (103 Early Hints...): the answer is still to come
+            return
         # Read here: the parser forgets it once the message is over.
         self.answer.keep_alive = self.parser.should_keep_alive()
         self.answer.complete = True
@@ -187,6 +195,16 @@ class _Connection(asyncio.Protocol):
             cookies = tuple(pair for header in answer.cookies for pair in _cookies(header))
         status = self.parser.get_status_code()
         return RawAnswer(status, body, answer.retry_after if status >= 400 else None, cookies)
+
+    def usable(self, idle_since_at_least: float) -> bool:
+        """Whether this idle connection may carry another request: open, not closing (the
+        server's FIN may be read before ``connection_lost`` runs), not idle for too long."""
+        return (
+            not self.closed
+            and self.transport is not None
+            and not self.transport.is_closing()
+            and self.idle_since >= idle_since_at_least
+        )
 
     @property
     def reusable(self) -> bool:
@@ -247,7 +265,7 @@ class _Pool:
 class LeanTransport:
     """Plain-HTTP POSTs on pooled keep-alive connections; ``https`` and URLs with credentials
     through aiohttp. ``limit``: connections open at once to one server (more requests to it
-    wait for one); ``keepalive_timeout``: seconds an idle connection is kept (below the
+    wait for one; 0: no limit); ``keepalive_timeout``: seconds an idle connection is kept (below the
     servers' 75 s, so the client closes first).
 
     The limit is per server, not for all of them: an agent with thousands of rollouts in flight
@@ -326,18 +344,21 @@ class LeanTransport:
                 oldest_ok = time.monotonic() - self.keepalive_timeout
                 while idle:
                     conn = idle.pop()
-                    if not conn.closed and conn.idle_since >= oldest_ok:
+                    if conn.usable(oldest_ok):
                         return conn
                     self._close(pool, conn)
-            if pool.open < self.limit:
+            if self.limit <= 0 or pool.open < self.limit:
                 break
             waiter = asyncio.get_running_loop().create_future()
             pool.waiting.append(waiter)
             try:
                 await waiter
-            finally:
-                if not waiter.done():
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    pool.wake()  # woken, then cancelled: the turn goes to the next waiter
+                else:
                     waiter.cancel()
+                raise
         pool.open += 1
         try:
             async with asyncio.timeout(connect_timeout):
@@ -370,11 +391,10 @@ class LeanTransport:
         pool.closed_one()
 
     async def close(self) -> None:
+        """Close the idle connections; those in use close when their request ends."""
         for pool in self._pools.values():
-            for conn in pool.idle:
-                conn.close()
-            pool.idle.clear()
-            pool.open = 0
+            while pool.idle:
+                self._close(pool, pool.idle.pop())
         if self._fallback is not None:
             await self._fallback.close()
 
@@ -382,9 +402,11 @@ class LeanTransport:
 def _plain_http(url: str) -> tuple[str, int, bytes] | None:
     """(host, port, request line and fixed headers) of a plain ``http://`` URL; None for what
     aiohttp must send (``https``, credentials, anything this parser is not sure of)."""
+    if not url.isascii():
+        return None  # aiohttp percent-encodes what this client would send raw
     try:
         parts = urlsplit(url)
-        port = parts.port or 80
+        port = 80 if parts.port is None else parts.port
     except ValueError:
         return None
     host = parts.hostname
@@ -403,11 +425,11 @@ def _header_lines(headers: Mapping[str, str] | None) -> bytes:
         return b""
     lines = []
     for name, value in headers.items():
-        if name.lower() == "content-type":
-            continue  # always JSON here, sent once
+        if name.lower() in ("content-type", "host", "content-length"):
+            continue  # set by this client, once each
         line = f"{name}: {value}\r\n"
-        if "\n" in line[:-2] or "\r" in line[:-2]:
-            raise ValueError(f"header {name!r} holds a line break")
+        if any(c in line[:-2] for c in "\r\n\0"):
+            raise ValueError(f"header {name!r} holds a line break or a NUL")
         lines.append(line)
     return "".join(lines).encode("latin-1")
 

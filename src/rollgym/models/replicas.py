@@ -151,6 +151,10 @@ class Replicas:
                 self._gate(replica.chat)
                 self._gate(replica.root)
                 if not fails_over(err):
+                    if last is not None and isinstance(err, DeadlineExceeded):
+                        # The sliver of time left ran out on this replica: the failure worth
+                        # reporting is the one that sent the call here.
+                        raise last from None
                     raise
                 log.info("%s failed (%s); trying another replica", replica.chat.name, err.type)
                 last = err
