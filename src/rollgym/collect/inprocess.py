@@ -9,7 +9,10 @@ and environment servers are reached over HTTP as before.
 
 The price: the agent's code runs on the collector's event loop. An agent that blocks the loop
 (CPU-heavy work in ``run``) stalls collection, and one that crashes the process ends the run
-(``--resume`` finishes it). Not for ``--ray``, where workers already sit beside the agents.
+(``--resume`` finishes it). A rollout's deadline cancels the agent's work in the collector's
+own task and waits for its clean-up (the calls it cancels), where over a socket the collector
+would give up at once and leave the clean-up to the agent: a rollout can end that much after
+its deadline. Not for ``--ray``, where workers already sit beside the agents.
 """
 
 from __future__ import annotations
