@@ -106,8 +106,9 @@ InProcessOpt = Annotated[
     typer.Option(
         "--agent-in-process/--agent-as-server",
         help="Run the agents inside the collector's process: no /run hop and no agent "
-        "process, the same records (faster; the agent's code shares the collector's event "
-        "loop). Not with --ray. Default: collect.agent_in_process (off).",
+        "process, the same records (the agent's code shares the collector's event loop; see "
+        "the README's benchmarks for what it buys). Not with --ray. Default: "
+        "collect.agent_in_process (off).",
         show_default=False,
     ),
 ]
