@@ -293,22 +293,18 @@ async def post(session: aiohttp.ClientSession, url: str, data: Any, headers: Any
 
 async def run_rollout(request: web.Request) -> web.Response:
     """seed -> model -> tool -> model -> verify, as plain requests."""
-    app = request.app
-    session: aiohttp.ClientSession = app["session"]
-    resources = app["resources"]
-    row = orjson.loads(await request.read())
-    key = f"{row.get('task_index')}:{row.get('rollout_index')}"
-    headers = {"content-type": JSON, "x-rollgym-rollout": key}
-    seeded = await post(session, resources + "/seed_session", row, headers)
-    res_headers = {**headers, SESSION_HEADER: seeded["session_id"]}
-    final = await agent_loop(app, row["responses_create_params"], headers, res_headers)
-    verified = await post(session, resources + "/verify", {**row, "response": final}, res_headers)
-    return reply(verified)
+    return await seeded_rollout(request, agent_loop)
 
 
 async def nemo_run(request: web.Request) -> web.Response:
     """NeMo Gym's ``simple_agent``: seed, then the agent's OWN ``/v1/responses`` (one more hop,
     which runs the model and tool calls), then verify: 9 hops per rollout with the proxy."""
+    return await seeded_rollout(request, own_responses)
+
+
+async def seeded_rollout(request: web.Request, respond: Any) -> web.Response:
+    """``/run``: seed the session, ``respond(app, params, headers, session headers)`` for the
+    final response, verify it."""
     app = request.app
     session: aiohttp.ClientSession = app["session"]
     resources = app["resources"]
@@ -317,11 +313,16 @@ async def nemo_run(request: web.Request) -> web.Response:
     headers = {"content-type": JSON, "x-rollgym-rollout": key}
     seeded = await post(session, resources + "/seed_session", row, headers)
     res_headers = {**headers, SESSION_HEADER: seeded["session_id"]}
-    final = await post(
-        session, app["self"] + "/v1/responses", row["responses_create_params"], res_headers
-    )
+    final = await respond(app, row["responses_create_params"], headers, res_headers)
     verified = await post(session, resources + "/verify", {**row, "response": final}, res_headers)
     return reply(verified)
+
+
+async def own_responses(
+    app: web.Application, params: dict[str, Any], headers: Any, res_headers: Any
+) -> Any:
+    """The rollout through the agent's own ``/v1/responses`` (``nemo_agent_responses``)."""
+    return await post(app["session"], app["self"] + "/v1/responses", params, res_headers)
 
 
 async def nemo_agent_responses(request: web.Request) -> web.Response:

@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -290,34 +289,6 @@ async def bench_memory(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 # -- 4. start-up ---------------------------------------------------------------------------
 
 
-def time_serve(config: Path, work: Path, i: int) -> dict[str, float]:
-    urls_file = work / f"serve-urls-{i}.json"
-    t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [ROLLGYM, "serve", str(config), "--write-urls", str(urls_file)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        while not urls_file.exists():
-            if proc.poll() is not None:
-                raise RuntimeError(f"rollgym serve exited with {proc.returncode}")
-            if time.monotonic() - t0 > 60:
-                raise RuntimeError("rollgym serve: not healthy within 60 s")
-            time.sleep(0.005)
-        healthy = time.monotonic() - t0
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return {"serve_to_healthy_s": round(healthy, 3)}
-
-
 def time_run(config: Path, tasks: Path, work: Path, i: int) -> dict[str, float]:
     events = work / f"events-{i}.txt"
     env = {**os.environ, "ROLLGYM_BENCH_EVENTS": str(events)}
@@ -364,25 +335,26 @@ def time_bare_start() -> float:
         harness.stop_bare(procs)
 
 
-def time_cmd(cmd: list[str]) -> float:
-    t0 = time.monotonic()
-    subprocess.run(cmd, capture_output=True, check=True, timeout=60)
-    return time.monotonic() - t0
-
-
 async def bench_startup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     repeats = 2 if args.quick else 5
     print("\n== start-up", flush=True)
     config = write_config(work / "start.yaml", "scripted", None)
     counting = write_config(work / "start-counting.yaml", "scripted", None, counting=True)
     tasks = harness.write_tasks(work / "start.jsonl", 50)
-    serve = [await asyncio.to_thread(time_serve, config, work, i) for i in range(repeats)]
+    serve = [
+        {
+            "serve_to_healthy_s": round(
+                await asyncio.to_thread(targets.time_serve, config, work, i), 3
+            )
+        }
+        for i in range(repeats)
+    ]
     runs = [await asyncio.to_thread(time_run, counting, tasks, work, i) for i in range(repeats)]
     bare = [await asyncio.to_thread(time_bare_start) for _ in range(repeats)]
-    helps = [await asyncio.to_thread(time_cmd, [ROLLGYM, "--help"]) for _ in range(repeats)]
+    helps = [await asyncio.to_thread(targets.time_cmd, [ROLLGYM, "--help"]) for _ in range(repeats)]
     imports = [
         await asyncio.to_thread(
-            time_cmd,
+            targets.time_cmd,
             [sys.executable, "-c", "import rollgym.launch.worker, rollgym.agents.tool_agent"],
         )
         for _ in range(repeats)

@@ -272,9 +272,12 @@ def verdicts(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]
     shown for reference, its own verdict in the text)."""
     rows: list[tuple[str, str, str, bool | None]] = []
 
-    def also(ok: bool, measured: str, against: str) -> None:
-        verdict = "within the target" if ok else "NOT within the target"
-        rows.append(("  agent in process (opt-in): " + verdict, measured, against, None))
+    def add(kind: str, target: str, ok: bool, measured: str, against: str) -> None:
+        if kind == "rollgym":
+            rows.append((target, measured, against, ok))
+        else:
+            verdict = "within the target" if ok else "NOT within the target"
+            rows.append(("  agent in process (opt-in): " + verdict, measured, against, None))
 
     topo = results.get("topology")
     if topo:
@@ -285,25 +288,15 @@ def verdicts(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]
             measured = f"{r['rollouts_per_s']:.0f}/s: x{ratio:.2f}"
             against = (f"9 hops {nemo['rollouts_per_s']:.0f}/s; our 8 hops "
                        f"{bare['rollouts_per_s']:.0f}/s")  # fmt: skip
-            ok = ratio >= TARGETS["vs_bare9"]
-            if kind == "rollgym":
-                target = (
-                    f"throughput >= {TARGETS['vs_bare9']:.1f}x bare aiohttp on NeMo Gym's 9 hops"
-                )
-                rows.append((target, measured, against, ok))
-            else:
-                also(ok, measured, against)
+            target = f"throughput >= {TARGETS['vs_bare9']:.1f}x bare aiohttp on NeMo Gym's 9 hops"
+            add(kind, target, ratio >= TARGETS["vs_bare9"], measured, against)
         for kind in ("rollgym", "rollgym_inproc"):
             cpu = topo[kind]["cpu_ms_per_rollout"]
             measured = f"{cpu:.2f} ms"
             against = (f"bare: 9 hops {nemo['cpu_ms_per_rollout']:.2f} ms, our 8 "
                        f"{bare['cpu_ms_per_rollout']:.2f} ms")  # fmt: skip
-            ok = cpu <= TARGETS["cpu_ms"]
-            if kind == "rollgym":
-                target = f"whole stack <= {TARGETS['cpu_ms']:.1f} ms CPU per rollout"
-                rows.append((target, measured, against, ok))
-            else:
-                also(ok, measured, against)
+            target = f"whole stack <= {TARGETS['cpu_ms']:.1f} ms CPU per rollout"
+            add(kind, target, cpu <= TARGETS["cpu_ms"], measured, against)
     conc = results.get("concurrency")
     if conc:
         for kind in ("rollgym", "rollgym_inproc"):
@@ -314,12 +307,8 @@ def verdicts(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]
                        f"({c['256']['collector_peak_rss_mib']:.0f} -> "
                        f"{c['4096']['collector_peak_rss_mib']:.0f} MiB); bare: rate "
                        f"x{conc['bare']['rate_ratio']:.2f}, RSS x{conc['bare']['rss_ratio']:.2f}")  # fmt: skip
-            ok = c["rate_ratio"] >= TARGETS["flat"]
-            if kind == "rollgym":
-                target = f"rate at 4,096 in flight >= {TARGETS['flat']:.1f}x at 256"
-                rows.append((target, measured, against, ok))
-            else:
-                also(ok, measured, against)
+            target = f"rate at 4,096 in flight >= {TARGETS['flat']:.1f}x at 256"
+            add(kind, target, c["rate_ratio"] >= TARGETS["flat"], measured, against)
     start = results.get("startup")
     if start:
         rows.append((

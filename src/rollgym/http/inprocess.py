@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from http.cookies import CookieError, SimpleCookie
 from typing import Any
 
 from rollgym.http.translate import raise_translated
-from rollgym.http.transport import JSON_HEADERS, RawAnswer, Transport
+from rollgym.http.transport import JSON_HEADERS, RawAnswer, Transport, cookie_pairs
 
 SCHEME = "inprocess://"
 
@@ -145,14 +144,5 @@ async def _call(
         if low == b"retry-after" and status >= 400:
             retry_after = value.decode("latin-1")
         elif low == b"set-cookie":
-            cookies.extend(_cookies(value.decode("latin-1")))
+            cookies.extend(cookie_pairs(value.decode("latin-1")))
     return RawAnswer(status, b"".join(chunks), retry_after, tuple(cookies))
-
-
-def _cookies(header: str) -> list[tuple[str, str]]:
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(header)
-    except CookieError:
-        return []
-    return [(k, m.value) for k, m in jar.items()]

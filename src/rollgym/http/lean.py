@@ -28,7 +28,6 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Mapping
-from http.cookies import CookieError, SimpleCookie
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -36,7 +35,7 @@ import httptools
 from httptools import HttpParserError
 
 from rollgym.http.translate import raise_translated
-from rollgym.http.transport import AiohttpTransport, RawAnswer
+from rollgym.http.transport import AiohttpTransport, RawAnswer, cookie_pairs
 
 _BASE_HEADERS = b"content-type: application/json\r\n"
 
@@ -192,7 +191,7 @@ class _Connection(asyncio.Protocol):
                 raise HttpParserError(f"undecodable {answer.encoding!r} body") from exc
         cookies: tuple[tuple[str, str], ...] = ()
         if answer.cookies:
-            cookies = tuple(pair for header in answer.cookies for pair in _cookies(header))
+            cookies = tuple(pair for header in answer.cookies for pair in cookie_pairs(header))
         status = self.parser.get_status_code()
         return RawAnswer(status, body, answer.retry_after if status >= 400 else None, cookies)
 
@@ -432,15 +431,6 @@ def _header_lines(headers: Mapping[str, str] | None) -> bytes:
             raise ValueError(f"header {name!r} holds a line break or a NUL")
         lines.append(line)
     return "".join(lines).encode("latin-1")
-
-
-def _cookies(header: str) -> list[tuple[str, str]]:
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(header)
-    except CookieError:
-        return []
-    return [(name, morsel.value) for name, morsel in jar.items()]
 
 
 __all__ = [

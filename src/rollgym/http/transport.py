@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from http.cookies import CookieError, SimpleCookie
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import orjson
@@ -33,6 +34,17 @@ class RawAnswer(NamedTuple):
     cookies: tuple[tuple[str, str], ...] = ()
     """Cookies the answer set, as (name, value): a NeMo Gym environment keeps its session in
     one. Plain strings: they pickle, and nothing of aiohttp's leaves the transport."""
+
+
+def cookie_pairs(header: str) -> list[tuple[str, str]]:
+    """The (name, value) pairs of one ``Set-Cookie`` header, as ``RawAnswer.cookies`` holds
+    them; a header that does not parse sets none."""
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(header)
+    except CookieError:
+        return []
+    return [(name, morsel.value) for name, morsel in jar.items()]
 
 
 class Transport(Protocol):
