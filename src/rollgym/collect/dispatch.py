@@ -108,16 +108,24 @@ class LocalDispatcher:
         n = min(self.concurrency, max(1, pending))
         # Ramp up in waves: thousands of simultaneous connects overflow the accept backlog,
         # time out, and would open the agent's circuit breaker before any work is done.
-        self._workers = [
-            asyncio.create_task(self._worker(work, recorder, (i // RAMP_STEP) * RAMP_INTERVAL))
-            for i in range(n)
-        ]
+        # Each wave is started when it is due (not all at once, each sleeping its delay): a
+        # sleeping worker holds a timer and a frame until its turn.
+        self._workers = []
+        try:
+            while len(self._workers) < n and not (self._cancelled or recorder.aborted):
+                if self._workers:
+                    await asyncio.sleep(RAMP_INTERVAL)
+                wave = min(RAMP_STEP, n - len(self._workers))
+                self._workers += [
+                    asyncio.create_task(self._worker(work, recorder)) for _ in range(wave)
+                ]
+        except BaseException:
+            cancel_others(self._workers)
+            raise
         await asyncio.gather(*self._workers, return_exceptions=True)
 
-    async def _worker(self, work: Iterator[RolloutItem], recorder: Recorder, delay: float) -> None:
+    async def _worker(self, work: Iterator[RolloutItem], recorder: Recorder) -> None:
         assert self.runner is not None, "start() first"
-        if delay:
-            await asyncio.sleep(delay)
         try:
             for item in work:
                 await recorder.resumed.wait()

@@ -78,58 +78,65 @@ class RolloutRunner:
 
     async def run(self, item: RolloutItem) -> RolloutRecord:
         """Run ``item`` to its record; never raises but ``CancelledError``."""
+        # One coroutine for the whole rollout, not a wrapper around a second: a collector
+        # holds thousands of these in flight, each with its frames.
         started = time.monotonic()
         try:
-            return await self._run(item, started)
+            target = self.agents[item.agent]
+            headers = {HEADER_ROLLOUT: item.key}
+            waits = iter(self.policy.circuit_waits)
+            failovers = len(target.urls) - 1  # each replica may refuse once
+            attempts = item.prior_attempts
+            while True:
+                attempts += 1
+                try:
+                    answer = await self.http.call(
+                        target, "/run", item.row, headers=headers, deadline=self.policy.timeout,
+                        sticky=item.key,
+                    )  # fmt: skip
+                    verified = check_verified(answer, target.name)
+                except RollgymError as err:
+                    if self.stopping():
+                        return self._failed(item, err, attempts, started)
+                    if (
+                        err.root().type == "circuit_open"
+                        and (wait := next(waits, None)) is not None
+                    ):
+                        attempts -= 1  # refused unsent: not an attempt
+                        self.circuit_holds += 1
+                        await self._hold(err, wait)
+                        continue
+                    if (
+                        isinstance(err, ConnectError)
+                        and failovers > 0
+                        and self.http.live_urls(target)
+                    ):
+                        # That replica is gone (the client took it out of rotation); another
+                        # one gets the rollout. Nothing was sent, so it is not an attempt.
+                        failovers -= 1
+                        attempts -= 1
+                        self.failovers += 1
+                        continue
+                    if isinstance(err, ConnectError):
+                        # Nothing reached the agent: recorded (the run must see a dead agent),
+                        # but not as an attempt, so a later --resume still has all of its
+                        # attempts.
+                        return self._failed(item, err, attempts - 1, started)
+                    if err.retryable and attempts < self.policy.max_attempts:
+                        continue
+                    return self._failed(item, err, attempts, started)
+                return ScoredRollout(
+                    item.task_index, item.rollout_index, float(verified["reward"]), attempts,
+                    time.monotonic() - started, verified,
+                )  # fmt: skip
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug here must still end as this rollout's record
             log.exception("unexpected error in rollout %s", item.key)
-            err = InternalError(f"collector: {type(exc).__name__}: {exc}", server="collector")
+            bug = InternalError(f"collector: {type(exc).__name__}: {exc}", server="collector")
             return FailedRollout(
-                item.task_index, item.rollout_index, err, item.prior_attempts + 1,
+                item.task_index, item.rollout_index, bug, item.prior_attempts + 1,
                 time.monotonic() - started,
-            )  # fmt: skip
-
-    async def _run(self, item: RolloutItem, started: float) -> RolloutRecord:
-        target = self.agents[item.agent]
-        headers = {HEADER_ROLLOUT: item.key}
-        waits = iter(self.policy.circuit_waits)
-        failovers = len(target.urls) - 1  # each replica may refuse once
-        attempts = item.prior_attempts
-        while True:
-            attempts += 1
-            try:
-                answer = await self.http.call(
-                    target, "/run", item.row, headers=headers, deadline=self.policy.timeout,
-                    sticky=item.key,
-                )  # fmt: skip
-                verified = check_verified(answer, target.name)
-            except RollgymError as err:
-                if self.stopping():
-                    return self._failed(item, err, attempts, started)
-                if err.root().type == "circuit_open" and (wait := next(waits, None)) is not None:
-                    attempts -= 1  # refused unsent: not an attempt
-                    self.circuit_holds += 1
-                    await self._hold(err, wait)
-                    continue
-                if isinstance(err, ConnectError) and failovers > 0 and self.http.live_urls(target):
-                    # That replica is gone (the client took it out of rotation); another
-                    # one gets the rollout. Nothing was sent, so it is not an attempt.
-                    failovers -= 1
-                    attempts -= 1
-                    self.failovers += 1
-                    continue
-                if isinstance(err, ConnectError):
-                    # Nothing reached the agent: recorded (the run must see a dead agent), but
-                    # not as an attempt, so a later --resume still has all of its attempts.
-                    return self._failed(item, err, attempts - 1, started)
-                if err.retryable and attempts < self.policy.max_attempts:
-                    continue
-                return self._failed(item, err, attempts, started)
-            return ScoredRollout(
-                item.task_index, item.rollout_index, float(verified["reward"]), attempts,
-                time.monotonic() - started, verified,
             )  # fmt: skip
 
     async def _hold(self, err: RollgymError, seconds: float) -> None:

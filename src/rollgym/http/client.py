@@ -4,7 +4,7 @@ One client per process or event loop. The send path is a chain of small steps::
 
     call / call_json -> _send: the retry loop, which only does the effects
                           ├─ _admit      breaker and pinning: may the attempt go, and where
-                          ├─ _attempt    one attempt through the transport -> decoded JSON
+                          ├─ transport   one attempt (``LeanTransport.send``) -> decoded JSON
                           └─ classify    after a failure: retry after how long, or which error
 
 Each ``Target`` carries the called server's own retry policy; a retry budget and a circuit
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +166,7 @@ class HttpClient:
         state = self._targets.get(name)
         return state.breaker if state else None
 
-    async def call(
+    def call(
         self,
         target: Target,
         endpoint: str,
@@ -176,7 +176,7 @@ class HttpClient:
         deadline: float | None = None,
         sticky: str | None = None,
         pin: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Coroutine[Any, Any, dict[str, Any]]:
         """POST ``payload`` as JSON to ``endpoint`` of ``target`` and return the JSON object
         it answers (any other JSON is a ``ProtocolError``, retried like a garbled answer).
 
@@ -184,14 +184,14 @@ class HttpClient:
         many attempts were made. ``deadline`` (seconds) caps the total time further. Calls with
         the same ``sticky`` key go to the same replica; with ``pin`` they never fail over (the
         replica holds state of theirs, e.g. a session), and a lost replica fails them at once.
+
+        Not ``async`` itself (nor ``call_json``, ``call_stream``): it returns the retry loop's
+        coroutine, one frame less for each of the thousands of calls a collector holds.
         """
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
-        answer: dict[str, Any] = (
-            await self._send(target, endpoint, body, headers, deadline, sticky, pin, read_object)
-        )[0]
-        return answer
+        return self._send(target, endpoint, body, headers, deadline, sticky, pin, read_object)
 
-    async def call_stream(
+    def call_stream(
         self,
         target: Target,
         endpoint: str,
@@ -200,7 +200,7 @@ class HttpClient:
         idle_timeout: float | None,
         headers: Mapping[str, str] | None = None,
         deadline: float | None = None,
-    ) -> Streamed:
+    ) -> Coroutine[Any, Any, Streamed]:
         """POST ``payload`` to an endpoint that answers server-sent events (a chat completion
         with ``"stream": true``) and return the events once ``data: [DONE]`` has come.
 
@@ -209,14 +209,12 @@ class HttpClient:
         under the target's policy, while one that keeps sending may run for the whole attempt
         timeout. A cut stream, or an error event in it, is a failed attempt too."""
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
-        answer: Streamed = (
-            await self._send(
-                target, endpoint, body, headers, deadline, None, False, read_stream, idle_timeout
-            )
-        )[0]
-        return answer
+        return self._send(
+            target, endpoint, body, headers, deadline, None, False, read_stream,
+            idle_timeout=idle_timeout,
+        )  # fmt: skip
 
-    async def call_json(
+    def call_json(
         self,
         target: Target,
         endpoint: str,
@@ -226,13 +224,10 @@ class HttpClient:
         deadline: float | None = None,
         sticky: str | None = None,
         pin: bool = False,
-    ) -> JsonValue:
+    ) -> Coroutine[Any, Any, JsonValue]:
         """``call`` for an endpoint that may answer any JSON value (a list, a string, ...)."""
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
-        answer: JsonValue = (
-            await self._send(target, endpoint, body, headers, deadline, sticky, pin, read_value)
-        )[0]
-        return answer
+        return self._send(target, endpoint, body, headers, deadline, sticky, pin, read_value)
 
     async def call_with_cookies(
         self,
@@ -249,7 +244,7 @@ class HttpClient:
         cookie jar: a caller that holds a session in a cookie sends it back itself."""
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
         value, cookies = await self._send(
-            target, endpoint, body, headers, deadline, sticky, pin, read_value
+            target, endpoint, body, headers, deadline, sticky, pin, read_value, with_cookies=True
         )
         return value, dict(cookies)
 
@@ -263,9 +258,12 @@ class HttpClient:
         sticky: str | None,
         pin: bool,
         read: Reader,
+        *,
         idle_timeout: float | None = None,
-    ) -> tuple[Any, tuple[tuple[str, str], ...]]:
-        """The retry loop: (the decoded answer, the cookies it set), or the final error."""
+        with_cookies: bool = False,
+    ) -> Any:
+        """The retry loop: the decoded answer (``with_cookies``: and the cookies it set), or
+        the final error."""
         policy = target.policy
         state = self._state(target)
         stats = state.stats
@@ -283,12 +281,23 @@ class HttpClient:
                 # The budget counts calls; retries are what it limits (see RetryBudget).
                 state.budget.record_request()
             left = total - (time.monotonic() - start)
+            url = base + endpoint
+            state.balancer.begin(base)
             try:
-                value = await self._attempt(
-                    target.name, base, endpoint, body, headers, min(attempt_timeout, left),
-                    policy.connect_timeout, idle_timeout, state.balancer, read,
-                )  # fmt: skip
-            except AttemptFailed as failed:
+                # One attempt, inline rather than a method of its own: a call in flight holds
+                # its coroutines' frames, and a collector holds thousands of calls at once.
+                try:
+                    raw = await self._transport.send(
+                        url, body, headers, timeout=min(attempt_timeout, left),
+                        connect_timeout=policy.connect_timeout, server=target.name,
+                        endpoint=endpoint, idle_timeout=idle_timeout,
+                    )  # fmt: skip
+                finally:
+                    state.balancer.end(base)
+                value = read(raw, target.name, url, endpoint)
+            except RollgymError as sent:  # from the transport: no answer
+                failure = AttemptFailed(sent)
+            except AttemptFailed as failed:  # from ``read``: an answer, but not a usable one
                 failure = failed
             except BaseException:
                 # Cancelled mid-attempt: there is no outcome to report, but a half-open probe
@@ -299,7 +308,7 @@ class HttpClient:
                 # Every answered attempt reports to the breaker: successes reset its count of
                 # failures in a row, and a successful half-open probe closes it.
                 state.breaker.record(True)
-                return value
+                return (value, raw.cookies) if with_cookies else value
             err = scrubbed(failure.error, header_secrets(headers))
             if isinstance(err, ConnectError) and len(target.urls) > 1:
                 # Nothing listens there (its process or node is gone): send nothing new to
@@ -358,33 +367,6 @@ class HttpClient:
             state.stats.failures += 1
             raise replica_lost(target.name, endpoint, base, attempts=attempt, last=last)
         return base
-
-    async def _attempt(
-        self,
-        server: str,
-        base: str,
-        endpoint: str,
-        body: bytes | bytearray,
-        headers: Mapping[str, str] | None,
-        timeout: float,
-        connect_timeout: float,
-        idle_timeout: float | None,
-        balancer: Balancer,
-        read: Reader,
-    ) -> tuple[Any, tuple[tuple[str, str], ...]]:
-        """One attempt: (the decoded answer, the cookies it set), or ``AttemptFailed``."""
-        url = base + endpoint
-        balancer.begin(base)
-        try:
-            answer = await self._transport.send(
-                url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
-                server=server, endpoint=endpoint, idle_timeout=idle_timeout,
-            )  # fmt: skip
-        except RollgymError as err:
-            raise AttemptFailed(err) from err
-        finally:
-            balancer.end(base)
-        return read(answer, server, url, endpoint), answer.cookies
 
 
 def _report(breaker: CircuitBreaker, blame: bool, ends: bool) -> None:

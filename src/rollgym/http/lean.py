@@ -24,6 +24,8 @@ What it does:
 from __future__ import annotations
 
 import asyncio
+import heapq
+import math
 import time
 import zlib
 from collections import deque
@@ -65,7 +67,7 @@ class _Answer:
 
     __slots__ = (
         "body", "complete", "cookies", "encoding", "framed", "headers_done", "keep_alive",
-        "retry_after",
+        "retry_after", "status",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -74,21 +76,33 @@ class _Answer:
         self.cookies: list[str] = []
         self.retry_after: str | None = None
         self.encoding: bytes | None = None
+        self.status = 0
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection; one request at a time."""
+    """One keep-alive connection; one request at a time.
+
+    Built to be small while it waits: thousands wait at once in a collector, each for a whole
+    rollout. The parser and the answer are made when the first bytes of an answer arrive and
+    dropped when it is read; the request's deadline is an entry in the transport's ``_Clock``,
+    not a timer of its own."""
+
+    __slots__ = (
+        "_idle_timeout", "_timer", "answer", "closed", "deadline_slot", "idle_since", "parser",
+        "transport", "waiter",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.answer = _Answer()
+        self.parser: httptools.HttpResponseParser | None = None
+        self.answer: _Answer | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.deadline_slot = 0  # the _Clock slot of the request's deadline; 0: none
         self._idle_timeout: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -104,12 +118,12 @@ class _Connection(asyncio.Protocol):
         if self.waiter is None or self.waiter.done():
             return
         answer = self.answer
-        if answer.headers_done and not answer.framed and exc is None:
+        if answer is not None and answer.headers_done and not answer.framed and exc is None:
             # An answer without Content-Length or chunks ends with its connection.
             answer.complete = True
             self.waiter.set_result(None)
             return
-        where = "mid-answer" if answer.headers_done else "before answering"
+        where = "mid-answer" if answer is not None and answer.headers_done else "before answering"
         self.waiter.set_exception(AnswerCut(104, f"the server closed the connection {where}"))
 
     def eof_received(self) -> bool | None:
@@ -125,6 +139,9 @@ class _Connection(asyncio.Protocol):
             return
         if self._idle_timeout is not None:
             self._restart_timer()
+        if self.parser is None:
+            self.answer = _Answer()
+            self.parser = httptools.HttpResponseParser(self)
         try:
             self.parser.feed_data(data)
         except HttpParserError as exc:
@@ -132,31 +149,37 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks -----------------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        if self.answer.complete:
+    def on_header(self, name: bytes, value: bytes) -> None:
+        answer = self.answer
+        assert answer is not None
+        if answer.complete:
             # A second answer to one request: the connection is out of step; it is closed
             # (through the parser's error) and the first answer stands.
             raise HttpParserError("a second answer to one request")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         if name == b"set-cookie":
-            self.answer.cookies.append(value.decode("latin-1"))
+            answer.cookies.append(value.decode("latin-1"))
         elif name == b"retry-after":
-            self.answer.retry_after = value.decode("latin-1")
+            answer.retry_after = value.decode("latin-1")
         elif name == b"content-encoding":
-            self.answer.encoding = value.strip().lower()
+            answer.encoding = value.strip().lower()
         elif name in (b"content-length", b"transfer-encoding"):
-            self.answer.framed = True
+            answer.framed = True
 
     def on_headers_complete(self) -> None:
+        assert self.answer is not None and self.parser is not None
+        if self.answer.complete:
+            raise HttpParserError("a second answer to one request")
         self.answer.headers_done = True
+        self.answer.status = self.parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
+        assert self.answer is not None
         self.answer.body.append(body)
 
     def on_message_complete(self) -> None:
-        if self.parser.get_status_code() < 200:
+        assert self.answer is not None and self.parser is not None
+        if self.answer.status < 200:
             self.answer = _Answer()  # 1xx (103 Early Hints...): the answer is still to come
             return
         # Read here: the parser forgets it once the message is over.
@@ -168,20 +191,27 @@ class _Connection(asyncio.Protocol):
 
     # -- one request -------------------------------------------------------------------------
 
-    async def request(self, data: bytes, idle_timeout: float | None) -> RawAnswer:
+    def start(
+        self, head: bytes, body: bytes | bytearray, idle_timeout: float | None
+    ) -> asyncio.Future[None]:
+        """Send a request; the future is done when its answer is (``answer_read`` reads it)."""
         assert self.transport is not None
-        self.answer = _Answer()
+        self.answer = None
+        self.parser = None
         self.waiter = asyncio.get_running_loop().create_future()
         self._idle_timeout = idle_timeout
         if idle_timeout is not None:
             self._restart_timer()
-        self.transport.write(data)
-        try:
-            await self.waiter
-        finally:
-            self.waiter = None
-            self._stop_timer()
+        # Two buffers, one write: the body is the caller's (a task row, kept for retries);
+        # joining them would hold a second copy of it for as long as the answer takes.
+        self.transport.writelines((head, body))
+        return self.waiter
+
+    def answer_read(self) -> RawAnswer:
+        """The answer of the request ``start`` sent, once ``waiter`` is done."""
         answer = self.answer
+        assert answer is not None
+        self.parser = None
         body = b"".join(answer.body)
         if answer.encoding in (b"gzip", b"deflate", b"x-gzip"):
             # aiohttp decompressed these; a server may compress unasked.
@@ -192,8 +222,25 @@ class _Connection(asyncio.Protocol):
         cookies: tuple[tuple[str, str], ...] = ()
         if answer.cookies:
             cookies = tuple(pair for header in answer.cookies for pair in cookie_pairs(header))
-        status = self.parser.get_status_code()
+        status = answer.status
         return RawAnswer(status, body, answer.retry_after if status >= 400 else None, cookies)
+
+    def end(self) -> bool:
+        """The request is over (answered or not): no waiter, no timers, and nothing of the
+        answer kept (an idle connection holding its last body would hold thousands of them
+        once a run winds down). Whether the connection may carry another request."""
+        answer = self.answer
+        reusable = not self.closed and answer is not None and answer.complete and answer.keep_alive
+        self.waiter = None
+        self.answer = None
+        self.parser = None
+        self._stop_timer()
+        return reusable
+
+    def expire(self) -> None:
+        """The request's deadline passed (the ``_Clock`` calls this)."""
+        self.deadline_slot = 0
+        self._fail(TimeoutError())
 
     def usable(self, idle_since_at_least: float) -> bool:
         """Whether this idle connection may carry another request: open, not closing (the
@@ -204,10 +251,6 @@ class _Connection(asyncio.Protocol):
             and not self.transport.is_closing()
             and self.idle_since >= idle_since_at_least
         )
-
-    @property
-    def reusable(self) -> bool:
-        return not self.closed and self.answer.complete and self.answer.keep_alive
 
     def close(self) -> None:
         self.closed = True
@@ -234,6 +277,70 @@ class _Connection(asyncio.Protocol):
     def _on_idle(self, seconds: float) -> None:
         self._timer = None
         self._fail(IdleTimeout(f"nothing received for {seconds:g}s"))
+
+
+class _Clock:
+    """The deadlines of the requests in flight, on one timer.
+
+    A timer per request (``asyncio.timeout``) costs about 600 bytes with uvloop: a timer
+    handle, a libuv timer, a context copy, a bound method. Thousands of rollouts in flight
+    would each hold one for as long as the rollout takes. Here a deadline is an entry in the
+    set of its ``TICK``-long slot, and one timer fires at the earliest slot: a request expires
+    at most ``TICK`` late."""
+
+    TICK = 0.005
+
+    __slots__ = ("_handle", "_heap", "_loop", "_slots", "_when")
+
+    def __init__(self) -> None:
+        self._slots: dict[int, set[_Connection]] = {}
+        self._heap: list[int] = []  # slot numbers, each once, some emptied since
+        self._handle: asyncio.TimerHandle | None = None
+        self._when = 0  # the slot the timer is set for
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, conn: _Connection, when: float) -> None:
+        """Expire ``conn``'s request at loop time ``when`` unless ``remove``d first."""
+        slot = math.ceil(when / self.TICK)
+        conns = self._slots.get(slot)
+        if conns is None:
+            conns = self._slots[slot] = set()
+            heapq.heappush(self._heap, slot)
+            if self._handle is None or slot < self._when:
+                self._arm(slot)
+        conns.add(conn)
+        conn.deadline_slot = slot
+
+    def remove(self, conn: _Connection) -> None:
+        conns = self._slots.get(conn.deadline_slot)
+        if conns is not None:
+            conns.discard(conn)
+            if not conns:
+                del self._slots[conn.deadline_slot]  # its heap entry goes when it comes due
+        conn.deadline_slot = 0
+
+    def _arm(self, slot: int) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        self._when = slot
+        self._handle = loop.call_at(slot * self.TICK, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        assert self._loop is not None
+        due = math.floor(self._loop.time() / self.TICK)
+        heap = self._heap
+        while heap and heap[0] <= due:
+            conns = self._slots.pop(heapq.heappop(heap), None)
+            for conn in conns or ():
+                conn.expire()
+        while heap and heap[0] not in self._slots:
+            heapq.heappop(heap)  # emptied: every request of that slot ended in time
+        if heap:
+            self._arm(heap[0])
 
 
 class _Pool:
@@ -276,6 +383,7 @@ class LeanTransport:
         self.keepalive_timeout = keepalive_timeout
         self._pools: dict[tuple[str, int], _Pool] = {}
         self._fallback: AiohttpTransport | None = None
+        self._clock = _Clock()
         self._where: dict[str, tuple[_Pool, bytes] | None] = {}
 
     async def send(
@@ -304,17 +412,25 @@ class LeanTransport:
                 server=server, endpoint=endpoint, idle_timeout=idle_timeout,
             )  # fmt: skip
         pool, head = where
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.001)
         try:
-            async with asyncio.timeout(max(timeout, 0.001)):
-                data = head + _header_lines(headers) + b"content-length: %d\r\n\r\n" % len(body)
-                conn = await self._connection(pool, connect_timeout)
-                done = False
-                try:
-                    answer = await conn.request(data + body, idle_timeout)
-                    done = True
-                finally:
-                    self._release(pool, conn, done)
-                return answer
+            head += _header_lines(headers) + b"content-length: %d\r\n\r\n" % len(body)
+            conn = self._take_idle(pool)
+            if conn is None:
+                async with asyncio.timeout_at(deadline):
+                    conn = await self._connection(pool, connect_timeout)
+            done = False
+            try:
+                waiter = conn.start(head, body, idle_timeout)
+                self._clock.add(conn, deadline)
+                await waiter
+                answer = conn.answer_read()
+                done = True
+            finally:
+                self._clock.remove(conn)
+                self._release(pool, conn, conn.end() and done)
+            return answer
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -338,14 +454,9 @@ class LeanTransport:
     async def _connection(self, pool: _Pool, connect_timeout: float) -> _Connection:
         """An idle connection of ``pool``, else a new one; at the limit, wait for one."""
         while True:
-            idle = pool.idle
-            if idle:
-                oldest_ok = time.monotonic() - self.keepalive_timeout
-                while idle:
-                    conn = idle.pop()
-                    if conn.usable(oldest_ok):
-                        return conn
-                    self._close(pool, conn)
+            conn = self._take_idle(pool)
+            if conn is not None:
+                return conn
             if self.limit <= 0 or pool.open < self.limit:
                 break
             waiter = asyncio.get_running_loop().create_future()
@@ -376,8 +487,20 @@ class LeanTransport:
             raise
         return conn
 
-    def _release(self, pool: _Pool, conn: _Connection, done: bool) -> None:
-        if done and conn.reusable:
+    def _take_idle(self, pool: _Pool) -> _Connection | None:
+        """The newest usable idle connection of ``pool`` (closing the stale ones it passes)."""
+        idle = pool.idle
+        if idle:
+            oldest_ok = time.monotonic() - self.keepalive_timeout
+            while idle:
+                conn = idle.pop()
+                if conn.usable(oldest_ok):
+                    return conn
+                self._close(pool, conn)
+        return None
+
+    def _release(self, pool: _Pool, conn: _Connection, reusable: bool) -> None:
+        if reusable:
             conn.idle_since = time.monotonic()
             pool.idle.append(conn)
             pool.wake()
