@@ -83,7 +83,8 @@ class RolloutRunner:
         started = time.monotonic()
         try:
             target = self.agents[item.agent]
-            headers = {HEADER_ROLLOUT: item.key}
+            key = item.key
+            headers = {HEADER_ROLLOUT: key}
             waits = iter(self.policy.circuit_waits)
             failovers = len(target.urls) - 1  # each replica may refuse once
             attempts = item.prior_attempts
@@ -92,7 +93,7 @@ class RolloutRunner:
                 try:
                     answer = await self.http.call(
                         target, "/run", item.row, headers=headers, deadline=self.policy.timeout,
-                        sticky=item.key,
+                        sticky=key,
                     )  # fmt: skip
                     verified = check_verified(answer, target.name)
                 except RollgymError as err:

@@ -415,14 +415,15 @@ class LeanTransport:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.001)
         try:
-            head += _header_lines(headers) + b"content-length: %d\r\n\r\n" % len(body)
+            request = head + _header_lines(headers) + b"content-length: %d\r\n\r\n" % len(body)
             conn = self._take_idle(pool)
             if conn is None:
                 async with asyncio.timeout_at(deadline):
                     conn = await self._connection(pool, connect_timeout)
             done = False
             try:
-                waiter = conn.start(head, body, idle_timeout)
+                waiter = conn.start(request, body, idle_timeout)
+                del request  # per request: not to be held while the answer is awaited
                 self._clock.add(conn, deadline)
                 await waiter
                 answer = conn.answer_read()
