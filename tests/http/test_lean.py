@@ -5,6 +5,7 @@ reuse and its limits, and the typed errors each failure becomes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import time
 from collections.abc import AsyncIterator, Callable
@@ -229,3 +230,99 @@ def test_urls_it_would_send_raw_go_to_aiohttp() -> None:
 
     assert _plain_http("http://127.0.0.1:8000/v1/日本") is None  # aiohttp percent-encodes
     assert _plain_http("http://例え.jp/v1") is None
+
+
+async def test_deadlines_of_many_requests_expire_each_on_time_and_leave_nothing() -> None:
+    """The whole-attempt timeouts of requests in flight share one clock: each expires at its
+    own deadline (not sooner, at most a tick or two later), whatever the others' deadlines,
+    and a request that ends in time leaves no entry behind."""
+    slow = {"n": 0}
+
+    def answer(request: bytes) -> bytes | None:
+        slow["n"] += 1
+        return ok(b"{}")(b"") if b"fast" in request else None
+
+    async with raw_server(answer) as srv:
+        t = LeanTransport()
+        url = srv["url"] + "/x"
+        loop = asyncio.get_running_loop()
+
+        async def timed(timeout: float, payload: bytes) -> tuple[float, float, str]:
+            started = loop.time()
+            try:
+                await t.send(url, payload, None, timeout=timeout, connect_timeout=2.0,
+                             server="s", endpoint="/x")  # fmt: skip
+                outcome = "answered"
+            except ReadTimeout:
+                outcome = "timeout"
+            return timeout, loop.time() - started, outcome
+
+        # Interleaved: long deadlines added first must not hold back the short ones.
+        timeouts = [0.9, 0.15, 0.6, 0.3, 0.45, 0.05, 0.75]
+        results = await asyncio.gather(
+            *(timed(s, b'{"hang": 1}') for s in timeouts),
+            *(timed(5.0, b'{"fast": %d}' % i) for i in range(20)),
+        )
+        for timeout, took, outcome in results:
+            if timeout == 5.0:
+                assert outcome == "answered"
+            else:
+                assert outcome == "timeout"
+                assert timeout <= took < timeout + 0.25, (timeout, took)
+        assert not t._clock._slots and t._clock._handle is None  # every entry gone
+        await t.close()
+
+
+async def test_an_idle_connection_keeps_nothing_of_its_last_answer() -> None:
+    """A collector winding down holds thousands of idle connections: none may keep the body
+    of the answer it carried last (nor a parser)."""
+    async with raw_server(ok(b'{"big": "' + b"x" * 50_000 + b'"}')) as srv:
+        t = LeanTransport()
+        answer = await send(t, srv["url"])
+        assert len(answer.body) > 50_000  # type: ignore[attr-defined]
+        (pool,) = t._pools.values()
+        (conn,) = pool.idle
+        assert conn.answer is None and conn.parser is None and conn.waiter is None
+        assert (await send(t, srv["url"])).status == 200  # type: ignore[attr-defined]
+        await t.close()
+    assert srv["connections"] == 1
+
+
+def test_a_client_moved_to_a_new_event_loop_still_times_out() -> None:
+    """A loop closed with a request still in flight leaves that request's deadline behind;
+    the next loop's requests must expire on their own deadlines, not wait on a dead timer."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:  # a server that reads nothing and answers nothing
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    t = LeanTransport()
+    try:
+        first = asyncio.new_event_loop()
+        dropped = first.create_task(send(t, url, timeout=60.0))
+        first.run_until_complete(asyncio.sleep(0.2))  # in flight, its 60 s deadline armed
+        first.close()  # without cancelling it
+        with contextlib.suppress(Exception):  # its clean-up needs the loop that is gone
+            dropped.get_coro().close()
+
+        async def second() -> float:
+            started = time.monotonic()
+            with pytest.raises(ReadTimeout):
+                await send(t, url, timeout=0.3)
+            return time.monotonic() - started
+
+        assert asyncio.run(second()) < 2.0
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()

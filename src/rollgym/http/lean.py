@@ -301,6 +301,14 @@ class _Clock:
 
     def add(self, conn: _Connection, when: float) -> None:
         """Expire ``conn``'s request at loop time ``when`` unless ``remove``d first."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # A client used from a new event loop: what the old one left (its timer, entries
+            # of requests it dropped when it closed) is forgotten, never fired.
+            self._slots.clear()
+            self._heap.clear()
+            self._handle = None
+            self._loop = loop
         slot = math.ceil(when / self.TICK)
         conns = self._slots.get(slot)
         if conns is None:
@@ -312,21 +320,30 @@ class _Clock:
         conn.deadline_slot = slot
 
     def remove(self, conn: _Connection) -> None:
-        conns = self._slots.get(conn.deadline_slot)
-        if conns is not None:
-            conns.discard(conn)
-            if not conns:
-                del self._slots[conn.deadline_slot]  # its heap entry goes when it comes due
+        slot = conn.deadline_slot
+        if not slot:
+            return  # expired, or never added
         conn.deadline_slot = 0
+        conns = self._slots.get(slot)
+        if conns is None:
+            return
+        conns.discard(conn)
+        if conns:
+            return
+        del self._slots[slot]  # its heap entry goes when it comes due
+        if not self._slots:
+            # Nothing in flight: no timer left running, no heap of emptied slots kept.
+            self._heap.clear()
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
 
     def _arm(self, slot: int) -> None:
         if self._handle is not None:
             self._handle.cancel()
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
+        assert self._loop is not None
         self._when = slot
-        self._handle = loop.call_at(slot * self.TICK, self._fire)
+        self._handle = self._loop.call_at(slot * self.TICK, self._fire)
 
     def _fire(self) -> None:
         self._handle = None
