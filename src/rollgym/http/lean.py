@@ -348,7 +348,8 @@ class _Clock:
     def _fire(self) -> None:
         self._handle = None
         assert self._loop is not None
-        due = math.floor(self._loop.time() / self.TICK)
+        # (The epsilon: a slot's time divided back by TICK may fall just short of it.)
+        due = math.floor(self._loop.time() / self.TICK + 1e-6)
         heap = self._heap
         while heap and heap[0] <= due:
             conns = self._slots.pop(heapq.heappop(heap), None)
