@@ -59,8 +59,9 @@ async def started_dispatch(
 
 async def test_workers_start_in_waves_up_to_the_concurrency() -> None:
     concurrency = 2 * RAMP_STEP + 88
-    gate, recorder, task, _ = await started_dispatch(5000, concurrency)
-    assert gate.started == RAMP_STEP  # the first wave only: the next is not due yet
+    gate, recorder, task, dispatcher = await started_dispatch(5000, concurrency)
+    # The first wave only: the next is not due yet, and is not even made until it is.
+    assert gate.started == RAMP_STEP and len(dispatcher._workers) == RAMP_STEP
     await asyncio.sleep(3 * RAMP_INTERVAL + 0.3)
     assert gate.started == concurrency  # every wave, and never more than the concurrency
     gate.open.set()
@@ -75,9 +76,9 @@ async def test_a_dispatch_cancelled_mid_ramp_leaves_no_worker_behind() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert all(w.done() for w in dispatcher._workers)  # ended with it, not after
     await asyncio.sleep(3 * RAMP_INTERVAL)
     assert gate.started == RAMP_STEP and gate.cancelled == RAMP_STEP
-    assert all(w.done() for w in dispatcher._workers)
 
 
 async def test_an_abort_mid_ramp_starts_no_further_wave() -> None:

@@ -120,7 +120,9 @@ class LocalDispatcher:
                     asyncio.create_task(self._worker(work, recorder)) for _ in range(wave)
                 ]
         except BaseException:
+            # Cancelled mid-ramp: the workers started so far end with it, as under ``gather``.
             cancel_others(self._workers)
+            await asyncio.gather(*self._workers, return_exceptions=True)
             raise
         await asyncio.gather(*self._workers, return_exceptions=True)
 

@@ -292,12 +292,12 @@ class HttpClient:
                         connect_timeout=policy.connect_timeout, server=target.name,
                         endpoint=endpoint, idle_timeout=idle_timeout,
                     )  # fmt: skip
+                except RollgymError as sent:  # the transport's: no answer
+                    raise AttemptFailed(sent) from sent
                 finally:
                     state.balancer.end(base)
                 value = read(raw, target.name, url, endpoint)
-            except RollgymError as sent:  # from the transport: no answer
-                failure = AttemptFailed(sent)
-            except AttemptFailed as failed:  # from ``read``: an answer, but not a usable one
+            except AttemptFailed as failed:  # no answer, or one ``read`` found unusable
                 failure = failed
             except BaseException:
                 # Cancelled mid-attempt: there is no outcome to report, but a half-open probe

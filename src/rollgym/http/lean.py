@@ -149,13 +149,15 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks -----------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.answer is not None and self.answer.complete:
+            # A second answer to one request (even a bare status line): the connection is out
+            # of step; it is closed (through the parser's error) and the first answer stands.
+            raise HttpParserError("a second answer to one request")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         answer = self.answer
         assert answer is not None
-        if answer.complete:
-            # A second answer to one request: the connection is out of step; it is closed
-            # (through the parser's error) and the first answer stands.
-            raise HttpParserError("a second answer to one request")
         name = name.lower()
         if name == b"set-cookie":
             answer.cookies.append(value.decode("latin-1"))
@@ -168,8 +170,6 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         assert self.answer is not None and self.parser is not None
-        if self.answer.complete:
-            raise HttpParserError("a second answer to one request")
         self.answer.headers_done = True
         self.answer.status = self.parser.get_status_code()
 
@@ -203,7 +203,8 @@ class _Connection(asyncio.Protocol):
         if idle_timeout is not None:
             self._restart_timer()
         # Two buffers, one write: the body is the caller's (a task row, kept for retries);
-        # joining them would hold a second copy of it for as long as the answer takes.
+        # joining them would hold a second copy of it for as long as the answer takes. (uvloop
+        # writes both as they are; asyncio's own transports join them, a passing copy.)
         self.transport.writelines((head, body))
         return self.waiter
 
@@ -238,9 +239,11 @@ class _Connection(asyncio.Protocol):
         return reusable
 
     def expire(self) -> None:
-        """The request's deadline passed (the ``_Clock`` calls this)."""
+        """The request's deadline passed (the ``_Clock`` calls this). An answer already
+        complete, its reader not yet resumed, stands, and so does the connection."""
         self.deadline_slot = 0
-        self._fail(TimeoutError())
+        if self.waiter is not None and not self.waiter.done():
+            self._fail(TimeoutError())
 
     def usable(self, idle_since_at_least: float) -> bool:
         """Whether this idle connection may carry another request: open, not closing (the
@@ -286,28 +289,36 @@ class _Clock:
     handle, a libuv timer, a context copy, a bound method. Thousands of rollouts in flight
     would each hold one for as long as the rollout takes. Here a deadline is an entry in the
     set of its ``TICK``-long slot, and one timer fires at the earliest slot: a request expires
-    at most ``TICK`` late."""
+    at most ``TICK`` late. A deadline past ``FOREVER`` (an infinite timeout) is no entry.
+
+    One event loop at a time: a client taken to a new loop forgets the old loop's entries."""
 
     TICK = 0.005
+    FOREVER = 1e12  # loop seconds (some 30,000 years): later deadlines are never reached
 
     __slots__ = ("_handle", "_heap", "_loop", "_slots", "_when")
 
     def __init__(self) -> None:
         self._slots: dict[int, set[_Connection]] = {}
-        self._heap: list[int] = []  # slot numbers, each once, some emptied since
+        # Slot numbers, each once; those emptied since stay until they come due or the heap
+        # is rebuilt (``remove`` keeps it under twice the slots in use).
+        self._heap: list[int] = []
         self._handle: asyncio.TimerHandle | None = None
         self._when = 0  # the slot the timer is set for
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, conn: _Connection, when: float) -> None:
         """Expire ``conn``'s request at loop time ``when`` unless ``remove``d first."""
+        if not when < self.FOREVER:
+            return
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            # A client used from a new event loop: what the old one left (its timer, entries
-            # of requests it dropped when it closed) is forgotten, never fired.
-            self._slots.clear()
-            self._heap.clear()
-            self._handle = None
+            if self._loop is not None:
+                # The old loop is gone or idle: its timer never fires here, and the entries
+                # it left (requests dropped when it closed) are not this loop's to expire.
+                self._slots.clear()
+                self._heap.clear()
+                self._handle = None
             self._loop = loop
         slot = math.ceil(when / self.TICK)
         conns = self._slots.get(slot)
@@ -330,13 +341,18 @@ class _Clock:
         conns.discard(conn)
         if conns:
             return
-        del self._slots[slot]  # its heap entry goes when it comes due
+        del self._slots[slot]
         if not self._slots:
             # Nothing in flight: no timer left running, no heap of emptied slots kept.
             self._heap.clear()
             if self._handle is not None:
                 self._handle.cancel()
                 self._handle = None
+        elif len(self._heap) > 2 * len(self._slots) + 64:
+            # Requests end long before their deadlines: without this, the heap would hold a
+            # slot number for every 5 ms of the last timeout's worth of traffic.
+            self._heap = list(self._slots)
+            heapq.heapify(self._heap)
 
     def _arm(self, slot: int) -> None:
         if self._handle is not None:
@@ -351,14 +367,16 @@ class _Clock:
         # (The epsilon: a slot's time divided back by TICK may fall just short of it.)
         due = math.floor(self._loop.time() / self.TICK + 1e-6)
         heap = self._heap
-        while heap and heap[0] <= due:
-            conns = self._slots.pop(heapq.heappop(heap), None)
-            for conn in conns or ():
-                conn.expire()
-        while heap and heap[0] not in self._slots:
-            heapq.heappop(heap)  # emptied: every request of that slot ended in time
-        if heap:
-            self._arm(heap[0])
+        try:
+            while heap and heap[0] <= due:
+                conns = self._slots.pop(heapq.heappop(heap), None)
+                for conn in conns or ():
+                    conn.expire()
+        finally:
+            while heap and heap[0] not in self._slots:
+                heapq.heappop(heap)  # emptied: every request of that slot ended in time
+            if heap and self._handle is None:
+                self._arm(heap[0])
 
 
 class _Pool:
@@ -440,9 +458,9 @@ class LeanTransport:
                     conn = await self._connection(pool, connect_timeout)
             done = False
             try:
+                self._clock.add(conn, deadline)  # before sending: nothing fails after it
                 waiter = conn.start(request, body, idle_timeout)
                 del request  # per request: not to be held while the answer is awaited
-                self._clock.add(conn, deadline)
                 await waiter
                 answer = conn.answer_read()
                 done = True
