@@ -466,7 +466,8 @@ class LeanTransport:
                 done = True
             finally:
                 self._clock.remove(conn)
-                self._release(pool, conn, conn.end() and done)
+                reusable = conn.end()  # always: it clears the request's state
+                self._release(pool, conn, reusable and done)
             return answer
         except asyncio.CancelledError:
             raise
