@@ -24,6 +24,21 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+_OWN_PROCESS = False
+
+
+def claim_process() -> None:
+    """Say that this process is one of rollgym's server processes, which a server may end
+    when it knows itself broken (its launcher's watchdog then starts a fresh one)."""
+    global _OWN_PROCESS
+    _OWN_PROCESS = True
+
+
+def owns_process() -> bool:
+    """True in a process ``claim_process`` was called in; never in a library caller's."""
+    return _OWN_PROCESS
+
+
 GC_THRESHOLDS = (50_000, 20, 100)
 """Young-generation size and the older generations' ratios (CPython's defaults: 700, 10, 10)."""
 

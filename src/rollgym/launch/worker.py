@@ -19,7 +19,7 @@ import uvicorn
 from rollgym.config import ChaosSpec, Config
 from rollgym.launch.process import SPEC_ENV
 from rollgym.lifeline import die_with_parent
-from rollgym.runtime import tune_gc
+from rollgym.runtime import claim_process, tune_gc
 from rollgym.server.app import build_app
 from rollgym.server.base import ServerContext, resolve_impl
 
@@ -46,6 +46,7 @@ def main() -> None:
     )  # fmt: skip
     server = klass(ServerContext.from_run(name, config, spec["urls"]))
     sock = socket.socket(fileno=int(spec["fd"]))
+    claim_process()
     tune_gc()  # start-up is done: what it built is frozen out of every later collection
     uv_config = uvicorn.Config(
         build_app(server),

@@ -99,7 +99,8 @@ def build_app(server: BaseServer) -> App:
     """The ASGI app of ``server``: health, stats, error handlers and its own routes."""
 
     async def health(request: Request) -> Response:
-        return JSONResponse(server.health())
+        answer = server.health()  # a server that knows itself broken says so with a 503
+        return JSONResponse(answer, status_code=200 if answer.get("status") == "ok" else 503)
 
     async def stats(request: Request) -> Response:
         # What this server's calls to others went through: retries, budget, breaker state.

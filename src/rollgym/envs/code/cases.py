@@ -2,8 +2,9 @@
 
 The row format is NeMo Gym's ``code_gen`` (LiveCodeBench's): ``verifier_metadata.unit_tests``
 with ``inputs`` and ``outputs`` (stdin -> expected stdout; with ``fn_name``, each input is one
-JSON argument per line and each output the JSON result), plus rollgym's ``asserts`` (Python
-snippets run after the solution; a test passes when the program exits 0).
+JSON argument per line and each output the JSON result), plus rollgym's ``asserts`` (``assert`` statements over the solution's names,
+judged by the server: ``asserts.py``). Every comparison is made here, in the server, never in
+the sandbox: a program's exit status or hooks cannot make a test pass.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rollgym.config import format_validation_error
-from rollgym.envs.code.launcher import RESULT_MARKER
+from rollgym.envs.code.asserts import Judged, parse_assert, read_report
+from rollgym.envs.code.launcher import READY
 from rollgym.envs.code.sandbox import Mode, RunResult
 from rollgym.errors import InvalidRequest
 
@@ -42,12 +44,16 @@ class UnitTests(BaseModel):
 
 @dataclass(frozen=True)
 class Case:
-    """One test: what to run and what it must print (``expected`` None: exit 0 is enough)."""
+    """One test: what to run, and what it must print (stdio, call) or hold (``judged``)."""
 
     mode: Mode
-    program_suffix: str
     stdin: str
     expected: str | None
+    judged: Judged | None = None
+
+    @property
+    def probes(self) -> tuple[str, ...]:
+        return self.judged.probes if self.judged else ()
 
 
 def row_tests(task: dict[str, Any]) -> tuple[list[Case], UnitTests, Scoring | None]:
@@ -64,8 +70,10 @@ def row_tests(task: dict[str, Any]) -> tuple[list[Case], UnitTests, Scoring | No
     if scoring not in (None, "all", "fraction"):
         raise InvalidRequest("verifier_metadata.scoring must be 'all' or 'fraction'", status=422)
     mode: Mode = "call" if tests.fn_name else "stdio"
-    cases = [Case(mode, "", i, o) for i, o in zip(tests.inputs, tests.outputs, strict=True)]
-    cases += [Case("assert", "\n\n" + a + "\n", "", None) for a in tests.asserts]
+    cases = [Case(mode, i, o) for i, o in zip(tests.inputs, tests.outputs, strict=True)]
+    for n, source in enumerate(tests.asserts):
+        judged = parse_assert(source, f"verifier_metadata.unit_tests.asserts[{n}]")
+        cases.append(Case("assert", "", None, judged))
     return cases, tests, scoring
 
 
@@ -80,19 +88,32 @@ def extract_code(text: str) -> str | None:
     return code if code.strip() else None
 
 
-def outcome(case: Case, run: RunResult) -> str:
-    """``passed``, ``wrong_answer``, ``runtime_error``, ``time_limit`` or ``output_limit``."""
+def outcome(case: Case, run: RunResult) -> tuple[str, str | None]:
+    """``passed``, ``wrong_answer``, ``runtime_error``, ``time_limit`` or ``output_limit``, and
+    why when not passed. Whatever the program printed, never raises."""
     if run.timed_out:
-        return "time_limit"
+        return "time_limit", f"still running after {run.duration_s:.1f}s"
     if run.output_exceeded:
-        return "output_limit"
+        return "output_limit", "printed more than the output limit"
+    report = run.report[len(READY) :] if run.report.startswith(READY) else b""
+    if case.judged is not None:
+        values = read_report(report, len(case.judged.probes))
+        if isinstance(values, str):
+            return "runtime_error", _why(values, run)
+        held, why = case.judged.judge(values)
+        return ("passed", None) if held else ("wrong_answer", why)
     if run.exit_code != 0:
-        return "runtime_error"
-    if case.expected is None:
-        return "passed"
+        return "runtime_error", _why(f"exit code {run.exit_code}", run)
     if case.mode == "call":
-        return "passed" if _same_result(run.stdout, case.expected) else "wrong_answer"
-    return "passed" if _same_stdout(run.stdout, case.expected) else "wrong_answer"
+        same = _same_result(report, case.expected or "")
+    else:
+        same = _same_stdout(run.stdout, case.expected or "")
+    return ("passed", None) if same else ("wrong_answer", "the output differs from the expected")
+
+
+def _why(what: str, run: RunResult) -> str:
+    last = run.stderr.strip().rsplit("\n", 1)[-1][:200]
+    return f"{what}: {last}" if last else what
 
 
 def _lines(text: str) -> list[str]:
@@ -100,10 +121,13 @@ def _lines(text: str) -> list[str]:
 
 
 def _decimals(line: str) -> list[Decimal] | None:
+    """The line's numbers, or None if it is not all finite numbers (``sNaN`` included:
+    comparing one raises)."""
     try:
-        return [Decimal(x) for x in line.split()]
-    except InvalidOperation:
+        numbers = [Decimal(x) for x in line.split()]
+    except (InvalidOperation, ValueError):
         return None
+    return numbers if all(d.is_finite() for d in numbers) else None
 
 
 def _same_stdout(got: str, expected: str) -> bool:
@@ -120,18 +144,13 @@ def _same_stdout(got: str, expected: str) -> bool:
     return True
 
 
-def _same_result(stdout: str, expected: str) -> bool:
+def _same_result(report: bytes, expected: str) -> bool:
     """A call-based result: equal as JSON values, or as floats within tolerance."""
-    marked = [line for line in stdout.split("\n") if line.startswith(RESULT_MARKER)]
-    if not marked:
-        return False
+    lines = report.strip().split(b"\n")
     try:
-        got, want = json.loads(marked[-1][len(RESULT_MARKER) :]), json.loads(expected)
-    except ValueError:
-        return False
-    if got == want:
-        return True
-    try:
+        got, want = json.loads(lines[-1]), json.loads(expected)
+        if got == want:
+            return True
         return math.isclose(float(got), float(want), rel_tol=1e-5, abs_tol=1e-8)
-    except (TypeError, ValueError):
+    except (ValueError, TypeError, ArithmeticError, RecursionError):
         return False

@@ -1,12 +1,14 @@
 """Run untrusted Python in a child process under hard limits; never in the server's process.
 
-Each run: a private temporary working directory (removed afterwards), an empty environment, a
-new session (process group) killed as a whole at the wall limit, and ``launcher.py`` run by a
-fresh ``python -I``, which sets the rlimits before the program's first line. Where the OS
-allows (``unshare``, as root or with user namespaces) the run also gets its own network, PID and
-mount namespaces: no network at all, no view of or signal to the server's processes, a
-read-only file system but for the work dir, private ``/tmp``; run as root, the program also
-drops to its own uid (one per parallel slot), which is what makes ``RLIMIT_NPROC`` bite. What
+Each run: ``launcher.py`` run by a fresh ``python -I`` with an empty environment, in a new
+session (process group) killed as a whole at the wall limit; the launcher sets the rlimits
+before the program's first line. The program, its input and (assert tests) the expressions to
+evaluate arrive on standard input; nothing of a test's expected output ever enters the sandbox.
+Where the OS allows (``unshare``, as root or with user namespaces) the run also gets its own
+network, PID, IPC, UTS and mount namespaces, and a new root holding only the system libraries
+and the interpreter's standard library (read-only) and a size- and inode-limited work dir that
+vanishes with the run; run as root, the program drops to its own uid (one per parallel slot),
+which is what makes ``RLIMIT_NPROC`` bite; in a user namespace it drops every capability. What
 is (not) guaranteed is in the README ("The code environment's sandbox").
 """
 
@@ -28,14 +30,19 @@ from typing import Any, Literal
 
 import orjson
 
+from rollgym.envs.code.launcher import READY, WORK_DIR
 from rollgym.errors import SandboxError
 
 log = logging.getLogger("rollgym.envs.code")
 
 LAUNCHER = str(Path(__file__).with_name("launcher.py"))
 SETUP_FAILED_EXIT = 120
+WEDGE_GRACE_S = 30.0
+"""Seconds past its wall limit a run may hold its slot before the sandbox counts as wedged:
+every run is killed at the wall limit, so only a sandbox that is broken gets there."""
 _STDERR_KEEP = 8192
-_NAMESPACES = ["--net", "--pid", "--mount", "--fork", "--kill-child", "--mount-proc"]
+_NAMESPACES = ["--net", "--pid", "--ipc", "--uts", "--mount", "--fork", "--kill-child",
+               "--mount-proc"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,8 @@ class Limits:
     open_files: int = 64
     file_bytes: int = 16 * 2**20
     output_bytes: int = 2**20
+    work_bytes: int = 32 * 2**20
+    work_inodes: int = 4096
 
 
 @dataclass(frozen=True)
@@ -61,14 +70,18 @@ class Isolation:
 
     def describe(self) -> str:
         if not self.namespaces:
-            return "rlimits + process group only (no unshare): sockets blocked from Python code"
-        uid = "own uid per slot" if self.switch_uid else "same uid as the server"
-        return f"network/PID/mount namespaces, read-only file system, {uid}"
+            return (
+                "rlimits + process group only (no unshare): sockets, child processes and "
+                "ctypes refused from Python code; the host's files readable"
+            )
+        uid = "own uid per slot" if self.switch_uid else "no capabilities"
+        return f"network/PID/IPC/mount namespaces, a root of the standard library only, {uid}"
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """How one run ended. ``exit_code`` is negative for a signal (as ``subprocess`` says)."""
+    """How one run ended. ``exit_code`` is negative for a signal (as ``subprocess`` says);
+    ``report`` is what the launcher wrote after ``ready`` (call and assert tests' values)."""
 
     exit_code: int | None
     stdout: str
@@ -76,6 +89,7 @@ class RunResult:
     timed_out: bool
     output_exceeded: bool
     duration_s: float
+    report: bytes = b""
 
     @property
     def ok(self) -> bool:
@@ -115,26 +129,46 @@ class Sandbox:
         self.server = server
         self.uid_base = uid_base
         self._slots: asyncio.Queue[int] = asyncio.Queue()
+        self._busy: dict[int, float] = {}  # slot -> when its run started
         for slot in range(parallel):
             self._slots.put_nowait(slot)
 
+    def wedged(self) -> str | None:
+        """Why this sandbox can no longer be trusted to run anything, or None: a run that
+        holds its slot long past the wall limit means a broken sandbox, not a slow program."""
+        bound = self.limits.wall_seconds + WEDGE_GRACE_S
+        now = time.monotonic()
+        stuck = [slot for slot, since in self._busy.items() if now - since > bound]
+        if not stuck:
+            return None
+        return f"{len(stuck)} sandbox slot(s) held for more than {bound:g}s (wall limit + grace)"
+
     async def run(
-        self, program: str, stdin: str, *, mode: Mode = "stdio", fn_name: str | None = None
+        self,
+        program: str,
+        stdin: str,
+        *,
+        mode: Mode = "stdio",
+        fn_name: str | None = None,
+        probes: tuple[str, ...] = (),
     ) -> RunResult:
         """Run ``program`` (Python source) with ``stdin``; raise ``SandboxError`` if the sandbox
-        itself could not start it."""
+        itself could not start it. The slot is given back however the run ends."""
         slot = await self._slots.get()
-        uid = self.uid_base + slot if self.isolation.switch_uid else None
+        self._busy[slot] = time.monotonic()
+        workdir: str | None = None
         try:
-            workdir = await asyncio.to_thread(_workdir, program, uid)
-        except BaseException:
-            self._slots.put_nowait(slot)
-            raise
-        try:
-            return await self._run(uid, workdir, program, stdin, mode, fn_name)
+            if not self.isolation.namespaces:
+                workdir = await asyncio.to_thread(tempfile.mkdtemp, prefix="rollgym-code-")
+            uid = self.uid_base + slot if self.isolation.switch_uid else None
+            header = orjson.dumps({"program": program, "probes": list(probes)})
+            data = b"%d\n%b%b" % (len(header), header, stdin.encode("utf-8", "surrogatepass"))
+            return await self._run(uid, workdir, data, mode, fn_name)
         finally:
-            await asyncio.to_thread(shutil.rmtree, workdir, True)
+            del self._busy[slot]
             self._slots.put_nowait(slot)
+            if workdir is not None:
+                await asyncio.to_thread(remove_tree, workdir)
 
     def _command(self, spec: dict[str, Any]) -> list[str]:
         launch = [sys.executable, "-I", LAUNCHER, orjson.dumps(spec).decode()]
@@ -145,26 +179,19 @@ class Sandbox:
         return [unshare, *userns, *_NAMESPACES, *launch]
 
     async def _run(
-        self,
-        uid: int | None,
-        workdir: str,
-        program: str,
-        stdin: str,
-        mode: Mode,
-        fn_name: str | None,
+        self, uid: int | None, workdir: str | None, data: bytes, mode: Mode, fn_name: str | None
     ) -> RunResult:
-        ready_r, ready_w = os.pipe()
+        control_r, control_w = os.pipe()
         spec = {
             "limits": asdict(self.limits),
             "uid": uid,
-            "isolate_fs": self.isolation.namespaces,
-            "block_net": not self.isolation.namespaces,
-            "ready_fd": ready_w,
+            "isolate": self.isolation.namespaces,
+            "control_fd": control_w,
             "mode": mode,
-            "program": "solution.py",
             "fn_name": fn_name,
         }
-        env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        home = workdir or WORK_DIR
+        env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home}
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -172,23 +199,21 @@ class Sandbox:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                cwd=workdir,
+                cwd=workdir or "/",
                 env=env,
                 start_new_session=True,
-                pass_fds=(ready_w,),
+                pass_fds=(control_w,),
             )
         except OSError as exc:
-            os.close(ready_r)
+            os.close(control_r)
             raise SandboxError(f"cannot start the sandbox: {exc}", server=self.server) from None
         finally:
-            os.close(ready_w)
+            os.close(control_w)
         try:
-            result = await self._supervise(proc, stdin, started)
-            ready = _read_ready(ready_r)
+            result = await self._supervise(proc, data, started, control_r)
         finally:
             _kill_group(proc.pid)
-            os.close(ready_r)
-        if not ready:
+        if not result.report.startswith(READY):
             raise SandboxError(
                 f"the sandbox could not start the program (exit {result.exit_code}): "
                 f"{result.stderr.strip()[-1000:] or 'no message'}",
@@ -197,48 +222,71 @@ class Sandbox:
         return result
 
     async def _supervise(
-        self, proc: asyncio.subprocess.Process, stdin: str, started: float
+        self, proc: asyncio.subprocess.Process, data: bytes, started: float, control: int
     ) -> RunResult:
         assert proc.stdin and proc.stdout and proc.stderr
         over = asyncio.Event()
-        feed = asyncio.create_task(_feed(proc.stdin, stdin.encode()))
+        pipe, reader = await _pipe_reader(control)
+        feed = asyncio.create_task(_feed(proc.stdin, data))
         out = asyncio.create_task(_read(proc.stdout, self.limits.output_bytes, over))
         err = asyncio.create_task(_read(proc.stderr, _STDERR_KEEP, None))
+        rep = asyncio.create_task(_read(reader, self.limits.output_bytes + len(READY), over))
         waiter = asyncio.create_task(proc.wait())
         stopper = asyncio.create_task(over.wait())
-        done, _ = await asyncio.wait(
-            {waiter, stopper}, timeout=self.limits.wall_seconds, return_when="FIRST_COMPLETED"
-        )
-        timed_out = not done
-        stopper.cancel()
-        if waiter not in done:
-            _kill_group(proc.pid)
-        # Killed or not, the process is gone within moments; its pipes close with it.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(waiter), 5)
-        readers = await asyncio.wait({feed, out, err}, timeout=2)
-        for task in readers[1]:
-            task.cancel()
-        stdout = out.result() if out.done() and not out.cancelled() else b""
-        stderr = err.result() if err.done() and not err.cancelled() else b""
+        try:
+            done, _ = await asyncio.wait(
+                {waiter, stopper}, timeout=self.limits.wall_seconds, return_when="FIRST_COMPLETED"
+            )
+            timed_out = not done
+            stopper.cancel()
+            if waiter not in done:
+                _kill_group(proc.pid)
+            # Killed or not, the process is gone within moments; its pipes close with it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(waiter), 5)
+            readers = await asyncio.wait({feed, out, err, rep}, timeout=2)
+            for task in readers[1]:
+                task.cancel()
+        finally:
+            pipe.close()
         return RunResult(
             exit_code=proc.returncode,
-            stdout=stdout.decode("utf-8", errors="replace"),
-            stderr=stderr.decode("utf-8", errors="replace"),
+            stdout=_text(out),
+            stderr=_text(err),
             timed_out=timed_out and not over.is_set(),
             output_exceeded=over.is_set(),
             duration_s=time.monotonic() - started,
+            report=rep.result() if rep.done() and not rep.cancelled() else b"",
         )
 
 
-def _workdir(program: str, uid: int | None) -> str:
-    """A fresh private work dir holding the program, owned by the run's uid."""
-    workdir = tempfile.mkdtemp(prefix="rollgym-code-")
-    Path(workdir, "solution.py").write_text(program, encoding="utf-8")
-    if uid is not None:
-        os.chown(workdir, uid, uid)
-        os.chown(Path(workdir, "solution.py"), uid, uid)
-    return workdir
+def _text(task: asyncio.Task[bytes]) -> str:
+    data = task.result() if task.done() and not task.cancelled() else b""
+    return data.decode("utf-8", errors="replace")
+
+
+async def _pipe_reader(fd: int) -> tuple[asyncio.BaseTransport, asyncio.StreamReader]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    pipe, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
+    return pipe, reader
+
+
+def remove_tree(path: str) -> None:
+    """Remove a fallback run's work dir, however deep or unreadable the program left it;
+    never raises (a leftover is logged). ``rm`` walks any depth, where ``shutil.rmtree``
+    recurses and fails past about a thousand levels; ``chmod`` first, as the program may have
+    taken its own permissions away."""
+    for command in (["chmod", "-R", "u+rwx", "--", path], ["rm", "-rf", "--", path]):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(command, capture_output=True, timeout=120, check=False)
+    if os.path.lexists(path):
+        with contextlib.suppress(Exception):
+            shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        log.warning("could not remove the sandbox's work dir %s", path)
 
 
 async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
@@ -261,14 +309,6 @@ async def _read(pipe: asyncio.StreamReader, cap: int, over: asyncio.Event | None
         if len(chunk) > room and over is not None:
             over.set()
     return bytes(kept)
-
-
-def _read_ready(fd: int) -> bool:
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, 16).startswith(b"ready")
-    except BlockingIOError:
-        return False
 
 
 def _kill_group(pid: int) -> None:

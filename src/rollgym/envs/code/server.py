@@ -8,13 +8,21 @@ scores 0 without running anything. A sandbox that cannot run at all fails the ve
 ``SandboxError`` (500): a broken environment is never a reward of 0.
 
 Each test is a separate sandboxed run (``sandbox.py``), at most ``parallel`` at a time across
-all rollouts; the event loop only waits on child processes.
+all rollouts; the event loop only waits on child processes. Pass or fail is decided here from
+what the run printed or reported, never by the run itself (``cases.py``, ``asserts.py``).
+
+A sandbox whose runs hold their slots long past the wall limit is broken, not slow: ``/health``
+then answers 503 saying so, and the process ends itself so that the launcher's watchdog starts
+a fresh one (a wedged server that still said "ok" would take every later verify down with it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 from typing import Any, Literal
 
 from pydantic import Field
@@ -23,6 +31,7 @@ from rollgym.envs.code.cases import Case, extract_code, outcome, row_tests
 from rollgym.envs.code.sandbox import Isolation, Limits, Sandbox, probe_isolation
 from rollgym.errors import SandboxError
 from rollgym.protocol import output_text
+from rollgym.runtime import owns_process
 from rollgym.server.resources import ResourcesServer, Session
 
 log = logging.getLogger("rollgym.envs.code")
@@ -41,11 +50,15 @@ class CodeEnv(ResourcesServer):
         memory_mb: int = Field(default=512, ge=64)
         processes: int = Field(default=16, ge=1, le=4096)
         open_files: int = Field(default=64, ge=16)
-        file_mb: int = Field(default=16, ge=1)
+        file_mb: int = Field(default=16, ge=1, description="the largest file a run may write")
+        work_mb: int = Field(default=32, ge=1, description="all a run's files together")
+        work_inodes: int = Field(default=4096, ge=16, description="files and dirs in the work dir")
         output_kb: int = Field(default=1024, ge=1)
         uid_base: int = Field(default=60000, ge=1000, description="first uid of the slots")
         require_namespaces: bool = Field(
-            default=False, description="fail every verify if namespaces are unavailable"
+            default=True,
+            description="fail every verify if namespaces are unavailable (false: run with the "
+            "weaker fallback, where a program can read the host's files)",
         )
 
     options: Options
@@ -53,12 +66,44 @@ class CodeEnv(ResourcesServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sandbox: Sandbox | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     async def startup(self) -> None:
         await super().startup()
         isolation = await asyncio.to_thread(probe_isolation)
         log.info("%s: sandbox isolation: %s", self.name, isolation.describe())
+        if self.options.require_namespaces and not isolation.namespaces:
+            log.error(
+                "%s: unshare namespaces are unavailable here, and require_namespaces is on: "
+                "every verify will fail (set require_namespaces: false to accept the weaker "
+                "fallback; see the README)",
+                self.name,
+            )
         self._sandbox = self._make_sandbox(isolation)
+        self._watch = asyncio.create_task(self._watch_wedge(self._sandbox))
+
+    async def shutdown(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        await super().shutdown()
+
+    def health(self) -> dict[str, Any]:
+        out = super().health()
+        wedged = self._sandbox.wedged() if self._sandbox else None
+        if wedged:
+            out.update(status="unhealthy", reason=f"sandbox wedged: {wedged}")
+        return out
+
+    async def _watch_wedge(self, sandbox: Sandbox, every: float = 5.0) -> None:
+        while True:
+            await asyncio.sleep(every)
+            wedged = sandbox.wedged()
+            if wedged and owns_process():
+                log.error("%s: sandbox wedged (%s): exiting so it is restarted", self.name, wedged)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
     def _make_sandbox(self, isolation: Isolation) -> Sandbox:
         o = self.options
@@ -70,6 +115,8 @@ class CodeEnv(ResourcesServer):
             open_files=o.open_files,
             file_bytes=o.file_mb * 2**20,
             output_bytes=o.output_kb * 1024,
+            work_bytes=o.work_mb * 2**20,
+            work_inodes=o.work_inodes,
         )
         return Sandbox(
             limits, parallel=o.parallel, uid_base=o.uid_base, isolation=isolation, server=self.name
@@ -88,14 +135,18 @@ class CodeEnv(ResourcesServer):
             sandbox = self._sandbox = self._make_sandbox(probe_isolation())
         if self.options.require_namespaces and not sandbox.isolation.namespaces:
             raise SandboxError(
-                "require_namespaces is set, but unshare is unavailable here", server=self.name
+                "unshare namespaces are unavailable here and require_namespaces is on (set it "
+                "to false to run with the weaker fallback the README describes)",
+                server=self.name,
             )
-        results = await asyncio.gather(*(self._run(sandbox, code, c, tests.fn_name) for c in cases))
-        return _scored(scoring, results, len(cases), code)
+        runs = [self._run(sandbox, code, c, tests.fn_name) for c in cases]
+        return _scored(scoring, await asyncio.gather(*runs), len(cases), code)
 
-    async def _run(self, sandbox: Sandbox, code: str, case: Case, fn_name: str | None) -> str:
+    async def _run(
+        self, sandbox: Sandbox, code: str, case: Case, fn_name: str | None
+    ) -> tuple[str, str | None]:
         run = await sandbox.run(
-            code + case.program_suffix, case.stdin, mode=case.mode, fn_name=fn_name
+            code, case.stdin, mode=case.mode, fn_name=fn_name, probes=case.probes
         )
         return outcome(case, run)
 
@@ -108,7 +159,10 @@ class CodeEnv(ResourcesServer):
         return {"tests_pass_rate": sum(rates) / len(rates)} if rates else {}
 
 
-def _scored(scoring: str, results: list[str], total: int, code: str | None) -> dict[str, Any]:
+def _scored(
+    scoring: str, outcomes: list[tuple[str, str | None]], total: int, code: str | None
+) -> dict[str, Any]:
+    results = [status for status, _ in outcomes]
     passed = results.count("passed")
     fraction = passed / total if total else 0.0
     all_passed = 1.0 if total and passed == total else 0.0
@@ -119,5 +173,6 @@ def _scored(scoring: str, results: list[str], total: int, code: str | None) -> d
         "tests_pass_rate": fraction,
         "scores": {"tests": fraction, "all_tests": all_passed, "has_code": float(code is not None)},
         "test_results": results,
+        "test_reasons": [why for _, why in outcomes],
         "extracted_model_code": code,
     }
