@@ -76,8 +76,40 @@ class BreakerConfig(_Strict):
     cooldown: float = Field(default=5.0, gt=0)
 
 
+_MIB = 1 << 20
+_KIB = 1 << 10
+
+
+class AnswerLimits(_Strict):
+    """The most a caller reads of one answer of this server (``retry.answer_limits``). Past
+    any of them the call fails with ``AnswerTooLarge`` and nothing more is read: a hostile or
+    broken server (a gzip bomb, a body that never ends) costs its caller at most this much."""
+
+    body_bytes: int = Field(default=64 * _MIB, ge=1, description="body as sent (compressed)")
+    decompressed_bytes: int = Field(default=64 * _MIB, ge=1, description="body once decoded")
+    header_bytes: int = Field(default=64 * _KIB, ge=1, description="all header lines together")
+    headers: int = Field(default=100, ge=1, description="header lines")
+
+
+class ServerLimits(_Strict):
+    """The most a rollgym server takes in (``limits:``). A request past one is refused with
+    ``RequestTooLarge`` (431 for headers, 413 for a session), and the server carries on."""
+
+    header_bytes: int = Field(default=64 * _KIB, ge=1024, description="request line + headers")
+    headers: int = Field(default=100, ge=1, description="header lines of one request")
+    seed_bytes: int = Field(
+        default=16 * _MIB, ge=1, description="resources servers: one /seed_session body"
+    )
+    sessions_bytes: int = Field(
+        default=512 * _MIB,
+        ge=1,
+        description="resources servers: the seed bodies of all sessions held (oldest dropped)",
+    )
+
+
 class RetryPolicy(_Strict):
-    """How calls to one server are retried. Attempts and total time are always bounded."""
+    """How calls to one server are made and retried. Attempts, total time and the size of an
+    answer (``answer_limits``) are always bounded."""
 
     max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS_CAP)
     backoff_initial: float = Field(default=0.1, ge=0)
@@ -93,6 +125,9 @@ class RetryPolicy(_Strict):
     endpoints: dict[str, EndpointPolicy] = Field(default_factory=dict)
     budget: RetryBudgetConfig = RetryBudgetConfig()
     breaker: BreakerConfig = BreakerConfig()
+    # Here, not under ``limits:``: like the timeouts, they bound what callers of this server
+    # accept, and travel with its policy to every caller (a proxy's ``upstream_retry`` too).
+    answer_limits: AnswerLimits = AnswerLimits()
 
     @field_validator("retry_statuses")
     @classmethod
@@ -213,6 +248,7 @@ class ServerConfig(_Strict):
     chaos: Annotated[ChaosSpec, AfterValidator(_rates_fit)] | None = Field(
         default=None, description="fault injection (tests/demos)"
     )
+    limits: ServerLimits = ServerLimits()
 
     @model_validator(mode="before")
     @classmethod

@@ -10,6 +10,7 @@ this one, as the same kind of record.
     ├── ConfigError            a config file, CLI option or input file is wrong (never retried)
     │   └── InputError         one line of a task file is malformed
     ├── InvalidRequest         a request to a rollgym server is malformed (answered 4xx)
+    │   └── RequestTooLarge    a request past one of the server's limits (413, 431)
     ├── HTTPStatusError        a server answered with a non-2xx status
     ├── ProtocolError          a server answered 2xx with a body we cannot use (bad JSON, shape)
     │   └── UnparseableVerdict a judge model answered, but no verdict could be read from it
@@ -18,6 +19,7 @@ this one, as the same kind of record.
     │   │   └── SessionLost    the replica holding this call's session is gone (never retried)
     │   ├── ConnectionLost     connection reset or closed after the request was sent
     │   ├── ReadTimeout        no answer within the per-attempt timeout
+    │   ├── AnswerTooLarge     an answer past one of the caller's limits (never retried)
     │   └── DeadlineExceeded   the total deadline (across attempts, or of a rollout) ran out
     ├── BudgetExhausted        the retry budget of the called server refused another retry
     ├── CircuitOpen            the called server's circuit breaker is open
@@ -35,6 +37,8 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar, Self, SupportsIndex
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from rollgym.credentials import mask, remember_url
 
 BODY_LIMIT = 4096
 """Bodies are kept up to this many characters; longer ones are cut and flagged ``truncated``."""
@@ -62,6 +66,9 @@ def redact_url(url: str | None) -> str | None:
         parts = urlsplit(url)
     except ValueError:
         return "<unparseable url>"
+    if "@" in parts.netloc:
+        # What is dropped here is masked from now on wherever it shows (rollgym.credentials).
+        remember_url(url)
     netloc = parts.netloc.rsplit("@", 1)[-1]
     query = parts.query
     if query:
@@ -74,7 +81,9 @@ def redact_url(url: str | None) -> str | None:
 
 
 def redact_text(text: str) -> str:
-    """Mask bearer tokens and API-key-looking strings that a server may echo in a body."""
+    """Mask bearer tokens, API-key-looking strings and the credentials this process has seen in
+    a URL (in any form: ``rollgym.credentials``), which a server may echo in a body."""
+    text = mask(text)
     text = _BEARER.sub(lambda m: f"{m.group(1)} REDACTED", text)
     return _KEYLIKE.sub("REDACTED", text)
 
@@ -136,6 +145,8 @@ class RollgymError(Exception):
         retryable: bool | None = None,
         origin: RollgymError | None = None,
     ) -> None:
+        # The URL first: credentials it carries are then masked in the message and body too.
+        self.url = redact_url(None if url is None else str(url))
         message = bound_message(message)
         # ``args`` too gets the redacted message: anything that prints ``err.args`` must not
         # show a token the message carried.
@@ -144,7 +155,6 @@ class RollgymError(Exception):
         self.status = None if status is None else int(status)
         self.body, cut = bound_body(body)
         self.truncated = bool(truncated) or cut
-        self.url = redact_url(None if url is None else str(url))
         self.method = _opt_str(method)
         self.server = _opt_str(server)
         self.endpoint = _opt_str(endpoint)
@@ -228,13 +238,13 @@ class RollgymError(Exception):
             raise TypeError(f"unknown error fields: {sorted(unknown)}")
         data = self.fields()
         data.update(changes)
+        if "url" in changes:  # first, as in the constructor
+            data["url"] = redact_url(data["url"])
         if "message" in changes:
             data["message"] = bound_message(data["message"])
         if "body" in changes:
             data["body"], cut = bound_body(data["body"])
             data["truncated"] = bool(data["truncated"]) or cut
-        if "url" in changes:
-            data["url"] = redact_url(data["url"])
         if "origin" in changes:
             data["origin"] = _capped(_as_origin(data["origin"]), ORIGIN_DEPTH - 1)
         return _restore(type(self), data)  # type: ignore[no-any-return]
@@ -357,6 +367,13 @@ class InvalidRequest(RollgymError):
     type = "invalid_request"
 
 
+class RequestTooLarge(InvalidRequest):
+    """A request past one of the server's limits (its body, its headers, a session's state):
+    answered 413 or 431; the message names the limit and the option that raises it."""
+
+    type = "request_too_large"
+
+
 class HTTPStatusError(RollgymError):
     """A server answered with a non-2xx status."""
 
@@ -406,6 +423,13 @@ class ReadTimeout(TransportError):
     """No answer within the per-attempt timeout."""
 
     type = "read_timeout"
+
+
+class AnswerTooLarge(TransportError):
+    """An answer past one of the caller's limits (body, decompressed body, headers): read no
+    further and never retried. The message names the limit and the option that raises it."""
+
+    type = "answer_too_large"
 
 
 class DeadlineExceeded(TransportError):

@@ -25,6 +25,7 @@ import orjson
 
 from rollgym.config import RetryPolicy
 from rollgym.errors import ConnectError, RollgymError
+from rollgym.http import limits as answer_limits
 from rollgym.http.answer import (
     AttemptFailed,
     JsonValue,
@@ -286,6 +287,9 @@ class HttpClient:
             try:
                 # One attempt, inline rather than a method of its own: a call in flight holds
                 # its coroutines' frames, and a collector holds thousands of calls at once.
+                # The called server's answer limits, for the transport to read where the bytes
+                # arrive (``rollgym.http.limits``: no wider seam for every wrapping transport).
+                limits = answer_limits.sending(policy.answer_limits)
                 try:
                     raw = await self._transport.send(
                         url, body, headers, timeout=min(attempt_timeout, left),
@@ -295,6 +299,7 @@ class HttpClient:
                 except RollgymError as sent:  # the transport's: no answer
                     raise AttemptFailed(sent) from sent
                 finally:
+                    answer_limits.done(limits)
                     state.balancer.end(base)
                 value = read(raw, target.name, url, endpoint)
             except AttemptFailed as failed:  # no answer, or one ``read`` found unusable

@@ -17,6 +17,9 @@ What it does:
   and ``deflate`` bodies, though it asks for neither;
 - ``connect_timeout`` for the connection, ``idle_timeout`` between received bytes (the answer's
   first byte included); the caller's whole-attempt ``timeout``;
+- the answer limits of the attempt (``rollgym.http.limits``): header lines and their bytes,
+  body bytes as they arrive (a declared ``Content-Length`` past the limit at once), decoded
+  bytes; past one, reading stops and the connection closes (``OverLimit``);
 - a request that does not finish (a timeout, a cancellation, a broken answer) closes its
   connection: a half-read answer must never be read as the next request's.
 """
@@ -27,7 +30,6 @@ import asyncio
 import heapq
 import math
 import time
-import zlib
 from collections import deque
 from collections.abc import Mapping
 from typing import cast
@@ -36,6 +38,9 @@ from urllib.parse import urlsplit
 import httptools
 from httptools import HttpParserError
 
+from rollgym.config import AnswerLimits
+from rollgym.http import limits as answer_limits
+from rollgym.http.limits import DECODABLE, OverLimit
 from rollgym.http.translate import raise_translated
 from rollgym.http.transport import AiohttpTransport, RawAnswer, cookie_pairs
 
@@ -66,13 +71,17 @@ class _Answer:
     """What arrived of one answer (httptools' callbacks)."""
 
     __slots__ = (
-        "body", "complete", "cookies", "encoding", "framed", "headers_done", "keep_alive",
-        "retry_after", "status",
+        "body", "complete", "cookies", "encoding", "framed", "head_bytes", "head_lines",
+        "head_unparsed", "headers_done", "keep_alive", "retry_after", "size", "status",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.framed = False  # a Content-Length or chunks say where the body ends
         self.body: list[bytes] = []
+        self.size = 0  # bytes of body so far
+        self.head_lines = 0  # header lines parsed so far, and their bytes
+        self.head_bytes = 0
+        self.head_unparsed = 0  # bytes received while the headers were still incomplete
         self.cookies: list[str] = []
         self.retry_after: str | None = None
         self.encoding: bytes | None = None
@@ -91,8 +100,8 @@ class _Connection(asyncio.Protocol):
     not a timer of its own."""
 
     __slots__ = (
-        "_idle_timeout", "_timer", "answer", "closed", "deadline_slot", "idle_since", "parser",
-        "transport", "waiter",
+        "_idle_timeout", "_timer", "answer", "closed", "deadline_slot", "idle_since", "limits",
+        "parser", "transport", "waiter",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -103,6 +112,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.deadline_slot = 0  # the _Clock slot of the request's deadline; 0: none
+        self.limits = answer_limits.DEFAULT_LIMITS  # of the request in flight
         self._idle_timeout: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -145,7 +155,19 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except HttpParserError as exc:
-            self._fail(exc)
+            # A limit raised in a callback reaches here as the parser's error, holding it.
+            cause = exc.__context__
+            self._fail(cause if isinstance(cause, OverLimit) else exc)
+            return
+        answer = self.answer
+        if answer is not None and not answer.headers_done:
+            # Still in the headers: every byte of this read was header bytes (one header that
+            # never ends is held by the parser until it does, so it is counted here).
+            answer.head_unparsed += len(data)
+            if answer.head_unparsed > self.limits.header_bytes:
+                self._fail(
+                    OverLimit("header_bytes", self.limits.header_bytes, answer.head_unparsed)
+                )
 
     # -- httptools callbacks -----------------------------------------------------------------
 
@@ -158,6 +180,13 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         answer = self.answer
         assert answer is not None
+        limits = self.limits
+        answer.head_lines += 1
+        answer.head_bytes += len(name) + len(value)
+        if answer.head_lines > limits.headers:
+            raise OverLimit("headers", limits.headers, answer.head_lines)
+        if answer.head_bytes > limits.header_bytes:
+            raise OverLimit("header_bytes", limits.header_bytes, answer.head_bytes)
         name = name.lower()
         if name == b"set-cookie":
             answer.cookies.append(value.decode("latin-1"))
@@ -165,7 +194,12 @@ class _Connection(asyncio.Protocol):
             answer.retry_after = value.decode("latin-1")
         elif name == b"content-encoding":
             answer.encoding = value.strip().lower()
-        elif name in (b"content-length", b"transfer-encoding"):
+        elif name == b"content-length":
+            answer.framed = True
+            # Declared past the limit: refused before a byte of it is read.
+            if value.isdigit() and int(value) > limits.body_bytes:
+                raise OverLimit("body_bytes", limits.body_bytes, int(value))
+        elif name == b"transfer-encoding":
             answer.framed = True
 
     def on_headers_complete(self) -> None:
@@ -174,8 +208,13 @@ class _Connection(asyncio.Protocol):
         self.answer.status = self.parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
-        assert self.answer is not None
-        self.answer.body.append(body)
+        answer = self.answer
+        assert answer is not None
+        answer.size += len(body)
+        if answer.size > self.limits.body_bytes:
+            # Chunks without end, or an answer read until close that never closes.
+            raise OverLimit("body_bytes", self.limits.body_bytes, answer.size, answer.status)
+        answer.body.append(body)
 
     def on_message_complete(self) -> None:
         assert self.answer is not None and self.parser is not None
@@ -192,12 +231,17 @@ class _Connection(asyncio.Protocol):
     # -- one request -------------------------------------------------------------------------
 
     def start(
-        self, head: bytes, body: bytes | bytearray, idle_timeout: float | None
+        self,
+        head: bytes,
+        body: bytes | bytearray,
+        idle_timeout: float | None,
+        limits: AnswerLimits,
     ) -> asyncio.Future[None]:
         """Send a request; the future is done when its answer is (``answer_read`` reads it)."""
         assert self.transport is not None
         self.answer = None
         self.parser = None
+        self.limits = limits
         self.waiter = asyncio.get_running_loop().create_future()
         self._idle_timeout = idle_timeout
         if idle_timeout is not None:
@@ -214,12 +258,12 @@ class _Connection(asyncio.Protocol):
         assert answer is not None
         self.parser = None
         body = b"".join(answer.body)
-        if answer.encoding in (b"gzip", b"deflate", b"x-gzip"):
-            # aiohttp decompressed these; a server may compress unasked.
-            try:
-                body = zlib.decompress(body, 47)  # 32 + 15: zlib or gzip header, detected
-            except zlib.error as exc:
-                raise HttpParserError(f"undecodable {answer.encoding!r} body") from exc
+        if answer.encoding in DECODABLE:
+            # aiohttp decompressed these; a server may compress unasked. Never decoded past
+            # the limit: a small bomb must not become a large body here.
+            body = answer_limits.decompress(
+                body, answer.encoding, self.limits.decompressed_bytes, answer.status
+            )
         cookies: tuple[tuple[str, str], ...] = ()
         if answer.cookies:
             cookies = tuple(pair for header in answer.cookies for pair in cookie_pairs(header))
@@ -414,9 +458,16 @@ class LeanTransport:
     holds about as many connections to its model and to its environment, and a shared limit
     would close one's idle connections to open the other's, over and over."""
 
-    def __init__(self, *, limit: int = 8192, keepalive_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        limit: int = 8192,
+        keepalive_timeout: float = 30.0,
+        limits: AnswerLimits = answer_limits.DEFAULT_LIMITS,
+    ) -> None:
         self.limit = limit
         self.keepalive_timeout = keepalive_timeout
+        self.limits = limits  # for attempts sent without a client's (``rollgym.http.limits``)
         self._pools: dict[tuple[str, int], _Pool] = {}
         self._fallback: AiohttpTransport | None = None
         self._clock = _Clock()
@@ -441,7 +492,7 @@ class LeanTransport:
         if where is None:
             if self._fallback is None:
                 self._fallback = AiohttpTransport(
-                    limit=self.limit, keepalive_timeout=self.keepalive_timeout
+                    limit=self.limit, keepalive_timeout=self.keepalive_timeout, limits=self.limits
                 )
             return await self._fallback.send(
                 url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
@@ -459,7 +510,7 @@ class LeanTransport:
             done = False
             try:
                 self._clock.add(conn, deadline)  # before sending: nothing fails after it
-                waiter = conn.start(request, body, idle_timeout)
+                waiter = conn.start(request, body, idle_timeout, answer_limits.current(self.limits))
                 del request  # per request: not to be held while the answer is awaited
                 await waiter
                 answer = conn.answer_read()

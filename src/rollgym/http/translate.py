@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import orjson
 
 from rollgym.errors import (
+    AnswerTooLarge,
     ConnectError,
     ConnectionLost,
     ProtocolError,
@@ -23,6 +24,7 @@ from rollgym.errors import (
     RollgymError,
     TransportError,
 )
+from rollgym.http.limits import OverLimit, Undecodable
 
 
 def translate(
@@ -41,6 +43,10 @@ def translate(
         return exc
     from rollgym.http import lean  # the default transport's own errors
 
+    if isinstance(exc, OverLimit):
+        return answer_too_large(exc, server, where)
+    if isinstance(exc, Undecodable):
+        return ProtocolError(f"{server} sent a body that does not decode: {exc}", **where)
     if isinstance(exc, lean.ConnectFailed):
         return ConnectError(
             f"cannot connect to {server} at {exc.host}:{exc.port}: {exc.strerror or exc}",
@@ -76,6 +82,21 @@ def translate(
         # A socket error that aiohttp did not wrap: the request may have been sent.
         return ConnectionLost(f"connection to {server} broke: {exc.strerror or exc}", **where)
     return TransportError(f"{server}: unexpected {type(exc).__name__}: {exc}", **where)
+
+
+def answer_too_large(exc: OverLimit, server: str, where: dict[str, Any]) -> AnswerTooLarge:
+    """``OverLimit`` as the error a caller records: what was past which limit, how to raise it.
+
+    Never retried, and not counted against the server's breaker (it answered): the same
+    request gets the same oversized answer (a bomb, a runaway stream, a limit set too low for
+    what the server legitimately sends), and reading it again costs the same again."""
+    return AnswerTooLarge(
+        f"{server}'s answer to POST {where['endpoint']} is past answer_limits.{exc.limit} = "
+        f"{exc.allowed} ({exc.seen} or more); nothing more was read. If such answers are "
+        f"expected, raise retry.answer_limits.{exc.limit} of server {server!r} in the config "
+        "(a proxy's upstream: options.upstream_retry.answer_limits)",
+        status=exc.status, retryable=False, **where,
+    )  # fmt: skip
 
 
 def _aiohttp_error(

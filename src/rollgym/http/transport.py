@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import orjson
 
+from rollgym.config import AnswerLimits
+from rollgym.http import limits as answer_limits
+from rollgym.http.limits import DECODABLE, OverLimit
 from rollgym.http.translate import raise_translated
 
 if TYPE_CHECKING:
@@ -23,6 +26,9 @@ if TYPE_CHECKING:
     import aiohttp
 
 JSON_HEADERS = {"content-type": "application/json"}
+# Only what ``rollgym.http.limits.decompress`` decodes (aiohttp would also offer br or zstd
+# when their packages are installed, and its own decoding has no output limit).
+_SENT_HEADERS = {**JSON_HEADERS, "accept-encoding": "gzip, deflate"}
 
 
 class RawAnswer(NamedTuple):
@@ -68,13 +74,23 @@ class Transport(Protocol):
 
 
 class AiohttpTransport:
-    """The default transport: one pooled aiohttp session, created on first use."""
+    """The transport of ``https`` and of URLs with credentials: one pooled aiohttp session,
+    created on first use. The answer limits of the attempt (``rollgym.http.limits``) are
+    aiohttp's own header limits, then counted over the body as it arrives; bodies are decoded
+    here, not by aiohttp, so that decoding stops at its limit too."""
 
-    def __init__(self, *, limit: int = 8192, keepalive_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        limit: int = 8192,
+        keepalive_timeout: float = 30.0,
+        limits: AnswerLimits = answer_limits.DEFAULT_LIMITS,
+    ) -> None:
         # keepalive_timeout stays below the servers' (uvicorn: 75 s, set by rollgym.server), so
         # the client drops an idle connection before the server closes it under our feet.
         self._limit = limit
         self._keepalive = keepalive_timeout
+        self.limits = limits  # for attempts sent without a client's
         self._session: aiohttp.ClientSession | None = None
         # One ClientTimeout per (connect, idle) timeouts in use (a handful), not one per attempt.
         self._timeouts: dict[tuple[float, float | None], aiohttp.ClientTimeout] = {}
@@ -100,8 +116,9 @@ class AiohttpTransport:
                 # set for one must never reach another's calls. Callers that need a server's
                 # cookies get them from the answer (``HttpClient.call_with_cookies``).
                 cookie_jar=aiohttp.DummyCookieJar(),
-                # aiohttp always sends ``Accept-Encoding: gzip, deflate``, so a server behind
-                # GZip middleware answers compressed: the body must be decompressed to be read.
+                # Decoded by ``_read`` under the decompressed-size limit (aiohttp's decoder
+                # would inflate each chunk whole, a bomb's 64 KiB into 64 MiB at once).
+                auto_decompress=False,
             )
         return self._session
 
@@ -123,7 +140,8 @@ class AiohttpTransport:
         idle_timeout: float | None = None,
     ) -> RawAnswer:
         session = self._get_session()
-        hdrs = {**JSON_HEADERS, **headers} if headers else JSON_HEADERS
+        hdrs = {**_SENT_HEADERS, **headers} if headers else _SENT_HEADERS
+        limits = answer_limits.current(self.limits)
         client_timeout = self._timeouts.get((connect_timeout, idle_timeout))
         if client_timeout is None:
             import aiohttp
@@ -136,10 +154,12 @@ class AiohttpTransport:
         try:
             async with asyncio.timeout(max(timeout, 0.001)):
                 async with session.post(
-                    url, data=body, headers=hdrs, timeout=client_timeout
-                ) as resp:
-                    raw = await resp.read()
+                    url, data=body, headers=hdrs, timeout=client_timeout,
+                    max_headers=limits.headers, max_field_size=limits.header_bytes,
+                    max_line_size=limits.header_bytes,
+                ) as resp:  # fmt: skip
                     status = resp.status
+                    raw = await _read(resp, limits)
                     retry_after = resp.headers.get("Retry-After") if status >= 400 else None
                     cookies = (
                         tuple((k, m.value) for k, m in resp.cookies.items())
@@ -150,7 +170,45 @@ class AiohttpTransport:
             raise
         except Exception as exc:
             raise_translated(
-                exc, server=server, method="POST", url=url, endpoint=endpoint, timeout=timeout,
-                idle_timeout=idle_timeout,
+                _header_overflow(exc, limits) or exc, server=server, method="POST", url=url,
+                endpoint=endpoint, timeout=timeout, idle_timeout=idle_timeout,
             )  # fmt: skip
         return RawAnswer(status, raw, retry_after, cookies)
+
+
+async def _read(resp: aiohttp.ClientResponse, limits: AnswerLimits) -> bytes:
+    """The body of ``resp``, read as it arrives and decoded, within ``limits``."""
+    status = resp.status
+    head = sum(len(k) + len(v) for k, v in resp.raw_headers)
+    if head > limits.header_bytes:
+        raise OverLimit("header_bytes", limits.header_bytes, head, status)
+    cap = limits.body_bytes
+    declared = resp.content_length
+    if declared is not None and declared > cap:
+        raise OverLimit("body_bytes", cap, declared, status)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > cap:
+            raise OverLimit("body_bytes", cap, size, status)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    encoding = resp.headers.get("content-encoding", "").strip().lower().encode("latin-1")
+    if encoding in DECODABLE:
+        raw = answer_limits.decompress(raw, encoding, limits.decompressed_bytes, status)
+    return raw
+
+
+def _header_overflow(exc: Exception, limits: AnswerLimits) -> OverLimit | None:
+    """aiohttp's parser refusing headers past the limits it was given, as ``OverLimit``."""
+    import aiohttp
+
+    if not isinstance(exc, aiohttp.ClientResponseError):
+        return None
+    text = str(exc.message)
+    if "Too many headers" in text:
+        return OverLimit("headers", limits.headers, limits.headers + 1)
+    if "Got more than" in text:
+        return OverLimit("header_bytes", limits.header_bytes, limits.header_bytes + 1)
+    return None

@@ -1,0 +1,72 @@
+"""How much of one answer a caller reads: the limits of the attempt in flight, and the checks.
+
+The caps (``AnswerLimits``) belong to the called server's policy (``retry.answer_limits``).
+The client sets them for each attempt it sends (``sending``); a transport reads them
+(``current``) and checks them where bytes arrive, as integer comparisons on counts it keeps
+anyway. A context variable rather than a parameter: ``Transport.send`` stays the narrow seam
+it is, and a transport that wraps another (the agent's hop counter, the in-process one)
+passes them on untouched.
+
+Past a limit, the transport stops reading, closes the connection and raises ``OverLimit``,
+which ``rollgym.http.translate`` turns into ``AnswerTooLarge``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from contextvars import ContextVar, Token
+
+from rollgym.config import AnswerLimits
+
+DEFAULT_LIMITS = AnswerLimits()
+
+_CURRENT: ContextVar[AnswerLimits] = ContextVar("rollgym_answer_limits")
+
+
+def current(default: AnswerLimits = DEFAULT_LIMITS) -> AnswerLimits:
+    """The limits of the attempt being sent (``default`` when no client set any)."""
+    return _CURRENT.get(default)
+
+
+def sending(limits: AnswerLimits) -> Token[AnswerLimits]:
+    """Set ``limits`` for the attempt about to be sent; ``done`` with the token after it."""
+    return _CURRENT.set(limits)
+
+
+def done(token: Token[AnswerLimits]) -> None:
+    _CURRENT.reset(token)
+
+
+class OverLimit(Exception):
+    """An answer went past ``answer_limits.<limit>`` (``allowed``): ``seen`` is how much had
+    come when reading stopped, ``status`` the answer's status if its headers were read."""
+
+    def __init__(self, limit: str, allowed: int, seen: int, status: int | None = None) -> None:
+        super().__init__(f"answer_limits.{limit} = {allowed} exceeded ({seen} or more)")
+        self.limit, self.allowed, self.seen, self.status = limit, allowed, seen, status
+
+
+class Undecodable(ValueError):
+    """A compressed body that does not decode (a protocol error of the server's)."""
+
+
+DECODABLE = (b"gzip", b"x-gzip", b"deflate")
+"""The ``Content-Encoding`` values both transports decode (and all they ask for)."""
+
+
+def decompress(body: bytes, encoding: bytes, limit: int, status: int | None = None) -> bytes:
+    """``body`` decoded from ``encoding`` (one of ``DECODABLE``), never more than ``limit``
+    bytes of output held: past it, ``OverLimit``. A body that does not decode: ``Undecodable``."""
+    # 32 + 15: a zlib or gzip header, detected; raw deflate (no header) as some servers send it.
+    for wbits in (47, -15) if encoding == b"deflate" else (47,):
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(body, limit + 1)
+        except zlib.error:
+            continue
+        if len(out) > limit:
+            raise OverLimit("decompressed_bytes", limit, len(out), status)
+        if not inflater.eof:
+            raise Undecodable(f"truncated {encoding.decode('latin-1')!r} body")
+        return out
+    raise Undecodable(f"undecodable {encoding.decode('latin-1')!r} body")
