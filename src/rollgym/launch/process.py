@@ -10,10 +10,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,10 +28,18 @@ from rollgym.launch.ports import bind_socket, socket_url
 STARTUP_TIMEOUT = 30.0
 """Seconds for every local server to answer ``/health``: imports and model loading included."""
 
-SPEC_ENV = "ROLLGYM_WORKER"
-"""The environment variable carrying a server process's JSON spec. Defined here, not in the
-worker module: ``python -m rollgym.launch.worker`` imports this package first, and a package
-that had already imported the worker would run it twice (runpy warns about exactly that)."""
+SPEC_FD_FLAG = "--spec-fd"
+"""``python -m rollgym.launch.worker --spec-fd N``: the descriptor holding the server's JSON spec
+(its name, the run's config with its credentials, every server's URLs). Not an environment
+variable: a server's environment is inherited by whatever it starts (a sandboxed program) and
+stays readable in ``/proc/<pid>/environ`` for the server's whole life; the descriptor is of an
+unnamed file that the worker reads once and closes before it serves anything (``read_spec``).
+Defined here, not in the worker module: ``python -m rollgym.launch.worker`` imports this
+package first, and a package that had already imported the worker would run it twice."""
+
+_KEY_OPTION = re.compile(r"(key|token|secret|password)_env$")
+"""Options naming the environment variable of a credential (``api_key_env: VLLM_API_KEY``):
+that variable goes, in the spec, only to the server whose options name it."""
 
 STOP_GRACE = 10.0
 """Seconds a server gets to finish after SIGTERM before it is killed; above uvicorn's 5 s
@@ -88,6 +99,8 @@ class ServerProcess:
         if self.sock is None:
             raise RuntimeError(f"server {self.name} replica {self.replica} is not bound")
         fd = self.sock.fileno()
+        secret_vars = _credential_vars(config)
+        own = secret_vars.get(self.name, set())
         spec = {
             "name": self.name,
             "config": config,
@@ -95,16 +108,20 @@ class ServerProcess:
             "fd": fd,
             "parent": os.getpid(),  # the worker ties its life to ours
             "log_level": log_level,
+            # The credential variables this server's options name, for its own process only.
+            "env": {var: os.environ[var] for var in sorted(own) if var in os.environ},
         }
-        env = {**os.environ, SPEC_ENV: orjson.dumps(spec).decode()}
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # The child writes to its own copy of the log's descriptor: ours closes right away.
-        with open(self.log_path, "ab") if self.log_path else contextlib.nullcontext() as out:
+        every = set().union(*secret_vars.values())
+        env = {var: value for var, value in os.environ.items() if var not in every}
+        # The child writes to its own copy of the log's descriptor (and reads its own copy of
+        # the spec's): ours close right away.
+        with contextlib.ExitStack() as held:
+            out = open_log(self.log_path, held) if self.log_path is not None else None
+            spec_fd = held.enter_context(_spec_file(orjson.dumps(spec)))
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rollgym.launch.worker"],
+                [sys.executable, "-m", "rollgym.launch.worker", SPEC_FD_FLAG, str(spec_fd)],
                 env=env,
-                pass_fds=(fd,),
+                pass_fds=(fd, spec_fd),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
@@ -158,6 +175,75 @@ class ServerProcess:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+def read_spec(argv: list[str]) -> dict[str, Any]:
+    """The spec a server process was started with (``--spec-fd N`` in ``argv``), read once:
+    the descriptor is closed here, and its file has no name, so nothing of the spec is left
+    for a process this one starts to read."""
+    try:
+        fd = int(argv[argv.index(SPEC_FD_FLAG) + 1])
+    except (ValueError, IndexError):
+        raise SystemExit(f"usage: python -m rollgym.launch.worker {SPEC_FD_FLAG} FD") from None
+    with open(fd, "rb") as spec:  # closes ``fd``
+        data: dict[str, Any] = orjson.loads(spec.read())
+    return data
+
+
+def open_log(path: Path, stack: contextlib.ExitStack) -> int:
+    """A descriptor appending to the log at ``path``, never through a symbolic link (neither
+    ``path`` nor its directory may be one: a link planted there would point our writes, as
+    this user, anywhere). ``OSError`` (``ELOOP``, ``ENOTDIR``) otherwise."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    where = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC)
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | nofollow | os.O_CLOEXEC
+        fd = os.open(path.name, flags, 0o644, dir_fd=where)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot open the log {path}: {exc.strerror}") from None
+    finally:
+        os.close(where)
+    stack.callback(os.close, fd)
+    return fd
+
+
+@contextlib.contextmanager
+def _spec_file(spec: bytes) -> Iterator[int]:
+    """A descriptor of an unnamed file holding ``spec``, at its start: an anonymous memory
+    file, or a private temporary file unlinked at once where there is none."""
+    try:
+        fd = os.memfd_create("rollgym-worker-spec", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd, name = tempfile.mkstemp(prefix="rollgym-spec-")  # mode 0600
+        os.unlink(name)
+    try:
+        with open(fd, "wb", closefd=False) as out:
+            out.write(spec)
+        os.lseek(fd, 0, os.SEEK_SET)  # the child reads through the same open file
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _credential_vars(config: dict[str, Any]) -> dict[str, set[str]]:
+    """Server name -> the environment variables of credentials its options name."""
+    found: dict[str, set[str]] = {}
+
+    def walk(name: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, str) and _KEY_OPTION.search(str(key)):
+                    found.setdefault(name, set()).add(item)
+                else:
+                    walk(name, item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(name, item)
+
+    for name, server in (config.get("servers") or {}).items():
+        walk(name, (server or {}).get("options"))
+    return found
 
 
 async def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:

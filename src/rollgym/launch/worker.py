@@ -1,8 +1,9 @@
 """Entry point of one server process: ``python -m rollgym.launch.worker``.
 
 The supervisor passes a listening socket (so ports are chosen before any server starts, with no
-race) and a JSON spec in ``ROLLGYM_WORKER``: the server's name, the run's config and the URLs of
-every server, so each one knows where the others are.
+race) and a JSON spec on another descriptor (``--spec-fd``, read once and closed: never in the
+environment, which whatever the server starts would inherit): the server's name, the run's
+config and the URLs of every server, so each one knows where the others are.
 """
 
 from __future__ import annotations
@@ -13,22 +14,33 @@ import signal
 import socket
 import sys
 
-import orjson
 import uvicorn
 
 from rollgym.config import ChaosSpec, Config
-from rollgym.launch.process import SPEC_ENV
+from rollgym.credentials import MaskedStream, remember_secret, remember_urls_in
+from rollgym.errors import redact_text
+from rollgym.launch.process import read_spec
 from rollgym.lifeline import die_with_parent
 from rollgym.runtime import claim_process, tune_gc
 from rollgym.server.app import build_app
 from rollgym.server.base import ServerContext, resolve_impl
 
-__all__ = ["SPEC_ENV", "main"]
+__all__ = ["main"]
 KEEPALIVE_S = 75  # above the client pool's 30 s, so the client closes idle connections first
 
 
 def main() -> None:
-    spec = orjson.loads(os.environ[SPEC_ENV])
+    spec = read_spec(sys.argv)
+    # The credentials this server alone needs from the environment (api_key_env): given here,
+    # not inherited, so /proc/<pid>/environ holds none.
+    for var, value in spec.get("env", {}).items():
+        os.environ[var] = value
+        remember_secret(value)
+    # Everything this process writes (its log: logging, uvicorn, tracebacks) is masked of the
+    # run's credentials in any form an upstream may echo them (rollgym.credentials).
+    remember_urls_in(spec["config"])
+    sys.stdout = MaskedStream(sys.stdout, redact_text)
+    sys.stderr = MaskedStream(sys.stderr, redact_text)
     # SIGTERM when the launching process dies (set here, not in a preexec_fn: those can
     # deadlock in a threaded parent such as a Ray worker), and exit if it is already gone.
     die_with_parent(signal.SIGTERM, spec.get("parent"))
