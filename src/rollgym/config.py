@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,8 @@ from rollgym.errors import ConfigError, redact_url
 
 ServerKind = Literal["model", "resources", "agent"]
 MAX_ATTEMPTS_CAP = 10
+SERVER_NAME_MAX = 64
+_SERVER_NAME = re.compile(rf"[A-Za-z_][A-Za-z0-9_.-]{{0,{SERVER_NAME_MAX - 1}}}")
 
 
 class _Strict(BaseModel):
@@ -331,6 +334,20 @@ class Config(_Strict):
     servers: dict[str, ServerConfig]
     collect: CollectConfig = CollectConfig()
     source: str | None = Field(default=None, description="the file this came from")
+
+    @field_validator("servers", mode="before")
+    @classmethod
+    def _names_are_identifiers(cls, value: Any) -> Any:
+        # A name becomes a path (logs/<name>.log) and a URL's key: checked before either is
+        # made, so a config cannot write a log outside --output ("../../x").
+        for name in value if isinstance(value, dict) else ():
+            if not isinstance(name, str) or not _SERVER_NAME.fullmatch(name) or ".." in name:
+                raise ValueError(
+                    f"{str(name)!r} is not a server name: use letters, digits, '_', '.' and "
+                    f"'-', starting with a letter or '_', no '..', at most "
+                    f"{SERVER_NAME_MAX} characters"
+                )
+        return value
 
     @model_validator(mode="after")
     def _references(self) -> Config:

@@ -13,6 +13,7 @@ second run (or ``--resume``) cannot write into the directory of a live one.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import platform
@@ -38,6 +39,13 @@ EXIT_ABORTED = 2
 not start or was aborted (failure budget, configuration error, interrupt)."""
 
 LOCK_FILE = "run.lock"
+LOGS_DIR = "logs"
+OWN_FILES = (
+    "run.json", "tasks.jsonl", "rollouts.jsonl", "failures.jsonl", "failures.history.jsonl",
+    "metrics.json", "per_task.jsonl", "rollouts_aggregate_metrics.json", LOCK_FILE, LOGS_DIR,
+)  # fmt: skip
+"""What a run writes in its directory: none of them (nor their ``.tmp``) may be a link."""
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 FAILED_TO_START = "failed_to_start"
 DIED = "died"
 """What ``read_state`` calls a run whose ``run.json`` says ``running`` with nobody alive."""
@@ -48,9 +56,15 @@ def now() -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` to ``path`` atomically (a reader never sees half a file)."""
+    """Write ``data`` to ``path`` atomically (a reader never sees half a file), never through a
+    link: the temporary file is created anew (a link left in its place is removed, not
+    followed), and the rename replaces a link at ``path`` instead of writing where it points."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC
+    with open(os.open(tmp, flags, 0o644), "wb") as out:
+        out.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
     tmp.replace(path)
 
 
@@ -65,7 +79,8 @@ class RunLock:
     @classmethod
     def acquire(cls, out_dir: Path) -> RunLock | None:
         """The lock of ``out_dir``, or None while another process holds it."""
-        fd = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(out_dir / LOCK_FILE, flags, 0o644)
         deadline = time.monotonic() + cls._WAIT_S
         while True:
             try:
@@ -87,7 +102,7 @@ class RunLock:
 def lock_held(out_dir: Path) -> bool:
     """Whether a live process holds ``out_dir``'s run lock (this one included)."""
     try:
-        fd = os.open(out_dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(out_dir / LOCK_FILE, os.O_RDONLY | _NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
@@ -273,7 +288,36 @@ def _check_output(out_dir: Path) -> None:
                     f"--output {out_dir}: {parent} is a file, so no directory can be made "
                     "under it; choose another --output"
                 )
-            return
+            break
+    if out_dir.is_dir():
+        _refuse_links(out_dir)
+
+
+def _refuse_links(out_dir: Path) -> None:
+    """Refuse a run directory where a file the run writes is a symbolic link: a link planted
+    there (by anything that can write the directory) would point the run's writes, as this
+    user, anywhere. The link is left as found, for the person to look at."""
+    for name in OWN_FILES:
+        for path in (out_dir / name, out_dir / f"{name}.tmp"):
+            if path.is_symlink():
+                raise ConfigError(
+                    f"--output {out_dir}: {path.name} is a symbolic link (to "
+                    f"{os.readlink(path)}); rollgym never writes through a link in its run "
+                    "directory: remove the link, or choose another --output"
+                )
+    logs = out_dir / LOGS_DIR
+    if logs.exists() and not logs.is_dir():
+        raise ConfigError(
+            f"--output {out_dir}: {LOGS_DIR} is not a directory; the servers' logs go there: "
+            "remove it, or choose another --output"
+        )
+    for path in logs.iterdir() if logs.is_dir() else ():
+        if path.is_symlink():
+            raise ConfigError(
+                f"--output {out_dir}: {LOGS_DIR}/{path.name} is a symbolic link (to "
+                f"{os.readlink(path)}); rollgym never writes through a link in its run "
+                "directory: remove the link, or choose another --output"
+            )
 
 
 _RUN_FILES = ("run.json", "tasks.jsonl", "rollouts.jsonl", "failures.jsonl")

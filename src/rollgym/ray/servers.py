@@ -111,7 +111,8 @@ class RayServers:
         nodes = self._nodes or alive_nodes()
         layout = self._layout(nodes)
         config_json = self.config.model_dump(mode="json", context={"keep_secrets": True})
-        log_dir = str(self.log_dir.resolve()) if self.log_dir else None
+        # absolute(), not resolve(): a link there is refused, never followed (launch.process)
+        log_dir = str(self.log_dir.absolute()) if self.log_dir else None
         for _, node in layout:
             if node.node_id not in self._hosts:
                 self._hosts[node.node_id] = ServerHostActor.options(
