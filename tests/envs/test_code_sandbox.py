@@ -137,7 +137,6 @@ async def test_resource_abuse_fails_the_test_within_the_limits(
     assert result["reward"] == 0.0 and set(result["test_results"]) <= expected, result
     assert time.monotonic() - started < 15  # the wall limit (2 s) plus teardown
     await still_serving(client)
-    assert not glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"), "rollgym-code-*"))
 
 
 async def test_a_fork_bomb_leaves_no_process_behind(code_env: Any) -> None:

@@ -238,12 +238,12 @@ class _Eval:
                 left = right
             return True
         if isinstance(node, ast.BoolOp):
-            value: Any = None
+            last: Any = None
             for operand in node.values:
-                value = self.run(operand)
-                if bool(value) is isinstance(node.op, ast.Or):
-                    return value
-            return value
+                last = self.run(operand)
+                if bool(last) is isinstance(node.op, ast.Or):
+                    return last
+            return last
         if isinstance(node, ast.UnaryOp):
             return _unary(node.op, self.run(node.operand))
         if isinstance(node, ast.BinOp):

@@ -65,7 +65,7 @@ def encode(value: Any, depth: int = 0) -> Any:
         return ["y", value.hex()]
     if kind is complex:
         return ["c", [value.real, value.imag]]
-    tags = {list: "l", tuple: "t", set: "S", frozenset: "F"}
+    tags: dict[type, str] = {list: "l", tuple: "t", set: "S", frozenset: "F"}
     if kind in tags:
         return [tags[kind], [encode(v, depth + 1) for v in value]]
     if kind is dict:
