@@ -9,23 +9,32 @@ from typing import Any
 
 import uvicorn
 
-from rollgym.config import ServerConfig
+from rollgym.config import ServerConfig, ServerLimits
 from rollgym.http import Target
 from rollgym.launch.ports import bind_socket
 from rollgym.server.app import build_app
 from rollgym.server.base import BaseServer, ServerContext, resolve_impl
+from rollgym.server.headers import limited_http
 
 __all__ = ["bind_socket", "serve_asgi", "serve_server", "spin"]
 
 
 @asynccontextmanager
-async def serve_asgi(app: Any, *, timeout: float = 10.0) -> AsyncIterator[str]:
-    """Serve an ASGI app on a real socket in the current event loop; yield its base URL."""
+async def serve_asgi(
+    app: Any,
+    *,
+    timeout: float = 10.0,
+    limits: ServerLimits | None = None,
+    name: str = "server",
+) -> AsyncIterator[str]:
+    """Serve an ASGI app on a real socket in the current event loop; yield its base URL.
+    Requests are held to ``limits`` (the defaults if None), as a launched server's are."""
     sock = bind_socket()
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", timeout_keep_alive=75, access_log=False
-    )
+        app, log_level="warning", lifespan="on", timeout_keep_alive=75, access_log=False,
+        http=limited_http(limits or ServerLimits(), name),
+    )  # fmt: skip
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
@@ -54,6 +63,7 @@ async def serve_server(
     options: dict[str, Any] | None = None,
     peers: dict[str, Target] | None = None,
     retry: dict[str, Any] | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[str, BaseServer]]:
     """Build a rollgym server from ``impl`` and serve it for real; yield (url, server)."""
     klass = resolve_impl(impl) if isinstance(impl, str) else impl
@@ -63,10 +73,11 @@ async def serve_server(
             "impl": impl if isinstance(impl, str) else f"{klass.__module__}:{klass.__name__}",
             "options": options or {},
             "retry": retry or {},
+            "limits": limits or {},
         }
     )
     server = klass(ServerContext(name=name, config=cfg, peers=dict(peers or {})))
-    async with serve_asgi(build_app(server)) as url:
+    async with serve_asgi(build_app(server), limits=cfg.limits, name=name) as url:
         yield url, server
 
 

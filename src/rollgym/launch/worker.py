@@ -24,6 +24,7 @@ from rollgym.lifeline import die_with_parent
 from rollgym.runtime import claim_process, tune_gc
 from rollgym.server.app import build_app
 from rollgym.server.base import ServerContext, resolve_impl
+from rollgym.server.headers import limited_http
 
 __all__ = ["main"]
 KEEPALIVE_S = 75  # above the client pool's 30 s, so the client closes idle connections first
@@ -63,7 +64,7 @@ def main() -> None:
     uv_config = uvicorn.Config(
         build_app(server),
         loop="uvloop",
-        http="httptools",
+        http=limited_http(server_cfg.limits, name),  # httptools, with header limits (431)
         log_level=spec.get("log_level", "warning").lower(),
         access_log=False,
         timeout_keep_alive=KEEPALIVE_S,

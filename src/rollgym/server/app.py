@@ -53,6 +53,10 @@ class App:
             },
             lifespan=self._lifespan,
         )
+        # A path with a trailing slash too many (``POST /verify/``) is a 404 with the error
+        # body, not a 307 to a URL built from the request's Host header: every caller of a
+        # rollgym server knows its exact paths, and a redirect would send the body elsewhere.
+        self.starlette.router.redirect_slashes = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -17,6 +17,7 @@ from rollgym.errors import (
     HTTPStatusError,
     InvalidRequest,
     ReadTimeout,
+    RequestTooLarge,
     RollgymError,
     TransportError,
 )
@@ -42,6 +43,8 @@ class Call:
     """What a handler sees of a request besides its JSON body."""
 
     request: Request
+    size: int = 0
+    """The bytes of the request's body."""
 
     @property
     def headers(self) -> Mapping[str, str]:
@@ -60,37 +63,61 @@ class Call:
 Handler = Callable[[Any, Call], Awaitable[Any]]
 
 
-def json_endpoint(handler: Handler) -> Endpoint:
-    """An endpoint calling ``handler(body, call)`` with the request's JSON body: its answer (plain
-    data, or a ``Response`` as it is) is sent as JSON. The handler is cancelled if the caller
-    disconnects first, with the requests it has in flight."""
+@dataclass(frozen=True)
+class BodyLimit:
+    """The most bytes of a request body an endpoint reads, and the option that raises it."""
+
+    max_bytes: int = MAX_BODY_BYTES
+    option: str | None = None
+    """Where to raise it (``servers.NAME.limits.seed_bytes``); None: rollgym's fixed limit."""
+
+    def refused(self, size: str) -> RequestTooLarge:
+        how = (
+            f"{self.option} = {self.max_bytes}; if such requests are expected, raise it in "
+            "the config"
+            if self.option
+            else "the fixed limit of a rollgym endpoint"
+        )
+        return RequestTooLarge(
+            f"request body of {size} bytes is past {self.max_bytes} ({how})", status=413
+        )
+
+
+ANY_BODY = BodyLimit()
+
+
+def json_endpoint(handler: Handler, limit: BodyLimit = ANY_BODY) -> Endpoint:
+    """An endpoint calling ``handler(body, call)`` with the request's JSON body (at most
+    ``limit``): its answer (plain data, or a ``Response`` as it is) is sent as JSON. The
+    handler is cancelled if the caller disconnects first, with the requests it has in flight."""
 
     async def endpoint(request: Request) -> Response:
-        body = await read_json(request)
-        result = await until_disconnect(request, handler(body, Call(request)))
+        raw = await read_body(request, limit)
+        body = parse_json(raw)
+        result = await until_disconnect(request, handler(body, Call(request, len(raw))))
         return result if isinstance(result, Response) else JSONResponse(result)
 
     return endpoint
 
 
-def check_size(request: Request) -> None:
-    """Refuse a declared body past ``MAX_BODY_BYTES`` before reading it."""
+def check_size(request: Request, limit: BodyLimit = ANY_BODY) -> None:
+    """Refuse a declared body past ``limit`` before reading it."""
     size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-        raise InvalidRequest(f"request body of {size} bytes exceeds {MAX_BODY_BYTES}", status=413)
+    if size is not None and size.isdigit() and int(size) > limit.max_bytes:
+        raise limit.refused(size)
 
 
-async def read_body(request: Request) -> bytes:
-    """The request body, refused with 413 past ``MAX_BODY_BYTES`` while it is still arriving
-    (a chunked body declares no length, and must not be read whole first). It can be read
-    once: pass the bytes on rather than reading again."""
-    check_size(request)
+async def read_body(request: Request, limit: BodyLimit = ANY_BODY) -> bytes:
+    """The request body, refused with 413 past ``limit`` while it is still arriving (a chunked
+    body declares no length, and must not be read whole first). It can be read once: pass the
+    bytes on rather than reading again."""
+    check_size(request, limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise InvalidRequest(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413)
+        if size > limit.max_bytes:
+            raise limit.refused(f"{size} or more")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -98,7 +125,11 @@ async def read_body(request: Request) -> bytes:
 async def read_json(request: Request) -> Any:
     """The request body as JSON (``None`` if empty); a malformed or oversized body is an
     ``InvalidRequest`` (4xx)."""
-    raw = await read_body(request)
+    return parse_json(await read_body(request))
+
+
+def parse_json(raw: bytes) -> Any:
+    """``raw`` as JSON (``None`` if empty); malformed: ``InvalidRequest`` (400)."""
     if not raw:
         return None
     try:

@@ -40,7 +40,14 @@ from rollgym.protocol import output_text
 from rollgym.server.aggregate import AggregateMetricsRequest, aggregate
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.server.cpu_pool import CpuPool, warm
-from rollgym.server.endpoint import Call, Handler, JSONResponse, error_response, json_endpoint
+from rollgym.server.endpoint import (
+    BodyLimit,
+    Call,
+    Handler,
+    JSONResponse,
+    error_response,
+    json_endpoint,
+)
 
 SESSION_HEADER = "x-rollgym-session"
 SESSION_COOKIE = "rollgym_session"
@@ -57,6 +64,8 @@ class Session:
     task: dict[str, Any]
     data: dict[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.monotonic)
+    size: int = 0
+    """The bytes of its ``/seed_session`` body: what it counts against ``limits.sessions_bytes``."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,10 @@ class ResourcesServer(BaseServer):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self._sessions: OrderedDict[str, Session] = OrderedDict()
+        # Held sessions are bounded in number and in the bytes of their seed bodies (a parsed
+        # row takes a few times its JSON's bytes; what tools add to ``data`` is not counted).
+        self._held_bytes = 0
+        self._dropped = 0  # sessions dropped, oldest first, to stay within those bounds
         self._pool: CpuPool | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._pool_lock = asyncio.Lock()
@@ -196,7 +209,7 @@ class ResourcesServer(BaseServer):
 
     def routes(self) -> list[BaseRoute]:
         return [
-            Route("/seed_session", json_endpoint(self._seed), methods=["POST"]),
+            Route("/seed_session", json_endpoint(self._seed, self._seed_limit()), methods=["POST"]),
             Route("/verify", json_endpoint(self._verify), methods=["POST"]),
             Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
             Route("/tools", json_endpoint(self._list_tools), methods=["GET", "POST"]),
@@ -215,18 +228,37 @@ class ResourcesServer(BaseServer):
             self._pool = None
         await super().shutdown()
 
+    def _seed_limit(self) -> BodyLimit:
+        limits = self.ctx.config.limits
+        return BodyLimit(limits.seed_bytes, f"servers.{self.name}.limits.seed_bytes")
+
     async def _list_tools(self, body: Any, call: Call) -> Any:
         return [spec.schema() for spec in self.tools.values()]
 
     async def _seed(self, task: Any, call: Call) -> Any:
         if not isinstance(task, dict):
             raise InvalidRequest("seed_session expects the task row as a JSON object", status=422)
-        session = Session(id=os.urandom(16).hex(), task=task)
+        session = Session(id=os.urandom(16).hex(), task=task, size=call.size)
         await self.seed_session(session)
-        self._sessions[session.id] = session
-        if len(self._sessions) > _MAX_SESSIONS:
-            self._sessions.popitem(last=False)
+        self._hold(session)
         return _in_session({"session_id": session.id}, session)
+
+    def _hold(self, session: Session) -> None:
+        """Keep ``session`` until its verify; drop the oldest sessions past the bounds (those
+        of abandoned rollouts, as a rule: a live one is verified long before it is oldest)."""
+        self._sessions[session.id] = session
+        self._held_bytes += session.size
+        budget = self.ctx.config.limits.sessions_bytes
+        while len(self._sessions) > 1 and (
+            len(self._sessions) > _MAX_SESSIONS or self._held_bytes > budget
+        ):
+            _, oldest = self._sessions.popitem(last=False)
+            self._held_bytes -= oldest.size
+            self._dropped += 1
+
+    def _release(self, session: Session) -> None:
+        if self._sessions.pop(session.id, None) is not None:
+            self._held_bytes -= session.size
 
     def _session(self, call: Call) -> Session:
         # The header first: a cookie is the fallback for agents that only carry cookies.
@@ -236,8 +268,17 @@ class ResourcesServer(BaseServer):
             return Session(id="", task={})
         session = self._sessions.get(sid)
         if session is None:
+            dropped = ""
+            if self._dropped:
+                limits = self.ctx.config.limits
+                dropped = (
+                    f", or dropped oldest first: {self._dropped} were, to hold at most "
+                    f"{_MAX_SESSIONS} sessions and limits.sessions_bytes = "
+                    f"{limits.sessions_bytes} bytes of seed bodies (raise "
+                    f"servers.{self.name}.limits.sessions_bytes)"
+                )
             raise InvalidRequest(
-                f"unknown session {sid!r} (not seeded, or already verified)", status=404
+                f"unknown session {sid!r} (not seeded, or already verified{dropped})", status=404
             )
         return session
 
@@ -270,7 +311,7 @@ class ResourcesServer(BaseServer):
         response = body["response"]
         result = await self.verify(session, body, response)
         # Dropped only once verified, so a retried /verify (idempotent) still finds it.
-        self._sessions.pop(session.id, None)
+        self._release(session)
         if isinstance(result, dict):
             if "reward" not in result:
                 raise InternalError(
