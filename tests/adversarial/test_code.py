@@ -431,3 +431,74 @@ def test_the_event_loop_is_not_left_with_tasks() -> None:
         return len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])
 
     assert asyncio.run(one()) == 0
+
+
+_DRIVER = """
+import json, os, subprocess, sys
+launcher, program = sys.argv[1], sys.argv[2]
+r, w = os.pipe()
+limits = {"cpu_seconds": 5, "wall_seconds": 20, "memory_bytes": 512 * 2**20, "processes": 64,
+          "open_files": 64, "file_bytes": 2**24, "output_bytes": 2**20, "work_bytes": 2**24,
+          "work_inodes": 1024}
+spec = {"limits": limits, "uid": None, "isolate": True, "control_fd": w, "mode": "stdio",
+        "fn_name": None}
+header = json.dumps({"program": program, "probes": []}).encode()
+ns = ["--user", "--map-root-user", "--net", "--pid", "--ipc", "--uts", "--mount", "--fork",
+      "--kill-child", "--mount-proc"]
+done = subprocess.run(["unshare", *ns, sys.executable, "-I", launcher, json.dumps(spec)],
+                      input=b"%d\\n%b" % (len(header), header), capture_output=True,
+                      pass_fds=(w,), timeout=60)
+os.close(w)
+print(json.dumps({"out": done.stdout.decode(), "err": done.stderr.decode()[-2000:],
+                  "ready": os.read(r, 100).startswith(b"ready")}))
+"""
+_ESCAPES = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+cap = [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("CapEff")][0]
+tried = {
+    "mount": libc.mount(b"tmpfs", b"/tmp/work", b"tmpfs", 0, None) == 0,
+    "unshare": libc.unshare(0x10000000) == 0,
+    "host": [p for p in ("/work", "/root", "/home", "/etc", "/run") if os.path.exists(p)],
+}
+try:
+    os.chroot("/tmp")
+    tried["chroot"] = True
+except OSError:
+    tried["chroot"] = False
+print(os.getuid(), int(cap, 16), tried)
+"""
+
+
+def _as_nobody(*command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_as_a_normal_user_the_run_keeps_no_capability() -> None:
+    # The user-namespace path: a server run by a normal user. Driven from the system's own
+    # interpreter as `nobody` (the test's venv may live where nobody can read it).
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or not shutil.which("setpriv") or system is None:
+        pytest.skip("needs root (to become nobody), setpriv and a system python3")
+    if _as_nobody("unshare", "--user", "--map-root-user", "true").returncode != 0:
+        pytest.skip("user namespaces are not available to a normal user here")
+    work = Path(tempfile.mkdtemp(prefix="rollgym-userns-"))
+    try:
+        os.chmod(work, 0o755)
+        shutil.copy(ROOT / "src/rollgym/envs/code/launcher.py", work / "launcher.py")
+        (work / "driver.py").write_text(_DRIVER)
+        for path in work.iterdir():
+            os.chmod(path, 0o644)
+        done = _as_nobody(
+            system, "-I", str(work / "driver.py"), str(work / "launcher.py"), _ESCAPES
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ready"], report
+    expected = "0 0 {'mount': False, 'unshare': False, 'host': [], 'chroot': False}"
+    assert report["out"].strip() == expected, report
