@@ -1,6 +1,7 @@
 """``"stream": true`` on both model servers, parsed by the real ``openai`` SDK's streaming calls,
-and the proxy's own streaming from its upstream: a silent upstream fails the attempt after
-``idle_timeout`` and is retried, a slow but steady one is never cut."""
+and the proxy's opt-in streaming from its upstream (``upstream_stream: true``): a silent
+upstream fails the attempt after ``idle_timeout`` and is retried, a slow but steady one is never
+cut. The default, whole answers watched by health probes, is ``test_liveness``'s."""
 
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ async def test_proxy_responses_stream_matches_the_whole_answer(upstream: FakeUps
 
 
 async def test_proxy_chat_stream_passes_the_upstream_chunks_on(upstream: FakeUpstream) -> None:
-    async with proxy(upstream) as (url, _), sdk(url) as client:
+    async with proxy(upstream, upstream_stream=True) as (url, _), sdk(url) as client:
         stream = await client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi there"}], stream=True
         )
@@ -171,8 +172,24 @@ async def test_proxy_streams_an_upstream_that_cannot(upstream: FakeUpstream) -> 
     assert whole.output_text == "echo: plain"
 
 
-async def test_streamed_upstream_keeps_vllm_token_fields(upstream: FakeUpstream) -> None:
+async def test_proxy_chat_stream_by_default_restreams_the_whole_answer(
+    upstream: FakeUpstream,
+) -> None:
     async with proxy(upstream) as (url, _), sdk(url) as client:
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi there"}], stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = [c async for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "echo: hi there"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+    [sent] = upstream.requests
+    assert "stream" not in sent and "stream_options" not in sent  # asked for whole
+
+
+async def test_streamed_upstream_keeps_vllm_token_fields(upstream: FakeUpstream) -> None:
+    async with proxy(upstream, upstream_stream=True) as (url, _), sdk(url) as client:
         raw = await client.responses.with_raw_response.create(model="m", input="hello there")
     extras = raw.http_response.json()["rollgym_upstream"]
     # Chunked one id per 4 characters by the fake vLLM: joined back in order, none made up.
@@ -220,7 +237,8 @@ async def _ask(upstream: StreamingUpstream, **options: Any) -> tuple[str | Excep
     async with serve_asgi(upstream.app) as base:
         fake = FakeUpstream()
         fake.url = base
-        async with proxy(fake, **options) as (url, _), sdk(url) as client:
+        opts = {"upstream_stream": True, **options}
+        async with proxy(fake, **opts) as (url, _), sdk(url) as client:
             try:
                 response = await client.responses.create(model="m", input="are you there")
             except openai.APIStatusError as exc:
@@ -288,7 +306,7 @@ async def test_a_json_answer_is_unchanged_for_clients_that_do_not_stream(
     upstream: FakeUpstream,
 ) -> None:
     # The proxy streams from its upstream; a client that did not ask gets plain JSON.
-    async with proxy(upstream) as (url, _), sdk(url) as client:
+    async with proxy(upstream, upstream_stream=True) as (url, _), sdk(url) as client:
         raw = await client.chat.completions.with_raw_response.create(
             model="m", messages=[{"role": "user", "content": "hi"}]
         )

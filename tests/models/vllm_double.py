@@ -15,6 +15,20 @@ What it honours, as vLLM does:
   piece with its own tokens' logprobs and ids, usage last if asked;
 - ``POST /tokenize`` at the root: ``{"tokens", "count", "max_model_len"}`` of the prompt.
 
+Faults of a real vLLM, on demand:
+- ``stream_tool_args``: the arguments its *streaming* tool parser sends for a call, where they
+  differ from the whole answer's (vLLM's streaming parsers are not its whole-answer parsers);
+- ``stuck``: a frozen server: chat requests are read and not answered, and neither are
+  ``/health`` nor ``/ping``, until ``release`` is set (then all answer as usual);
+  ``stuck_first``: the same, for its first so many chat requests only (the server is frozen
+  while the latest request is one of them);
+- ``engine_dead``: its engine died while its HTTP server stays up (vLLM's
+  ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``): chat requests get no answer until ``release`` (then a
+  503), ``GET /health`` and ``/ping`` (GET or POST) answer 503; ``POST /health`` answers 405, as
+  vLLM's GET-only route does;
+- ``hold_for_probes``: chat answers wait until the server has had that many health probes
+  (``wait_for_probes`` waits for them too).
+
 ``drift`` re-renders earlier tool calls' arguments the way a chat template that parses and
 re-serialises JSON does (``{"text": "v1"}`` where the model wrote ``{"text":"v1"}``): the next
 prompt then no longer begins with what the model generated.
@@ -22,6 +36,7 @@ prompt then no longer begins with what the model generated.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
@@ -55,10 +70,22 @@ class VllmDouble:
         self.tokenize_requests: list[dict[str, Any]] = []
         self.generated: list[list[int]] = []  # every completion's token ids, in order
         self.prompts: list[list[int]] = []
+        self.stream_tool_args: str | None = None
+        self.stuck = False
+        self.stuck_first = 0
+        self.engine_dead = False
+        self.hold_for_probes = 0
+        self.probes = 0  # /health and /ping requests, any method
+        self.release = asyncio.Event()  # ends every wait of ``stuck`` and ``engine_dead``
+        self._probed = asyncio.Condition()
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/tokenize", self._tokenize, methods=["POST"]),
+                # vLLM's /health takes GET only; POST is routed here to be counted (and hang
+                # with a frozen server) and then answered 405, as vLLM's router does.
+                Route("/health", self._health, methods=["GET", "POST"]),
+                Route("/ping", self._health, methods=["GET", "POST"]),
             ]
         )
 
@@ -97,9 +124,34 @@ class VllmDouble:
         tokens = ids(self.render(body["messages"]))
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": 4096})
 
+    def _frozen(self) -> bool:
+        return self.stuck or 0 < len(self.requests) <= self.stuck_first
+
+    async def wait_for_probes(self, count: int) -> None:
+        async with self._probed:
+            await self._probed.wait_for(lambda: self.probes >= count)
+
+    async def _health(self, request: Request) -> Response:
+        async with self._probed:
+            self.probes += 1
+            self._probed.notify_all()
+        if self._frozen():
+            await self.release.wait()
+        if request.method == "POST" and request.url.path == "/health":
+            return JSONResponse({"detail": "Method Not Allowed"}, status_code=405)
+        return Response(status_code=503 if self.engine_dead else 200)
+
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(body)
+        if self._frozen():
+            await self.release.wait()
+        if self.engine_dead:
+            await self.release.wait()
+            error = {"error": {"message": "EngineDeadError", "code": 503}}
+            return JSONResponse(error, status_code=503)
+        if self.hold_for_probes:
+            await self.wait_for_probes(self.hold_for_probes)
         messages = body["messages"]
         prompt = ids(self.render(messages))
         self.prompts.append(prompt)
@@ -223,7 +275,8 @@ class VllmDouble:
                 header = {"index": 0, "id": value["id"], "type": "function",
                           "function": {"name": fn["name"], "arguments": ""}}  # fmt: skip
                 out.append(chunk({"tool_calls": [header]}, text[:cut]))
-                rest = {"index": 0, "function": {"arguments": fn["arguments"]}}
+                streamed = self.stream_tool_args
+                rest = {"index": 0, "function": {"arguments": streamed or fn["arguments"]}}
                 out.append(chunk({"tool_calls": [rest]}, text[cut:]))
             else:
                 half = math.ceil(len(value) / 2)

@@ -15,21 +15,35 @@ it and NeMo Gym's vLLM client looks for it). ``GET /v1/models`` lists the ``mode
           api_key_env: VLLM_API_KEY     # the NAME of the variable holding the key (optional)
           model: Qwen/Qwen3-8B          # sent upstream instead of the request's model (optional)
           timeout: 600                  # seconds per attempt (optional)
-          idle_timeout: 60              # seconds the upstream may send nothing (null: off)
+          idle_timeout: 60              # seconds without an answer before a health probe
+          health_path: /health          # the probe's path at each replica's root
+          upstream_stream: false        # stream from the upstream (see the caveat below)
           upstream_retry: {max_attempts: 3}   # RetryPolicy fields (optional)
           extra_body: {top_k: 20}       # merged into every upstream request (optional)
           return_token_ids: true        # training token fields on every call (see below)
           sticky_replicas: true         # keep a rollout's calls on one replica (the default)
 
-**A silent upstream is caught in ``idle_timeout`` seconds, a long generation is not cut.** The
-proxy asks its upstream to stream (``"stream": true``, usage included) and reads the stream to
-its end before answering: an upstream that sends no byte for ``idle_timeout`` seconds (60 by
-default; time to its first byte included) fails the attempt as a read timeout, retried like any
-model call, while one that keeps streaming may take the whole attempt timeout (600 s). The
-chunks are put back together into the completion the upstream would have answered whole
-(``rollgym.models.assemble``). An upstream that answers plain JSON instead is used as is, but it
-too must answer within ``idle_timeout``; ``idle_timeout: null`` asks for whole answers (then
-only the attempt timeout bounds a call).
+**The upstream's whole answer, and a hung upstream still caught.** The proxy asks its upstream
+for whole answers (no ``"stream"``): what it hands on is what the upstream answers whole, tool
+calls and text included. Streaming from vLLM would give the same token ids but not always the
+same message: vLLM's streaming tool parsers are not its whole-answer parsers (with ``hermes``,
+streamed function-call arguments may not even be JSON, and vLLM renders such arguments as
+``{}`` on the next turn). A whole answer sends nothing until it is done, so a call that has had
+no answer for ``idle_timeout`` seconds (60 by default) has its replica probed: a ``POST`` to
+``health_path`` at the replica's root (``/health``; any answer below 500 means alive, e.g.
+vLLM's 405, since its ``/health`` takes GET only; vLLM's ``/ping`` also reports a dead engine)
+with a timeout of its own (10 s at most). A replica that answers keeps generating, for up to
+the attempt timeout (600 s); one that does not fails the attempt as a read timeout, retried
+like any model call (``rollgym.models.liveness``). ``idle_timeout: null`` turns the probes off
+(only the attempt timeout bounds a call).
+
+``upstream_stream: true`` streams from the upstream instead (``"stream": true``, usage
+included): the chunks are put back together (``rollgym.models.assemble``), a client's stream on
+``/v1/chat/completions`` is passed on chunk by chunk, and an upstream that sends no byte for
+``idle_timeout`` seconds (time to its first byte included) fails the attempt, which also
+catches a replica whose server answers while its engine is stuck. The caveat: the answer is
+then what the upstream streams, which for vLLM with a tool parser is not always its whole
+answer.
 
 **Training token data** (``return_token_ids: true``): the last output item of every
 ``/v1/responses`` answer carries that call's ``prompt_token_ids``, ``generation_token_ids`` and
@@ -49,7 +63,8 @@ its breaker is closed, so that its prefix cache is reused. A call's ``/tokenize`
 replica that generated it (``rollgym.models.replicas``).
 
 Clients may stream too (``"stream": true`` on either endpoint): they get the answer as
-server-sent events once it is complete (``rollgym.models.stream``).
+server-sent events once it is complete (``rollgym.models.stream``), the upstream's whole answer
+unless ``upstream_stream`` is set.
 
 Calls to the upstream go through the shared ``HttpClient``, so retries, timeouts and error
 translation are those of every other rollgym call; a failure after retries propagates as the
@@ -74,9 +89,11 @@ from starlette.routing import BaseRoute, Route
 
 from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.errors import HTTPStatusError, RollgymError, redact_url
-from rollgym.http.client import Streamed
+from rollgym.http.client import HttpClient, Streamed
+from rollgym.http.lean import LeanTransport
 from rollgym.http.sse import encode_events
 from rollgym.models.assemble import assemble_chat
+from rollgym.models.liveness import PROBE_TIMEOUT_S, LivenessTransport, Watch, watching
 from rollgym.models.replicas import Replica, Replicas, replica_targets
 from rollgym.models.stream import (
     EventStreamResponse,
@@ -136,7 +153,20 @@ class OpenAIProxy(ModelServer):
         model: str | None = Field(default=None, description="sent instead of the request's")
         timeout: float | None = Field(default=None, gt=0, description="seconds per attempt")
         idle_timeout: float | None = Field(
-            default=60.0, gt=0, description="seconds the streaming upstream may send nothing"
+            default=60.0,
+            gt=0,
+            description="seconds a call may go without an answer before its replica is probed "
+            "(with upstream_stream: that the stream may send nothing); null: off",
+        )
+        health_path: str = Field(
+            default="/health",
+            pattern=r"^/",
+            description="the liveness probe's path at each replica's root (POSTed)",
+        )
+        upstream_stream: bool = Field(
+            default=False,
+            description="stream from the upstream; vLLM's streamed tool calls may differ from "
+            "its whole answer",
         )
         upstream_retry: RetryPolicy = Field(default_factory=_model_policy)
         extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -210,6 +240,10 @@ class OpenAIProxy(ModelServer):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         opts = self.options
+        # Its own client, whose transport watches whole-answer calls (rollgym.models.liveness);
+        # the pool settings are the client's defaults.
+        self._transport = LivenessTransport(LeanTransport())
+        self.client = HttpClient(transport=self._transport)
         policy = opts.upstream_retry
         if opts.timeout is not None:
             policy = policy.model_copy(update={"attempt_timeout": opts.timeout})
@@ -220,10 +254,21 @@ class OpenAIProxy(ModelServer):
             sticky=opts.sticky_replicas,
             deadline=policy.deadline,
         )
+        idle = opts.idle_timeout
+        self._watches = None
+        if idle is not None and not opts.upstream_stream:
+            path, probe_timeout = opts.health_path, min(PROBE_TIMEOUT_S, idle)
+            self._watches = [
+                Watch(r.root.urls[0] + path, path, idle, probe_timeout) for r in self.replicas.all
+            ]
         # A SecretStr: the key stays out of reprs, tracebacks with locals and state dumps.
         self._api_key = (
             SecretStr(os.environ[opts.api_key_env]) if opts.api_key_env is not None else None
         )
+
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        await self._transport.close()
 
     def routes(self) -> list[BaseRoute]:
         chat = Route("/v1/chat/completions", json_endpoint(self._chat), methods=["POST"])
@@ -292,13 +337,13 @@ class OpenAIProxy(ModelServer):
             return await self._scrubbed(
                 self.replicas.run(key, lambda replica, left: self._complete(body, replica, left))
             )
-        idle = self.options.idle_timeout
-        if idle is None:
+        if not self.options.upstream_stream:
             whole = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
             completion = await self._scrubbed(
                 self.replicas.run(key, lambda replica, left: self._complete(whole, replica, left))
             )
             return chat_stream(completion, body)
+        idle = self.options.idle_timeout
 
         async def stream(replica: Replica, deadline: float | None) -> Streamed:
             # The client's own stream request, passed on as it is; its chunks go back unchanged.
@@ -315,22 +360,33 @@ class OpenAIProxy(ModelServer):
     async def _complete(
         self, payload: dict[str, Any], replica: Replica, deadline: float | None
     ) -> dict[str, Any]:
-        """``replica``'s whole chat completion for ``payload``: streamed and put back together
-        when an idle timeout is set (so that a silent upstream is caught in that time)."""
+        """``replica``'s whole chat completion for ``payload``: asked for whole and watched
+        (``rollgym.models.liveness``), or with ``upstream_stream`` streamed and put back
+        together."""
         payload = self._with_extras(payload)
         idle = self.options.idle_timeout
         target = replica.chat
-        if idle is None:
-            return await self.client.call(
-                target, CHAT_ENDPOINT, payload, headers=self._auth(), deadline=deadline
-            )
-        options = payload.get("stream_options")
-        usage = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-        payload = {**payload, "stream": True, "stream_options": usage}
-        answer = await self.client.call_stream(
-            target, CHAT_ENDPOINT, payload, idle_timeout=idle, headers=self._auth(),
-            deadline=deadline,
-        )  # fmt: skip
+        if not self.options.upstream_stream:
+            if self._watches is None:
+                return await self.client.call(
+                    target, CHAT_ENDPOINT, payload, headers=self._auth(), deadline=deadline
+                )
+            # call_stream for its idle_timeout: the client then knows that a watched attempt
+            # may fail before its own timeout, and retries it rather than blame the deadline.
+            # The answer is the upstream's JSON (``whole``): nothing here asks it to stream.
+            with watching(self._watches[replica.index]):
+                answer = await self.client.call_stream(
+                    target, CHAT_ENDPOINT, payload, idle_timeout=idle, headers=self._auth(),
+                    deadline=deadline,
+                )  # fmt: skip
+        else:
+            options = payload.get("stream_options")
+            usage = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+            payload = {**payload, "stream": True, "stream_options": usage}
+            answer = await self.client.call_stream(
+                target, CHAT_ENDPOINT, payload, idle_timeout=idle, headers=self._auth(),
+                deadline=deadline,
+            )  # fmt: skip
         if answer.whole is not None:
             return answer.whole
         return assemble_chat(answer.events, upstream=target.name)

@@ -1,0 +1,184 @@
+"""A hung upstream caught while the proxy waits for a whole answer.
+
+The proxy asks its upstream for whole answers (``rollgym.models.proxy`` says why). A whole answer
+sends no byte until its generation ends, so silence alone cannot tell a long generation from a
+replica that hung. ``LivenessTransport`` wraps the client's transport and, while a watched
+attempt (a whole-answer chat call made inside ``watching``) has had no answer for ``every``
+seconds, asks the same replica whether it is alive: a ``POST`` to its health URL, with a timeout
+of its own (``Watch.probe_timeout``). Then:
+
+1. any HTTP answer below 500 means the replica's server is up (200 from a rollgym server; 405
+   from vLLM, whose ``/health`` takes GET only; 404 from a server without the path): the call
+   keeps waiting, and the replica is asked again ``every`` seconds later;
+2. no connection, no answer within the probe's timeout, or a 5xx (vLLM's ``/ping`` answers 503
+   for a dead engine) fails the attempt as a ``ReadTimeout``, the error of a stream that goes
+   silent, and closes its connection (vLLM aborts a request whose client went away). The
+   client's retry loop retries it under the server's policy and counts it against that
+   replica's breaker; ``Replicas`` fails the call over once the replica's retries are spent;
+3. the attempt's own timeout bounds the wait, as for any call.
+
+Probes are shared: one in flight per health URL, and its result stands for ``REUSE_S`` seconds,
+so a thousand calls waiting on one replica cost it about one probe a second.
+
+What a probe cannot see: a replica whose HTTP server answers while its engine makes no progress
+(vLLM's health check only reports an engine that has died). Such a call waits for the attempt
+timeout; streaming from the upstream (``upstream_stream: true``) catches it sooner, at the cost
+that an upstream's streamed answer may not be its whole one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from rollgym.errors import ReadTimeout, RollgymError
+from rollgym.http.transport import RawAnswer, Transport
+
+PROBE_TIMEOUT_S = 10.0
+"""Seconds a probe may take (the proxy gives it at most ``idle_timeout``): a live server
+answers a health check at once, and a busy vLLM still answers one in well under a second."""
+
+REUSE_S = 1.0
+"""Seconds a probe's result stands for every call waiting on the same replica."""
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """How to watch one replica: its health URL (and path, for messages), probed after every
+    ``every`` seconds without an answer, each probe given ``probe_timeout`` seconds."""
+
+    url: str
+    path: str
+    every: float
+    probe_timeout: float = PROBE_TIMEOUT_S
+
+
+_WATCH: ContextVar[Watch | None] = ContextVar("rollgym_liveness_watch", default=None)
+
+
+@contextmanager
+def watching(watch: Watch) -> Iterator[None]:
+    """Watch the attempts sent inside this block (in this task) with ``watch``."""
+    token = _WATCH.set(watch)
+    try:
+        yield
+    finally:
+        _WATCH.reset(token)
+
+
+class LivenessTransport:
+    """The proxy's transport: ``inner``, with the attempts made inside ``watching`` watched (see
+    the module docstring); every other attempt is ``inner``'s, unchanged."""
+
+    def __init__(
+        self,
+        inner: Transport,
+        *,
+        reuse: float = REUSE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.inner = inner
+        self._reuse = reuse
+        self._clock = clock
+        self._probing: dict[str, asyncio.Task[str | None]] = {}
+        self._recent: dict[str, tuple[float, str | None]] = {}  # url -> (when, problem)
+        self.probes = 0
+        """Probes sent, for tests and stats."""
+
+    async def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            await close()
+
+    async def send(
+        self,
+        url: str,
+        body: bytes | bytearray,
+        headers: Mapping[str, str] | None,
+        *,
+        timeout: float,
+        connect_timeout: float,
+        server: str,
+        endpoint: str,
+        idle_timeout: float | None = None,
+    ) -> RawAnswer:
+        watch = _WATCH.get()
+        if watch is None:
+            return await self.inner.send(
+                url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
+                server=server, endpoint=endpoint, idle_timeout=idle_timeout,
+            )  # fmt: skip
+        # A whole answer: silence is expected, so no idle cut; the probes below instead.
+        sending = self.inner.send(
+            url, body, headers, timeout=timeout, connect_timeout=connect_timeout, server=server,
+            endpoint=endpoint,
+        )  # fmt: skip
+        attempt = asyncio.ensure_future(sending)
+        start = self._clock()
+        try:
+            while True:
+                done, _ = await asyncio.wait((attempt,), timeout=watch.every)
+                if done:
+                    return attempt.result()
+                problem = await self._probe(watch, headers, server)
+                if problem is not None and not attempt.done():
+                    waited = self._clock() - start
+                    raise ReadTimeout(
+                        f"{server} gave no answer in {waited:.1f}s and failed its liveness "
+                        f"probe (POST {watch.path}: {problem})",
+                        server=server, endpoint=endpoint, method="POST", url=url,
+                    )  # fmt: skip
+        finally:
+            if not attempt.done():
+                attempt.cancel()  # closes its connection: the upstream may drop the request
+                await asyncio.wait((attempt,))
+            if not attempt.cancelled():
+                attempt.exception()  # seen: an answer that lost the race is not an error
+
+    async def _probe(
+        self, watch: Watch, headers: Mapping[str, str] | None, server: str
+    ) -> str | None:
+        """What is wrong with ``watch``'s replica (``None``: it answered), asked once for
+        every call waiting on it."""
+        url = watch.url
+        recent = self._recent.get(url)
+        if recent is not None and self._clock() - recent[0] < self._reuse:
+            return recent[1]
+        task = self._probing.get(url)
+        if task is None:
+            task = asyncio.ensure_future(self._ask(watch, headers, server))
+            self._probing[url] = task
+            task.add_done_callback(lambda done: self._settle(url, done))
+        # Shielded: one waiter's call ending does not cancel the probe the others wait for.
+        return await asyncio.shield(task)
+
+    def _settle(self, url: str, task: asyncio.Task[str | None]) -> None:
+        self._probing.pop(url, None)
+        if not task.cancelled():
+            self._recent[url] = (self._clock(), task.result())
+
+    async def _ask(
+        self, watch: Watch, headers: Mapping[str, str] | None, server: str
+    ) -> str | None:
+        self.probes += 1
+        limit = watch.probe_timeout
+        try:
+            # The transport's own timeouts, and one around it: a probe never outlives its limit.
+            async with asyncio.timeout(limit):
+                answer = await self.inner.send(
+                    watch.url, b"{}", headers, timeout=limit, connect_timeout=limit,
+                    server=server, endpoint=watch.path,
+                )  # fmt: skip
+        except TimeoutError:
+            return f"no answer within {limit:g}s"
+        except RollgymError as err:
+            if err.type == "read_timeout":
+                return f"no answer within {limit:g}s"
+            return err.message  # redacted when the error was made
+        if answer.status >= 500:
+            return f"answered {answer.status}"
+        return None
