@@ -273,6 +273,11 @@ async def test_model_output_never_crashes_a_verifier(code_env: EnvClient) -> Non
     for value in ("10**5000", "float('inf')", "[1] * 10", "10**100", "object()", "'x' * 10**5"):
         result = await verify(code_env, asserted, f"def f(x):\n    return {value}")
         assert result["reward"] == 0.0, (value, result)
+    # A lone surrogate in the code itself (a JSON escape; not UTF-8): the program's error.
+    sandbox = Sandbox(_limits(), parallel=1, uid_base=60000, isolation=probe_isolation(),
+                      server="code")  # fmt: skip
+    run = await sandbox.run("print('\ud800')", "")
+    assert run.exit_code not in (0, None) and run.report.startswith(b"ready"), run
     await assert_still_serving(code_env)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -161,7 +162,8 @@ class Sandbox:
             if not self.isolation.namespaces:
                 workdir = await asyncio.to_thread(tempfile.mkdtemp, prefix="rollgym-code-")
             uid = self.uid_base + slot if self.isolation.switch_uid else None
-            header = orjson.dumps({"program": program, "probes": list(probes)})
+            # json, not orjson: model text may hold lone surrogates, which json escapes.
+            header = json.dumps({"program": program, "probes": list(probes)}).encode()
             data = b"%d\n%b%b" % (len(header), header, stdin.encode("utf-8", "surrogatepass"))
             return await self._run(uid, workdir, data, mode, fn_name)
         finally:
