@@ -30,7 +30,7 @@ from starlette.routing import Route
 from rollgym.config import parse_config
 from rollgym.errors import ConfigError
 from rollgym.launch import Supervisor
-from rollgym.testing import serve_asgi
+from rollgym.testing import serve_asgi, serve_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -287,6 +287,33 @@ async def test_an_echoed_password_is_not_in_the_502_body_or_the_warning_log(
     log = (tmp_path / "logs" / "model.log").read_text()
     assert "WARNING" in log  # the failure was logged, at WARNING, with the upstream's message
     assert_clean(log, "model.log")
+
+
+async def test_an_api_key_echoed_encoded_is_not_in_the_502_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The header's key, echoed in other forms than its own (the proxy knew only the exact one).
+    key = "k3y/with+special=chars0123"
+    monkeypatch.setenv(KEY_ENV, key)
+    forms = [quote(key, safe=""), _b64(key.encode()), _b64(f"{key}:".encode()),
+             key.replace("/", "\\/")]  # fmt: skip
+
+    async def chat(request: Request) -> Response:
+        return JSONResponse({"error": {"message": " | ".join(forms)}}, status_code=401)
+
+    upstream_app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    async with serve_asgi(upstream_app) as upstream:
+        options = {"base_url": upstream + "/v1", "api_key_env": KEY_ENV}
+        async with (
+            serve_server("openai_proxy", name="model", options=options) as (url, _),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http,
+        ):
+            payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(f"{url}/v1/chat/completions", json=payload) as answer:
+                body = await answer.text()
+    assert "REDACTED" in body
+    for form in forms:
+        assert form not in body and json.dumps(form)[1:-1] not in body, form
 
 
 # -- 3. server names are identifiers ------------------------------------------------------------

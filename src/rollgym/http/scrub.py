@@ -1,14 +1,20 @@
 """Keep a request's credentials out of the errors its answer produced.
 
 The shared redaction in ``rollgym.errors`` masks what looks like a key (``Bearer ...``,
-``sk-...``); a server may echo the exact key this request carried in any other form, so those
-exact values are replaced too, in a copy of the error and of every origin.
+``sk-...``) and the credentials this process saw in a URL; a server may echo the key this
+request carried in any other form, so that key is replaced too, in every form it may be echoed
+in (percent-encoded, JSON-escaped, base64; a ``Basic`` header's user:password decoded), in a copy
+of the error and of every origin.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping
+from urllib.parse import quote
 
+from rollgym.credentials import echo_forms
 from rollgym.errors import RollgymError
 
 SECRET_HEADERS = frozenset(
@@ -25,10 +31,23 @@ def header_secrets(headers: Mapping[str, str] | None) -> tuple[str, ...]:
     for name, value in headers.items():
         if name.lower() in SECRET_HEADERS and value:
             out.add(value)
-            token = value.split(" ", 1)[-1].strip()  # "Bearer KEY" -> KEY
+            scheme, _, token = value.strip().rpartition(" ")  # "Bearer KEY" -> KEY
             if len(token) >= _MIN_SECRET:
                 out.add(token)
+                out.update(echo_forms(quote(token, safe=""), None))
+            if scheme.lower() == "basic":
+                out.update(_basic_forms(token))
     return tuple(sorted(out, key=len, reverse=True))
+
+
+def _basic_forms(token: str) -> set[str]:
+    """The echo forms of the user:password a ``Basic`` token encodes."""
+    try:
+        pair = base64.b64decode(token, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return set()
+    user, _, password = pair.partition(":")
+    return echo_forms(quote(user, safe=""), quote(password, safe=""))
 
 
 def scrubbed(err: RollgymError, secrets: tuple[str, ...]) -> RollgymError:
