@@ -16,14 +16,16 @@ import functools
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from rollgym.config import AnswerLimits, RetryPolicy, ServerConfig
+from rollgym.config import AnswerLimits, RetryPolicy, ServerConfig, parse_config
 from rollgym.errors import AnswerTooLarge, HTTPStatusError, InvalidRequest, RequestTooLarge
 from rollgym.http import AiohttpTransport, HttpClient, LeanTransport, Target, Transport
+from rollgym.launch import Supervisor
 from rollgym.server.resources import ResourcesServer
 from rollgym.testing import serve_server
 
@@ -360,3 +362,23 @@ async def test_verify_with_a_trailing_slash_is_no_redirect_built_from_the_host_h
         assert b"location:" not in head.lower() and b"evil.example" not in answer
         assert orjson.loads(raw)["error"]["status"] == 404
         await healthy(url)
+
+
+async def test_a_launched_server_holds_requests_to_the_limits_its_config_gives(
+    tmp_path: Path,
+) -> None:
+    config = parse_config(
+        {"servers": {"env": {"kind": "resources", "impl": "echo", "limits": {"headers": 20}}}},
+        "test-config",
+    )
+    supervisor = Supervisor(config, log_dir=tmp_path / "logs", startup_timeout=30)
+    try:
+        (url,) = (await supervisor.start())["env"]
+        lines = b"".join(b"x-h%02d: v\r\n" % i for i in range(21))
+        request = b"POST /health HTTP/1.1\r\nhost: env\r\nconnection: close\r\n"
+        refused_with(await exchange(url, request + lines + b"\r\n"), 431, "headers")
+        fine = await exchange(url, request + lines[: 10 * 10] + b"\r\n")  # 10 + 2 headers
+        assert fine.startswith(b"HTTP/1.1 200 "), fine[:200]
+        await healthy(url)
+    finally:
+        await supervisor.stop()

@@ -94,6 +94,7 @@ class _TargetState:
     breaker: CircuitBreaker
     balancer: Balancer
     stats: TargetStats
+    caps: answer_limits.Caps  # the policy's answer limits, for the transport
 
 
 class HttpClient:
@@ -145,8 +146,11 @@ class HttpClient:
                 breaker=CircuitBreaker(target.name, policy.breaker),
                 balancer=Balancer(target.urls),
                 stats=state.stats if state else TargetStats(),
+                caps=answer_limits.Caps(policy.answer_limits),
             )
             self._targets[target.name] = state
+        if state.policy is not policy:
+            state.caps = answer_limits.Caps(policy.answer_limits)
         state.policy = policy  # an equal policy in a new object: next time, the fast path
         return state
 
@@ -289,7 +293,7 @@ class HttpClient:
                 # its coroutines' frames, and a collector holds thousands of calls at once.
                 # The called server's answer limits, for the transport to read where the bytes
                 # arrive (``rollgym.http.limits``: no wider seam for every wrapping transport).
-                limits = answer_limits.sending(policy.answer_limits)
+                limits = answer_limits.sending(state.caps)
                 try:
                     raw = await self._transport.send(
                         url, body, headers, timeout=min(attempt_timeout, left),

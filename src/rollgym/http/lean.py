@@ -40,7 +40,7 @@ from httptools import HttpParserError
 
 from rollgym.config import AnswerLimits
 from rollgym.http import limits as answer_limits
-from rollgym.http.limits import DECODABLE, OverLimit
+from rollgym.http.limits import DECODABLE, Caps, OverLimit
 from rollgym.http.translate import raise_translated
 from rollgym.http.transport import AiohttpTransport, RawAnswer, cookie_pairs
 
@@ -71,12 +71,14 @@ class _Answer:
     """What arrived of one answer (httptools' callbacks)."""
 
     __slots__ = (
-        "body", "complete", "cookies", "encoding", "framed", "head_bytes", "head_lines",
-        "head_unparsed", "headers_done", "keep_alive", "retry_after", "size", "status",
+        "body", "complete", "cookies", "declared", "encoding", "framed", "head_bytes",
+        "head_lines", "head_unparsed", "headers_done", "keep_alive", "retry_after", "size",
+        "status",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.framed = False  # a Content-Length or chunks say where the body ends
+        self.declared: bytes | None = None  # the Content-Length, checked with the headers
         self.body: list[bytes] = []
         self.size = 0  # bytes of body so far
         self.head_lines = 0  # header lines parsed so far, and their bytes
@@ -112,7 +114,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.deadline_slot = 0  # the _Clock slot of the request's deadline; 0: none
-        self.limits = answer_limits.DEFAULT_LIMITS  # of the request in flight
+        self.limits = answer_limits.DEFAULT_CAPS  # of the request in flight
         self._idle_timeout: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -164,10 +166,10 @@ class _Connection(asyncio.Protocol):
             # Still in the headers: every byte of this read was header bytes (one header that
             # never ends is held by the parser until it does, so it is counted here).
             answer.head_unparsed += len(data)
-            if answer.head_unparsed > self.limits.header_bytes:
-                self._fail(
-                    OverLimit("header_bytes", self.limits.header_bytes, answer.head_unparsed)
-                )
+            try:
+                self._check_head(answer)
+            except OverLimit as exc:
+                self._fail(exc)
 
     # -- httptools callbacks -----------------------------------------------------------------
 
@@ -180,13 +182,10 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         answer = self.answer
         assert answer is not None
-        limits = self.limits
+        # Counted here, compared once the headers are complete (``_check_head``): the parser
+        # hands over one read at a time, so what it holds meanwhile is bounded by that read.
         answer.head_lines += 1
         answer.head_bytes += len(name) + len(value)
-        if answer.head_lines > limits.headers:
-            raise OverLimit("headers", limits.headers, answer.head_lines)
-        if answer.head_bytes > limits.header_bytes:
-            raise OverLimit("header_bytes", limits.header_bytes, answer.head_bytes)
         name = name.lower()
         if name == b"set-cookie":
             answer.cookies.append(value.decode("latin-1"))
@@ -196,16 +195,28 @@ class _Connection(asyncio.Protocol):
             answer.encoding = value.strip().lower()
         elif name == b"content-length":
             answer.framed = True
-            # Declared past the limit: refused before a byte of it is read.
-            if value.isdigit() and int(value) > limits.body_bytes:
-                raise OverLimit("body_bytes", limits.body_bytes, int(value))
+            answer.declared = value
         elif name == b"transfer-encoding":
             answer.framed = True
 
     def on_headers_complete(self) -> None:
-        assert self.answer is not None and self.parser is not None
-        self.answer.headers_done = True
-        self.answer.status = self.parser.get_status_code()
+        answer = self.answer
+        assert answer is not None and self.parser is not None
+        answer.headers_done = True
+        answer.status = self.parser.get_status_code()
+        self._check_head(answer)
+        # Declared past the limit: refused before a byte of it is read (the parser has checked
+        # that it is digits).
+        if answer.declared is not None and int(answer.declared) > self.limits.body_bytes:
+            raise OverLimit("body_bytes", self.limits.body_bytes, int(answer.declared))
+
+    def _check_head(self, answer: _Answer) -> None:
+        limits = self.limits
+        if answer.head_lines > limits.headers:
+            raise OverLimit("headers", limits.headers, answer.head_lines)
+        if answer.head_bytes > limits.header_bytes or answer.head_unparsed > limits.header_bytes:
+            seen = max(answer.head_bytes, answer.head_unparsed)
+            raise OverLimit("header_bytes", limits.header_bytes, seen)
 
     def on_body(self, body: bytes) -> None:
         answer = self.answer
@@ -235,7 +246,7 @@ class _Connection(asyncio.Protocol):
         head: bytes,
         body: bytes | bytearray,
         idle_timeout: float | None,
-        limits: AnswerLimits,
+        limits: Caps,
     ) -> asyncio.Future[None]:
         """Send a request; the future is done when its answer is (``answer_read`` reads it)."""
         assert self.transport is not None
@@ -468,6 +479,7 @@ class LeanTransport:
         self.limit = limit
         self.keepalive_timeout = keepalive_timeout
         self.limits = limits  # for attempts sent without a client's (``rollgym.http.limits``)
+        self._caps = Caps(limits)
         self._pools: dict[tuple[str, int], _Pool] = {}
         self._fallback: AiohttpTransport | None = None
         self._clock = _Clock()
@@ -510,7 +522,7 @@ class LeanTransport:
             done = False
             try:
                 self._clock.add(conn, deadline)  # before sending: nothing fails after it
-                waiter = conn.start(request, body, idle_timeout, answer_limits.current(self.limits))
+                waiter = conn.start(request, body, idle_timeout, answer_limits.current(self._caps))
                 del request  # per request: not to be held while the answer is awaited
                 await waiter
                 answer = conn.answer_read()

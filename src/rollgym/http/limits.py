@@ -18,22 +18,37 @@ from contextvars import ContextVar, Token
 
 from rollgym.config import AnswerLimits
 
+
+class Caps:
+    """``AnswerLimits`` as plain integers, for the checks on every chunk and header: an
+    attribute of a pydantic model costs several times one of these slots."""
+
+    __slots__ = ("body_bytes", "decompressed_bytes", "header_bytes", "headers")
+
+    def __init__(self, limits: AnswerLimits) -> None:
+        self.body_bytes = limits.body_bytes
+        self.decompressed_bytes = limits.decompressed_bytes
+        self.header_bytes = limits.header_bytes
+        self.headers = limits.headers
+
+
 DEFAULT_LIMITS = AnswerLimits()
+DEFAULT_CAPS = Caps(DEFAULT_LIMITS)
 
-_CURRENT: ContextVar[AnswerLimits] = ContextVar("rollgym_answer_limits")
+_CURRENT: ContextVar[Caps] = ContextVar("rollgym_answer_limits")
 
 
-def current(default: AnswerLimits = DEFAULT_LIMITS) -> AnswerLimits:
+def current(default: Caps = DEFAULT_CAPS) -> Caps:
     """The limits of the attempt being sent (``default`` when no client set any)."""
     return _CURRENT.get(default)
 
 
-def sending(limits: AnswerLimits) -> Token[AnswerLimits]:
-    """Set ``limits`` for the attempt about to be sent; ``done`` with the token after it."""
-    return _CURRENT.set(limits)
+def sending(caps: Caps) -> Token[Caps]:
+    """Set ``caps`` for the attempt about to be sent; ``done`` with the token after it."""
+    return _CURRENT.set(caps)
 
 
-def done(token: Token[AnswerLimits]) -> None:
+def done(token: Token[Caps]) -> None:
     _CURRENT.reset(token)
 
 

@@ -17,7 +17,7 @@ import orjson
 
 from rollgym.config import AnswerLimits
 from rollgym.http import limits as answer_limits
-from rollgym.http.limits import DECODABLE, OverLimit
+from rollgym.http.limits import DECODABLE, Caps, OverLimit
 from rollgym.http.translate import raise_translated
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ class AiohttpTransport:
         self._limit = limit
         self._keepalive = keepalive_timeout
         self.limits = limits  # for attempts sent without a client's
+        self._caps = Caps(limits)
         self._session: aiohttp.ClientSession | None = None
         # One ClientTimeout per (connect, idle) timeouts in use (a handful), not one per attempt.
         self._timeouts: dict[tuple[float, float | None], aiohttp.ClientTimeout] = {}
@@ -141,7 +142,7 @@ class AiohttpTransport:
     ) -> RawAnswer:
         session = self._get_session()
         hdrs = {**_SENT_HEADERS, **headers} if headers else _SENT_HEADERS
-        limits = answer_limits.current(self.limits)
+        limits = answer_limits.current(self._caps)
         client_timeout = self._timeouts.get((connect_timeout, idle_timeout))
         if client_timeout is None:
             import aiohttp
@@ -176,7 +177,7 @@ class AiohttpTransport:
         return RawAnswer(status, raw, retry_after, cookies)
 
 
-async def _read(resp: aiohttp.ClientResponse, limits: AnswerLimits) -> bytes:
+async def _read(resp: aiohttp.ClientResponse, limits: Caps) -> bytes:
     """The body of ``resp``, read as it arrives and decoded, within ``limits``."""
     status = resp.status
     head = sum(len(k) + len(v) for k, v in resp.raw_headers)
@@ -200,7 +201,7 @@ async def _read(resp: aiohttp.ClientResponse, limits: AnswerLimits) -> bytes:
     return raw
 
 
-def _header_overflow(exc: Exception, limits: AnswerLimits) -> OverLimit | None:
+def _header_overflow(exc: Exception, limits: Caps) -> OverLimit | None:
     """aiohttp's parser refusing headers past the limits it was given, as ``OverLimit``."""
     import aiohttp
 

@@ -38,6 +38,10 @@ class LimitedHttpTools(HttpToolsProtocol):
 
     limits: ServerLimits = ServerLimits()
     server_name: str = "server"
+    # The two limits as plain integers: read on every header, where a pydantic model's
+    # attribute costs several times a class attribute.
+    max_headers = limits.headers
+    max_header_bytes = limits.header_bytes
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -73,15 +77,15 @@ class LimitedHttpTools(HttpToolsProtocol):
             # In the headers before and after, no request ended in between (whose body this
             # read would hold): all of this read was header bytes.
             self._head_unparsed += len(data)
-            if self._head_unparsed > self.limits.header_bytes:
+            if self._head_unparsed > self.max_header_bytes:
                 self._refuse("header_bytes", self._past_bytes())
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_lines += 1
         self._head_bytes += len(name) + len(value)
-        if self._head_lines > self.limits.headers:
-            raise _TooLarge("headers", f"more than {self.limits.headers} request header lines")
-        if self._head_bytes > self.limits.header_bytes:
+        if self._head_lines > self.max_headers:
+            raise _TooLarge("headers", f"more than {self.max_headers} request header lines")
+        if self._head_bytes > self.max_header_bytes:
             raise _TooLarge("header_bytes", self._past_bytes())
         super().on_header(name, value)
 
@@ -131,4 +135,10 @@ def _answer_431(server: str, limit: str, what: str, limits: ServerLimits) -> byt
 
 def limited_http(limits: ServerLimits, server: str) -> type[asyncio.Protocol]:
     """uvicorn's ``http=`` protocol class for server ``server`` with ``limits``."""
-    return type("LimitedHttpTools", (LimitedHttpTools,), {"limits": limits, "server_name": server})
+    fields = {
+        "limits": limits,
+        "server_name": server,
+        "max_headers": limits.headers,
+        "max_header_bytes": limits.header_bytes,
+    }
+    return type("LimitedHttpTools", (LimitedHttpTools,), fields)
