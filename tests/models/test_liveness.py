@@ -160,7 +160,9 @@ async def test_a_replica_that_never_answers_is_caught_as_a_hang(
 ) -> None:
     double = VllmDouble()
     setattr(double, fault, True)
-    options = {"idle_timeout": IDLE, "timeout": 300, "health_path": health_path}
+    options = {
+        "idle_timeout": IDLE, "probe_timeout": IDLE, "timeout": 300, "health_path": health_path,
+    }  # fmt: skip
     async with proxy(double, upstream_retry=ONCE, **options) as (url, _):
         status, body = await post(url + "/v1/responses", ask())
     assert status == 504, body
@@ -199,7 +201,8 @@ async def test_a_replica_that_answers_its_probe_keeps_generating() -> None:
 async def test_a_hang_is_retried_under_the_servers_policy() -> None:
     double = VllmDouble()
     double.stuck_first = 1  # the retry finds the server answering again
-    options = {"idle_timeout": IDLE, "timeout": 300, "upstream_retry": {"max_attempts": 2}}
+    options = {"idle_timeout": IDLE, "probe_timeout": IDLE, "timeout": 300,
+               "upstream_retry": {"max_attempts": 2}}  # fmt: skip
     async with proxy(double, **options) as (url, server):
         status, response = await post(url + "/v1/responses", ask())
         stats = server.client.stats()["model.upstream"]
@@ -212,8 +215,9 @@ async def test_a_hung_replica_fails_over_and_counts_against_its_breaker() -> Non
     hung, healthy = VllmDouble(), VllmDouble()
     hung.stuck = True
     async with proxy(
-        hung, healthy, idle_timeout=IDLE, upstream_retry=ONCE, sticky_replicas=False
-    ) as (url, server):
+        hung, healthy, idle_timeout=IDLE, probe_timeout=IDLE, upstream_retry=ONCE,
+        sticky_replicas=False,
+    ) as (url, server):  # fmt: skip
         answers = [await post(url + "/v1/responses", ask()) for _ in range(2)]
         stats = server.client.stats()
     assert [status for status, _ in answers] == [200, 200]
@@ -320,3 +324,23 @@ async def test_a_probe_that_hangs_is_bounded_by_its_own_timeout() -> None:
     with watching(watch(every=0.05)), pytest.raises(ReadTimeout) as caught:
         await send(transport)
     assert "no answer within 0.05s" in caught.value.message
+
+
+async def test_a_retry_is_not_failed_by_its_predecessors_probe() -> None:
+    loop = asyncio.get_running_loop()
+    inner = Scripted()
+    inner.answer, inner.probe = loop.create_future(), loop.create_future()
+    inner.probe.set_result(RawAnswer(503, b""))
+    transport = LivenessTransport(inner, reuse=3600)
+    with watching(watch(every=0.01)), pytest.raises(ReadTimeout):
+        await send(transport)
+    inner.probe = loop.create_future()
+    inner.probe.set_result(RawAnswer(200, b""))  # the replica recovered
+    inner.answer = loop.create_future()
+    inner.probed.clear()
+    with watching(watch(every=0.01)):
+        attempt = asyncio.ensure_future(send(transport))
+    await inner.probed.wait()  # probed anew, not failed on the cached 503
+    assert transport.probes == 2 and not attempt.done()
+    inner.answer.set_result(RawAnswer(200, b"{}"))
+    assert (await attempt).status == 200

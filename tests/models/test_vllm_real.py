@@ -1,7 +1,10 @@
 """Opt-in: ``openai_proxy`` with ``return_token_ids`` against a REAL vLLM server on this CPU,
 serving a tiny random-weight Llama and a byte-level BPE tokenizer written at test time (nothing
-is downloaded). It checks what the vLLM-shaped test double (``vllm_double``) can only claim:
-that vLLM's answers, streamed or whole, give every call its training fields.
+is downloaded), with vLLM's ``hermes`` tool parser. It checks what the vLLM-shaped test double
+(``vllm_double``) can only claim: that vLLM's answers, streamed or whole, give every call its
+training fields; and that the proxy's default hands on what vLLM answers whole, tool calls and
+text included, over a few dozen seeded calls whose output a regex (vLLM's structured outputs)
+shapes into hermes tool calls.
 
 Skipped unless ``ROLLGYM_REAL_SERVER=1`` and ``ROLLGYM_VLLM_PYTHON`` names a Python that can
 ``import vllm`` (vLLM does not go into rollgym's venv: it pins its own torch, transformers,
@@ -18,13 +21,16 @@ disk; elsewhere it comes from PyTorch's CPU index). The install takes about 2.5 
     ROLLGYM_REAL_SERVER=1 ROLLGYM_VLLM_PYTHON=/tmp/vllm/bin/python \\
         .venv/bin/pytest -q tests/models/test_vllm_real.py
 
-The model is random, so its text is noise; what is checked is the token data.
+The model is random, so its text is noise; what is checked is the token data, and that the
+proxy's default answers are vLLM's whole answers (the run prints how often vLLM's streamed
+answers differ, which ``upstream_stream: true`` would hand on).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -32,11 +38,13 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import pytest
 
+from rollgym.models.tokens import token_request
+from rollgym.models.translate import responses_to_chat
 from rollgym.testing import bind_socket, serve_server
 
 PYTHON = os.environ.get("ROLLGYM_VLLM_PYTHON", "")
@@ -88,8 +96,19 @@ LlamaForCausalLM(config).save_pretrained(out)
 """
 
 
+class Vllm(NamedTuple):
+    url: str
+    pid: int
+    """The API server's process (its engine runs in another)."""
+
+
 @pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_url(vllm: Vllm) -> str:
+    return vllm.url
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
     """A real vLLM OpenAI server on 127.0.0.1 serving the tiny model as ``tiny``."""
     root = tmp_path_factory.mktemp("vllm")
     model = root / "tiny"
@@ -110,6 +129,7 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", "256", "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     ]  # fmt: skip
     log = (root / "vllm.log").open("wb")
     # Its own session: vLLM starts an engine process and workers, stopped with it below.
@@ -119,7 +139,7 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(proc, url, root / "vllm.log")
-        yield url
+        yield Vllm(url, proc.pid)
     finally:
         _stop(proc)
         log.close()
@@ -195,18 +215,119 @@ async def test_every_call_carries_vllms_own_token_data(vllm_url: str) -> None:
         # Through the proxy's /tokenize too: the same prompt ids as vLLM's own.
         relayed = await post(url + "/tokenize", {"messages": messages})
         assert relayed["tokens"] == tokenized["tokens"]
-        streamed = check_fields(
-            await post(url + "/v1/responses", request("hello world")), tokenized["tokens"]
-        )
-    async with proxy(vllm_url + "/v1", idle_timeout=None) as (url, _):
         whole = check_fields(
             await post(url + "/v1/responses", request("hello world")), tokenized["tokens"]
         )
-    # Chunks put back together give exactly what vLLM answers whole.
+    async with proxy(vllm_url + "/v1", upstream_stream=True) as (url, _):
+        streamed = check_fields(
+            await post(url + "/v1/responses", request("hello world")), tokenized["tokens"]
+        )
+    # Chunks put back together give exactly the ids and logprobs vLLM answers whole.
     assert streamed["generation_token_ids"] == whole["generation_token_ids"]
     assert streamed["generation_log_probs"] == pytest.approx(
         whole["generation_log_probs"], abs=1e-4
     )
+
+
+SEEDS = range(36)
+ECHO = {
+    "type": "function",
+    "name": "echo",
+    "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+}
+_ARGS = r'\{"text": ?"[a-z ]{1,10}"\}'
+TOOL_OUTPUT = {
+    # vLLM's structured outputs make the random model write hermes tool calls, their keys in
+    # either order (as models do), or plain text: what varies with the seed is which, and the
+    # arguments' text.
+    "structured_outputs": {
+        "regex": r"(the lazy dog|(hello )?<tool_call>\n\{("
+        rf'"name": "echo", "arguments": {_ARGS}|"arguments": {_ARGS}, "name": "echo"'
+        r")\}\n</tool_call>)"
+    }
+}
+
+
+def tool_request(seed: int) -> dict[str, Any]:
+    return {
+        "input": f"hello {seed}",
+        "tools": [ECHO],
+        "temperature": 1.0,
+        "seed": seed,
+        "max_output_tokens": 120,
+    }
+
+
+def said(response: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """What a Responses answer says: its text and its function calls, in order."""
+    out = []
+    for item in response["output"]:
+        if item["type"] == "function_call":
+            out.append(("call", item["name"], item["arguments"]))
+        elif item["type"] == "message":
+            out.append(("text", "", "".join(p.get("text", "") for p in item["content"])))
+    return out
+
+
+def said_whole(completion: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The same of vLLM's whole chat completion."""
+    message = completion["choices"][0]["message"]
+    out = [("text", "", message["content"])] if message.get("content") else []
+    for call in message.get("tool_calls") or []:
+        out.append(("call", call["function"]["name"], call["function"]["arguments"]))
+    return out
+
+
+def valid_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+async def test_the_default_answers_are_vllms_whole_answers(vllm_url: str) -> None:
+    # The probe the default sends when a call is slow: vLLM's GET-only /health answers a POST
+    # with 405, which means alive.
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
+        http.post(vllm_url + "/health", json={}) as answer,
+    ):
+        assert answer.status == 405
+    options = {"extra_body": TOOL_OUTPUT, "timeout": 120}
+    whole: list[dict[str, Any]] = []
+    default: list[dict[str, Any]] = []
+    streamed: list[dict[str, Any]] = []
+    # One call at a time: the same seed then gives the same tokens every time.
+    for seed in SEEDS:
+        body = {**TOOL_OUTPUT, **token_request(responses_to_chat(tool_request(seed), model="tiny"))}
+        whole.append(await post(vllm_url + "/v1/chat/completions", body))
+    # A small idle_timeout, so that calls are probed while vLLM generates, and go on (a probe
+    # may take a while here: vLLM's API server shares 2 busy cores with its engine).
+    async with proxy(vllm_url + "/v1", idle_timeout=0.2, probe_timeout=10, **options) as (url, _):
+        for seed in SEEDS:
+            default.append(await post(url + "/v1/responses", tool_request(seed)))
+    async with proxy(vllm_url + "/v1", upstream_stream=True, **options) as (url, _):
+        for seed in SEEDS:
+            streamed.append(await post(url + "/v1/responses", tool_request(seed)))
+    expected = [said_whole(c) for c in whole]
+    tokens = [c["choices"][0]["token_ids"] for c in whole]
+    calls = sum(kind == "call" for s in expected for kind, _, _ in s)
+    differ = sum(said(r) != e for r, e in zip(streamed, expected, strict=True))
+    invalid = sum(
+        not valid_json(args) for r in streamed for kind, _, args in said(r) if kind == "call"
+    )
+    print(
+        f"\n{len(SEEDS)} seeded calls, {calls} function calls in vLLM's whole answers; "
+        f"upstream_stream: {differ} answers differ from the whole one, {invalid} function "
+        "calls with arguments that are not JSON; the default: "
+        f"{sum(said(r) != e for r, e in zip(default, expected, strict=True))} differ"
+    )
+    assert calls > 0  # the regex made tool calls, or this checks nothing about them
+    assert [r["output"][-1]["generation_token_ids"] for r in default] == tokens
+    assert [said(r) for r in default] == expected
+    # Streamed or not, vLLM generated the same tokens: only its parsing of them differs.
+    assert [r["output"][-1]["generation_token_ids"] for r in streamed] == tokens
 
 
 async def test_a_second_turn_and_two_replicas(vllm_url: str) -> None:
@@ -233,3 +354,28 @@ async def test_a_second_turn_and_two_replicas(vllm_url: str) -> None:
         )
         stats = server.client.stats()
     assert stats["model.upstream[0]"].calls > 0 and stats["model.upstream[1]"].calls > 0
+
+
+async def test_a_frozen_vllm_is_caught_as_a_hang(vllm: Vllm) -> None:
+    # Its API server stopped (SIGSTOP): connections are still accepted by the kernel, but
+    # nothing answers, neither the call nor its probe. Stopped before the call is sent, so the
+    # call cannot have been answered first. Last in this module: vLLM is resumed after it.
+    options = {"idle_timeout": 0.5, "probe_timeout": 2, "timeout": 300,
+               "upstream_retry": {"max_attempts": 1}}  # fmt: skip
+    async with proxy(vllm.url + "/v1", **options) as (url, _):
+        os.kill(vllm.pid, signal.SIGSTOP)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http,
+                http.post(url + "/v1/responses", json=request("hello world")) as answer,
+            ):
+                status, body = answer.status, await answer.json()
+        finally:
+            os.kill(vllm.pid, signal.SIGCONT)
+        assert status == 504, body
+        origin = body["error"]["origin"]
+        assert origin["type"] == "read_timeout"
+        assert "failed its liveness probe (POST /health: no answer within 2s)" in origin["message"]
+        # Resumed, it answers again.
+        resumed = await post(url + "/v1/responses", request("hello world"))
+    assert resumed["output"] and resumed["usage"]["output_tokens"] > 0

@@ -1,8 +1,9 @@
 """A streamed chat completion put back together: chunks in, the ``chat.completion`` out.
 
-The proxy streams from its upstream only so that a silent upstream is caught quickly (see
-``rollgym.models.proxy``); what it hands on is the completion the upstream would have answered
-without streaming. Text deltas are joined, tool calls merged by their ``index``, lists
+The proxy streams from its upstream only when asked to (``upstream_stream: true``, see
+``rollgym.models.proxy``); what it hands on is then the completion the chunks add up to, which
+has the upstream's token ids but, for vLLM with a tool parser, not always the message it would
+have answered whole. Text deltas are joined, tool calls merged by their ``index``, lists
 (``logprobs.content``, vLLM's ``token_ids``) concatenated in order; any other field keeps its
 last non-null value (``finish_reason``, ``usage``, vLLM's ``prompt_token_ids``).
 

@@ -17,8 +17,9 @@ of its own (``Watch.probe_timeout``). Then:
    replica's breaker; ``Replicas`` fails the call over once the replica's retries are spent;
 3. the attempt's own timeout bounds the wait, as for any call.
 
-Probes are shared: one in flight per health URL, and its result stands for ``REUSE_S`` seconds,
-so a thousand calls waiting on one replica cost it about one probe a second.
+Probes are shared: one in flight per health URL, and its result stands for ``REUSE_S`` seconds
+(a failure only for attempts sent before it), so a thousand calls waiting on one replica cost
+it about one probe a second.
 
 What a probe cannot see: a replica whose HTTP server answers while its engine makes no progress
 (vLLM's health check only reports an engine that has died). Such a call waits for the attempt
@@ -39,8 +40,9 @@ from rollgym.errors import ReadTimeout, RollgymError
 from rollgym.http.transport import RawAnswer, Transport
 
 PROBE_TIMEOUT_S = 10.0
-"""Seconds a probe may take (the proxy gives it at most ``idle_timeout``): a live server
-answers a health check at once, and a busy vLLM still answers one in well under a second."""
+"""Seconds a probe may take by default (the proxy's ``probe_timeout``): a live server answers a
+health check at once, but a vLLM whose API server shares a few busy cores with its engine may
+take a good fraction of a second (seen on 2 CPU cores: more than 0.2 s)."""
 
 REUSE_S = 1.0
 """Seconds a probe's result stands for every call waiting on the same replica."""
@@ -124,7 +126,7 @@ class LivenessTransport:
                 done, _ = await asyncio.wait((attempt,), timeout=watch.every)
                 if done:
                     return attempt.result()
-                problem = await self._probe(watch, headers, server)
+                problem = await self._probe(watch, headers, server, start)
                 if problem is not None and not attempt.done():
                     waited = self._clock() - start
                     raise ReadTimeout(
@@ -140,14 +142,17 @@ class LivenessTransport:
                 attempt.exception()  # seen: an answer that lost the race is not an error
 
     async def _probe(
-        self, watch: Watch, headers: Mapping[str, str] | None, server: str
+        self, watch: Watch, headers: Mapping[str, str] | None, server: str, since: float
     ) -> str | None:
         """What is wrong with ``watch``'s replica (``None``: it answered), asked once for
-        every call waiting on it."""
+        every call waiting on it. A failure seen before ``since`` (when the asking attempt was
+        sent) is not this attempt's: its retry must not fail on its predecessor's probe."""
         url = watch.url
         recent = self._recent.get(url)
         if recent is not None and self._clock() - recent[0] < self._reuse:
-            return recent[1]
+            when, problem = recent
+            if problem is None or when >= since:
+                return problem
         task = self._probing.get(url)
         if task is None:
             task = asyncio.ensure_future(self._ask(watch, headers, server))

@@ -17,6 +17,7 @@ it and NeMo Gym's vLLM client looks for it). ``GET /v1/models`` lists the ``mode
           timeout: 600                  # seconds per attempt (optional)
           idle_timeout: 60              # seconds without an answer before a health probe
           health_path: /health          # the probe's path at each replica's root
+          probe_timeout: 10             # seconds the probe may take
           upstream_stream: false        # stream from the upstream (see the caveat below)
           upstream_retry: {max_attempts: 3}   # RetryPolicy fields (optional)
           extra_body: {top_k: 20}       # merged into every upstream request (optional)
@@ -32,7 +33,7 @@ streamed function-call arguments may not even be JSON, and vLLM renders such arg
 no answer for ``idle_timeout`` seconds (60 by default) has its replica probed: a ``POST`` to
 ``health_path`` at the replica's root (``/health``; any answer below 500 means alive, e.g.
 vLLM's 405, since its ``/health`` takes GET only; vLLM's ``/ping`` also reports a dead engine)
-with a timeout of its own (10 s at most). A replica that answers keeps generating, for up to
+with a timeout of its own (``probe_timeout``, 10 s). A replica that answers keeps generating, for up to
 the attempt timeout (600 s); one that does not fails the attempt as a read timeout, retried
 like any model call (``rollgym.models.liveness``). ``idle_timeout: null`` turns the probes off
 (only the attempt timeout bounds a call).
@@ -163,6 +164,9 @@ class OpenAIProxy(ModelServer):
             pattern=r"^/",
             description="the liveness probe's path at each replica's root (POSTed)",
         )
+        probe_timeout: float = Field(
+            default=PROBE_TIMEOUT_S, gt=0, description="seconds a liveness probe may take"
+        )
         upstream_stream: bool = Field(
             default=False,
             description="stream from the upstream; vLLM's streamed tool calls may differ from "
@@ -257,9 +261,9 @@ class OpenAIProxy(ModelServer):
         idle = opts.idle_timeout
         self._watches = None
         if idle is not None and not opts.upstream_stream:
-            path, probe_timeout = opts.health_path, min(PROBE_TIMEOUT_S, idle)
+            path, limit = opts.health_path, opts.probe_timeout
             self._watches = [
-                Watch(r.root.urls[0] + path, path, idle, probe_timeout) for r in self.replicas.all
+                Watch(r.root.urls[0] + path, path, idle, limit) for r in self.replicas.all
             ]
         # A SecretStr: the key stays out of reprs, tracebacks with locals and state dumps.
         self._api_key = (
