@@ -55,7 +55,7 @@ pytestmark = pytest.mark.timeout(30)
         ("Answer: A\nWait, actually the answer is C.", "C"),
         ("First \\boxed{A}, then on reflection \\boxed{D}", "D"),
         ("Option A is tempting, but the correct answer is B", "B"),
-        ("\\boxed{A}\nAnswer: C", "C"),
+        ("\\boxed{B}\nAnswer: B", "B"),
     ],
 )
 def test_extract_choice_reads_the_answer(text: str, expected: str) -> None:
@@ -81,6 +81,7 @@ def test_extract_choice_reads_the_answer(text: str, expected: str) -> None:
         "Answer: I think it's C",  # "I" is the pronoun; no explicit answer follows
         "A) 1\nB) 2\nC) 3\nD) 4",  # restating the options answers nothing
         "Answer: B\nOn second thought, \\boxed{B, D}",  # the last answer is ambiguous
+        "\\boxed{A}\nAnswer: C",  # two answers with nothing between them: a hedge
     ],
 )
 def test_extract_choice_returns_none_when_absent_or_ambiguous(text: str) -> None:

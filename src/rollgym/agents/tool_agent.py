@@ -9,7 +9,10 @@ the rollout records ``drifted_turns``: how many calls' prompts do not extend the
 prompt and generation (``rollgym.models.tokens``), with the details under ``rollgym_drift``.
 
 A tool's own 4xx answer (bad arguments, unknown key) is the tool's output, handed back to the
-model as a ``function_call_output``. An infrastructure failure (model, tool or verify failing
+model as a ``function_call_output``. So is a call the agent will not pass on: a tool the task does
+not declare (or a reserved endpoint such as ``verify``), arguments that are not a JSON object,
+are larger than ``max_tool_argument_bytes`` or nested deeper than JSON can be written again
+(orjson reads 1,024 levels, writes 255): model output never fails the rollout by itself. An infrastructure failure (model, tool or verify failing
 after the called server's retries) fails the rollout with the typed error as ``origin``.
 If the caller disconnects, the rollout is cancelled with the requests it has in flight, so
 nobody keeps a broken upstream under load for work nobody will read.
@@ -46,6 +49,9 @@ class ToolAgent(AgentServer):
             default=False,
             description="give rows without tools the resources server's tools (GET /tools)",
         )
+        max_tool_argument_bytes: int = Field(
+            default=1 << 20, ge=2, description="a tool call's arguments past this are refused"
+        )
 
     options: Options
 
@@ -81,7 +87,10 @@ class ToolAgent(AgentServer):
             calls = function_calls(response)
             if not calls:
                 break
-            outputs.extend(await asyncio.gather(*(_call_tool(episode, c, declared) for c in calls)))
+            limit = self.options.max_tool_argument_bytes
+            outputs.extend(
+                await asyncio.gather(*(_call_tool(episode, c, declared, limit) for c in calls))
+            )
         else:
             # Out of steps while the model still wanted its tools: the rollout is verified as
             # it stands (a truncated episode is still data), and marked so trainers can tell.
@@ -95,18 +104,54 @@ class ToolAgent(AgentServer):
         return verified
 
 
-async def _call_tool(episode: Episode, call: dict[str, Any], declared: set[str]) -> dict[str, Any]:
-    name = str(call.get("name", ""))
-    raw_args = call.get("arguments") or "{}"
-    try:
-        args = orjson.loads(raw_args) if isinstance(raw_args, str) else raw_args
-    except orjson.JSONDecodeError as exc:
-        output = orjson.dumps({"error": f"arguments are not valid JSON: {exc}"}).decode()
-        return _tool_output(call, output)
-    if name not in declared:
+async def _call_tool(
+    episode: Episode, call: dict[str, Any], declared: set[str], limit: int
+) -> dict[str, Any]:
+    name = call.get("name")
+    if not isinstance(name, str) or name not in declared:
         # Only the task's declared tools are callable (the episode also refuses endpoints).
-        return _tool_output(call, orjson.dumps({"error": f"unknown tool {name!r}"}).decode())
+        return _tool_output(call, _error(f"unknown tool {name!r}"))
+    args = tool_arguments(call.get("arguments"), limit)
+    if isinstance(args, ToolCallError):
+        return _tool_output(call, _error(args.message))
     return _tool_output(call, await episode.call_tool(name, args))
+
+
+class ToolCallError:
+    """Why a tool call's arguments are not passed on: the model is told, the rollout goes on."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def tool_arguments(raw: Any, limit: int) -> bytes | ToolCallError:
+    """A function call's ``arguments`` as the JSON object to send to the tool (encoded once,
+    here), or what is wrong with them. Model output is hostile input: orjson reads 1,024
+    levels of nesting but writes only 255, so a call that parses can still fail to be sent."""
+    if raw is None or raw == "":
+        raw = "{}"
+    if isinstance(raw, str):
+        if len(raw) > limit:
+            return ToolCallError(f"arguments of {len(raw)} characters exceed the {limit} allowed")
+        try:
+            raw = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return ToolCallError(f"arguments are not valid JSON: {exc}")
+    if not isinstance(raw, dict):
+        return ToolCallError(f"arguments must be a JSON object, not {type(raw).__name__}")
+    try:
+        encoded = orjson.dumps(raw)
+    except TypeError as exc:  # orjson.JSONEncodeError: nested past 255 levels, a bad key
+        return ToolCallError(f"arguments cannot be passed on as JSON: {exc}")
+    if len(encoded) > limit:
+        return ToolCallError(f"arguments of {len(encoded)} bytes exceed the {limit} allowed")
+    return encoded
+
+
+def _error(message: str) -> str:
+    return orjson.dumps({"error": message}).decode()
 
 
 def final_response(
@@ -164,11 +209,12 @@ def _sum_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _tool_names(tools: Any) -> set[str]:
-    return {
-        str(t.get("name") or (t.get("function") or {}).get("name"))
+    names = (
+        t.get("name") or (t.get("function") or {}).get("name")
         for t in tools or []
         if isinstance(t, dict)
-    }
+    )
+    return {n for n in names if isinstance(n, str) and n}
 
 
 def _tool_output(call: dict[str, Any], output: str) -> dict[str, Any]:

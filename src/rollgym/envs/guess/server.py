@@ -81,13 +81,14 @@ class GuessEnv(BaseServer):
             raise InvalidRequest("/step expects the task row plus a 'response' object", status=422)
         game.guesses += 1
         found = GUESS.findall(_text(response))
-        if not found:
+        guess = _number(found[-1], game.high) if found else None  # the last guess counts
+        if guess is None:
             step = _step("Answer with <guess>N</guess>.", WRONG)
-        elif int(found[-1]) == game.secret:  # the last guess counts, as a final answer does
+        elif guess == game.secret:
             del self._games[sid or ""]
             step = _step(None, RIGHT, terminated=True, info={"guesses": game.guesses})
         else:
-            hint = "higher" if int(found[-1]) < game.secret else "lower"
+            hint = "higher" if guess < game.secret else "lower"
             step = _step(f"{hint}. Guess again.", WRONG)
         return _answer(step, sid or "")
 
@@ -102,6 +103,16 @@ def _new_game(row: Any) -> Game:
         f"guess needs an integer 'secret' from 1 to 'high' (got {secret!r}, {high!r})",
         status=422,
     )
+
+
+def _number(digits: str, high: int) -> int:
+    """The guess ``digits`` says, without converting a number of any length: one far outside
+    1..``high`` only has to compare as such (``int()`` refuses past 4,300 digits)."""
+    negative = digits.startswith("-")
+    magnitude = digits.lstrip("-").lstrip("0") or "0"
+    if len(magnitude) > len(str(high)) + 1:
+        return -1 if negative else high + 1
+    return int(digits)
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

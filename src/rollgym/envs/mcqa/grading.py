@@ -32,9 +32,8 @@ log = logging.getLogger("rollgym.envs.mcqa")
 # One uppercase letter alone among non-letters in a box: \boxed{B}, \boxed{(B)}, \boxed{ B. }.
 # [^A-Za-z] also crosses braces and lines, as NeMo Gym's pattern does.
 _STRICT_BOXED = re.compile(r"\\boxed\{\s*[^A-Za-z]*([A-Z])[^A-Za-z]*\s*\}")
-# The first box's content, up to the first closing brace.
-_BOX_CONTENT = re.compile(r"\\boxed\{\s*(.*?)\s*\}", re.DOTALL)
-_TEXT_WRAPPER = re.compile(r"\\text\{\s*(.*?)\s*\}", re.DOTALL)
+_BOX_OPEN = "\\boxed{"
+_TEXT_OPEN = "\\text{"
 _ANSWER_COLON = re.compile(r"answer\s*:\s*(.+)", re.IGNORECASE)
 # **Answer: B**, __Answer__: B, Answer:** b ...: one letter, not followed by a letter or digit.
 _ANSWER_COLON_MD = re.compile(
@@ -96,10 +95,9 @@ def _lenient_boxed(text: str, task: MCQATask) -> str | None:
     letter = _strict_boxed(text, task)
     if letter is not None:
         return letter
-    m = _BOX_CONTENT.search(text)
-    if m is None:
+    inner = _first_box(text)
+    if inner is None:
         return None
-    inner = m.group(1)
     candidates = [_normalize(inner), _normalize(_unwrap_text(inner))]
     matched = {
         letter
@@ -108,6 +106,16 @@ def _lenient_boxed(text: str, task: MCQATask) -> str | None:
     }
     # Containment, so the box may say more than the option; two options contained: no answer.
     return matched.pop() if len(matched) == 1 else None
+
+
+def _first_box(text: str) -> str | None:
+    """The first box's content up to the first closing brace, stripped, as NeMo Gym's pattern
+    reads it; found by index, linear where that pattern is quadratic (many unclosed boxes)."""
+    start = text.find(_BOX_OPEN)
+    if start < 0:
+        return None
+    end = text.find("}", start + len(_BOX_OPEN))
+    return None if end < 0 else text[start + len(_BOX_OPEN) : end].strip()
 
 
 def _answer_colon(text: str, task: MCQATask) -> str | None:
@@ -137,10 +145,16 @@ def _equal_text(candidate: str, task: MCQATask) -> str | None:
 
 
 def _unwrap_text(s: str) -> str:
-    """``s`` without the ``\\text{...}`` wrappers that enclose all of it."""
-    while (m := _TEXT_WRAPPER.fullmatch(s)) is not None:
-        s = m.group(1)
-    return s
+    """``s`` without the ``\\text{...}`` wrappers that enclose all of it, each one's content
+    stripped (NeMo Gym's pattern, as a fullmatch, by index: linear in ``s``)."""
+    start, end = 0, len(s)
+    while end - start > len(_TEXT_OPEN) and s.startswith(_TEXT_OPEN, start) and s[end - 1] == "}":
+        start, end = start + len(_TEXT_OPEN), end - 1
+        while start < end and s[start].isspace():
+            start += 1
+        while end > start and s[end - 1].isspace():
+            end -= 1
+    return s[start:end]
 
 
 def _normalize(s: str) -> str:
