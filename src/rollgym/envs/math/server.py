@@ -9,9 +9,13 @@ same. Metric ``answer_parsed`` (1/0) separates "no readable answer" from "wrong 
 Unlike NeMo Gym, ``question`` is not required (there is no judge), a numeric ``expected_answer``
 is read as text, and a gold that math-verify cannot parse is refused (422) instead of scoring 0.
 
-Option ``verify_timeout`` (seconds, default 30) bounds each check; a check still running then is
-abandoned (its pool is retired) and the verify fails with ``DeadlineExceeded`` (NeMo Gym scores
-it 0: a failure is not a reward); a check that lost its worker to a broken pool is run once more.
+Option ``verify_timeout`` (seconds, default 30) bounds each check. The answer is model output,
+and an answer must never fail its rollout (a failure is no reward of 0, so a policy would learn
+that such answers cost nothing): a check still running at the deadline is abandoned (its pool is
+retired) and scores 0 with ``reason`` ``check_timeout``, as NeMo Gym scores it; a check that lost
+its worker to a broken pool is run once more, and if it breaks that one too it scores 0 with
+``reason`` ``check_crashed``. A check that never got a worker before the deadline (the server
+is overloaded: no fault of the answer) still fails with ``DeadlineExceeded``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from rollgym.envs.math.check import MathCheck, check_answer
-from rollgym.errors import InvalidRequest
+from rollgym.errors import DeadlineExceeded, InvalidRequest
 from rollgym.protocol import output_text
 from rollgym.server.resources import ResourcesServer, Session
 
@@ -42,7 +46,7 @@ class MathEnv(ResourcesServer):
 
     async def verify(
         self, session: Session, task: dict[str, Any], response: dict[str, Any]
-    ) -> dict[str, float | int]:
+    ) -> dict[str, Any]:
         expected = task.get("expected_answer")
         if isinstance(expected, (int, float)) and not isinstance(expected, bool):
             expected = str(expected)
@@ -50,7 +54,12 @@ class MathEnv(ResourcesServer):
             raise InvalidRequest(
                 "math task needs 'expected_answer' (a non-empty string)", status=422
             )
-        result = await self._check(expected, output_text(response))
+        answer = output_text(response)
+        try:
+            result = await self._check(expected, answer)
+        except _Unscored as unscored:
+            log.info("%s: answer scored 0 (%s)", self.name, unscored.reason)
+            return {"reward": 0.0, "answer_parsed": 0, "reason": unscored.reason}
         if not result.gold_parsed:
             raise InvalidRequest(
                 f"math task's expected_answer {expected!r} cannot be parsed by math-verify",
@@ -63,17 +72,29 @@ class MathEnv(ResourcesServer):
 
     async def _check(self, expected: str, answer: str) -> MathCheck:
         try:
-            result: MathCheck = await self.run_cpu(
-                type(self).checker, expected, answer, timeout=self.options.verify_timeout
-            )
+            return await self._run(expected, answer)
         except BrokenProcessPool:
             # A worker that dies (out of memory, a crash in native code, killed) breaks the
             # whole pool and fails every check in flight on it, most of them innocent. The work
             # is pure, so run it once more on a fresh pool; a second failure is its own.
             log.info("%s: check lost to a broken worker pool, running it once more", self.name)
-            result = await self.run_cpu(
+        try:
+            return await self._run(expected, answer)
+        except BrokenProcessPool:
+            raise _Unscored("check_crashed") from None
+
+    async def _run(self, expected: str, answer: str) -> MathCheck:
+        try:
+            result: MathCheck = await self.run_cpu(
                 type(self).checker, expected, answer, timeout=self.options.verify_timeout
             )
+        except DeadlineExceeded as exc:
+            # math-verify bounds its own parse and compare (5 s each); a check past the
+            # deadline is stuck in work no signal interrupts: the answer's doing. One that
+            # waited for a worker all along is the server's (run_cpu says which).
+            if _never_started(exc):
+                raise
+            raise _Unscored("check_timeout") from None
         return result
 
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -85,3 +106,16 @@ class MathEnv(ResourcesServer):
         if not flags:
             return {}
         return {"answer_parse_rate": sum(flags) / len(flags)}
+
+
+class _Unscored(Exception):
+    """The answer could not be checked, by its own fault: it scores 0 with ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _never_started(exc: DeadlineExceeded) -> bool:
+    # ``ResourcesServer.run_cpu`` tells the two apart only in its message for now.
+    return "for a free worker" in exc.message
