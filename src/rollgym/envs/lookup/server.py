@@ -4,12 +4,19 @@ The registry (``knowledge.py``) is fictional, so a right answer without a lookup
 ``verify`` pays only an answer that contains the expected value *and* came from a rollout that
 called the tool. ``tool_called`` is reported as a metric, and ``aggregate_metrics`` turns it
 into the run's tool-call rate.
+
+Answers are model output, and a policy will try the cheap way to "contain" the value: list many
+of them. An answer that also names another registry value of the same kind as the expected one
+(another town's population, another mayor) scores 0 with ``reason`` ``several_candidates``,
+unless the question itself names that value ("Velmora or Serrowby?"). A key longer than any key
+(``MAX_KEY_CHARS``) is refused without being echoed back.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+from functools import cache
 from typing import Any
 
 from rollgym.envs.lookup.knowledge import ENTRIES, canonical_key
@@ -19,6 +26,8 @@ from rollgym.server.resources import ResourcesServer, Session, tool
 
 # "48,213" and "48213" are the same number; commas between digit groups are dropped.
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+MAX_KEY_CHARS = 100
+"""Longer than every key: a longer one is refused before it is looked up, kept or echoed."""
 
 
 def normalize(text: str) -> str:
@@ -28,11 +37,50 @@ def normalize(text: str) -> str:
 
 def contains_answer(text: str, expected: str) -> bool:
     """Whether ``expected`` occurs in ``text`` as a whole token (``482`` is not in ``48213``)."""
-    needle = normalize(expected)
+    return _contains(normalize(text), normalize(expected))
+
+
+def _contains(normalized_text: str, needle: str) -> bool:
     if not needle:
         return False
     pattern = rf"(?<![0-9a-z]){re.escape(needle)}(?![0-9a-z])"
-    return re.search(pattern, normalize(text)) is not None
+    return re.search(pattern, normalized_text) is not None
+
+
+@cache
+def _values_by_field() -> dict[tuple[str, str], frozenset[str]]:
+    """Every registry value (normalized), by (kind, field): the candidates an answer picks from."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for entry in ENTRIES.values():
+        for field, value in entry.items():
+            if field != "kind":
+                out.setdefault((entry["kind"], field), set()).add(normalize(str(value)))
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def rival_values(expected: str, question: str) -> set[str]:
+    """The registry values of the same kind as ``expected`` that the question does not name:
+    an answer naming one of them beside ``expected`` is a list of guesses, not an answer."""
+    wanted, asked = normalize(expected), normalize(question)
+    rivals: set[str] = set()
+    for values in _values_by_field().values():
+        if wanted in values:
+            rivals |= values
+    return {v for v in rivals - {wanted} if not _contains(asked, v)}
+
+
+def _question(task: dict[str, Any]) -> str:
+    prompt = (task.get("responses_create_params") or {}).get("input")
+    if isinstance(prompt, str):
+        return prompt
+    texts: list[str] = []
+    for item in prompt if isinstance(prompt, list) else []:
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(str(c.get("text", "")) for c in content if isinstance(c, dict))
+    return "\n".join(texts)
 
 
 class LookupEnv(ResourcesServer):
@@ -46,6 +94,11 @@ class LookupEnv(ResourcesServer):
     @tool
     async def lookup(self, session: Session, key: str) -> dict[str, Any]:
         """Look up a Norrowvale registry entry by key: a town name or a product code like QX-4471."""
+        if len(key) > MAX_KEY_CHARS:
+            raise InvalidRequest(
+                f"no registry entry for a key of {len(key)} characters (keys are short)",
+                status=404,
+            )
         # Every call counts as using the tool, found or not; a stateless call has no seed.
         session.data.setdefault("lookups", []).append(key)
         canonical = canonical_key(key)
@@ -57,14 +110,19 @@ class LookupEnv(ResourcesServer):
 
     async def verify(
         self, session: Session, task: dict[str, Any], response: dict[str, Any]
-    ) -> dict[str, float | int]:
+    ) -> dict[str, Any]:
         expected = task.get("expected_answer")
         if not isinstance(expected, (str, int, float)) or isinstance(expected, bool):
             raise InvalidRequest(
                 "lookup task needs 'expected_answer' (a string or number)", status=422
             )
         called = bool(session.data.get("lookups"))
-        correct = contains_answer(output_text(response), str(expected))
+        text = normalize(output_text(response))
+        correct = _contains(text, normalize(str(expected)))
+        if correct and any(
+            _contains(text, v) for v in rival_values(str(expected), _question(task))
+        ):
+            return {"reward": 0.0, "tool_called": int(called), "reason": "several_candidates"}
         return {"reward": 1.0 if correct and called else 0.0, "tool_called": int(called)}
 
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
