@@ -1,0 +1,140 @@
+"""Red team: mcqa replies a policy under training may try, against a real server.
+
+- Naming several options (``A B C D``, one letter per line, ``\\boxed{A}\\boxed{B}``, ``Answer: A``
+  then ``Answer: B``): in rollgym's own ``rollgym_lenient`` mode such a reply is no answer, for
+  whichever letter is right (before, the last letter listed was read as the answer).
+- Replies that made a reader quadratic (unclosed boxes, nested ``\\text{}``): mcqa grades on the
+  event loop, so one such reply stalled every rollout on the server for minutes.
+- NeMo Gym's modes read one place of the reply (its first box, its first ``answer:``), as NeMo
+  Gym does; no reply can score for two different letters there, so listing options pays no more
+  than naming one. That invariant is pinned here (it held before this suite too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from rollgym.envs.mcqa.server import MCQAEnv
+from rollgym.testing import serve_server
+from tests.envs.env_client import EnvClient
+
+pytestmark = pytest.mark.timeout(120)
+
+OURS = {"A": "Mercury", "B": "Venus", "C": "Earth", "D": "Mars"}
+NEMO = [{k: v} for k, v in OURS.items()]
+NEMO_MODES = ["strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon"]
+
+HEDGES = [
+    "A B C D",
+    "A\nB\nC\nD",
+    "A.\nB.\nC.\nD.",
+    "(A)(B)(C)(D)",
+    "A) B) C) D)",
+    "the answer is A or B or C or D",
+    "Answer: A, B, C, and D",
+    "Final answer: A; B; C; D",
+    "Answer: A | B",
+    "Answer: A+B",
+    "Answer: A and/or B",
+    "the answer is\nA\nB\nC\nD",
+    "Answer: A\nB",
+    "\\boxed{ABCD}",
+    "\\boxed{A B C D}",
+    "\\boxed{(A) (B) (C) (D)}",
+    "\\boxed{A}\\boxed{B}\\boxed{C}\\boxed{D}",
+    "\\boxed{A} or \\boxed{B}",
+    "\\boxed{A}, \\boxed{B}, \\boxed{C}, \\boxed{D}",
+    "Answer: A\nAnswer: B\nAnswer: C\nAnswer: D",
+    "\\boxed{Mercury Venus Earth Mars}",
+    "Answer: Mercury, Venus, Earth or Mars",
+]
+
+STALLS = {
+    "unclosed boxes": "\\boxed{" * 20_000,
+    "nested wrappers": "\\text{" * 20_000 + "B" + "}" * 20_000,
+    "nested textbf": "\\textbf{" * 10_000 + "B" + "}" * 10_000,
+}
+
+
+def _row(expected: str, *, nemo: bool = False, mode: str | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "responses_create_params": {"input": "Which planet is second from the Sun?"},
+        "options": NEMO if nemo else OURS,
+        "expected_answer": expected,
+    }
+    if mode is not None:
+        row["grading_mode"] = mode
+    return row
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def mcqa() -> AsyncIterator[EnvClient]:
+    """One server and one client for the module, on the module's loop; every wait bounded."""
+    timeout = aiohttp.ClientTimeout(total=30, connect=5)
+    async with (
+        serve_server(MCQAEnv, name="mcqa") as (url, _),
+        aiohttp.ClientSession(timeout=timeout) as http,
+    ):
+        yield EnvClient(http, url)
+
+
+async def _scores(env: EnvClient, text: str, **row: Any) -> list[float]:
+    rewards = []
+    for letter in OURS:
+        status, body = await env.verify(_row(letter, **row), text)
+        assert status == 200, body
+        rewards.append(body["reward"])
+    return rewards
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("text", HEDGES)
+async def test_a_reply_naming_several_options_scores_0_for_every_letter(
+    mcqa: EnvClient, text: str
+) -> None:
+    env = mcqa
+    assert await _scores(env, text) == [0.0] * 4
+    status, _ = await env.request("GET", "/health")
+    assert status == 200
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("mode", NEMO_MODES)
+@pytest.mark.parametrize("text", HEDGES)
+async def test_in_nemo_gyms_modes_no_reply_scores_for_two_letters(
+    mcqa: EnvClient, text: str, mode: str
+) -> None:
+    assert sum(await _scores(mcqa, text, nemo=True, mode=mode)) <= 1.0
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("mode", [*NEMO_MODES, None])
+@pytest.mark.parametrize("name", list(STALLS))
+async def test_replies_that_made_a_reader_quadratic_are_graded_at_once(
+    mcqa: EnvClient, name: str, mode: str | None
+) -> None:
+    # Before: minutes of regex work on the event loop (the client gives up after 30 s).
+    env = mcqa
+    status, body = await env.verify(_row("B", nemo=mode is not None, mode=mode), STALLS[name])
+    assert status == 200, body
+    assert body["reward"] in (0.0, 1.0)
+    status, _ = await env.request("GET", "/health")
+    assert status == 200
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize(
+    "text",
+    ["\x00\x01\x02 \\boxed{\x00}", "\u202e\\boxed{B}\u202c" * 1000, "x" * 5_000_000, "\ufffd" * 10],
+)
+async def test_odd_text_is_scored_not_a_failure(mcqa: EnvClient, text: str) -> None:
+    # Already scored before this suite; kept so it stays so.
+    for row in (_row("B"), _row("B", nemo=True)):
+        status, body = await mcqa.verify(row, text)
+        assert status == 200, body
+        assert body["reward"] in (0.0, 1.0)
