@@ -30,11 +30,12 @@ REMOVED_LABEL = "(verdict label removed)"
 
 def quoted(answer: str, labels: tuple[str, ...] = (EQUAL_LABEL, NOT_EQUAL_LABEL)) -> str:
     """``answer`` as it goes into a judge prompt: between two ``<<answer-NONCE>>`` lines, with no
-    ``[[``, ``]]`` or verdict label left in it (``[ [A=B] ]`` reads the same to a judge)."""
+    ``[[``, ``]]``, verdict label or marker left in it (``[ [A=B] ]`` reads the same to a judge)."""
     for label in labels:
         if label:
             answer = answer.replace(label, REMOVED_LABEL)
     answer = _DOUBLE_CLOSE.sub("] ", _DOUBLE_OPEN.sub("[ ", answer))
+    answer = answer.replace("<<answer-", "<< answer-")  # no marker of its own either
     marker = f"<<answer-{os.urandom(6).hex()}>>"
     return f"{marker}\n{answer}\n{marker}"
 
