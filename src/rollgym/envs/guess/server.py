@@ -112,7 +112,7 @@ def _number(digits: str, high: int) -> int:
     magnitude = digits.lstrip("-").lstrip("0") or "0"
     if len(magnitude) > len(str(high)) + 1:
         return -1 if negative else high + 1
-    return int(digits)
+    return -int(magnitude) if negative else int(magnitude)
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
