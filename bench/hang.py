@@ -1,6 +1,7 @@
 """Hang benchmark: what a model upstream that never answers a few calls costs a run.
 
-    .venv/bin/python bench/hang.py [--rollouts 500] [--hang-rate 0.005] [--seed 11]
+    .venv/bin/python bench/hang.py [--rollouts 500] [--hang-rate 0.005] [--seed 11] \
+        [--upstream-stream]
     PYTHONPATH=/tmp/before/src .venv/bin/python bench/hang.py   # the same against other code
 
 An instant OpenAI-compatible upstream on 127.0.0.1 (chat completions, streamed when asked, as
@@ -8,7 +9,10 @@ vLLM does) that, for a seeded fraction of calls, accepts the request and never s
 In front of it, ``rollgym run`` with default settings: ``openai_proxy`` -> the echo
 environment -> ``tool_agent`` (two model calls per rollout). Prints how long the run took, when
 all but the hung rollouts were done, and how many rollouts succeeded, failed, or needed more
-than one upstream call. ``rollgym`` runs as a child process, so ``PYTHONPATH`` picks the code
+than one upstream call. The upstream stays alive (it answers its health probes), so with the
+proxy's default whole answers a lost call waits for its attempt timeout; ``--upstream-stream``
+runs the proxy with ``upstream_stream: true``, whose idle timeout catches it. ``rollgym`` runs
+as a child process, so ``PYTHONPATH`` picks the code
 under test (e.g. the last commit, ``git archive HEAD | tar -x -C /tmp/before``).
 """
 
@@ -90,7 +94,9 @@ def _chunks(completion: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def write_inputs(workdir: Path, upstream: str, rollouts: int) -> tuple[Path, Path]:
+def write_inputs(
+    workdir: Path, upstream: str, rollouts: int, stream: bool = False
+) -> tuple[Path, Path]:
     tasks = workdir / "tasks.jsonl"
     with tasks.open("w") as fh:
         for i in range(rollouts):
@@ -101,7 +107,10 @@ def write_inputs(workdir: Path, upstream: str, rollouts: int) -> tuple[Path, Pat
             "model": {
                 "kind": "model",
                 "impl": "openai_proxy",
-                "options": {"base_url": upstream + "/v1"},
+                "options": {
+                    "base_url": upstream + "/v1",
+                    **({"upstream_stream": True} if stream else {}),
+                },
             },
             "env": {"kind": "resources", "impl": "echo"},
             "agent": {
@@ -137,6 +146,7 @@ async def main() -> None:
     parser.add_argument("--rollouts", type=int, default=500)
     parser.add_argument("--hang-rate", type=float, default=0.005)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--upstream-stream", action="store_true", help="the proxy streams")
     args = parser.parse_args()
 
     upstream = HangingUpstream(args.hang_rate, args.seed)
@@ -150,7 +160,8 @@ async def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="rollgym-hang-") as tmp:
         workdir = Path(tmp)
-        config, _ = write_inputs(workdir, f"http://127.0.0.1:{port}", args.rollouts)
+        url = f"http://127.0.0.1:{port}"
+        config, _ = write_inputs(workdir, url, args.rollouts, args.upstream_stream)
         out = workdir / "out"
         code = "import sys; from rollgym.cli.main import main; sys.argv[0] = 'rollgym'; main()"
         start = time.monotonic()

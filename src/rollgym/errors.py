@@ -21,6 +21,7 @@ this one, as the same kind of record.
     │   ├── ReadTimeout        no answer within the per-attempt timeout
     │   ├── AnswerTooLarge     an answer past one of the caller's limits (never retried)
     │   └── DeadlineExceeded   the total deadline (across attempts, or of a rollout) ran out
+    │       └── WaitedTooLong  ... before the work began (waiting for a worker)
     ├── BudgetExhausted        the retry budget of the called server refused another retry
     ├── CircuitOpen            the called server's circuit breaker is open
     ├── RolloutError           the rollout itself could not finish (e.g. too many steps)
@@ -436,6 +437,11 @@ class DeadlineExceeded(TransportError):
     """The total deadline ran out (of one call across its attempts, or of a whole rollout)."""
 
     type = "deadline_exceeded"
+
+
+class WaitedTooLong(DeadlineExceeded):
+    """A deadline that ran out before the work began (it waited for a free worker): the
+    server's load, never its input's doing. On the wire it is a ``deadline_exceeded``."""
 
 
 class BudgetExhausted(RollgymError):

@@ -17,6 +17,11 @@ from rollgym.errors import InvalidRequest, ProtocolError
 
 HEADER_ROLLOUT = "x-rollgym-rollout"
 """Header carrying ``task_index:rollout_index`` on every call made for one rollout."""
+RESERVED_ENDPOINTS = frozenset(
+    {"seed_session", "verify", "aggregate_metrics", "tools", "health", "stats"}
+)
+"""Endpoints of a resources server that are never tools: a tool may not be named like one,
+and an agent never calls one for a model, whatever it asks for."""
 
 
 class AgentRef(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,14 @@ class JSONResponse(Response):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+        try:
+            return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+        except orjson.JSONEncodeError as exc:
+            # orjson reads 1,024 levels but writes 255: a request it accepted (a row echoed
+            # by /verify) must not become a 500 on the way out. Anything else stays an error.
+            if "recursion" not in str(exc).lower():
+                raise
+            return json.dumps(content, ensure_ascii=False, allow_nan=False).encode()
 
 
 @dataclass(frozen=True)

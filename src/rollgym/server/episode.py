@@ -22,11 +22,8 @@ import orjson
 
 from rollgym.errors import HTTPStatusError, ProtocolError
 from rollgym.http import HttpClient, JsonValue, Target
-from rollgym.protocol import HEADER_ROLLOUT
+from rollgym.protocol import HEADER_ROLLOUT, RESERVED_ENDPOINTS
 from rollgym.server.resources import SESSION_HEADER
-
-RESERVED = frozenset({"seed_session", "verify", "aggregate_metrics", "tools", "health", "stats"})
-"""Endpoints of a resources server that are never tools, whatever a model asks for."""
 
 
 class ResourcesClient:
@@ -87,7 +84,7 @@ class Episode:
     async def call_tool(self, name: str, arguments: Any) -> str:
         """The output of tool ``name`` for the model. A refusal (a 4xx: bad arguments, unknown
         key) is the tool's answer, ``{"error": message}``; a failing server raises."""
-        if name in RESERVED or not name.isidentifier():
+        if name in RESERVED_ENDPOINTS or not name.isidentifier():
             # A model must not reach /verify or /seed_session by naming it as a tool.
             return _error(f"unknown tool {name!r}")
         try:

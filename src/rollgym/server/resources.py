@@ -35,8 +35,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from starlette.routing import BaseRoute, Route
 
 from rollgym.config import format_validation_error
-from rollgym.errors import DeadlineExceeded, InternalError, InvalidRequest
-from rollgym.protocol import output_text
+from rollgym.errors import DeadlineExceeded, InternalError, InvalidRequest, WaitedTooLong
+from rollgym.protocol import RESERVED_ENDPOINTS, output_text
 from rollgym.server.aggregate import AggregateMetricsRequest, aggregate
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.server.cpu_pool import CpuPool, warm
@@ -125,7 +125,7 @@ class ResourcesServer(BaseServer):
             if getattr(fn, "__rollgym_tool__", False)
         }
         for name in cls.tools:
-            if name in ("health", "verify", "seed_session", "aggregate_metrics", "tools"):
+            if name in RESERVED_ENDPOINTS:
                 raise TypeError(f"{cls.__name__}: tool name {name!r} clashes with an endpoint")
 
     def __init__(self, ctx: ServerContext) -> None:
@@ -164,7 +164,8 @@ class ResourcesServer(BaseServer):
     ) -> Any:
         """Run a CPU-bound, picklable ``fn`` in a process pool where a timeout can stop it.
 
-        A call still running at its timeout fails with ``DeadlineExceeded``; its pool takes no
+        A call still running at its timeout fails with ``DeadlineExceeded`` (one that never
+        left the queue with its subclass ``WaitedTooLong``); its pool takes no
         new work and is killed once its other calls have finished (a thread could not be
         stopped at all, and killing the pool at once would break its neighbours' calls).
         """
@@ -176,7 +177,7 @@ class ResourcesServer(BaseServer):
         except TimeoutError:
             if job.cancel():
                 # It never left the queue: nothing is stuck, the pool is fine.
-                raise DeadlineExceeded(
+                raise WaitedTooLong(
                     f"{type(self).__name__}: CPU work waited {timeout:g}s for a free worker",
                     server=self.name,
                 ) from None

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from rollgym.envs.math.check import MathCheck, check_answer
-from rollgym.errors import DeadlineExceeded, InvalidRequest
+from rollgym.errors import DeadlineExceeded, InvalidRequest, WaitedTooLong
 from rollgym.protocol import output_text
 from rollgym.server.resources import ResourcesServer, Session
 
@@ -92,7 +92,7 @@ class MathEnv(ResourcesServer):
             # math-verify bounds its own parse and compare (5 s each); a check past the
             # deadline is stuck in work no signal interrupts: the answer's doing. One that
             # waited for a worker all along is the server's (run_cpu says which).
-            if _never_started(exc):
+            if isinstance(exc, WaitedTooLong):
                 raise
             raise _Unscored("check_timeout") from None
         return result
@@ -114,8 +114,3 @@ class _Unscored(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def _never_started(exc: DeadlineExceeded) -> bool:
-    # ``ResourcesServer.run_cpu`` tells the two apart only in its message for now.
-    return "for a free worker" in exc.message
