@@ -142,8 +142,22 @@ async def test_a_correct_solution_still_passes_every_kind_of_assert(code_env: En
         "assert [add(i, i) for i in range(3)] == [0, 2, 4]",
         "assert add(10 ** 30, 1) == 10 ** 30 + 1",
         "assert flag is True",
+        "assert count('aab') == {'a': 2, 'b': 1}",
+        "assert grouped() == {1: [2]}",
+        "assert point() == (1, 2)",
+        "assert list(squares(3)) == [0, 1, 4] and squares(3) != [0, 1, 4]",
+        "assert list(map(str, squares(2))) == ['0', '1']",
+        "assert sorted(signed(), key=abs) == [1, -2, 3]",
+        "assert set(keys()) == {1} and keys() == {1}",
     ]
     code = (
+        "from collections import Counter, defaultdict, namedtuple\n"
+        "count = Counter\n"
+        "def grouped():\n    d = defaultdict(list)\n    d[1].append(2)\n    return d\n"
+        "def point():\n    return namedtuple('P', 'x y')(1, 2)\n"
+        "def squares(n):\n    return (i * i for i in range(n))\n"
+        "def signed():\n    return [3, -2, 1]\n"
+        "def keys():\n    return {1: 2}.keys()\n"
         "def add(a, b):\n    return a + b\n"
         "def is_even(n):\n    return n % 2 == 0\n"
         "def half(x):\n    return x / 2\n"
@@ -161,6 +175,7 @@ async def test_an_assert_that_cannot_be_judged_outside_the_sandbox_is_refused(
     for source, said in [
         ("assert all(f(i) == i * i for i in range(3))", "compares inside"),
         ("x = f(1)\nassert x == 1", "not an assert"),
+        ("assert sorted(f([1]), key=lambda v: -v) == [1]", "lambda"),
     ]:
         status, body = await code_env.verify(row(asserts=[source]), solution("def f(x): return x"))
         assert status == 422, body
@@ -273,6 +288,33 @@ async def test_model_output_never_crashes_a_verifier(code_env: EnvClient) -> Non
     for value in ("10**5000", "float('inf')", "[1] * 10", "10**100", "object()", "'x' * 10**5"):
         result = await verify(code_env, asserted, f"def f(x):\n    return {value}")
         assert result["reward"] == 0.0, (value, result)
+    # A forged report: the program writes its own line to the launcher's pipe (its number is
+    # in /proc/self/cmdline), holding what the server's reader might choke on.
+    forge = (
+        "import json, os\ndef f(x):\n    return 0\n"
+        "fd = json.loads(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[-2])['control_fd']\n"
+        "os.write(fd, REPORT + b'\\n')\nos._exit(0)\n"
+    )
+    collide = (
+        b'[["ok", ["S", ['
+        + b", ".join(b'["i", "%d"]' % (k * (2**61 - 1)) for k in range(1, 20001))
+        + b"]]]]"
+    )
+    for report in (
+        b'[["ok", ["f", 1' + b"0" * 400 + b"]]]",
+        b'[["ok", ["c", [1' + b"0" * 400 + b", 1]]]]",
+        b'[["ok", ["i", "' + b"9" * 5000 + b'"]]]',
+        b'[["ok", ' + b'["l", [' * 2000 + b"]]" * 2000 + b"]]",
+        collide,
+        b'{"not": "a list"}',
+    ):
+        code = f"REPORT = {report!r}\n" + forge
+        result = await verify(code_env, row(asserts=["assert f(1) == 2"]), code)
+        assert result["test_results"] == ["runtime_error"], (report[:40], result)
+    # A string the program returns is never a format the server expands.
+    fmt = row(asserts=["assert f(1) % 2 == 1"])
+    result = await verify(code_env, fmt, "def f(x):\n    return '%0200000000d'")
+    assert result["reward"] == 0.0 and "between numbers" not in str(result), result
     # A lone surrogate in the code itself (a JSON escape; not UTF-8): the program's error.
     sandbox = Sandbox(_limits(), parallel=1, uid_base=60000, isolation=probe_isolation(),
                       server="code")  # fmt: skip
@@ -507,3 +549,53 @@ def test_as_a_normal_user_the_run_keeps_no_capability() -> None:
     assert report["ready"], report
     expected = "0 0 {'mount': False, 'unshare': False, 'host': [], 'chroot': False}"
     assert report["out"].strip() == expected, report
+
+
+_FILTERED = """
+import ctypes, json, os, socket, subprocess, sys, threading
+sys.path.insert(0, sys.argv[1])
+import launcher
+launcher._seccomp(fallback=sys.argv[2] == "fallback")
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "ok"
+    except OSError as exc:
+        out[name] = exc.errno
+def _fork():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+attempt("fork", _fork)
+attempt("subprocess", lambda: subprocess.run(["true"], check=True))
+attempt("socket", lambda: socket.socket().close())
+attempt("kill parent", lambda: os.kill(os.getppid(), 0))
+attempt("kill self", lambda: os.kill(os.getpid(), 0))
+attempt("thread", lambda: (t := threading.Thread(target=int), t.start(), t.join()))
+out["unshare"] = libc.unshare(0x10000000) == 0 or ctypes.get_errno()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="no filter here")
+@pytest.mark.parametrize("mode", ["fallback", "namespaces"])
+def test_the_kernel_filter_holds_whatever_python_code_does(mode: str) -> None:
+    # The audit hook of the fallback is Python's: a module loaded under another name gets
+    # round it. The seccomp filter is the kernel's, inherited by every child, never removed.
+    launcher_dir = str(ROOT / "src/rollgym/envs/code")
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _FILTERED, launcher_dir, mode],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    eperm = 1
+    assert got["unshare"] == eperm and got["thread"] == "ok" and got["kill self"] == "ok", got
+    if mode == "fallback":
+        assert got["fork"] == got["subprocess"] == got["socket"] == eperm, got
+        assert got["kill parent"] == eperm, got
+    else:  # with namespaces these are the namespaces' business
+        assert got["fork"] == got["subprocess"] == got["socket"] == "ok", got

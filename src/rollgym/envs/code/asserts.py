@@ -35,6 +35,7 @@ from rollgym.errors import InvalidRequest
 _MAX_ITEMS = 10**6  # the largest sequence the judgement may build (``[0] * n``, ``range(n)``)
 _MAX_BITS = 2**20  # the largest integer ``**`` or ``<<`` may build, in bits
 _MAX_DIGITS = 4300  # Python's own default for str <-> int
+_MAX_CLASHES = 64  # distinct values sharing a hash with another in one report
 
 
 def _range(*args: int) -> list[int]:
@@ -101,6 +102,11 @@ class _Split(ast.NodeTransformer):
         self.probes: list[str] = []
 
     def _probe(self, node: ast.expr) -> ast.expr:
+        if isinstance(node, ast.Lambda):
+            raise ValueError(
+                f"{ast.unparse(node)!r}: a lambda of the test's own cannot be judged outside "
+                "the sandbox (use a builtin such as key=abs, or compare plain values)"
+            )
         if any(isinstance(n, ast.Compare) for n in ast.walk(node)):
             raise ValueError(
                 f"{ast.unparse(node)!r} compares inside the solution's code, where the "
@@ -121,7 +127,7 @@ class _Split(ast.NodeTransformer):
         if isinstance(node, ast.Dict):
             return self._probe(node) if None in node.keys else self.generic_visit(node)
         name = _name(node)
-        if name in _CONSTANTS:
+        if name in _CONSTANTS or name in _CALLS:  # a type, or a builtin passed as key=abs
             return node
         if isinstance(node, ast.Call) and _name(node.func) in _CALLS:
             plain = not any(isinstance(a, ast.Starred) for a in node.args)
@@ -156,7 +162,8 @@ def parse_assert(source: str, where: str) -> Judged:
 
 
 def read_report(data: bytes, probes: int) -> list[Any] | str:
-    """The probes' values from the launcher's report line, or why it cannot be read."""
+    """The probes' values from the launcher's report line, or why it cannot be read. The
+    line may be the program's forgery: whatever it holds, this returns, never raises."""
     lines = data.strip().split(b"\n")
     if not lines or not lines[-1]:
         return "the program ended before its tests were evaluated"
@@ -164,14 +171,15 @@ def read_report(data: bytes, probes: int) -> list[Any] | str:
         report = json.loads(lines[-1])
         if not isinstance(report, list) or len(report) != probes:
             return "the report has the wrong shape"
+        decoder = _Decoder()
         out: list[Any] = []
         for entry in report:
             if entry[0] == "ok":
-                out.append(decode(entry[1]))
+                out.append(decoder.decode(entry[1]))
             else:
                 out.append(_Failed(str(entry[1])[:300]))
         return out
-    except (ValueError, TypeError, IndexError, KeyError, RecursionError) as exc:
+    except Exception as exc:  # a forged or broken report: the program's doing
         return f"a value could not be read: {type(exc).__name__}: {str(exc)[:200]}"
 
 
@@ -182,34 +190,74 @@ class _Failed:
     why: str
 
 
-def decode(node: Any, depth: int = 0) -> Any:
-    """The plain value ``launcher.encode`` wrote; ``ValueError`` for anything else."""
-    if depth > MAX_DEPTH + 1 or not isinstance(node, list) or not node:
-        raise ValueError("not a value the sandbox writes")
-    tag, rest = node[0], node[1:]
-    if tag == "n":
-        return None
-    (payload,) = rest
-    if tag == "b" and type(payload) is bool:
-        return payload
-    if tag == "i" and type(payload) is str:
-        if len(payload) > _MAX_DIGITS + 1:
-            raise ValueError(f"an integer of more than {_MAX_DIGITS} digits")
-        return int(payload)
-    if tag == "f" and type(payload) in (int, float):
-        return float(payload)
-    if tag == "s" and type(payload) is str:
-        return payload
-    if tag == "y" and type(payload) is str:
-        return bytes.fromhex(payload)
-    if tag == "c" and type(payload) is list:
-        return complex(float(payload[0]), float(payload[1]))
-    if tag in ("l", "t", "S", "F") and type(payload) is list:
-        items = [decode(v, depth + 1) for v in payload]
-        return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](items)
-    if tag == "d" and type(payload) is list:
-        return {decode(k, depth + 1): decode(v, depth + 1) for k, v in payload}
-    raise ValueError(f"not a value the sandbox writes (tag {str(tag)[:10]!r})")
+class Iterated:
+    """What an iterator or generator gave: iterable (``list(x)``, ``sorted(x)``), but equal
+    to nothing else, as a generator is in Python."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def __iter__(self) -> Any:
+        return iter(self.items)
+
+
+class _Decoder:
+    """Turns ``launcher.encode``'s tagged JSON back into plain values, refusing what would
+    make the server work for long: numbers chosen to share one hash (a set of them takes
+    quadratic time to build), integers past Python's digit limit, deep nesting."""
+
+    def __init__(self) -> None:
+        self._first: dict[int, Any] = {}
+        self._clashes = 0
+
+    def _hashed(self, value: Any) -> Any:
+        try:
+            key = hash(value)
+        except TypeError:  # a tuple holding a list: never a set member or a key anyway
+            return value
+        first = self._first.setdefault(key, value)
+        if first is not value and first != value:
+            self._clashes += 1
+            if self._clashes > _MAX_CLASHES:
+                raise ValueError("values chosen to collide in hash tables")
+        return value
+
+    def decode(self, node: Any, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH + 1 or not isinstance(node, list) or not node:
+            raise ValueError("not a value the sandbox writes")
+        tag, rest = node[0], node[1:]
+        if tag == "n":
+            return None
+        (payload,) = rest
+        if tag == "b" and type(payload) is bool:
+            return payload
+        if tag == "i" and type(payload) is str:
+            if len(payload) > _MAX_DIGITS + 1:
+                raise ValueError(f"an integer of more than {_MAX_DIGITS} digits")
+            return self._hashed(int(payload))
+        if tag == "f" and type(payload) is float:
+            return self._hashed(payload)
+        if tag == "s" and type(payload) is str:
+            return payload
+        if tag == "y" and type(payload) is str:
+            return bytes.fromhex(payload)
+        if tag == "c" and type(payload) is list and [type(p) for p in payload] == [float, float]:
+            return self._hashed(complex(payload[0], payload[1]))
+        if tag in ("l", "t", "S", "F", "it") and type(payload) is list:
+            items = [self.decode(v, depth + 1) for v in payload]
+            if tag == "it":
+                return Iterated(items)
+            if tag == "l":
+                return items
+            if tag == "t":
+                return self._hashed(tuple(items))
+            return set(items) if tag == "S" else self._hashed(frozenset(items))
+        if tag == "d" and type(payload) is list:
+            pairs = [(self.decode(k, depth + 1), self.decode(v, depth + 1)) for k, v in payload]
+            return dict(pairs)
+        raise ValueError(f"not a value the sandbox writes (tag {str(tag)[:10]!r})")
 
 
 class _Eval:
@@ -229,6 +277,8 @@ class _Eval:
         name = _name(node)
         if name in _CONSTANTS:
             return _CONSTANTS[name]
+        if name in _CALLS:
+            return _CALLS[name]
         if isinstance(node, ast.Compare):
             left = self.run(node.left)
             for op, comparator in zip(node.ops, node.comparators, strict=True):
@@ -287,6 +337,7 @@ def _unary(op: ast.unaryop, value: Any) -> Any:
 
 
 _SEQUENCES = (str, bytes, list, tuple)
+_NUMBERS = (int, float, complex)
 
 
 def _binary(op: ast.operator, a: Any, b: Any) -> Any:
@@ -295,6 +346,8 @@ def _binary(op: ast.operator, a: Any, b: Any) -> Any:
         seq, times = (a, b) if isinstance(a, _SEQUENCES) else (b, a)
         if isinstance(times, int) and len(seq) * times > _MAX_ITEMS:
             raise ValueError("a repetition too large to judge")
+    if isinstance(op, ast.Mod) and not (isinstance(a, _NUMBERS) and isinstance(b, _NUMBERS)):
+        raise TypeError("% is judged between numbers only (a format string could be huge)")
     if isinstance(op, (ast.Pow, ast.LShift)) and isinstance(a, int) and isinstance(b, int):
         bits = b if isinstance(op, ast.LShift) else a.bit_length() * b
         if bits > _MAX_BITS:

@@ -97,10 +97,13 @@ def outcome(case: Case, run: RunResult) -> tuple[str, str | None]:
         return "output_limit", "printed more than the output limit"
     report = run.report[len(READY) :] if run.report.startswith(READY) else b""
     if case.judged is not None:
-        values = read_report(report, len(case.judged.probes))
-        if isinstance(values, str):
-            return "runtime_error", _why(values, run)
-        held, why = case.judged.judge(values)
+        try:
+            values = read_report(report, len(case.judged.probes))
+            if isinstance(values, str):
+                return "runtime_error", _why(values, run)
+            held, why = case.judged.judge(values)
+        except Exception as exc:  # whatever the program reported, never the verifier's error
+            return "runtime_error", f"the report could not be judged: {type(exc).__name__}"
         return ("passed", None) if held else ("wrong_answer", why)
     if run.exit_code != 0:
         return "runtime_error", _why(f"exit code {run.exit_code}", run)

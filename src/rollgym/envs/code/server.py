@@ -148,7 +148,9 @@ class CodeEnv(ResourcesServer):
         run = await sandbox.run(
             code, case.stdin, mode=case.mode, fn_name=fn_name, probes=case.probes
         )
-        return outcome(case, run)
+        # Off the event loop: a large report takes a while to judge, and the server's other
+        # rollouts (and /health) must not wait for it.
+        return await asyncio.to_thread(outcome, case, run)
 
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
         rates = [
