@@ -82,7 +82,8 @@ def test_compute_metrics_on_a_hand_written_run(tmp_path: Path) -> None:
     )
     assert m.failures_by_server == {"model": 1}  # attributed to where it started
     assert m.failures_by_status == {"500": 1}
-    assert m.env_metrics == pytest.approx({"num_steps": (14 + 14 + 9) / 11})  # 2 + i steps
+    assert m.env_metrics == {}  # the agent's steps are its own field, not the environment's
+    assert m.agent_fields == pytest.approx({"num_steps": (14 + 14 + 9) / 11})  # 2 + i steps
     per_task = read_jsonl(tmp_path / "per_task.jsonl")
     assert [(t["scored"], t["passed"], t["failed"]) for t in per_task] == [
         (4, 1, 0),

@@ -141,7 +141,7 @@ async def test_drift_is_counted_on_the_rollout_and_in_metrics(tmp_path: Path) ->
         "drifted_rollouts": 1,
         "drifted_turns": 2,
     }
-    assert metrics["env_metrics"]["drifted_turns"] == 1.0  # the mean over rollouts
+    assert metrics["agent_fields"]["drifted_turns"] == 1.0  # the mean over rollouts
 
 
 async def test_reasoning_round_trips_and_carries_the_tokens() -> None:

@@ -4,6 +4,10 @@ pass@k uses the unbiased estimator of Chen et al. (2021): for a task with n scor
 which c pass, pass@k = 1 - C(n-c, k) / C(n, k); averaged over tasks with n >= k. Failed rollouts
 are not scored (a failure is never a reward of 0), so they lower n, not c.
 
+Agent fields: the numbers an agent adds to the verified rollout about its own loop
+(``AGENT_FIELDS``: steps, seconds, re-tokenisation drift) are averaged apart from the
+environment's metrics, in ``agent_fields``: they describe the agent, not the environment.
+
 Sub-scores: a verify response may carry ``scores``, an object of named numbers besides the
 reward (``{"tests": 0.5, "style": 1.0}``); each is aggregated as its mean and its pass rate
 (the share of rollouts where it reaches the run's pass threshold), over the rollouts that
@@ -23,6 +27,9 @@ import orjson
 
 from rollgym.models.tokens import DRIFTED_TURNS
 
+AGENT_FIELDS = frozenset({"num_steps", "agent_seconds", DRIFTED_TURNS})
+"""Numbers the agents add to a verified rollout about their own loop, not the environment's."""
+
 _NOT_METRICS = frozenset(
     {
         "task_index",
@@ -30,7 +37,6 @@ _NOT_METRICS = frozenset(
         "reward",
         "attempts",
         "duration_s",
-        "agent_seconds",
         "finished_at",
         "_ng_task_index",
         "_ng_rollout_index",
@@ -124,6 +130,8 @@ class RunMetrics:
     failures_by_server: dict[str, int] = field(default_factory=dict)
     failures_by_status: dict[str, int] = field(default_factory=dict)
     env_metrics: dict[str, float] = field(default_factory=dict)
+    agent_fields: dict[str, float] = field(default_factory=dict)
+    """Means of ``AGENT_FIELDS`` over the rollouts that carry them."""
     scores: dict[str, ScoreStats] = field(default_factory=dict)
     token_drift: TokenDrift | None = None
 
@@ -143,6 +151,7 @@ class RunMetrics:
                 "by_status": self.failures_by_status,
             },
             "env_metrics": self.env_metrics,
+            "agent_fields": self.agent_fields,
             "scores": {name: vars(stats) for name, stats in self.scores.items()},
             "token_drift": vars(self.token_drift) if self.token_drift else None,
         }
@@ -168,6 +177,8 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
     count, mean, m2 = 0, 0.0, 0.0  # Welford: numerically stable streaming mean/variance
     metric_sums: dict[str, float] = {}
     metric_counts: Counter[str] = Counter()
+    agent_sums: dict[str, float] = {}
+    agent_counts: Counter[str] = Counter()
     sub_scores = _ScoreSums()
     drift = TokenDrift()
     # A verify response echoes its task row: the row's own numbers (a secret, a difficulty)
@@ -198,8 +209,13 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
                     if key in skip or isinstance(value, bool):
                         continue
                     if isinstance(value, (int, float)):
-                        metric_sums[key] = metric_sums.get(key, 0.0) + value
-                        metric_counts[key] += 1
+                        sums, counts = (
+                            (agent_sums, agent_counts)
+                            if key in AGENT_FIELDS
+                            else (metric_sums, metric_counts)
+                        )
+                        sums[key] = sums.get(key, 0.0) + value
+                        counts[key] += 1
     m.succeeded = count
     if count:
         m.reward_mean = mean
@@ -236,6 +252,7 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
         if values:
             m.pass_at_k[f"pass@{k}"] = sum(values) / len(values)
     m.env_metrics = {k: metric_sums[k] / metric_counts[k] for k in sorted(metric_sums)}
+    m.agent_fields = {k: agent_sums[k] / agent_counts[k] for k in sorted(agent_sums)}
     m.scores = sub_scores.stats()
     m.token_drift = drift if drift.checked_rollouts else None
     with (out_dir / "per_task.jsonl").open("wb") as fh:
