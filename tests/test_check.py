@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from rollgym.check import check_env
 from rollgym.config import load_config
@@ -87,3 +88,50 @@ async def test_a_broken_environment_fails_its_check(
     failed = {f.check for f in report.findings if not f.ok}
     assert failed and not report.ok
     assert failing in failed, report.findings
+
+
+# Runs the ``rollgym`` command as an install without the ``dev`` extra has it: no ``openai``.
+_WITHOUT_OPENAI = (
+    "import sys; sys.modules['openai'] = None; "
+    "from rollgym.cli.main import main; sys.argv[0] = 'rollgym'; main()"
+)
+
+
+def test_check_runs_without_the_openai_package(tmp_path: Path) -> None:
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_OPENAI, "check", str(ENVS_DIR / "lookup" / "config.yaml")],
+        capture_output=True, text=True, timeout=110, cwd=tmp_path, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all checks passed" in proc.stdout
+
+
+_TOOLS: list[Any] = [
+    {"type": "function", "name": "get", "parameters": {"type": "object"}, "strict": False},
+    {"type": "function", "name": "get", "description": "Gets.", "extra": 1},
+    {"type": "function", "name": "get", "parameters": None},
+    {"type": "function", "name": "get", "strict": "yes"},
+    {"type": "function", "name": 3},
+    {"type": "function"},
+    {"type": "web_search", "name": "get"},
+    {"name": "get", "parameters": {}},
+    {"type": "function", "name": "get", "parameters": ["x"]},
+    {"type": "function", "name": "get", "description": 5},
+]
+
+
+@pytest.mark.parametrize("tool", _TOOLS)
+def test_function_tool_gives_the_openai_packages_verdict(tool: Any) -> None:
+    openai_types = pytest.importorskip("openai.types.responses")
+    from rollgym.protocol import FunctionTool
+
+    def valid(model: Any) -> bool:
+        try:
+            model.model_validate(tool)
+        except ValidationError:
+            return False
+        return True
+
+    assert valid(FunctionTool) == valid(openai_types.FunctionTool)

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from openai.types.responses import FunctionTool
 from pydantic import ValidationError
 
 from rollgym.config import Config
 from rollgym.errors import ConfigError
 from rollgym.launch.supervisor import Supervisor
 from rollgym.models.scripted import build_response
+from rollgym.protocol import FunctionTool
 from rollgym.server.resources import SESSION_COOKIE, SESSION_HEADER
 
 CHECK_FIELD = "rollgym_check"

@@ -8,7 +8,7 @@ types; on the hot path they travel as plain dicts, and the tests check them agai
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,6 +34,19 @@ class ResponsesCreateParams(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     input: str | list[Any]
+
+
+class FunctionTool(BaseModel):
+    """A Responses API function tool, as ``GET /tools`` lists them: the fields of the ``openai``
+    package's ``FunctionTool`` that rollgym reads (the tests hold the two to the same verdicts).
+    Defined here so that nothing outside the ``dev`` extra needs ``openai``."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class TaskRow(BaseModel):
