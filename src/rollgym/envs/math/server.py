@@ -37,6 +37,8 @@ log = logging.getLogger("rollgym.envs.math")
 class MathEnv(ResourcesServer):
     """Math problems; reward 1.0 when the reply's answer equals ``expected_answer``."""
 
+    row_fields = frozenset({"expected_answer"})
+
     class Options(ResourcesServer.Options):
         verify_timeout: float = Field(default=30.0, gt=0, description="seconds per check")
 

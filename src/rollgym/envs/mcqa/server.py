@@ -24,6 +24,8 @@ from rollgym.server.resources import ResourcesServer, Session
 class MCQAEnv(ResourcesServer):
     """Multiple-choice QA; reward 1.0 when the chosen letter is ``expected_answer``."""
 
+    row_fields = frozenset({"options", "expected_answer", "grading_mode", "template_metadata"})
+
     class Options(ResourcesServer.Options):
         grading_mode: GradingMode | None = None
         """Grade every row in this mode, whatever the row says (NeMo Gym's server config)."""
