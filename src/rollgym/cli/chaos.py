@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from rollgym.cli.args import http_url
-from rollgym.cli.run import PlainHelpCommand
+from rollgym.cli.kit import PlainHelpCommand
 from rollgym.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from rollgym.cli.run import PlainHelpCommand
+from rollgym.cli.kit import PlainHelpCommand
 
 EXIT_PROBLEM = 1
 

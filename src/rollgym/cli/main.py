@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from rollgym.errors import ConfigError, RollgymError
+from rollgym.errors import RollgymError
 
 app = typer.Typer(
     name="rollgym",
@@ -25,19 +24,6 @@ app = typer.Typer(
 )
 
 err_console = Console(stderr=True)
-
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-def setup_logging(level: str) -> None:
-    if level.upper() not in LOG_LEVELS:
-        raise ConfigError(f"--log-level {level!r}: use one of {', '.join(LOG_LEVELS)}")
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 def _version(value: bool) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from rollgym.cli.run import PlainHelpCommand
+from rollgym.cli.kit import PlainHelpCommand
 from rollgym.errors import ConfigError
 
 HELP = (

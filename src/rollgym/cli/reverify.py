@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from rollgym.cli.run import (
+from rollgym.cli.kit import (
     AgentOpt,
     ConcOpt,
     LogOpt,
@@ -20,7 +20,7 @@ from rollgym.cli.run import (
     ResumeOpt,
     ThresholdOpt,
     TimeoutOpt,
-    _collect_config,
+    collect_config,
     print_outcome,
 )
 from rollgym.errors import ConfigError
@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         log_level: LogOpt = "WARNING",
     ) -> None:
         from rollgym import runtime
-        from rollgym.cli.main import setup_logging
+        from rollgym.cli.kit import setup_logging
         from rollgym.config import load_config
         from rollgym.reverify import reverify as run_reverify
         from rollgym.server.base import check_servers
@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"{out}: not a run directory (no tasks.jsonl)")
         cfg = load_config(config)
         check_servers(cfg)
-        collect = _collect_config(
+        collect = collect_config(
             cfg, agent=agent, concurrency=concurrency, rollout_timeout=rollout_timeout,
             max_failures=max_failures, max_failure_rate=max_failure_rate,
             pass_threshold=pass_threshold,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import orjson
 import typer
 
-from rollgym.cli.run import PlainHelpCommand
+from rollgym.cli.kit import PlainHelpCommand
 from rollgym.errors import LaunchError
 from rollgym.launch.process import STARTUP_TIMEOUT
 
@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         Exit code 0: the servers ran and were stopped; 2: the config is invalid or a server
         could not start (its log is shown)."""
         from rollgym import runtime
-        from rollgym.cli.main import setup_logging
+        from rollgym.cli.kit import setup_logging
         from rollgym.config import load_config
 
         setup_logging(log_level)
