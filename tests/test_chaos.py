@@ -23,8 +23,8 @@ from rollgym.chaos import ChaosProxy, chaos_proxy
 from rollgym.config import RetryPolicy
 from rollgym.errors import ConnectionLost, HTTPStatusError, ProtocolError, ReadTimeout
 from rollgym.http import HttpClient, Target
-from rollgym.protocol import HEADER_ROLLOUT
 from rollgym.testing import serve_asgi
+from rollgym.wire import HEADER_ROLLOUT
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -35,7 +35,7 @@ from aiohttp import web
 
 from rollgym.config import ChaosSpec, Fault
 from rollgym.http.translate import translate
-from rollgym.protocol import HEADER_ROLLOUT
+from rollgym.wire import HEADER_ROLLOUT
 
 log = logging.getLogger("rollgym.chaos")
 

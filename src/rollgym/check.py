@@ -25,7 +25,7 @@ from rollgym.errors import ConfigError
 from rollgym.launch.supervisor import Supervisor
 from rollgym.models.scripted import build_response
 from rollgym.protocol import FunctionTool
-from rollgym.server.resources import SESSION_COOKIE, SESSION_HEADER
+from rollgym.wire import SESSION_COOKIE, SESSION_HEADER
 
 CHECK_FIELD = "rollgym_check"
 _ERROR_KEYS = {"type", "message", "status", "server", "retryable"}

@@ -1,5 +1,6 @@
 """The wire contracts of DESIGN.md as code: task rows and verify results (the ledger's records
-are ``rollgym.collect.records``).
+are ``rollgym.collect.records``; the names on the wire, headers and cookies, are
+``rollgym.wire``'s).
 
 Responses API objects themselves (requests, responses, items) are the ``openai`` package's
 types; on the hot path they travel as plain dicts, and the tests check them against those types.
@@ -14,14 +15,6 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollgym.errors import InvalidRequest, ProtocolError
-
-HEADER_ROLLOUT = "x-rollgym-rollout"
-"""Header carrying ``task_index:rollout_index`` on every call made for one rollout."""
-RESERVED_ENDPOINTS = frozenset(
-    {"seed_session", "verify", "aggregate_metrics", "tools", "health", "stats"}
-)
-"""Endpoints of a resources server that are never tools: a tool may not be named like one,
-and an agent never calls one for a model, whatever it asks for."""
 
 
 class AgentRef(BaseModel):

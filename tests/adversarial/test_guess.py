@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 
 from rollgym.envs.guess.server import GuessEnv
-from rollgym.server.resources import SESSION_COOKIE, SESSION_HEADER
 from rollgym.testing import serve_server
+from rollgym.wire import SESSION_COOKIE, SESSION_HEADER
 from tests.envs.env_client import reply
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from rollgym.envs.echo.server import EchoEnv
-from rollgym.protocol import RESERVED_ENDPOINTS
 from rollgym.server.resources import ResourcesServer, Session, tool
 from rollgym.testing import serve_server
+from rollgym.wire import RESERVED_ENDPOINTS
 from tests.envs.env_client import EnvClient, reply
 
 pytestmark = pytest.mark.timeout(60)

@@ -25,8 +25,8 @@ from rollgym.config import RetryPolicy
 from rollgym.envs.lookup.server import LookupEnv
 from rollgym.http import HttpClient, Target
 from rollgym.server.episode import ResourcesClient
-from rollgym.server.resources import SESSION_COOKIE, SESSION_HEADER
 from rollgym.testing import serve_asgi, serve_server
+from rollgym.wire import SESSION_COOKIE, SESSION_HEADER
 from tests.envs.env_client import reply
 from tests.support.nemo_session import SignedSession
 

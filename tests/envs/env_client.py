@@ -7,7 +7,7 @@ from typing import Any
 import aiohttp
 from openai.types.responses import Response
 
-from rollgym.server.resources import SESSION_HEADER
+from rollgym.wire import SESSION_HEADER
 
 
 def reply(text: str) -> dict[str, Any]:

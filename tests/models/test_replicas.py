@@ -29,8 +29,8 @@ from rollgym.http import Target
 from rollgym.http.breaker import CircuitBreaker
 from rollgym.models.proxy import OpenAIProxy
 from rollgym.models.replicas import Replicas, fails_over, replica_targets
-from rollgym.protocol import HEADER_ROLLOUT
 from rollgym.testing import serve_asgi, serve_server
+from rollgym.wire import HEADER_ROLLOUT
 from tests.support.stack import ECHO_TOOL, fast_policy
 from tests.support.waiting import wait_until
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import orjson
 
 from rollgym.errors import RollgymError
-from rollgym.server.aggregate import INDEX_FIELDS, NG_ROLLOUT_INDEX, NG_TASK_INDEX
+from rollgym.wire import INDEX_FIELDS, NG_ROLLOUT_INDEX, NG_TASK_INDEX
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,8 @@ from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, S
 from rollgym.config import CollectConfig
 from rollgym.errors import ConnectError, InternalError, RollgymError
 from rollgym.http import HttpClient, Target
-from rollgym.protocol import HEADER_ROLLOUT, check_verified
+from rollgym.protocol import check_verified
+from rollgym.wire import HEADER_ROLLOUT
 
 log = logging.getLogger("rollgym.collect")
 

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from rollgym.config import CollectConfig, Config
 from rollgym.errors import InputError
 from rollgym.protocol import TaskRow
-from rollgym.server.aggregate import NG_ROLLOUT_INDEX, NG_TASK_INDEX
+from rollgym.wire import NG_ROLLOUT_INDEX, NG_TASK_INDEX
 
 ROLLGYM_ROW_FIELDS = frozenset(
     {

@@ -37,11 +37,12 @@ from rollgym.errors import InvalidRequest, ProtocolError
 from rollgym.http import HttpClient, Target
 from rollgym.http.lean import LeanTransport
 from rollgym.http.transport import RawAnswer, Transport
-from rollgym.protocol import HEADER_ROLLOUT, TaskRow, rollout_key
+from rollgym.protocol import TaskRow, rollout_key
 from rollgym.server.base import BaseServer, ModelPeer, ResourcesPeer, ServerContext
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
 from rollgym.server.episode import Episode, ResourcesClient
 from rollgym.server.model import RESPONSES_ENDPOINT
+from rollgym.wire import HEADER_ROLLOUT
 
 TIMING_FIELD = "rollgym_timing"
 """The verify response's field that holds the rollout's ``Hops``."""

@@ -25,10 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-NG_TASK_INDEX = "_ng_task_index"
-NG_ROLLOUT_INDEX = "_ng_rollout_index"
-INDEX_FIELDS = frozenset({"task_index", "rollout_index", NG_TASK_INDEX, NG_ROLLOUT_INDEX})
-"""A rollout's indices, in rollgym's and NeMo Gym's spelling: never metrics."""
+from rollgym.wire import INDEX_FIELDS, NG_ROLLOUT_INDEX, NG_TASK_INDEX
 
 _STATS = ("mean", "max", "min", "median", "std")
 

@@ -22,7 +22,7 @@ from rollgym.errors import (
     RollgymError,
     TransportError,
 )
-from rollgym.protocol import HEADER_ROLLOUT
+from rollgym.wire import HEADER_ROLLOUT
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a request body past this is refused with 413
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads this answer

@@ -22,8 +22,7 @@ import orjson
 
 from rollgym.errors import HTTPStatusError, ProtocolError
 from rollgym.http import HttpClient, JsonValue, Target
-from rollgym.protocol import HEADER_ROLLOUT, RESERVED_ENDPOINTS
-from rollgym.server.resources import SESSION_HEADER
+from rollgym.wire import HEADER_ROLLOUT, RESERVED_ENDPOINTS, SESSION_HEADER
 
 
 class ResourcesClient:

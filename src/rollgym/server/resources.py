@@ -36,7 +36,7 @@ from starlette.routing import BaseRoute, Route
 
 from rollgym.config import format_validation_error
 from rollgym.errors import DeadlineExceeded, InternalError, InvalidRequest, WaitedTooLong
-from rollgym.protocol import RESERVED_ENDPOINTS, output_text
+from rollgym.protocol import output_text
 from rollgym.server.aggregate import AggregateMetricsRequest, aggregate
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.server.cpu_pool import CpuPool, warm
@@ -48,9 +48,8 @@ from rollgym.server.endpoint import (
     error_response,
     json_endpoint,
 )
+from rollgym.wire import RESERVED_ENDPOINTS, SESSION_COOKIE, SESSION_HEADER, session_cookie
 
-SESSION_HEADER = "x-rollgym-session"
-SESSION_COOKIE = "rollgym_session"
 _MAX_SESSIONS = 200_000  # sessions never verified (abandoned rollouts) fall out oldest first
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -356,7 +355,7 @@ def _arguments(spec: ToolSpec, raw: Any) -> dict[str, Any]:
 
 
 def _cookie(session: Session) -> str:
-    return f"{SESSION_COOKIE}={session.id}; Path=/; HttpOnly; SameSite=lax"
+    return session_cookie(session.id)
 
 
 def _in_session(result: Any, session: Session) -> Any:
@@ -379,4 +378,4 @@ async def _retire(pool: CpuPool, stuck: Future[Any], grace: float) -> None:
         pool.kill()
 
 
-__all__ = ["SESSION_COOKIE", "SESSION_HEADER", "ResourcesServer", "Session", "output_text", "tool"]
+__all__ = ["ResourcesServer", "Session", "output_text", "tool"]

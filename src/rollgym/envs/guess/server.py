@@ -26,7 +26,7 @@ from starlette.routing import BaseRoute, Route
 from rollgym.errors import InvalidRequest
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
-from rollgym.server.resources import SESSION_COOKIE, SESSION_HEADER
+from rollgym.wire import SESSION_COOKIE, SESSION_HEADER
 
 GUESS = re.compile(r"<guess>\s*(-?\d+)\s*</guess>", re.IGNORECASE)
 WRONG = -0.1
