@@ -38,8 +38,8 @@ from rollgym.http import HttpClient, Target
 from rollgym.launch import Supervisor
 from rollgym.protocol import check_verified, function_calls
 from rollgym.server.agent import TIMING_FIELD, Hops, TimedEpisode
-from rollgym.server.aggregate import NG_ROLLOUT_INDEX
 from rollgym.server.episode import Episode, ResourcesClient
+from rollgym.wire import NG_ROLLOUT_INDEX
 
 log = logging.getLogger("rollgym.reverify")
 
