@@ -28,6 +28,7 @@ import orjson
 from rollgym.collect.dispatch import DispatchReport, LocalDispatcher, Runner
 from rollgym.collect.metrics import pass_at_k
 from rollgym.collect.orchestrate import run_collection
+from rollgym.collect.peers import peers_of, resources_of
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
 from rollgym.collect.rollout import RolloutPolicy
@@ -271,27 +272,14 @@ class ReverifyDispatcher:
         return report
 
 
-def resources_of(config: Config, agent: str) -> str:
-    """The resources server that ``agent`` verifies with (its ``resources`` option)."""
-    name = str(config.servers[agent].options.get("resources", "resources"))
-    if name not in config.servers:
-        raise ConfigError(
-            f"{config.source or 'config'}: servers.{agent}.options.resources: no server {name!r}"
-        )
-    return name
-
-
 class ResourcesOnly:
-    """Starts only the resources server (and the servers its options name, e.g. a judge
+    """Starts only the resources server (and the peers its typed options name, e.g. a judge
     model) of a config. The collector needs a URL for the run's agent: it is given the
     resources server's, since here the resources server is what turns a row into a verified
     rollout; nothing else of the agent is called."""
 
     def __init__(self, config: Config, agent: str, resources: str, log_dir: Path, level: str):
-        res = config.servers[resources]
-        names = {resources} | {
-            v for v in res.options.values() if isinstance(v, str) and v in config.servers
-        }
+        names = {resources} | peers_of(config, resources)
         servers = {n: s for n, s in config.servers.items() if n in names}
         sub = Config.model_validate({"servers": servers, "source": config.source})
         self.agent, self.resources = agent, resources

@@ -25,6 +25,7 @@ from rollgym.collect.dispatch import Dispatcher, LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.ledger import Ledger
 from rollgym.collect.metrics import compute_metrics
+from rollgym.collect.peers import resources_of
 from rollgym.collect.progress import RunProgress
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
@@ -286,9 +287,11 @@ class Collector:
         resources server, in NeMo Gym's shapes): ``agent_metrics`` and ``key_metrics`` go to
         ``metrics.json``; all of it, per-task metrics too, to ``rollouts_aggregate_metrics.json``
         as NeMo Gym writes it. Only asked of an environment that has metrics of its own."""
-        agent_cfg = self.run.config.servers[self.agent_name]
-        res_name = agent_cfg.options.get("resources")
-        if not res_name or res_name not in self.urls:
+        try:
+            res_name = resources_of(self.run.config, self.agent_name)
+        except ConfigError:
+            return {}  # an agent given by url, verifying with no server of this config
+        if res_name not in self.urls:
             return {}
         health = await self._health(res_name)
         if health is None or "aggregate_metrics" not in (health.get("features") or []):
