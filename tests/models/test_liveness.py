@@ -4,12 +4,14 @@ Against the vLLM-shaped double (``vllm_double``): a double whose streamed tool-c
 differ from its whole answer, as vLLM's streaming tool parsers do, gives the whole answer
 through the proxy; a double that takes a request and never answers is caught by the liveness
 probe as a read timeout, retried and failed over like any model call, while one that answers
-its probe keeps generating. Then ``LivenessTransport`` alone, in front of a scripted transport.
+its probe keeps generating, and probes never wait for a connection behind the calls they
+watch. Then ``LivenessTransport`` alone, in front of a scripted transport.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -19,7 +21,9 @@ import aiohttp
 import pytest
 
 from rollgym.errors import ConnectError, ReadTimeout
+from rollgym.http.lean import LeanTransport
 from rollgym.http.transport import RawAnswer
+from rollgym.models import proxy as proxy_module
 from rollgym.models.liveness import LivenessTransport, Watch, watching
 from rollgym.server.base import BaseServer
 from rollgym.testing import serve_asgi, serve_server
@@ -149,35 +153,31 @@ async def test_token_ids_come_with_the_whole_answer() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fault", "health_path", "problem"),
+    ("fault", "problem"),
     [
-        ("stuck", "/health", "no answer within 0.2s"),  # a frozen server: its probe hangs too
-        ("engine_dead", "/ping", "answered 503"),  # vLLM's /ping reports its engine
+        ("stuck", "no answer within 0.2s"),  # a frozen server: its probe hangs too
+        ("engine_dead", "answered 503"),  # vLLM's /ping, the default path, reports its engine
     ],
 )
-async def test_a_replica_that_never_answers_is_caught_as_a_hang(
-    fault: str, health_path: str, problem: str
-) -> None:
+async def test_a_replica_that_never_answers_is_caught_as_a_hang(fault: str, problem: str) -> None:
     double = VllmDouble()
     setattr(double, fault, True)
-    options = {
-        "idle_timeout": IDLE, "probe_timeout": IDLE, "timeout": 300, "health_path": health_path,
-    }  # fmt: skip
+    options = {"idle_timeout": IDLE, "probe_timeout": IDLE, "timeout": 300}  # the default path
     async with proxy(double, upstream_retry=ONCE, **options) as (url, _):
         status, body = await post(url + "/v1/responses", ask())
     assert status == 504, body
     origin = body["error"]["origin"]
     assert origin["type"] == ReadTimeout.type
-    assert f"failed its liveness probe (POST {health_path}: {problem})" in origin["message"]
+    assert f"failed its liveness probe (POST /ping: {problem})" in origin["message"]
     assert double.probes >= 1 and len(double.requests) == 1
 
 
 async def test_a_dead_engine_behind_a_live_server_is_not_seen_by_post_health() -> None:
     # vLLM answers POST /health with 405 whatever its engine: alive, so the call waits on.
-    # (That is why /ping is the path to probe where engines may die with the server up.)
+    # (That is why the default path is /ping.)
     double = VllmDouble()
     double.engine_dead = True
-    options = {"idle_timeout": IDLE, "timeout": 300}
+    options = {"idle_timeout": IDLE, "timeout": 300, "health_path": "/health"}
     async with proxy(double, upstream_retry=ONCE, **options) as (url, _):
         call = asyncio.ensure_future(post(url + "/v1/responses", ask()))
         await double.wait_for_probes(3)
@@ -196,6 +196,24 @@ async def test_a_replica_that_answers_its_probe_keeps_generating() -> None:
     assert status == 200, response
     assert calls(response) == ['{"text":"Oslo"}']
     assert len(double.requests) == 1 and double.probes >= 3
+
+
+async def test_probes_do_not_wait_behind_the_calls_they_watch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The calls' pool holds two connections, both taken by healthy long generations (they
+    # answer once probed twice). A probe that waited for a third would run out its timeout
+    # there, and its failure would fail both calls; its own pool answers it at once.
+    monkeypatch.setattr(proxy_module, "LeanTransport", functools.partial(LeanTransport, limit=2))
+    double = VllmDouble()
+    double.hold_for_probes = 2
+    options = {"idle_timeout": IDLE, "probe_timeout": IDLE, "timeout": 300}
+    async with proxy(double, upstream_retry=ONCE, **options) as (url, _):
+        answers = await asyncio.gather(*(post(url + "/v1/responses", ask()) for _ in range(2)))
+    for status, response in answers:
+        assert status == 200, response
+        assert calls(response) == ['{"text":"Oslo"}']
+    assert len(double.requests) == 2 and double.probes >= 2
 
 
 async def test_a_hang_is_retried_under_the_servers_policy() -> None:
@@ -278,7 +296,7 @@ async def test_without_a_watch_the_inner_transport_is_used_unchanged() -> None:
     inner = Scripted()
     inner.answer = asyncio.get_running_loop().create_future()
     inner.answer.set_result(RawAnswer(200, b"{}"))
-    transport = LivenessTransport(inner)
+    transport = LivenessTransport(inner, probe_transport=inner)
     assert (await send(transport)).status == 200
     assert inner.sent == [("http://up/v1/chat/completions", IDLE)]  # its idle timeout kept
     assert transport.probes == 0
@@ -288,7 +306,7 @@ async def test_a_watched_answer_has_no_idle_cut_and_its_probes_are_shared() -> N
     loop = asyncio.get_running_loop()
     inner = Scripted()
     inner.answer, inner.probe = loop.create_future(), loop.create_future()
-    transport = LivenessTransport(inner)
+    transport = LivenessTransport(inner, probe_transport=inner)
     with watching(watch(every=0.01, probe_timeout=20)):
         waiting = [asyncio.ensure_future(send(transport)) for _ in range(5)]
     await inner.probed.wait()
@@ -308,7 +326,7 @@ async def test_a_failed_probe_fails_the_attempt_and_cancels_it() -> None:
     inner.probe.set_exception(
         ConnectError("cannot connect", server="model.upstream", endpoint="/health")
     )
-    transport = LivenessTransport(inner)
+    transport = LivenessTransport(inner, probe_transport=inner)
     with watching(watch()), pytest.raises(ReadTimeout) as caught:
         await send(transport)
     assert "failed its liveness probe (POST /health: cannot connect)" in caught.value.message
@@ -320,7 +338,7 @@ async def test_a_probe_that_hangs_is_bounded_by_its_own_timeout() -> None:
     loop = asyncio.get_running_loop()
     inner = Scripted()
     inner.answer, inner.probe = loop.create_future(), loop.create_future()  # neither answers
-    transport = LivenessTransport(inner)
+    transport = LivenessTransport(inner, probe_transport=inner)
     with watching(watch(every=0.05)), pytest.raises(ReadTimeout) as caught:
         await send(transport)
     assert "no answer within 0.05s" in caught.value.message
@@ -331,7 +349,7 @@ async def test_a_retry_is_not_failed_by_its_predecessors_probe() -> None:
     inner = Scripted()
     inner.answer, inner.probe = loop.create_future(), loop.create_future()
     inner.probe.set_result(RawAnswer(503, b""))
-    transport = LivenessTransport(inner, reuse=3600)
+    transport = LivenessTransport(inner, probe_transport=inner, reuse=3600)
     with watching(watch(every=0.01)), pytest.raises(ReadTimeout):
         await send(transport)
     inner.probe = loop.create_future()
@@ -344,3 +362,21 @@ async def test_a_retry_is_not_failed_by_its_predecessors_probe() -> None:
     assert transport.probes == 2 and not attempt.done()
     inner.answer.set_result(RawAnswer(200, b"{}"))
     assert (await attempt).status == 200
+
+
+async def test_probes_go_through_a_transport_of_their_own() -> None:
+    loop = asyncio.get_running_loop()
+    chats, probes = Scripted(), Scripted()
+    chats.answer, probes.probe = loop.create_future(), loop.create_future()
+    probes.probe.set_result(RawAnswer(200, b""))
+    transport = LivenessTransport(chats, probe_transport=probes)
+    with watching(watch(every=0.01)):
+        attempt = asyncio.ensure_future(send(transport))
+    await probes.probed.wait()
+    chats.answer.set_result(RawAnswer(200, b"{}"))
+    assert (await attempt).status == 200
+    assert [url for url, _ in chats.sent] == ["http://up/v1/chat/completions"]
+    assert {url for url, _ in probes.sent} == {"http://up/health"}
+    # By default a pool without a limit, not the watched calls' pool.
+    default = LivenessTransport(chats).probe_transport
+    assert isinstance(default, LeanTransport) and default.limit == 0

@@ -287,13 +287,14 @@ def valid_json(text: str) -> bool:
 
 
 async def test_the_default_answers_are_vllms_whole_answers(vllm_url: str) -> None:
-    # The probe the default sends when a call is slow: vLLM's GET-only /health answers a POST
-    # with 405, which means alive.
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
-        http.post(vllm_url + "/health", json={}) as answer,
-    ):
-        assert answer.status == 405
+    # The probe the default sends when a call is slow: vLLM's /ping takes POST and runs its
+    # /health check (200: alive); a POST to its GET-only /health would get 405 whatever its
+    # engine.
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        async with http.post(vllm_url + "/ping", json={}) as answer:
+            assert answer.status == 200
+        async with http.post(vllm_url + "/health", json={}) as answer:
+            assert answer.status == 405
     options = {"extra_body": TOOL_OUTPUT, "timeout": 120}
     whole: list[dict[str, Any]] = []
     default: list[dict[str, Any]] = []
@@ -375,7 +376,7 @@ async def test_a_frozen_vllm_is_caught_as_a_hang(vllm: Vllm) -> None:
         assert status == 504, body
         origin = body["error"]["origin"]
         assert origin["type"] == "read_timeout"
-        assert "failed its liveness probe (POST /health: no answer within 2s)" in origin["message"]
+        assert "failed its liveness probe (POST /ping: no answer within 2s)" in origin["message"]
         # Resumed, it answers again.
         resumed = await post(url + "/v1/responses", request("hello world"))
     assert resumed["output"] and resumed["usage"]["output_tokens"] > 0

@@ -7,9 +7,10 @@ attempt (a whole-answer chat call made inside ``watching``) has had no answer fo
 seconds, asks the same replica whether it is alive: a ``POST`` to its health URL, with a timeout
 of its own (``Watch.probe_timeout``). Then:
 
-1. any HTTP answer below 500 means the replica's server is up (200 from a rollgym server; 405
-   from vLLM, whose ``/health`` takes GET only; 404 from a server without the path): the call
-   keeps waiting, and the replica is asked again ``every`` seconds later;
+1. any HTTP answer below 500 means the replica's server is up (200 from vLLM's ``/ping``, which
+   takes POST and runs the check of its ``/health``; 404 from a server without the path, such
+   as OpenAI, SGLang or a rollgym server): the call keeps waiting, and the replica is asked
+   again ``every`` seconds later;
 2. no connection, no answer within the probe's timeout, or a 5xx (vLLM's ``/ping`` answers 503
    for a dead engine) fails the attempt as a ``ReadTimeout``, the error of a stream that goes
    silent, and closes its connection (vLLM aborts a request whose client went away). The
@@ -19,7 +20,12 @@ of its own (``Watch.probe_timeout``). Then:
 
 Probes are shared: one in flight per health URL, and its result stands for ``REUSE_S`` seconds
 (a failure only for attempts sent before it), so a thousand calls waiting on one replica cost
-it about one probe a second.
+it about one probe a second. A failed probe fails every attempt waiting on its replica, so it
+must mean the replica did not answer: probes go through a transport of their own
+(``probe_transport``), not the pool of the calls they watch. In that pool a probe would wait
+for a connection behind those calls, and a full pool of healthy long generations would fail
+all of them at once. The probes' pool has no limit (there is at most one probe in flight per
+health URL), so no time of a probe is spent waiting for a local connection.
 
 What a probe cannot see: a replica whose HTTP server answers while its engine makes no progress
 (vLLM's health check only reports an engine that has died). Such a call waits for the attempt
@@ -37,6 +43,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from rollgym.errors import ReadTimeout, RollgymError
+from rollgym.http.lean import LeanTransport
 from rollgym.http.transport import RawAnswer, Transport
 
 PROBE_TIMEOUT_S = 10.0
@@ -46,6 +53,11 @@ take a good fraction of a second (seen on 2 CPU cores: more than 0.2 s)."""
 
 REUSE_S = 1.0
 """Seconds a probe's result stands for every call waiting on the same replica."""
+
+PROBE_KEEPALIVE_S = 2.0
+"""Seconds a probe's connection is kept for the next probe: below the keep-alive of vLLM's
+server (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s), so a probe is never sent on a connection the
+replica is closing (a reset there would read as a dead replica)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,16 +86,24 @@ def watching(watch: Watch) -> Iterator[None]:
 
 class LivenessTransport:
     """The proxy's transport: ``inner``, with the attempts made inside ``watching`` watched (see
-    the module docstring); every other attempt is ``inner``'s, unchanged."""
+    the module docstring); every other attempt is ``inner``'s, unchanged. Probes go through
+    ``probe_transport``: by default a ``LeanTransport`` of their own without a pool limit,
+    never ``inner``'s pool."""
 
     def __init__(
         self,
         inner: Transport,
         *,
+        probe_transport: Transport | None = None,
         reuse: float = REUSE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner
+        self.probe_transport: Transport = (
+            LeanTransport(limit=0, keepalive_timeout=PROBE_KEEPALIVE_S)
+            if probe_transport is None
+            else probe_transport
+        )
         self._reuse = reuse
         self._clock = clock
         self._probing: dict[str, asyncio.Task[str | None]] = {}
@@ -92,9 +112,10 @@ class LivenessTransport:
         """Probes sent, for tests and stats."""
 
     async def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if close is not None:
-            await close()
+        for transport in {id(t): t for t in (self.inner, self.probe_transport)}.values():
+            close = getattr(transport, "close", None)
+            if close is not None:
+                await close()
 
     async def send(
         self,
@@ -174,7 +195,7 @@ class LivenessTransport:
         try:
             # The transport's own timeouts, and one around it: a probe never outlives its limit.
             async with asyncio.timeout(limit):
-                answer = await self.inner.send(
+                answer = await self.probe_transport.send(
                     watch.url, b"{}", headers, timeout=limit, connect_timeout=limit,
                     server=server, endpoint=watch.path,
                 )  # fmt: skip

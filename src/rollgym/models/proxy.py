@@ -16,7 +16,7 @@ it and NeMo Gym's vLLM client looks for it). ``GET /v1/models`` lists the ``mode
           model: Qwen/Qwen3-8B          # sent upstream instead of the request's model (optional)
           timeout: 600                  # seconds per attempt (optional)
           idle_timeout: 60              # seconds without an answer before a health probe
-          health_path: /health          # the probe's path at each replica's root
+          health_path: /ping            # the probe's path at each replica's root
           probe_timeout: 10             # seconds the probe may take
           upstream_stream: false        # stream from the upstream (see the caveat below)
           upstream_retry: {max_attempts: 3}   # RetryPolicy fields (optional)
@@ -31,12 +31,13 @@ same message: vLLM's streaming tool parsers are not its whole-answer parsers (wi
 streamed function-call arguments may not even be JSON, and vLLM renders such arguments as
 ``{}`` on the next turn). A whole answer sends nothing until it is done, so a call that has had
 no answer for ``idle_timeout`` seconds (60 by default) has its replica probed: a ``POST`` to
-``health_path`` at the replica's root (``/health``; any answer below 500 means alive, e.g.
-vLLM's 405, since its ``/health`` takes GET only; vLLM's ``/ping`` also reports a dead engine)
-with a timeout of its own (``probe_timeout``, 10 s). A replica that answers keeps generating, for up to
-the attempt timeout (600 s); one that does not fails the attempt as a read timeout, retried
-like any model call (``rollgym.models.liveness``). ``idle_timeout: null`` turns the probes off
-(only the attempt timeout bounds a call).
+``health_path`` at the replica's root (``/ping``: vLLM serves it for POST too, with the check
+of its GET-only ``/health``, so a dead engine answers 503; any answer below 500 means alive,
+e.g. the 404 of an upstream without the path) with a timeout of its own (``probe_timeout``,
+10 s). A replica that answers keeps generating, for up to the attempt timeout (600 s); one
+that does not fails the attempt as a read timeout, retried like any model call
+(``rollgym.models.liveness``). ``idle_timeout: null`` turns the probes off (only the attempt
+timeout bounds a call).
 
 ``upstream_stream: true`` streams from the upstream instead (``"stream": true``, usage
 included): the chunks are put back together (``rollgym.models.assemble``), a client's stream on
@@ -160,7 +161,7 @@ class OpenAIProxy(ModelServer):
             "(with upstream_stream: that the stream may send nothing); null: off",
         )
         health_path: str = Field(
-            default="/health",
+            default="/ping",
             pattern=r"^/",
             description="the liveness probe's path at each replica's root (POSTed)",
         )
@@ -245,7 +246,8 @@ class OpenAIProxy(ModelServer):
         super().__init__(ctx)
         opts = self.options
         # Its own client, whose transport watches whole-answer calls (rollgym.models.liveness);
-        # the pool settings are the client's defaults.
+        # the pool settings are the client's defaults. The probes have a pool of their own:
+        # in this one they would wait behind the calls they watch.
         self._transport = LivenessTransport(LeanTransport())
         self.client = HttpClient(transport=self._transport)
         policy = opts.upstream_retry
