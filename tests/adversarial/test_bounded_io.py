@@ -184,6 +184,35 @@ async def test_a_hundred_thousand_headers_stop_at_the_count_limit(kind: str) -> 
 
 
 @TRANSPORTS
+async def test_long_header_lines_stop_at_the_header_bytes_limit(kind: str) -> None:
+    # Lines each shorter than the 64 KiB total, fewer than the 100 allowed: aiohttp checks its
+    # limits per line, so with a line limit of the whole total it held 100 of them (6 MiB)
+    # and stopped only at the count. Each transport stops within the total's bound instead.
+    line = b"x-long: " + b"a" * (60 * 1024) + b"\r\n"
+    async with hostile(b"HTTP/1.1 200 OK\r\n", endless(line)) as srv:
+        err = await too_large(transport(kind), srv)
+    assert "answer_limits.header_bytes = 65536" in err.message
+    assert srv["sent"] < CAP
+
+
+@TRANSPORTS
+async def test_an_answer_with_a_few_kib_of_cookie_is_read(kind: str) -> None:
+    cookie = "s" * 4000  # about the most a browser keeps of one cookie
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        b"set-cookie: session=%s; Path=/; HttpOnly\r\n"
+        b"x-trace: %s\r\ncontent-length: 2\r\n\r\n{}"
+    ) % (cookie.encode(), b"t" * 2000)
+    async with hostile(head) as srv:
+        t = transport(kind)
+        try:
+            answer = await send(t, srv["url"])
+        finally:
+            await t.close()
+    assert answer.body == b"{}" and answer.cookies == (("session", cookie),)  # type: ignore[attr-defined]
+
+
+@TRANSPORTS
 async def test_a_declared_length_past_the_limit_is_refused_before_its_body(kind: str) -> None:
     # Nothing of the body ever comes: only the declared length can end this before the timeout.
     async with hostile(b"HTTP/1.1 200 OK\r\ncontent-length: 1073741824\r\n\r\n") as srv:

@@ -76,8 +76,8 @@ class Transport(Protocol):
 class AiohttpTransport:
     """The transport of ``https`` and of URLs with credentials: one pooled aiohttp session,
     created on first use. The answer limits of the attempt (``rollgym.http.limits``) are
-    aiohttp's own header limits, then counted over the body as it arrives; bodies are decoded
-    here, not by aiohttp, so that decoding stops at its limit too."""
+    aiohttp's own header limits (``header_line_bytes``), then counted over the body as it
+    arrives; bodies are decoded here, not by aiohttp, so that decoding stops at its limit too."""
 
     def __init__(
         self,
@@ -143,6 +143,7 @@ class AiohttpTransport:
         session = self._get_session()
         hdrs = {**_SENT_HEADERS, **headers} if headers else _SENT_HEADERS
         limits = answer_limits.current(self._caps)
+        line = header_line_bytes(limits.header_bytes)
         client_timeout = self._timeouts.get((connect_timeout, idle_timeout))
         if client_timeout is None:
             import aiohttp
@@ -156,8 +157,7 @@ class AiohttpTransport:
             async with asyncio.timeout(max(timeout, 0.001)):
                 async with session.post(
                     url, data=body, headers=hdrs, timeout=client_timeout,
-                    max_headers=limits.headers, max_field_size=limits.header_bytes,
-                    max_line_size=limits.header_bytes,
+                    max_headers=limits.headers, max_field_size=line, max_line_size=line,
                 ) as resp:  # fmt: skip
                     status = resp.status
                     raw = await _read(resp, limits)
@@ -175,6 +175,22 @@ class AiohttpTransport:
                 endpoint=endpoint, timeout=timeout, idle_timeout=idle_timeout,
             )  # fmt: skip
         return RawAnswer(status, raw, retry_after, cookies)
+
+
+def header_line_bytes(header_bytes: int) -> int:
+    """aiohttp's limit on one header line (and on the status line) for a total of
+    ``header_bytes``: an eighth of it, at least 1 KiB, at most all of it.
+
+    aiohttp checks its limits per line, not over all headers, and the total is counted (by
+    ``_read``) only once the headers are parsed: until then aiohttp may hold the status line and
+    ``headers`` lines of this size. The limit of a line bounds that, at the defaults (100 lines
+    within 64 KiB) to 800 KiB rather than the 6.4 MiB of lines each as long as the total. An
+    eighth keeps a legitimate answer readable: 8 KiB at the defaults, aiohttp's own default and
+    the usual limit of servers and proxies, room for a 4 KiB cookie (the most browsers keep).
+    A longer line is refused as past ``header_bytes`` (raising it raises this limit too), where
+    ``LeanTransport``, which counts every byte of the headers as it comes, reads it.
+    """
+    return min(header_bytes, max(1024, header_bytes // 8))
 
 
 async def _read(resp: aiohttp.ClientResponse, limits: Caps) -> bytes:
