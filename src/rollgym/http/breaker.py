@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from rollgym.config import BreakerConfig
+from rollgym.http.policy import BreakerConfig
 
 log = logging.getLogger("rollgym.http.breaker")
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import orjson
 
-from rollgym.config import RetryPolicy
 from rollgym.errors import ConnectError, RollgymError
 from rollgym.http import limits as answer_limits
 from rollgym.http.answer import (
@@ -40,6 +39,7 @@ from rollgym.http.breaker import CLOSED, CircuitBreaker
 from rollgym.http.budget import RetryBudget
 from rollgym.http.classify import budget_exhausted, circuit_open, classify, replica_lost
 from rollgym.http.lean import LeanTransport
+from rollgym.http.policy import RetryPolicy
 from rollgym.http.scrub import header_secrets, scrubbed
 from rollgym.http.transport import RawAnswer, Transport
 

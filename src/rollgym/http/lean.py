@@ -38,9 +38,9 @@ from urllib.parse import urlsplit
 import httptools
 from httptools import HttpParserError
 
-from rollgym.config import AnswerLimits
 from rollgym.http import limits as answer_limits
 from rollgym.http.limits import DECODABLE, Caps, OverLimit
+from rollgym.http.policy import AnswerLimits
 from rollgym.http.translate import raise_translated
 from rollgym.http.transport import AiohttpTransport, RawAnswer, cookie_pairs
 

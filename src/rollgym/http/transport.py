@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import orjson
 
-from rollgym.config import AnswerLimits
 from rollgym.http import limits as answer_limits
 from rollgym.http.limits import DECODABLE, Caps, OverLimit
+from rollgym.http.policy import AnswerLimits
 from rollgym.http.translate import raise_translated
 
 if TYPE_CHECKING:

@@ -31,11 +31,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from rollgym.config import RetryPolicy
 from rollgym.errors import BudgetExhausted, CircuitOpen, DeadlineExceeded, RollgymError
 from rollgym.http import Target
 from rollgym.http.breaker import CLOSED, HALF_OPEN, CircuitBreaker
 from rollgym.http.classify import blames_server
+from rollgym.http.policy import RetryPolicy
 
 log = logging.getLogger("rollgym.models.replicas")
 
