@@ -5,9 +5,7 @@ under the sandbox's limits, bounded in time."""
 from __future__ import annotations
 
 import asyncio
-import glob
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -132,10 +130,10 @@ async def test_resource_abuse_fails_the_test_within_the_limits(
     code_env: Any, name: str, code: str, expected: set[str]
 ) -> None:
     client, _ = code_env
-    started = time.monotonic()
+    # The verdict names the limit that stopped the program (the test's timeout bounds the
+    # wait): no wall-clock bound here, which a busy machine could break.
     result = await verify(client, stdio_row(["1\n"], ["1\n"]), code)
     assert result["reward"] == 0.0 and set(result["test_results"]) <= expected, result
-    assert time.monotonic() - started < 15  # the wall limit (2 s) plus teardown
     await still_serving(client)
 
 
@@ -145,21 +143,37 @@ async def test_a_fork_bomb_leaves_no_process_behind(code_env: Any) -> None:
     await verify(client, stdio_row(["1\n"], ["1\n"]), bomb)
     uids = {server.options.uid_base + s for s in range(server.options.parallel)}
     if ISOLATED:  # without namespaces, a child that left the process group may live on
-        await wait_until(lambda: not _processes_of(uids), 5, "the bomb's processes gone")
+        await wait_until(lambda: not _processes_of(uids), 30, "the bomb's processes gone")
 
 
 def _processes_of(uids: set[int]) -> list[int]:
-    found = []
-    for status in glob.glob("/proc/[0-9]*/status"):
+    """The live processes of this test's own server that run as one of ``uids``. Only
+    descendants of this process count: another process on the machine (another rollgym's
+    sandbox) may use the same uids. In a PID namespace an orphan is reparented to the
+    namespace's init, itself a descendant; once that init is gone the kernel kills the rest."""
+    parents: dict[int, int] = {}
+    candidates = []
+    for status in Path("/proc").glob("[0-9]*/status"):
         try:
-            text = Path(status).read_text()
+            fields = dict(ln.split(":", 1) for ln in status.read_text().splitlines() if ":" in ln)
         except OSError:
-            continue
-        uid_line = next((ln for ln in text.splitlines() if ln.startswith("Uid:")), "")
-        state = next((ln for ln in text.splitlines() if ln.startswith("State:")), "")
-        if uid_line and int(uid_line.split()[1]) in uids and "Z" not in state:
-            found.append(int(status.split("/")[2]))
-    return found
+            continue  # gone meanwhile
+        pid = int(status.parent.name)
+        parents[pid] = int(fields.get("PPid", "0"))
+        uid = int(fields.get("Uid", "-1").split()[0])
+        if uid in uids and "Z" not in fields.get("State", ""):
+            candidates.append(pid)
+    return [pid for pid in candidates if _descends_from(pid, os.getpid(), parents)]
+
+
+def _descends_from(pid: int, ancestor: int, parents: dict[int, int]) -> bool:
+    seen: set[int] = set()
+    while pid > 1 and pid not in seen:
+        if pid == ancestor:
+            return True
+        seen.add(pid)
+        pid = parents.get(pid, 0)
+    return False
 
 
 @needs_namespaces

@@ -3,6 +3,7 @@ completes and the ledger keeps its invariant: nothing lost, nothing recorded twi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,13 @@ pytestmark = pytest.mark.timeout(120)
 
 TASKS, REPEATS, CONCURRENCY = 40, 3, 8
 SHAPE = FaultRun(TASKS, REPEATS, CONCURRENCY, replicas=2, workers=2, fault_after=20)
+IN_FLIGHT = replace(SHAPE, in_flight=True)
 
 
-async def _run_with_fault(tmp_path: Path, fault: Fault) -> tuple[RunOutcome, Path]:
-    outcome, out = await run_with_fault(SHAPE, tmp_path, fault)
+async def _run_with_fault(
+    tmp_path: Path, fault: Fault, shape: FaultRun = SHAPE
+) -> tuple[RunOutcome, Path]:
+    outcome, out = await run_with_fault(shape, tmp_path, fault)
     assert outcome.status in ("completed", "completed_with_failures"), outcome.abort_reason
     return outcome, out
 
@@ -65,7 +69,8 @@ async def test_collect_worker_dies_mid_run(ray_cluster: Any, tmp_path: Path) -> 
     async def kill_worker(servers: RayServers, dispatcher: RayDispatcher) -> None:
         ray.kill(dispatcher.actors[0], no_restart=False)  # Ray restarts it
 
-    outcome, out = await _run_with_fault(tmp_path, kill_worker)
+    # Killed while it runs rollouts (held at the model), not between two chunks of work.
+    outcome, out = await _run_with_fault(tmp_path, kill_worker, IN_FLIGHT)
     # Its unreported rollouts went back in the queue and ran again: all of them succeed.
     assert ledger_counts(out) == (TASKS * REPEATS, 0)
     assert outcome.status == "completed"

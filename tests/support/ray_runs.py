@@ -28,14 +28,24 @@ class FaultRun:
     workers: int
     fault_after: int
     """Recorded successes before the fault is injected."""
+    in_flight: bool = False
+    """Inject the fault only once every one of the run's ``concurrency`` rollouts waits on the
+    model (held there until the fault is in): it then lands on rollouts in flight for sure,
+    however busy the machine is."""
 
 
 async def run_with_fault(shape: FaultRun, tmp_path: Path, fault: Fault) -> tuple[RunOutcome, Path]:
     """Run the stack on the cluster with a slow model (so the run lasts); once ``fault_after``
-    rollouts are recorded, ``await fault(servers, dispatcher)``; return (outcome, output dir)."""
+    rollouts are recorded (and, with ``in_flight``, every slot waits on the model),
+    ``await fault(servers, dispatcher)``; return (outcome, output dir)."""
+    hold, held = tmp_path / "hold", tmp_path / "held.log"
+    model: dict[str, object] = {"options": {"latency": 0.03}}
+    if shape.in_flight:
+        options = {"latency": 0.03, "hold_while_exists": str(hold), "held_log": str(held)}
+        model = {"impl": "tests.support.servers:FaultyModel", "options": options}
     cfg = stack_config(
         {"repeats": shape.repeats, "concurrency": shape.concurrency},
-        model={"options": {"latency": 0.03}},
+        model=model,
         replicas=shape.replicas,
     )
     tasks = write_tasks(tmp_path / "tasks.jsonl", shape.tasks)
@@ -53,6 +63,20 @@ async def run_with_fault(shape: FaultRun, tmp_path: Path, fault: Fault) -> tuple
             60, f"{shape.fault_after} rollouts recorded",
         )  # fmt: skip
         assert not run.done(), "the run finished before the fault"
-        await fault(servers, dispatcher)
+        if shape.in_flight:
+            hold.touch()
+            await wait_until(
+                lambda: len(_rollouts_held(held)) >= shape.concurrency or run.done(),
+                60, f"all {shape.concurrency} rollouts in flight waiting on the model",
+            )  # fmt: skip
+        try:
+            await fault(servers, dispatcher)
+        finally:
+            hold.unlink(missing_ok=True)
         outcome = await run
     return outcome, out
+
+
+def _rollouts_held(log: Path) -> set[str]:
+    """The rollouts with a model call held (a retried call is the same rollout)."""
+    return set(log.read_text().split()) if log.exists() else set()

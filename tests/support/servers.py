@@ -22,8 +22,12 @@ from rollgym.server.base import ServerContext
 from rollgym.server.endpoint import Call, JSONResponse
 from rollgym.server.resources import Session, tool
 
+from .waiting import wait_until
+
 FAIL_MARKER = "FAIL-ME"
 FAULT_MESSAGE = "injected fault: NaN in logprobs"
+HOLD_LIMIT = 300.0
+"""Seconds a held request waits at most (longer than any test that holds one)."""
 
 
 class FaultyModel(ScriptedModel):
@@ -31,7 +35,9 @@ class FaultyModel(ScriptedModel):
     contains ``fail_marker``, on every request while the file ``fail_while_exists`` exists
     (delete it to "fix" the model), or on every request for ``down_for`` seconds from the first
     one (an outage that ends by itself). Counts requests and the faults it answered; with
-    ``request_log``, appends the rollout id of every request to that file."""
+    ``request_log``, appends the rollout id of every request to that file. A request that
+    arrives while the file ``hold_while_exists`` exists waits until it is deleted (the rollout
+    stays in flight meanwhile), its rollout id appended to ``held_log`` first."""
 
     class Options(ScriptedModel.Options):
         fail_marker: str | None = None
@@ -39,6 +45,8 @@ class FaultyModel(ScriptedModel):
         down_for: float | None = None
         request_log: str | None = None
         fail_status: int = 500
+        hold_while_exists: str | None = None
+        held_log: str | None = None
 
     options: Options
 
@@ -70,6 +78,7 @@ class FaultyModel(ScriptedModel):
             # One line per model call with its rollout id: a count that survives this process,
             # to prove which rollouts a resumed run did (not) redo.
             _append_line(self.options.request_log, str(call.rollout))
+        await self._hold(call)
         if not self._failing(orjson.dumps(params)):
             return await super().respond(params, call)
         self.faults += 1
@@ -78,6 +87,19 @@ class FaultyModel(ScriptedModel):
         status = self.options.fail_status
         error = {"message": FAULT_MESSAGE, "type": "server_error", "code": status}
         return JSONResponse({"error": error}, status_code=status)
+
+    async def _hold(self, call: Call) -> None:
+        # A file, not an event: the test and every replica's process see it.
+        hold = self.options.hold_while_exists
+        if not hold or not _exists(hold):
+            return
+        if self.options.held_log:
+            _append_line(self.options.held_log, str(call.rollout))
+        await wait_until(lambda: not _exists(hold), HOLD_LIMIT, f"{hold} deleted")
+
+
+def _exists(path: str) -> bool:
+    return Path(path).exists()
 
 
 def _append_line(path: str, line: str) -> None:
