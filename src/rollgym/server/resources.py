@@ -13,22 +13,18 @@ Writing an environment takes one small class::
 
 Typed tool arguments become the tool's JSON schema (``GET /tools``) and are validated on every
 call (a bad call answers 422, which the agent hands back to the model). Each rollout gets its own
-``Session`` from ``POST /seed_session``. Its id travels in the ``x-rollgym-session`` header or in
-the ``rollgym_session`` cookie, which every answer within a session sets: NeMo Gym's agents carry
-cookies only (and keep just those of the latest answer). The header wins when both are sent.
+``Session`` from ``POST /seed_session``, held until its ``/verify`` (``rollgym.server.sessions``:
+its id travels in the ``x-rollgym-session`` header or the ``rollgym_session`` cookie).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import os
-import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -48,23 +44,10 @@ from rollgym.server.endpoint import (
     error_response,
     json_endpoint,
 )
-from rollgym.wire import RESERVED_ENDPOINTS, SESSION_COOKIE, SESSION_HEADER, session_cookie
-
-_MAX_SESSIONS = 200_000  # sessions never verified (abandoned rollouts) fall out oldest first
+from rollgym.server.sessions import Session, SessionStore, in_session, new_session, session_id
+from rollgym.wire import RESERVED_ENDPOINTS, session_cookie
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
-
-
-@dataclass
-class Session:
-    """Per-rollout state, isolated between concurrent rollouts."""
-
-    id: str
-    task: dict[str, Any]
-    data: dict[str, Any] = field(default_factory=dict)
-    created: float = field(default_factory=time.monotonic)
-    size: int = 0
-    """The bytes of its ``/seed_session`` body: what it counts against ``limits.sessions_bytes``."""
 
 
 @dataclass(frozen=True)
@@ -129,11 +112,7 @@ class ResourcesServer(BaseServer):
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
-        # Held sessions are bounded in number and in the bytes of their seed bodies (a parsed
-        # row takes a few times its JSON's bytes; what tools add to ``data`` is not counted).
-        self._held_bytes = 0
-        self._dropped = 0  # sessions dropped, oldest first, to stay within those bounds
+        self._sessions = SessionStore(self.name, ctx.config.limits)
         self._pool: CpuPool | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._pool_lock = asyncio.Lock()
@@ -238,47 +217,22 @@ class ResourcesServer(BaseServer):
     async def _seed(self, task: Any, call: Call) -> Any:
         if not isinstance(task, dict):
             raise InvalidRequest("seed_session expects the task row as a JSON object", status=422)
-        session = Session(id=os.urandom(16).hex(), task=task, size=call.size)
+        session = new_session(task, call.size)
         await self.seed_session(session)
-        self._hold(session)
-        return _in_session({"session_id": session.id}, session)
-
-    def _hold(self, session: Session) -> None:
-        """Keep ``session`` until its verify; drop the oldest sessions past the bounds (those
-        of abandoned rollouts, as a rule: a live one is verified long before it is oldest)."""
-        self._sessions[session.id] = session
-        self._held_bytes += session.size
-        budget = self.ctx.config.limits.sessions_bytes
-        while len(self._sessions) > 1 and (
-            len(self._sessions) > _MAX_SESSIONS or self._held_bytes > budget
-        ):
-            _, oldest = self._sessions.popitem(last=False)
-            self._held_bytes -= oldest.size
-            self._dropped += 1
-
-    def _release(self, session: Session) -> None:
-        if self._sessions.pop(session.id, None) is not None:
-            self._held_bytes -= session.size
+        self._sessions.hold(session)
+        return in_session({"session_id": session.id}, session)
 
     def _session(self, call: Call) -> Session:
-        # The header first: a cookie is the fallback for agents that only carry cookies.
-        sid = call.headers.get(SESSION_HEADER) or call.cookies.get(SESSION_COOKIE)
+        sid = session_id(call)
         if not sid:
             # A stateless call (no seed_session) gets a throwaway session.
             return Session(id="", task={})
         session = self._sessions.get(sid)
         if session is None:
-            dropped = ""
-            if self._dropped:
-                limits = self.ctx.config.limits
-                dropped = (
-                    f", or dropped oldest first: {self._dropped} were, to hold at most "
-                    f"{_MAX_SESSIONS} sessions and limits.sessions_bytes = "
-                    f"{limits.sessions_bytes} bytes of seed bodies (raise "
-                    f"servers.{self.name}.limits.sessions_bytes)"
-                )
             raise InvalidRequest(
-                f"unknown session {sid!r} (not seeded, or already verified{dropped})", status=404
+                f"unknown session {sid!r} (not seeded, or already verified"
+                f"{self._sessions.why_missing()})",
+                status=404,
             )
         return session
 
@@ -296,9 +250,9 @@ class ResourcesServer(BaseServer):
                 # A refused call is an answer the agent hands back to the model, and the
                 # rollout goes on: it must keep its session cookie like any other answer.
                 refused = error_response(self.name, err)
-                refused.headers["set-cookie"] = _cookie(session)
+                refused.headers["set-cookie"] = session_cookie(session.id)
                 return refused
-            return _in_session(result, session)
+            return in_session(result, session)
 
         return call_tool
 
@@ -311,7 +265,7 @@ class ResourcesServer(BaseServer):
         response = body["response"]
         result = await self.verify(session, body, response)
         # Dropped only once verified, so a retried /verify (idempotent) still finds it.
-        self._release(session)
+        self._sessions.release(session)
         if isinstance(result, dict):
             if "reward" not in result:
                 raise InternalError(
@@ -352,18 +306,6 @@ def _arguments(spec: ToolSpec, raw: Any) -> dict[str, Any]:
     except ValidationError as exc:
         message = format_validation_error(f"bad arguments for tool {spec.name}", exc, one_line=True)
         raise InvalidRequest(message, status=422) from None
-
-
-def _cookie(session: Session) -> str:
-    return session_cookie(session.id)
-
-
-def _in_session(result: Any, session: Session) -> Any:
-    """``result`` answered with the session's cookie set (again): an agent that keeps only the
-    cookies of the latest answer, as NeMo Gym's do, still has it for the next call."""
-    if not session.id:
-        return result
-    return JSONResponse(result, headers={"set-cookie": _cookie(session)})
 
 
 async def _retire(pool: CpuPool, stuck: Future[Any], grace: float) -> None:
