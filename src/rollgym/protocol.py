@@ -1,6 +1,6 @@
-"""The wire contracts of DESIGN.md as code: task rows and verify results (the ledger's records
-are ``rollgym.collect.records``; the names on the wire, headers and cookies, are
-``rollgym.wire``'s).
+"""The wire contracts of DESIGN.md as code: task rows, verify results, Gymnasium-style
+``/reset`` and ``/step`` answers (the ledger's records are ``rollgym.collect.records``; the
+names on the wire, headers and cookies, are ``rollgym.wire``'s).
 
 Responses API objects themselves (requests, responses, items) are the ``openai`` package's
 types; on the hot path they travel as plain dicts, and the tests check them against those types.
@@ -9,6 +9,7 @@ types; on the hot path they travel as plain dicts, and the tests check them agai
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -50,6 +51,56 @@ class TaskRow(BaseModel):
     agent_ref: AgentRef | None = None
     task_index: int | None = Field(default=None, ge=0)
     rollout_index: int | None = Field(default=None, ge=0)
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """A tool's output that a Gymnasium-style step hands back to the model."""
+
+    call_id: str
+    output: str
+
+
+@dataclass(frozen=True)
+class Reset:
+    """A Gymnasium-style ``/reset`` answer (NeMo Gym's ``GymnasiumServer``'s)."""
+
+    observation: str | None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"observation": self.observation, "info": dict(self.info)}
+
+
+@dataclass(frozen=True)
+class Step:
+    """A Gymnasium-style ``/step`` answer. ``tool_outputs`` travel as ``info.tool_outputs``."""
+
+    observation: str | None
+    reward: float
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    tool_outputs: tuple[ToolOutput, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        info = dict(self.info)
+        if self.tool_outputs:
+            info["tool_outputs"] = [
+                {"call_id": t.call_id, "output": t.output} for t in self.tool_outputs
+            ]
+        return {
+            "observation": self.observation,
+            "reward": float(self.reward),
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "info": info,
+        }
+
+
+RESET_KEYS = frozenset({"observation", "info"})
+STEP_KEYS = frozenset({"observation", "reward", "terminated", "truncated", "info"})
+"""The keys of the Gymnasium protocol's answers: any other is none of the protocol's."""
 
 
 def check_verified(verified: Any, agent: str) -> dict[str, Any]:

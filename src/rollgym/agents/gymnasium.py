@@ -32,50 +32,21 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import orjson
 from pydantic import Field
 
-from rollgym.agents.tool_agent import final_response
+from rollgym.agents.response import final_response, function_call_output, user_message
 from rollgym.errors import ProtocolError
+from rollgym.protocol import RESET_KEYS, STEP_KEYS, Reset, Step, ToolOutput
 from rollgym.server.agent import AgentServer, RunContext
 from rollgym.server.episode import ResourcesClient
 
 log = logging.getLogger(__name__)
 
-RESET_KEYS = frozenset({"observation", "info"})
-STEP_KEYS = frozenset({"observation", "reward", "terminated", "truncated", "info"})
 _warned: set[tuple[str, str, str]] = set()  # (server, endpoint, key): warn once per process
-
-
-@dataclass(frozen=True)
-class ToolOutput:
-    call_id: str
-    output: str
-
-
-@dataclass(frozen=True)
-class Reset:
-    """A ``/reset`` answer."""
-
-    observation: str | None
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Step:
-    """A ``/step`` answer."""
-
-    observation: str | None
-    reward: float
-    terminated: bool
-    truncated: bool
-    info: dict[str, Any] = field(default_factory=dict)
-    tool_outputs: tuple[ToolOutput, ...] = ()
 
 
 class GymEpisode:
@@ -123,9 +94,9 @@ class GymnasiumAgent(AgentServer):
 
         params = dict(row["responses_create_params"])
         prompt = params.get("input")
-        items: list[Any] = [_user(prompt)] if isinstance(prompt, str) else list(prompt or [])
+        items: list[Any] = [user_message(prompt)] if isinstance(prompt, str) else list(prompt or [])
         if reset.observation:
-            items.append(_user(reset.observation))
+            items.append(user_message(reset.observation))
         params["input"] = items
 
         outputs: list[Any] = []
@@ -142,9 +113,9 @@ class GymnasiumAgent(AgentServer):
             total += step.reward  # summed in step order from 0.0, exactly as NeMo Gym does
             if step.terminated or step.truncated:
                 break  # a final step's observation and tool outputs go to nobody (NeMo Gym too)
-            outputs.extend(_tool_output(t) for t in step.tool_outputs)
+            outputs.extend(function_call_output(t.call_id, t.output) for t in step.tool_outputs)
             if step.observation:
-                outputs.append(_user(step.observation))
+                outputs.append(user_message(step.observation))
         assert step is not None  # max_steps >= 1
         ended = step.terminated or step.truncated
         return {
@@ -247,18 +218,3 @@ def _warn_unknown(body: dict[str, Any], known: frozenset[str], server: str, endp
 
 def _fail(message: str, body: Any, server: str, endpoint: str) -> NoReturn:
     raise ProtocolError(message, server=server, endpoint=endpoint, body=orjson.dumps(body))
-
-
-def _user(content: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": content}
-
-
-def _tool_output(t: ToolOutput) -> dict[str, Any]:
-    # ``id`` and ``status`` as in the tool agent: optional on input, required on output items.
-    return {
-        "type": "function_call_output",
-        "id": f"fco_{os.urandom(12).hex()}",
-        "call_id": t.call_id,
-        "output": t.output,
-        "status": "completed",
-    }

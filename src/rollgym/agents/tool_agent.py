@@ -21,13 +21,13 @@ nobody keeps a broken upstream under load for work nobody will read.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any
 
 import orjson
 from pydantic import Field
 
+from rollgym.agents.response import final_response, function_call_output
 from rollgym.models.tokens import DRIFT_FIELD, DRIFTED_TURNS, CallTokens, drifted_turns
 from rollgym.protocol import function_calls
 from rollgym.server.agent import AgentServer, RunContext
@@ -107,14 +107,14 @@ class ToolAgent(AgentServer):
 async def _call_tool(
     episode: Episode, call: dict[str, Any], declared: set[str], limit: int
 ) -> dict[str, Any]:
-    name = call.get("name")
+    name, call_id = call.get("name"), call.get("call_id", "")
     if not isinstance(name, str) or name not in declared:
         # Only the task's declared tools are callable (the episode also refuses endpoints).
-        return _tool_output(call, _error(f"unknown tool {name!r}"))
+        return function_call_output(call_id, _error(f"unknown tool {name!r}"))
     args = tool_arguments(call.get("arguments"), limit)
     if isinstance(args, ToolCallError):
-        return _tool_output(call, _error(args.message))
-    return _tool_output(call, await episode.call_tool(name, args))
+        return function_call_output(call_id, _error(args.message))
+    return function_call_output(call_id, await episode.call_tool(name, args))
 
 
 class ToolCallError:
@@ -154,21 +154,6 @@ def _error(message: str) -> str:
     return orjson.dumps({"error": message}).decode()
 
 
-def final_response(
-    last: dict[str, Any], outputs: list[Any], turns: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """The rollout as one Responses API response: every turn's output, usage summed over the
-    turns, and the token-level data a model server attached to each turn (``rollgym_upstream``
-    becomes a list, one entry per model call), so a trainer sees every turn it must train on."""
-    final = {**last, "output": outputs}
-    usages = [t["usage"] for t in turns if isinstance(t.get("usage"), dict)]
-    if len(usages) > 1:
-        final["usage"] = _sum_usage(usages)
-    if any("rollgym_upstream" in t for t in turns):
-        final["rollgym_upstream"] = [t.get("rollgym_upstream") for t in turns]
-    return final
-
-
 def drift_fields(turns: list[dict[str, Any]]) -> dict[str, Any]:
     """``drifted_turns`` (and which) when the model server put token data on its calls: the
     calls whose prompt ids do not begin with the previous call's prompt + generation ids.
@@ -186,28 +171,6 @@ def drift_fields(turns: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _sum_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
-    def total(key: str, detail: str | None = None) -> int:
-        out = 0
-        for u in usages:
-            value = (u.get(key) or {}).get(detail) if detail else u.get(key)
-            out += value if isinstance(value, int) else 0
-        return out
-
-    return {
-        "input_tokens": total("input_tokens"),
-        "input_tokens_details": {
-            "cached_tokens": total("input_tokens_details", "cached_tokens"),
-            "cache_write_tokens": total("input_tokens_details", "cache_write_tokens"),
-        },
-        "output_tokens": total("output_tokens"),
-        "output_tokens_details": {
-            "reasoning_tokens": total("output_tokens_details", "reasoning_tokens")
-        },
-        "total_tokens": total("total_tokens"),
-    }
-
-
 def _tool_names(tools: Any) -> set[str]:
     names = (
         t.get("name") or (t.get("function") or {}).get("name")
@@ -215,15 +178,3 @@ def _tool_names(tools: Any) -> set[str]:
         if isinstance(t, dict)
     )
     return {n for n in names if isinstance(n, str) and n}
-
-
-def _tool_output(call: dict[str, Any], output: str) -> dict[str, Any]:
-    # ``id`` and ``status`` make the item a valid output item too: the verified response carries
-    # it in its ``output`` list, which must still parse as an OpenAI ``Response``.
-    return {
-        "type": "function_call_output",
-        "id": f"fco_{os.urandom(12).hex()}",
-        "call_id": call.get("call_id", ""),
-        "output": output,
-        "status": "completed",
-    }
