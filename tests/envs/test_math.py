@@ -16,7 +16,7 @@ import pytest_asyncio
 
 from rollgym.envs.math.check import MathCheck, check_answer, gold_text
 from rollgym.envs.math.server import MathEnv
-from rollgym.errors import DeadlineExceeded
+from rollgym.errors import DeadlineExceeded, WaitedTooLong
 from rollgym.server.resources import Session
 from rollgym.testing import serve_server
 
@@ -195,7 +195,8 @@ async def test_a_check_that_never_gets_a_worker_still_fails() -> None:
         assert isinstance(server, MathEnv)
 
         async def run_cpu(fn: Any, *args: Any, timeout: float | None = None) -> Any:
-            raise DeadlineExceeded("MathEnv: CPU work waited 30s for a free worker", server="math")
+            # What run_cpu raises for work that never left the queue (its type says so).
+            raise WaitedTooLong("MathEnv: CPU work waited 30s for a free worker", server="math")
 
         server.run_cpu = run_cpu  # type: ignore[method-assign]
         with pytest.raises(DeadlineExceeded):
