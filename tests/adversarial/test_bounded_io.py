@@ -24,7 +24,7 @@ import pytest
 
 from rollgym.config import AnswerLimits, RetryPolicy, ServerConfig, parse_config
 from rollgym.errors import AnswerTooLarge, HTTPStatusError, InvalidRequest, RequestTooLarge
-from rollgym.http import AiohttpTransport, HttpClient, LeanTransport, Target, Transport
+from rollgym.http import AiohttpTransport, HttpClient, LeanTransport, Request, Target, Transport
 from rollgym.launch import Supervisor
 from rollgym.server.resources import ResourcesServer
 from rollgym.testing import serve_server
@@ -111,9 +111,8 @@ def transport(kind: str, limits: AnswerLimits | None = None) -> LeanTransport | 
 
 async def send(t: Transport, url: str) -> object:
     return await t.send(
-        url + "/v1/responses", b"{}", None, timeout=WAIT, connect_timeout=5.0, server="up",
-        endpoint="/v1/responses",
-    )  # fmt: skip
+        Request(url + "/v1/responses", b"{}", None, WAIT, 5.0, "up", "/v1/responses")
+    )
 
 
 async def too_large(t: LeanTransport | AiohttpTransport, srv: dict[str, Any]) -> AnswerTooLarge:

@@ -8,13 +8,12 @@ object handed to the client, so tests can check that the client never hands them
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import orjson
 
 from rollgym.errors import RollgymError
-from rollgym.http.transport import RawAnswer
+from rollgym.http.transport import RawAnswer, Request
 
 
 @dataclass(frozen=True)
@@ -50,18 +49,8 @@ class FakeTransport:
     sent: list[Sent] = field(default_factory=list)
     raised: list[RollgymError] = field(default_factory=list)
 
-    async def send(
-        self,
-        url: str,
-        body: bytes | bytearray,
-        headers: Mapping[str, str] | None,
-        *,
-        timeout: float,
-        connect_timeout: float,
-        server: str,
-        endpoint: str,
-        idle_timeout: float | None = None,
-    ) -> RawAnswer:
+    async def send(self, request: Request) -> RawAnswer:
+        url, body, headers, timeout, connect_timeout, server, endpoint, idle_timeout = request
         self.sent.append(
             Sent(url, bytes(body), dict(headers or {}), timeout, connect_timeout, idle_timeout)
         )

@@ -15,6 +15,7 @@ import pytest
 
 from rollgym.errors import ConnectError, ConnectionLost, ProtocolError, ReadTimeout, TransportError
 from rollgym.http.lean import LeanTransport
+from rollgym.http.transport import Request
 from tests.support.servers import dead_url
 
 pytestmark = pytest.mark.timeout(30)
@@ -65,8 +66,8 @@ def ok(body: bytes, *extra: bytes) -> Answer:
 
 async def send(t: LeanTransport, url: str, **kw: float | None) -> object:
     params = {"timeout": 5.0, "connect_timeout": 2.0, "idle_timeout": None} | kw
-    return await t.send(url + "/x", b'{"a": 1}', {"x-rollgym-rollout": "3:0"}, server="s",
-                        endpoint="/x", **params)  # type: ignore[arg-type]  # fmt: skip
+    return await t.send(Request(url + "/x", b'{"a": 1}', {"x-rollgym-rollout": "3:0"},
+                                server="s", endpoint="/x", **params))  # type: ignore[arg-type]  # fmt: skip
 
 
 async def test_keep_alive_reuses_one_connection_and_sends_json() -> None:
@@ -136,8 +137,8 @@ async def test_each_failure_is_the_typed_error_aiohttp_gave() -> None:
         with pytest.raises(ConnectionLost, match="before answering"):
             await send(t, srv["url"])
     with pytest.raises(TransportError, match="line break"):
-        await t.send(dead_url() + "/x", b"{}", {"x-a": "1\r\nx-b: 2"}, timeout=1,
-                     connect_timeout=1, server="s", endpoint="/x")  # fmt: skip
+        await t.send(Request(dead_url() + "/x", b"{}", {"x-a": "1\r\nx-b: 2"}, timeout=1,
+                     connect_timeout=1, server="s", endpoint="/x"))  # fmt: skip
     await t.close()
 
 
@@ -248,8 +249,8 @@ async def test_deadlines_of_many_requests_expire_each_on_time_and_leave_nothing(
         async def timed(timeout: float, payload: bytes) -> tuple[float, float, str]:
             started = loop.time()
             try:
-                await t.send(url, payload, None, timeout=timeout, connect_timeout=2.0,
-                             server="s", endpoint="/x")  # fmt: skip
+                await t.send(Request(url, payload, None, timeout=timeout, connect_timeout=2.0,
+                             server="s", endpoint="/x"))  # fmt: skip
                 outcome = "answered"
             except ReadTimeout:
                 outcome = "timeout"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -21,8 +21,9 @@ import aiohttp
 import pytest
 
 from rollgym.errors import ConnectError, ReadTimeout
+from rollgym.http.default import default_transport
 from rollgym.http.lean import LeanTransport
-from rollgym.http.transport import RawAnswer
+from rollgym.http.transport import RawAnswer, Request
 from rollgym.models import proxy as proxy_module
 from rollgym.models.liveness import LivenessTransport, Watch, watching
 from rollgym.server.base import BaseServer
@@ -204,7 +205,9 @@ async def test_probes_do_not_wait_behind_the_calls_they_watch(
     # The calls' pool holds two connections, both taken by healthy long generations (they
     # answer once probed twice). A probe that waited for a third would run out its timeout
     # there, and its failure would fail both calls; its own pool answers it at once.
-    monkeypatch.setattr(proxy_module, "LeanTransport", functools.partial(LeanTransport, limit=2))
+    monkeypatch.setattr(
+        proxy_module, "default_transport", functools.partial(default_transport, limit=2)
+    )
     double = VllmDouble()
     double.hold_for_probes = 2
     options = {"idle_timeout": IDLE, "probe_timeout": IDLE, "timeout": 300}
@@ -257,19 +260,9 @@ class Scripted:
         self.cancelled = 0
         self.probed = asyncio.Event()
 
-    async def send(
-        self,
-        url: str,
-        body: bytes | bytearray,
-        headers: Mapping[str, str] | None,
-        *,
-        timeout: float,
-        connect_timeout: float,
-        server: str,
-        endpoint: str,
-        idle_timeout: float | None = None,
-    ) -> RawAnswer:
-        self.sent.append((url, idle_timeout))
+    async def send(self, request: Request) -> RawAnswer:
+        url = request.url
+        self.sent.append((url, request.idle_timeout))
         if url.endswith("/health"):
             self.probed.set()
         future = self.probe if url.endswith("/health") else self.answer
@@ -287,8 +280,10 @@ def watch(every: float = 0.05, probe_timeout: float = 0.05) -> Watch:
 
 async def send(transport: LivenessTransport) -> RawAnswer:
     return await transport.send(
-        "http://up/v1/chat/completions", b"{}", None, timeout=300, connect_timeout=1,
-        server="model.upstream", endpoint="/chat/completions", idle_timeout=IDLE,
+        Request(
+            "http://up/v1/chat/completions", b"{}", None, timeout=300, connect_timeout=1,
+            server="model.upstream", endpoint="/chat/completions", idle_timeout=IDLE,
+        )
     )  # fmt: skip
 
 

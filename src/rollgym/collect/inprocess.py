@@ -21,8 +21,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rollgym.http.default import default_transport
 from rollgym.http.inprocess import InProcessTransport, inprocess_url
-from rollgym.http.lean import LeanTransport
 from rollgym.server.app import build_app
 from rollgym.server.base import BaseServer, ServerContext, resolve_impl
 
@@ -47,7 +47,7 @@ class InProcessAgents:
         self.config = config
         self.names = list(names)
         self.servers: list[BaseServer] = []
-        self.transport = InProcessTransport({}, LeanTransport())
+        self.transport = InProcessTransport({}, default_transport())
 
     async def start(self) -> dict[str, list[str]]:
         urls = await self.inner.start()

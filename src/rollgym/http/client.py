@@ -4,12 +4,13 @@ One client per process or event loop. The send path is a chain of small steps::
 
     call / call_json -> _send: the retry loop, which only does the effects
                           ├─ _admit      breaker and pinning: may the attempt go, and where
-                          ├─ transport   one attempt (``LeanTransport.send``) -> decoded JSON
+                          ├─ transport   one attempt (``Transport.send(Request)``) -> decoded JSON
                           └─ classify    after a failure: retry after how long, or which error
 
 Each ``Target`` carries the called server's own retry policy; a retry budget and a circuit
-breaker per target keep a failing server from being hammered. The transport (``LeanTransport``
-unless one is given) is the seam where an attempt leaves the process.
+breaker per target keep a failing server from being hammered. The transport
+(``default_transport()`` unless one is given: the lean one, aiohttp's behind it for ``https``)
+is the seam where an attempt leaves the process; ``on_attempt`` hears of every attempt sent.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any
 
 import orjson
 
+import rollgym.http.limits as answer_limits
 from rollgym.errors import ConnectError, RollgymError
-from rollgym.http import limits as answer_limits
 from rollgym.http.answer import (
     AttemptFailed,
     JsonValue,
@@ -38,10 +39,10 @@ from rollgym.http.balancer import Balancer
 from rollgym.http.breaker import CLOSED, CircuitBreaker
 from rollgym.http.budget import RetryBudget
 from rollgym.http.classify import budget_exhausted, circuit_open, classify, replica_lost
-from rollgym.http.lean import LeanTransport
+from rollgym.http.default import default_transport
 from rollgym.http.policy import RetryPolicy
 from rollgym.http.scrub import header_secrets, scrubbed
-from rollgym.http.transport import RawAnswer, Transport
+from rollgym.http.transport import RawAnswer, Request, Transport
 
 __all__ = [
     "REPLICA_DOWN_SECONDS",
@@ -100,8 +101,11 @@ class _TargetState:
 class HttpClient:
     """Pooled JSON-over-HTTP client with per-target retry policy, budget and breaker.
 
-    ``transport`` replaces the default one (``LeanTransport``; ``limit`` and ``keepalive_timeout`` are
-    its pool settings); a transport passed in stays its owner's to close.
+    ``transport`` replaces the default one (``default_transport()``; ``limit`` and
+    ``keepalive_timeout`` are its pool settings); a transport passed in stays its owner's to
+    close. ``on_attempt(seconds)``, if given, is called after every attempt sent (answered or
+    not) with the seconds the transport took, in the caller's task (the agent times its hops
+    with it).
     """
 
     def __init__(
@@ -110,13 +114,15 @@ class HttpClient:
         limit: int = 8192,
         keepalive_timeout: float = 30.0,
         transport: Transport | None = None,
+        on_attempt: Callable[[float], None] | None = None,
     ) -> None:
-        self._owned: LeanTransport | None = None
+        self._owned: Transport | None = None
         if transport is None:
-            transport = self._owned = LeanTransport(
+            transport = self._owned = default_transport(
                 limit=limit, keepalive_timeout=keepalive_timeout
             )
         self._transport = transport
+        self._on_attempt = on_attempt
         self._targets: dict[str, _TargetState] = {}
 
     async def __aenter__(self) -> HttpClient:
@@ -126,8 +132,9 @@ class HttpClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._owned is not None:
-            await self._owned.close()
+        close = getattr(self._owned, "close", None)
+        if close is not None:
+            await close()
 
     def _state(self, target: Target) -> _TargetState:
         state = self._targets.get(target.name)
@@ -294,17 +301,28 @@ class HttpClient:
                 # The called server's answer limits, for the transport to read where the bytes
                 # arrive (``rollgym.http.limits``: no wider seam for every wrapping transport).
                 limits = answer_limits.sending(state.caps)
+                hook = self._on_attempt
+                sent_at = time.monotonic() if hook is not None else 0.0
                 try:
                     raw = await self._transport.send(
-                        url, body, headers, timeout=min(attempt_timeout, left),
-                        connect_timeout=policy.connect_timeout, server=target.name,
-                        endpoint=endpoint, idle_timeout=idle_timeout,
-                    )  # fmt: skip
+                        Request(
+                            url,
+                            body,
+                            headers,
+                            min(attempt_timeout, left),
+                            policy.connect_timeout,
+                            target.name,
+                            endpoint,
+                            idle_timeout,
+                        )
+                    )
                 except RollgymError as sent:  # the transport's: no answer
                     raise AttemptFailed(sent) from sent
                 finally:
                     answer_limits.done(limits)
                     state.balancer.end(base)
+                    if hook is not None:
+                        hook(time.monotonic() - sent_at)
                 value = read(raw, target.name, url, endpoint)
             except AttemptFailed as failed:  # no answer, or one ``read`` found unusable
                 failure = failed

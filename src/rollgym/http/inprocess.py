@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from rollgym.http.translate import raise_translated
-from rollgym.http.transport import JSON_HEADERS, RawAnswer, Transport, cookie_pairs
+from rollgym.http.transport import JSON_HEADERS, RawAnswer, Request, Transport, cookie_pairs
 
 SCHEME = "inprocess://"
 
@@ -41,38 +41,22 @@ class InProcessTransport:
         self.apps = dict(apps)
         self.fallback = fallback
 
-    async def send(
-        self,
-        url: str,
-        body: bytes | bytearray,
-        headers: Mapping[str, str] | None,
-        *,
-        timeout: float,
-        connect_timeout: float,
-        server: str,
-        endpoint: str,
-        idle_timeout: float | None = None,
-    ) -> RawAnswer:
+    async def send(self, request: Request) -> RawAnswer:
+        url = request.url
         if not url.startswith(SCHEME):
-            return await self.fallback.send(
-                url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
-                server=server, endpoint=endpoint, idle_timeout=idle_timeout,
-            )  # fmt: skip
+            return await self.fallback.send(request)
         name, _, path = url[len(SCHEME) :].partition("/")
         app = self.apps.get(name)
         try:
             if app is None:
                 # As a socket would refuse: the caller's failover and records treat it alike.
                 raise ConnectionRefusedError(111, f"no server {name!r} in this process")
-            async with asyncio.timeout(max(timeout, 0.001)):
-                return await _call(app, name, "/" + path, bytes(body), headers)
+            async with asyncio.timeout(max(request.timeout, 0.001)):
+                return await _call(app, name, "/" + path, bytes(request.body), request.headers)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise_translated(
-                exc, server=server, method="POST", url=url, endpoint=endpoint, timeout=timeout,
-                idle_timeout=idle_timeout,
-            )  # fmt: skip
+            raise_translated(exc, request)
 
     async def close(self) -> None:
         close = getattr(self.fallback, "close", None)

@@ -4,9 +4,10 @@ Every hop of a rollout is a JSON ``POST`` over plain HTTP to a server on this ma
 cluster, answered in one go. For that, a keep-alive connection per request in flight and the C
 parser of ``httptools`` (uvicorn's) are enough, at about a third of aiohttp's CPU per request
 (measured: 27 against 85 µs per POST in the calling process). Anything else, an ``https://``
-upstream or a URL carrying ``user:password@``, goes to aiohttp (``AiohttpTransport``), as does
-nothing else: the two report the same ``RawAnswer`` and fail with the same errors, translated
-in ``rollgym.http.translate``.
+upstream or a URL carrying ``user:password@``, goes to the ``fallback`` transport it is given
+(``rollgym.http.default.default_transport`` gives it aiohttp's, ``AiohttpTransport``); without
+one, such a URL fails as a ``TransportError`` that is not retried. The two report the same
+``RawAnswer`` and fail with the same errors, translated in ``rollgym.http.translate``.
 
 What it does:
 
@@ -38,33 +39,23 @@ from urllib.parse import urlsplit
 import httptools
 from httptools import HttpParserError
 
-from rollgym.http import limits as answer_limits
+import rollgym.http.limits as answer_limits
+from rollgym.errors import TransportError
 from rollgym.http.limits import DECODABLE, Caps, OverLimit
 from rollgym.http.policy import AnswerLimits
 from rollgym.http.translate import raise_translated
-from rollgym.http.transport import AiohttpTransport, RawAnswer, cookie_pairs
+from rollgym.http.transport import (
+    AnswerCut,
+    ConnectFailed,
+    ConnectTimeout,
+    IdleTimeout,
+    RawAnswer,
+    Request,
+    Transport,
+    cookie_pairs,
+)
 
 _BASE_HEADERS = b"content-type: application/json\r\n"
-
-
-class ConnectTimeout(TimeoutError):
-    """No connection within ``connect_timeout``."""
-
-
-class IdleTimeout(TimeoutError):
-    """The server sent nothing for ``idle_timeout`` seconds."""
-
-
-class ConnectFailed(OSError):
-    """No connection to ``host``:``port`` (refused, unreachable, no such host)."""
-
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-        self.host, self.port = host, port
-
-
-class AnswerCut(ConnectionResetError):
-    """The connection closed before the answer was complete."""
 
 
 class _Answer:
@@ -461,9 +452,9 @@ class _Pool:
 
 class LeanTransport:
     """Plain-HTTP POSTs on pooled keep-alive connections; ``https`` and URLs with credentials
-    through aiohttp. ``limit``: connections open at once to one server (more requests to it
-    wait for one; 0: no limit); ``keepalive_timeout``: seconds an idle connection is kept (below the
-    servers' 75 s, so the client closes first).
+    through ``fallback`` (none: refused). ``limit``: connections open at once to one server
+    (more requests to it wait for one; 0: no limit); ``keepalive_timeout``: seconds an idle
+    connection is kept (below the servers' 75 s, so the client closes first).
 
     The limit is per server, not for all of them: an agent with thousands of rollouts in flight
     holds about as many connections to its model and to its environment, and a shared limit
@@ -475,46 +466,38 @@ class LeanTransport:
         limit: int = 8192,
         keepalive_timeout: float = 30.0,
         limits: AnswerLimits = answer_limits.DEFAULT_LIMITS,
+        fallback: Transport | None = None,
     ) -> None:
         self.limit = limit
         self.keepalive_timeout = keepalive_timeout
         self.limits = limits  # for attempts sent without a client's (``rollgym.http.limits``)
         self._caps = Caps(limits)
         self._pools: dict[tuple[str, int], _Pool] = {}
-        self._fallback: AiohttpTransport | None = None
+        self.fallback = fallback
         self._clock = _Clock()
         self._where: dict[str, tuple[_Pool, bytes] | None] = {}
 
-    async def send(
-        self,
-        url: str,
-        body: bytes | bytearray,
-        headers: Mapping[str, str] | None,
-        *,
-        timeout: float,
-        connect_timeout: float,
-        server: str,
-        endpoint: str,
-        idle_timeout: float | None = None,
-    ) -> RawAnswer:
+    async def send(self, request: Request) -> RawAnswer:
+        url, body, headers, timeout, connect_timeout, _, _, idle_timeout = request
         if url in self._where:
             where = self._where[url]
         else:
             where = self._where[url] = self._route(url)
         if where is None:
-            if self._fallback is None:
-                self._fallback = AiohttpTransport(
-                    limit=self.limit, keepalive_timeout=self.keepalive_timeout, limits=self.limits
-                )
-            return await self._fallback.send(
-                url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
-                server=server, endpoint=endpoint, idle_timeout=idle_timeout,
-            )  # fmt: skip
+            if self.fallback is None:
+                raise TransportError(
+                    f"cannot send to {request.server}: the lean transport sends plain "
+                    "http:// without credentials, and it was given no fallback transport "
+                    "(rollgym.http.default_transport() has aiohttp's)",
+                    retryable=False, server=request.server, method="POST", url=url,
+                    endpoint=request.endpoint,
+                )  # fmt: skip
+            return await self.fallback.send(request)
         pool, head = where
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.001)
         try:
-            request = head + _header_lines(headers) + b"content-length: %d\r\n\r\n" % len(body)
+            lines = head + _header_lines(headers) + b"content-length: %d\r\n\r\n" % len(body)
             conn = self._take_idle(pool)
             if conn is None:
                 async with asyncio.timeout_at(deadline):
@@ -522,8 +505,8 @@ class LeanTransport:
             done = False
             try:
                 self._clock.add(conn, deadline)  # before sending: nothing fails after it
-                waiter = conn.start(request, body, idle_timeout, answer_limits.current(self._caps))
-                del request  # per request: not to be held while the answer is awaited
+                waiter = conn.start(lines, body, idle_timeout, answer_limits.current(self._caps))
+                del lines  # per request: not to be held while the answer is awaited
                 await waiter
                 answer = conn.answer_read()
                 done = True
@@ -535,10 +518,7 @@ class LeanTransport:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise_translated(
-                exc, server=server, method="POST", url=url, endpoint=endpoint, timeout=timeout,
-                idle_timeout=idle_timeout,
-            )  # fmt: skip
+            raise_translated(exc, request)
 
     def _route(self, url: str) -> tuple[_Pool, bytes] | None:
         if len(self._where) > 4096:  # URLs are few (servers x endpoints); stay bounded
@@ -618,8 +598,9 @@ class LeanTransport:
         for pool in self._pools.values():
             while pool.idle:
                 self._close(pool, pool.idle.pop())
-        if self._fallback is not None:
-            await self._fallback.close()
+        close = getattr(self.fallback, "close", None)
+        if close is not None:
+            await close()
 
 
 def _plain_http(url: str) -> tuple[str, int, bytes] | None:

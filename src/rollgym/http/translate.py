@@ -1,7 +1,8 @@
 """The one place where the transports' exceptions become rollgym errors.
 
-Those of the default transport (``rollgym.http.lean``: sockets, httptools, timeouts) and of
-aiohttp, which sends what the default one does not. aiohttp's own errors hold
+Those of the lean transport (``rollgym.http.lean``: sockets, httptools, timeouts, raised as the
+exceptions of ``rollgym.http.transport``) and of aiohttp, which sends what the lean one does
+not. aiohttp's own errors hold
 ``CIMultiDictProxy`` headers and request objects that do not pickle; nothing from either may
 escape past this module. Every branch raises ``from`` the original.
 """
@@ -14,6 +15,7 @@ import sys
 from typing import Any, NoReturn
 
 import orjson
+from httptools import HttpParserError
 
 from rollgym.errors import (
     AnswerTooLarge,
@@ -25,6 +27,7 @@ from rollgym.errors import (
     TransportError,
 )
 from rollgym.http.limits import OverLimit, Undecodable
+from rollgym.http.transport import AnswerCut, ConnectFailed, ConnectTimeout, IdleTimeout, Request
 
 
 def translate(
@@ -41,24 +44,22 @@ def translate(
     where: dict[str, Any] = {"server": server, "method": method, "url": url, "endpoint": endpoint}
     if isinstance(exc, RollgymError):
         return exc
-    from rollgym.http import lean  # the default transport's own errors
-
     if isinstance(exc, OverLimit):
         return answer_too_large(exc, server, where)
     if isinstance(exc, Undecodable):
         return ProtocolError(f"{server} sent a body that does not decode: {exc}", **where)
-    if isinstance(exc, lean.ConnectFailed):
+    if isinstance(exc, ConnectFailed):
         return ConnectError(
             f"cannot connect to {server} at {exc.host}:{exc.port}: {exc.strerror or exc}",
             **where,
         )
-    if isinstance(exc, lean.ConnectTimeout):
+    if isinstance(exc, ConnectTimeout):
         return ConnectError(f"timed out connecting to {server}", **where)
-    if isinstance(exc, lean.IdleTimeout) and idle_timeout is not None:
+    if isinstance(exc, IdleTimeout) and idle_timeout is not None:
         return ReadTimeout(f"{server} sent nothing for {idle_timeout:g}s", **where)
-    if isinstance(exc, lean.AnswerCut):
+    if isinstance(exc, AnswerCut):
         return ConnectionLost(f"{server} closed the connection: {exc.strerror}", **where)
-    if isinstance(exc, lean.HttpParserError):
+    if isinstance(exc, HttpParserError):
         return ProtocolError(f"{server} sent a response that is not valid HTTP: {exc}", **where)
     # Only a process that imported aiohttp can have its errors to translate; one that never
     # did (every server that calls out over plain HTTP only) must not import it for this.
@@ -135,17 +136,9 @@ def _aiohttp_error(
     return None
 
 
-def raise_translated(
-    exc: BaseException,
-    *,
-    server: str,
-    method: str,
-    url: str,
-    endpoint: str,
-    timeout: float,
-    idle_timeout: float | None = None,
-) -> NoReturn:
+def raise_translated(exc: BaseException, request: Request) -> NoReturn:
+    """Raise ``exc``, from one attempt of ``request``, as the matching rollgym error."""
     raise translate(
-        exc, server=server, method=method, url=url, endpoint=endpoint, timeout=timeout,
-        idle_timeout=idle_timeout,
+        exc, server=request.server, method="POST", url=request.url, endpoint=request.endpoint,
+        timeout=request.timeout, idle_timeout=request.idle_timeout,
     ) from exc  # fmt: skip

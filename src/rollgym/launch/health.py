@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Sequence
 
 from rollgym.errors import ConnectError, LaunchError, RollgymError
-from rollgym.http.lean import LeanTransport
+from rollgym.http import Request, Transport, default_transport
 from rollgym.launch.process import ServerProcess
 
 PROBE_TIMEOUT = 1.0
@@ -29,7 +29,7 @@ async def wait_healthy(servers: Sequence[ServerProcess], timeout: float) -> None
     # rollgym's own transport (POST /health, which every rollgym server answers): no proxy
     # from the environment sees probes to servers on this machine or this cluster, and the
     # launcher does not import aiohttp to wait.
-    transport = LeanTransport(limit=256)
+    transport = default_transport(limit=256)
     try:
         while True:
             probes = await asyncio.gather(*(probe(transport, s.url) for s in pending))
@@ -52,13 +52,12 @@ async def wait_healthy(servers: Sequence[ServerProcess], timeout: float) -> None
         await transport.close()
 
 
-async def probe(transport: LeanTransport, url: str) -> str | None:
+async def probe(transport: Transport, url: str) -> str | None:
     """None if ``url`` answers ``/health`` with 200; otherwise what happened instead."""
     try:
         answer = await transport.send(
-            url + "/health", b"{}", None, timeout=PROBE_TIMEOUT, connect_timeout=PROBE_TIMEOUT,
-            server="health", endpoint="/health",
-        )  # fmt: skip
+            Request(url + "/health", b"{}", None, PROBE_TIMEOUT, PROBE_TIMEOUT, "health", "/health")
+        )
     except ConnectError as exc:
         return f"cannot connect ({exc.message.rsplit(': ', 1)[-1]})"
     except RollgymError as exc:  # a server still starting, or stuck

@@ -43,8 +43,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from rollgym.errors import ReadTimeout, RollgymError
-from rollgym.http.lean import LeanTransport
-from rollgym.http.transport import RawAnswer, Transport
+from rollgym.http.default import default_transport
+from rollgym.http.transport import RawAnswer, Request, Transport
 
 PROBE_TIMEOUT_S = 10.0
 """Seconds a probe may take by default (the proxy's ``probe_timeout``): a live server answers a
@@ -87,8 +87,8 @@ def watching(watch: Watch) -> Iterator[None]:
 class LivenessTransport:
     """The proxy's transport: ``inner``, with the attempts made inside ``watching`` watched (see
     the module docstring); every other attempt is ``inner``'s, unchanged. Probes go through
-    ``probe_transport``: by default a ``LeanTransport`` of their own without a pool limit,
-    never ``inner``'s pool."""
+    ``probe_transport``: by default a ``default_transport()`` of their own without a pool
+    limit, never ``inner``'s pool."""
 
     def __init__(
         self,
@@ -100,7 +100,7 @@ class LivenessTransport:
     ) -> None:
         self.inner = inner
         self.probe_transport: Transport = (
-            LeanTransport(limit=0, keepalive_timeout=PROBE_KEEPALIVE_S)
+            default_transport(limit=0, keepalive_timeout=PROBE_KEEPALIVE_S)
             if probe_transport is None
             else probe_transport
         )
@@ -117,30 +117,14 @@ class LivenessTransport:
             if close is not None:
                 await close()
 
-    async def send(
-        self,
-        url: str,
-        body: bytes | bytearray,
-        headers: Mapping[str, str] | None,
-        *,
-        timeout: float,
-        connect_timeout: float,
-        server: str,
-        endpoint: str,
-        idle_timeout: float | None = None,
-    ) -> RawAnswer:
+    async def send(self, request: Request) -> RawAnswer:
         watch = _WATCH.get()
         if watch is None:
-            return await self.inner.send(
-                url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
-                server=server, endpoint=endpoint, idle_timeout=idle_timeout,
-            )  # fmt: skip
+            return await self.inner.send(request)
         # A whole answer: silence is expected, so no idle cut; the probes below instead.
-        sending = self.inner.send(
-            url, body, headers, timeout=timeout, connect_timeout=connect_timeout, server=server,
-            endpoint=endpoint,
-        )  # fmt: skip
+        sending = self.inner.send(request._replace(idle_timeout=None))
         attempt = asyncio.ensure_future(sending)
+        headers, server = request.headers, request.server
         start = self._clock()
         try:
             while True:
@@ -153,7 +137,8 @@ class LivenessTransport:
                     raise ReadTimeout(
                         f"{server} gave no answer in {waited:.1f}s and failed its liveness "
                         f"probe (POST {watch.path}: {problem})",
-                        server=server, endpoint=endpoint, method="POST", url=url,
+                        server=server, endpoint=request.endpoint, method="POST",
+                        url=request.url,
                     )  # fmt: skip
         finally:
             if not attempt.done():
@@ -196,9 +181,8 @@ class LivenessTransport:
             # The transport's own timeouts, and one around it: a probe never outlives its limit.
             async with asyncio.timeout(limit):
                 answer = await self.probe_transport.send(
-                    watch.url, b"{}", headers, timeout=limit, connect_timeout=limit,
-                    server=server, endpoint=watch.path,
-                )  # fmt: skip
+                    Request(watch.url, b"{}", headers, limit, limit, server, watch.path)
+                )
         except TimeoutError:
             return f"no answer within {limit:g}s"
         except RollgymError as err:

@@ -92,7 +92,7 @@ from starlette.routing import BaseRoute, Route
 from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.errors import HTTPStatusError, RollgymError, redact_url
 from rollgym.http.client import HttpClient, Streamed
-from rollgym.http.lean import LeanTransport
+from rollgym.http.default import default_transport
 from rollgym.http.sse import encode_events
 from rollgym.models.assemble import assemble_chat
 from rollgym.models.liveness import PROBE_TIMEOUT_S, LivenessTransport, Watch, watching
@@ -248,7 +248,7 @@ class OpenAIProxy(ModelServer):
         # Its own client, whose transport watches whole-answer calls (rollgym.models.liveness);
         # the pool settings are the client's defaults. The probes have a pool of their own:
         # in this one they would wait behind the calls they watch.
-        self._transport = LivenessTransport(LeanTransport())
+        self._transport = LivenessTransport(default_transport())
         self.client = HttpClient(transport=self._transport)
         policy = opts.upstream_retry
         if opts.timeout is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -35,8 +35,6 @@ from starlette.routing import BaseRoute, Route
 from rollgym.config import format_validation_error
 from rollgym.errors import InvalidRequest, ProtocolError
 from rollgym.http import HttpClient, Target
-from rollgym.http.lean import LeanTransport
-from rollgym.http.transport import RawAnswer, Transport
 from rollgym.protocol import TaskRow, rollout_key
 from rollgym.server.base import BaseServer, ModelPeer, ResourcesPeer, ServerContext
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
@@ -49,7 +47,7 @@ TIMING_FIELD = "rollgym_timing"
 
 
 class _Call:
-    """One timed hop's attempts, counted by ``HopTransport`` (the client retries inside)."""
+    """One timed hop's attempts, counted by ``count_attempt`` (the client retries inside)."""
 
     __slots__ = ("attempts", "sent_s")
 
@@ -59,7 +57,7 @@ class _Call:
 
 
 # The hop being timed in this task: set around each call (concurrent tool calls run in tasks of
-# their own, so each sees its own), read by the transport for every attempt it sends.
+# their own, so each sees its own), read by ``count_attempt`` for every attempt the client sends.
 _CALL: ContextVar[_Call | None] = ContextVar("rollgym_hop_call", default=None)
 
 
@@ -101,40 +99,14 @@ class Hops:
         return out
 
 
-class HopTransport:
-    """The agent's transport: the default one, counting each attempt (and its seconds) against the
-    hop being timed, so ``Hops`` knows a call's retries and its wait between attempts."""
-
-    def __init__(self, inner: Transport) -> None:
-        self.inner = inner
-
-    async def send(
-        self,
-        url: str,
-        body: bytes | bytearray,
-        headers: Mapping[str, str] | None,
-        *,
-        timeout: float,
-        connect_timeout: float,
-        server: str,
-        endpoint: str,
-        idle_timeout: float | None = None,
-    ) -> RawAnswer:
-        call = _CALL.get()
-        if call is None:
-            return await self.inner.send(
-                url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
-                server=server, endpoint=endpoint, idle_timeout=idle_timeout,
-            )  # fmt: skip
+def count_attempt(seconds: float) -> None:
+    """The agent's client's ``on_attempt``: count one attempt, and the ``seconds`` it took,
+    against the hop being timed in this task (if any), so ``Hops`` knows a call's retries and
+    its wait between attempts."""
+    call = _CALL.get()
+    if call is not None:
         call.attempts += 1
-        t0 = time.monotonic()
-        try:
-            return await self.inner.send(
-                url, body, headers, timeout=timeout, connect_timeout=connect_timeout,
-                server=server, endpoint=endpoint, idle_timeout=idle_timeout,
-            )  # fmt: skip
-        finally:
-            call.sent_s += time.monotonic() - t0
+        call.sent_s += seconds
 
 
 class TimedEpisode(Episode):
@@ -223,10 +195,9 @@ class AgentServer(BaseServer):
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
-        # Its own client, whose transport counts each hop's attempts (``Hops``); the pool
-        # settings are the client's defaults.
-        self._transport = LeanTransport()
-        self.client = HttpClient(transport=HopTransport(self._transport))
+        # Its own client, which counts each hop's attempts (``Hops``); the pool settings and
+        # the transport are the client's defaults.
+        self.client = HttpClient(on_attempt=count_attempt)
         self._models: dict[str, ModelClient] = {}
         self._resources: dict[str, ResourcesClient] = {}
 
@@ -251,10 +222,6 @@ class AgentServer(BaseServer):
                 verify_timeout=self.options.verify_timeout,
             )  # fmt: skip
         return self._resources[name]
-
-    async def shutdown(self) -> None:
-        await super().shutdown()
-        await self._transport.close()  # passed in, so the client leaves it to us
 
     def routes(self) -> list[BaseRoute]:
         return [
