@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 import typer
 from typer.core import TyperCommand
 
+from rollgym.collect.layout import RunDir
 from rollgym.errors import ConfigError, RunAborted
 
 if TYPE_CHECKING:
@@ -290,7 +291,7 @@ def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
     console.print(table)
     if outcome.abort_reason:
         console.print(
-            f"Summary of failures is in {out / 'run.json'} (abort); finish later with --resume."
+            f"Summary of failures is in {RunDir(out).run_json} (abort); finish later with --resume."
         )
 
 
@@ -315,7 +316,7 @@ def guarded(coro: Any, output: Path, *, collects_here: bool = True) -> RunOutcom
     except KeyboardInterrupt:
         # Ctrl-C where the run does not handle signals itself; run.json says where it stopped.
         raise RunAborted(
-            f"interrupted; {output / 'run.json'} records how far the run got, and --resume "
+            f"interrupted; {RunDir(output).run_json} records how far the run got, and --resume "
             "finishes it"
         ) from None
     return result

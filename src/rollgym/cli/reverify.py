@@ -56,12 +56,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from rollgym import runtime
         from rollgym.cli.kit import setup_logging
+        from rollgym.collect.layout import RunDir
         from rollgym.config import load_config
+        from rollgym.reverify import DIFF_FILE
         from rollgym.reverify import reverify as run_reverify
         from rollgym.server.base import check_servers
 
         setup_logging(log_level)
-        if not (out / "tasks.jsonl").exists():
+        if not RunDir(out).tasks.exists():
             raise ConfigError(f"{out}: not a run directory (no tasks.jsonl)")
         cfg = load_config(config)
         check_servers(cfg)
@@ -98,7 +100,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"  task {task}: {changes}", highlight=False)
         if len(tasks) > SHOWN_TASKS:
             console.print(f"  ... {len(tasks) - SHOWN_TASKS} more tasks", highlight=False)
-        console.print(f"diff: {output / 'reverify_diff.json'}", highlight=False)
+        console.print(f"diff: {output / DIFF_FILE}", highlight=False)
         raise typer.Exit(outcome.exit_code)
 
 

@@ -36,7 +36,7 @@ from rollgym.collect.rundir import (
     EXIT_SOME_FAILED,
     PreparedRun,
     RunOutcome,
-    now,
+    mark_finished,
     write_json,
 )
 from rollgym.collect.tasks import ROLLGYM_ROW_FIELDS, AgentRoute, iter_rollouts
@@ -117,7 +117,7 @@ class Collector:
     def pending(self) -> Iterator[RolloutItem]:
         """The rollouts of ``tasks.jsonl`` that have no record yet, in order."""
         default = self.agent_name
-        for task_index, rollout_index, raw in iter_rollouts(self.run.out_dir / "tasks.jsonl"):
+        for task_index, rollout_index, raw in iter_rollouts(self.run.files.tasks):
             if not self.ledger.is_done(task_index, rollout_index):
                 yield RolloutItem(
                     task_index, rollout_index, raw, self._agent_for(raw, default),
@@ -196,7 +196,7 @@ class Collector:
         data.update(self.sections())
         if not aborted:
             data["env_aggregate"] = await self._env_aggregate()
-        write_json(run.out_dir / "metrics.json", data)
+        write_json(run.files.metrics, data)
         pending = metrics.total - metrics.succeeded - metrics.failed
         if aborted or pending:
             status, code = "aborted", EXIT_ABORTED
@@ -204,12 +204,11 @@ class Collector:
             status, code = "completed_with_failures", EXIT_SOME_FAILED
         else:
             status, code = "completed", EXIT_OK
-        info = run.run_info
-        info.update(status=status, exit_code=code, ended_at=now(), **report.sections)
+        ended = dict(report.sections)
         if aborted:
             assert self.recorder.budget is not None
-            info["abort"] = {"reason": reason, **self.recorder.budget.summary.to_dict()}
-        write_json(run.out_dir / "run.json", info)
+            ended["abort"] = {"reason": reason, **self.recorder.budget.summary.to_dict()}
+        mark_finished(run, status, code, **ended)
         return RunOutcome(status, code, data, run.out_dir, reason)
 
     async def _server_stats(self) -> dict[str, Any]:
@@ -315,7 +314,7 @@ class Collector:
             log.warning("aggregate_metrics failed: %s", bad)
             return {"error": bad.to_dict()}
         entry = {"agent_ref": {"name": self.agent_name}, **result.model_dump()}
-        write_json(self.run.out_dir / "rollouts_aggregate_metrics.json", [entry])
+        write_json(self.run.files.aggregate, [entry])
         return {"agent_metrics": result.agent_metrics, "key_metrics": result.key_metrics}
 
     def _verify_responses(self) -> bytes:
@@ -324,22 +323,19 @@ class Collector:
         Scalars only (reward, metrics, indices, short task fields) and ``response.usage``, as
         NeMo Gym sends them; the response and the inputs stay out."""
         body = bytearray(b'{"verify_responses":[')
-        path = self.run.out_dir / "rollouts.jsonl"
         count = 0
-        if path.exists():
-            with path.open("rb") as fh:
-                for line in fh:
-                    rec = orjson.loads(line)
-                    slim = {k: v for k, v in rec.items() if _is_scalar(v)}
-                    response = rec.get("response")
-                    usage = response.get("usage") if isinstance(response, dict) else None
-                    if isinstance(usage, dict):
-                        slim["response"] = {"usage": usage}
-                    body += orjson.dumps(slim)
-                    body += b","
-                    count += 1
-                    if count >= AGGREGATE_MAX_ROLLOUTS:
-                        break
+        for got in self.run.files.successes():
+            rec = got.record
+            slim = {k: v for k, v in rec.items() if _is_scalar(v)}
+            response = rec.get("response")
+            usage = response.get("usage") if isinstance(response, dict) else None
+            if isinstance(usage, dict):
+                slim["response"] = {"usage": usage}
+            body += orjson.dumps(slim)
+            body += b","
+            count += 1
+            if count >= AGGREGATE_MAX_ROLLOUTS:
+                break
         if count:
             body.pop()  # the last comma
         body += b"]}"

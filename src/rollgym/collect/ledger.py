@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-import orjson
-
+from rollgym.collect.layout import RunDir, is_record, read_ledger
 from rollgym.collect.records import RolloutRecord
-from rollgym.errors import InputError
 
 log = logging.getLogger("rollgym.collect")
 
@@ -35,7 +32,7 @@ def _repair_tail(path: Path) -> None:
         start = _last_line_start(fh, size)
         fh.seek(start)
         tail = fh.read(size - start)
-        if _is_record(tail):
+        if is_record(tail):
             # Killed between the record and its newline: the record is whole, keep it, or a
             # recorded success would be redone.
             fh.seek(size)
@@ -58,30 +55,6 @@ def _last_line_start(fh: IO[bytes], size: int) -> int:
     return 0
 
 
-def _is_record(raw: bytes) -> bool:
-    try:
-        rec = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(rec, dict) and "task_index" in rec and "rollout_index" in rec
-
-
-def _records(path: Path) -> Iterator[tuple[bytes, dict[str, Any]]]:
-    """(raw line, record) of every line of a ledger file; a corrupt line is an error naming it
-    (only the last line can be torn by a kill, and ``_repair_tail`` has fixed that one)."""
-    with path.open("rb") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise InputError(f"{path}:{lineno}: corrupt ledger record: {exc}") from None
-            if not _is_record(line):
-                raise InputError(f"{path}:{lineno}: ledger record without task/rollout index")
-            yield line, rec
-
-
 class Ledger:
     """Where rollouts are recorded. ``repeats`` maps (task, rollout) to a slot in a bitmap."""
 
@@ -89,9 +62,10 @@ class Ledger:
         self.out_dir = out_dir
         self.total = total
         self.repeats = repeats
-        self.rollouts_path = out_dir / "rollouts.jsonl"
-        self.failures_path = out_dir / "failures.jsonl"
-        self.history_path = out_dir / "failures.history.jsonl"
+        files = RunDir(out_dir)
+        self.rollouts_path = files.rollouts
+        self.failures_path = files.failures
+        self.history_path = files.failures_history
         self._done = bytearray(total)  # 1 = success recorded, 2 = final failure recorded
         self.prior_attempts: dict[int, int] = {}
         self.succeeded = 0
@@ -107,26 +81,25 @@ class Ledger:
         moved to the history file and become pending again."""
         for path in (self.rollouts_path, self.failures_path):
             _repair_tail(path)
-        if self.rollouts_path.exists():
-            for _, rec in _records(self.rollouts_path):
-                slot = self.slot(rec["task_index"], rec["rollout_index"])
-                if self._done[slot] != 1:
-                    self._done[slot] = 1
-                    self.succeeded += 1
-        if self.history_path.exists():
-            # Attempts of failures already moved out by an earlier resume: that resume may have
-            # died before recording anything, and its count must not start again from 0.
-            for _, rec in _records(self.history_path):
-                slot = self.slot(rec["task_index"], rec["rollout_index"])
-                if not self._done[slot]:
-                    attempts = int(rec.get("attempts", 1))
-                    self.prior_attempts[slot] = max(self.prior_attempts.get(slot, 0), attempts)
+        for got in read_ledger(self.rollouts_path, strict=True):
+            slot = self.slot(*got.key)
+            if self._done[slot] != 1:
+                self._done[slot] = 1
+                self.succeeded += 1
+        # Attempts of failures already moved out by an earlier resume: that resume may have
+        # died before recording anything, and its count must not start again from 0.
+        for got in read_ledger(self.history_path, strict=True):
+            slot = self.slot(*got.key)
+            if not self._done[slot]:
+                attempts = int(got.record.get("attempts", 1))
+                self.prior_attempts[slot] = max(self.prior_attempts.get(slot, 0), attempts)
         if not self.failures_path.exists():
             return
         keep: list[bytes] = []
         retry: list[bytes] = []
-        for line, rec in _records(self.failures_path):
-            slot = self.slot(rec["task_index"], rec["rollout_index"])
+        for got in read_ledger(self.failures_path, strict=True):
+            line, rec = got.raw, got.record
+            slot = self.slot(*got.key)
             if self._done[slot]:
                 retry.append(line)  # superseded (a success, or a duplicate): history only
                 continue

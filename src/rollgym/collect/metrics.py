@@ -19,12 +19,14 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from rollgym.collect.layout import RunDir
 from rollgym.models.tokens import DRIFTED_TURNS
 
 AGENT_FIELDS = frozenset({"num_steps", "agent_seconds", DRIFTED_TURNS})
@@ -51,6 +53,19 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_at_ks(tasks: Iterable[tuple[int, int]], up_to: int = 0) -> dict[int, float]:
+    """pass@k over ``tasks`` of (n scored, c passed), for every k from 1 to the larger of
+    ``up_to`` and the most rollouts scored on one task: the mean over the tasks with n >= k (a
+    k that no task reaches is left out)."""
+    counts = [(n, c) for n, c in tasks if n > 0]
+    out: dict[int, float] = {}
+    for k in range(1, max(up_to, max((n for n, _ in counts), default=0)) + 1):
+        values = [pass_at_k(n, c, k) for n, c in counts if n >= k]
+        if values:
+            out[k] = sum(values) / len(values)
+    return out
 
 
 class _TaskTable:
@@ -183,39 +198,37 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
     drift = TokenDrift()
     # A verify response echoes its task row: the row's own numbers (a secret, a difficulty)
     # are task data, not metrics of the environment.
-    skip = _NOT_METRICS | _row_keys(out_dir / "tasks.jsonl")
-    rollouts = out_dir / "rollouts.jsonl"
-    if rollouts.exists():
-        with rollouts.open("rb") as fh:
-            for line in fh:
-                rec = orjson.loads(line)
-                reward = float(rec["reward"])
-                i = rec["task_index"]
-                tasks.ensure(i)
-                tasks.n[i] += 1
-                tasks.reward_sum[i] += reward
-                tasks.passed[i] += reward >= threshold
-                count += 1
-                delta = reward - mean
-                mean += delta / count
-                m2 += delta * (reward - mean)
-                sub_scores.add(rec.get("scores"), threshold)
-                turns = rec.get(DRIFTED_TURNS)
-                if isinstance(turns, int) and not isinstance(turns, bool):
-                    drift.checked_rollouts += 1
-                    drift.drifted_rollouts += turns > 0
-                    drift.drifted_turns += turns
-                for key, value in rec.items():
-                    if key in skip or isinstance(value, bool):
-                        continue
-                    if isinstance(value, (int, float)):
-                        sums, counts = (
-                            (agent_sums, agent_counts)
-                            if key in AGENT_FIELDS
-                            else (metric_sums, metric_counts)
-                        )
-                        sums[key] = sums.get(key, 0.0) + value
-                        counts[key] += 1
+    files = RunDir(out_dir)
+    skip = _NOT_METRICS | _row_keys(files.tasks)
+    for got in files.successes():
+        rec = got.record
+        reward = float(rec["reward"])
+        i = rec["task_index"]
+        tasks.ensure(i)
+        tasks.n[i] += 1
+        tasks.reward_sum[i] += reward
+        tasks.passed[i] += reward >= threshold
+        count += 1
+        delta = reward - mean
+        mean += delta / count
+        m2 += delta * (reward - mean)
+        sub_scores.add(rec.get("scores"), threshold)
+        turns = rec.get(DRIFTED_TURNS)
+        if isinstance(turns, int) and not isinstance(turns, bool):
+            drift.checked_rollouts += 1
+            drift.drifted_rollouts += turns > 0
+            drift.drifted_turns += turns
+        for key, value in rec.items():
+            if key in skip or isinstance(value, bool):
+                continue
+            if isinstance(value, (int, float)):
+                sums, counts = (
+                    (agent_sums, agent_counts)
+                    if key in AGENT_FIELDS
+                    else (metric_sums, metric_counts)
+                )
+                sums[key] = sums.get(key, 0.0) + value
+                counts[key] += 1
     m.succeeded = count
     if count:
         m.reward_mean = mean
@@ -223,39 +236,30 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
     by_type: Counter[str] = Counter()
     by_server: Counter[str] = Counter()
     by_status: Counter[str] = Counter()
-    failures = out_dir / "failures.jsonl"
-    if failures.exists():
-        with failures.open("rb") as fh:
-            for line in fh:
-                rec = orjson.loads(line)
-                m.failed += 1
-                tasks.ensure(rec["task_index"])
-                tasks.failed[rec["task_index"]] += 1
-                err = rec.get("error") or {}
-                # Attribute the failure to the server where it started (see RollgymError.root).
-                while isinstance(err.get("origin"), dict) and (
-                    err["origin"].get("server") != err.get("server")
-                    or err.get("type") == "http_status"
-                ):
-                    err = err["origin"]
-                by_type[str(err.get("type"))] += 1
-                by_server[str(err.get("server"))] += 1
-                by_status[
-                    str(err.get("status") if err.get("status") is not None else err.get("type"))
-                ] += 1
+    for got in files.failed():
+        rec = got.record
+        m.failed += 1
+        tasks.ensure(rec["task_index"])
+        tasks.failed[rec["task_index"]] += 1
+        err = rec.get("error") or {}
+        # Attribute the failure to the server where it started (see RollgymError.root).
+        while isinstance(err.get("origin"), dict) and (
+            err["origin"].get("server") != err.get("server") or err.get("type") == "http_status"
+        ):
+            err = err["origin"]
+        by_type[str(err.get("type"))] += 1
+        by_server[str(err.get("server"))] += 1
+        by_status[str(err.get("status") if err.get("status") is not None else err.get("type"))] += 1
     m.failures_by_type = dict(by_type)
     m.failures_by_server = dict(by_server)
     m.failures_by_status = dict(by_status)
-    n_max = max(tasks.n, default=0)
-    for k in range(1, max(repeats, n_max) + 1):
-        values = [pass_at_k(n, c, k) for n, c in zip(tasks.n, tasks.passed, strict=True) if n >= k]
-        if values:
-            m.pass_at_k[f"pass@{k}"] = sum(values) / len(values)
+    passes = pass_at_ks(zip(tasks.n, tasks.passed, strict=True), repeats)
+    m.pass_at_k = {f"pass@{k}": value for k, value in passes.items()}
     m.env_metrics = {k: metric_sums[k] / metric_counts[k] for k in sorted(metric_sums)}
     m.agent_fields = {k: agent_sums[k] / agent_counts[k] for k in sorted(agent_sums)}
     m.scores = sub_scores.stats()
     m.token_drift = drift if drift.checked_rollouts else None
-    with (out_dir / "per_task.jsonl").open("wb") as fh:
+    with files.per_task.open("wb") as fh:
         for index in range(len(tasks)):
             n, passed, failed = tasks.n[index], tasks.passed[index], tasks.failed[index]
             if not n and not failed:

@@ -1,4 +1,6 @@
-"""The run directory: laid out (or checked, on resume) before anything is sent.
+"""The run directory: laid out (or checked, on resume) before anything is sent, and the one writer
+of its ``run.json`` (``prepare_run``, then ``mark_finished``, ``mark_failed_to_start`` or
+``mark_aborted``; the file names are ``layout.RunDir``'s).
 
 ``prepare_run`` checks that ``--output`` can be written, validates the whole input (a bad line
 fails the run with its file and line, nothing dispatched), then writes ``tasks.jsonl`` and
@@ -28,6 +30,7 @@ from typing import Any
 import orjson
 
 from rollgym import __version__
+from rollgym.collect.layout import FAILURES, LOCK, LOGS, ROLLOUTS, RUN_JSON, TASKS, RunDir
 from rollgym.collect.tasks import AgentRoute, TaskFileInfo, materialize, scan_tasks
 from rollgym.config import CollectConfig, Config
 from rollgym.errors import ConfigError, RollgymError
@@ -38,12 +41,9 @@ EXIT_ABORTED = 2
 """Exit codes: all rollouts succeeded / the run completed with failed rollouts / the run could
 not start or was aborted (failure budget, configuration error, interrupt)."""
 
-LOCK_FILE = "run.lock"
-LOGS_DIR = "logs"
-OWN_FILES = (
-    "run.json", "tasks.jsonl", "rollouts.jsonl", "failures.jsonl", "failures.history.jsonl",
-    "metrics.json", "per_task.jsonl", "rollouts_aggregate_metrics.json", LOCK_FILE, LOGS_DIR,
-)  # fmt: skip
+LOCK_FILE = LOCK
+LOGS_DIR = LOGS
+OWN_FILES = RunDir.OWN_FILES
 """What a run writes in its directory: none of them (nor their ``.tmp``) may be a link."""
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 FAILED_TO_START = "failed_to_start"
@@ -133,7 +133,7 @@ class RunState:
 def read_state(out_dir: Path) -> RunState | None:
     """The state of the run in ``out_dir``; None if it holds no readable ``run.json``."""
     try:
-        info = orjson.loads((out_dir / "run.json").read_bytes())
+        info = orjson.loads(RunDir(out_dir).run_json.read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
     if not isinstance(info, dict):
@@ -160,7 +160,7 @@ class RecordedInputs:
 def recorded_inputs(out_dir: Path) -> RecordedInputs | None:
     """The input, repeats and limit of the run in ``out_dir`` (None: no readable run.json)."""
     try:
-        inputs = orjson.loads((out_dir / "run.json").read_bytes()).get("inputs") or {}
+        inputs = orjson.loads(RunDir(out_dir).run_json.read_bytes()).get("inputs") or {}
     except (OSError, orjson.JSONDecodeError, AttributeError):
         return None
     given = inputs.get("input")
@@ -179,6 +179,10 @@ class PreparedRun:
     resume: bool
     run_info: dict[str, Any] = field(default_factory=dict)
     lock: RunLock | None = None
+
+    @property
+    def files(self) -> RunDir:
+        return RunDir(self.out_dir)
 
     def release(self) -> None:
         """Drop the run lock: the run is over (``run.json`` says how it ended)."""
@@ -235,8 +239,8 @@ def _prepare(
     resume: bool,
     lock: bool,
 ) -> PreparedRun:
-    run_json = out_dir / "run.json"
-    tasks_path = out_dir / "tasks.jsonl"
+    run_json = RunDir(out_dir).run_json
+    tasks_path = RunDir(out_dir).tasks
     if resume:
         if not run_json.exists() or not tasks_path.exists():
             raise ConfigError(f"{out_dir}: nothing to resume (no run.json / tasks.jsonl)")
@@ -320,7 +324,7 @@ def _refuse_links(out_dir: Path) -> None:
             )
 
 
-_RUN_FILES = ("run.json", "tasks.jsonl", "rollouts.jsonl", "failures.jsonl")
+_RUN_FILES = (RUN_JSON, TASKS, ROLLOUTS, FAILURES)
 # The keys of run.json that describe one session (the first run or one resume) and its end.
 _SESSION_KEYS = (
     "status", "exit_code", "ended_at", "abort", "error", "startup_seconds", "process", "warnings",
@@ -369,13 +373,21 @@ def _close_session(info: dict[str, Any]) -> None:
 
 
 def _never_started(out_dir: Path) -> bool:
-    run_json = out_dir / "run.json"
-    if (out_dir / "rollouts.jsonl").exists() or (out_dir / "failures.jsonl").exists():
+    files = RunDir(out_dir)
+    if files.rollouts.exists() or files.failures.exists():
         return False
     try:
-        return bool(orjson.loads(run_json.read_bytes()).get("status") == FAILED_TO_START)
+        return bool(orjson.loads(files.run_json.read_bytes()).get("status") == FAILED_TO_START)
     except (OSError, orjson.JSONDecodeError):
         return False
+
+
+def mark_finished(run: PreparedRun, status: str, exit_code: int, **ended: Any) -> None:
+    """Record in ``run.json`` how the run ended (the collector, once ``metrics.json`` is
+    written): ``status``, ``exit_code`` and what else the session's end adds (``abort``, the
+    dispatcher's sections)."""
+    run.run_info.update(status=status, exit_code=exit_code, ended_at=now(), **ended)
+    write_json(run.files.run_json, run.run_info)
 
 
 def mark_failed_to_start(run: PreparedRun, err: RollgymError) -> None:
@@ -383,7 +395,7 @@ def mark_failed_to_start(run: PreparedRun, err: RollgymError) -> None:
     run.run_info.update(
         status=FAILED_TO_START, exit_code=EXIT_ABORTED, ended_at=now(), error=err.to_dict()
     )
-    write_json(run.out_dir / "run.json", run.run_info)
+    write_json(run.files.run_json, run.run_info)
 
 
 def mark_aborted(run: PreparedRun, reason: str) -> None:
@@ -394,7 +406,7 @@ def mark_aborted(run: PreparedRun, reason: str) -> None:
     run.run_info.update(
         status="aborted", exit_code=EXIT_ABORTED, ended_at=now(), abort={"reason": reason}
     )
-    write_json(run.out_dir / "run.json", run.run_info)
+    write_json(run.files.run_json, run.run_info)
 
 
 # What must match between a run and its resume, with the name a person knows it by.

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from rollgym.collect.metrics import pass_at_k
+from rollgym.collect.layout import METRICS, RUN_JSON, RunDir
+from rollgym.collect.metrics import pass_at_ks
 from rollgym.collect.rundir import read_state
 from rollgym.errors import RollgymError
 from rollgym.server.agent import TIMING_FIELD
@@ -82,14 +81,7 @@ class RunData:
 
     def pass_at(self) -> dict[int, float]:
         """Unbiased pass@k for every k up to the most rollouts scored on a task."""
-        out: dict[int, float] = {}
-        most = max((t.scored for t in self.tasks.values()), default=0)
-        for k in range(1, most + 1):
-            values = [
-                pass_at_k(t.scored, t.passed, k) for t in self.tasks.values() if t.scored >= k
-            ]
-            out[k] = sum(values) / len(values)
-        return out
+        return pass_at_ks((t.scored, t.passed) for t in self.tasks.values())
 
     def reward_mean(self) -> float | None:
         return sum(self.rewards) / len(self.rewards) if self.rewards else None
@@ -97,8 +89,9 @@ class RunData:
 
 def load_run(path: Path, name: str | None = None) -> RunData:
     """Read the run in ``path``."""
-    info = _json(path / "run.json")
-    if not (path / "tasks.jsonl").exists() and not info:
+    files = RunDir(path)
+    info = files.read_json(RUN_JSON)
+    if not files.tasks.exists() and not info:
         raise RollgymError(f"{path}: not a run directory (no run.json or tasks.jsonl)")
     state = read_state(path)
     inputs = info.get("inputs") or {}
@@ -110,40 +103,20 @@ def load_run(path: Path, name: str | None = None) -> RunData:
         total=int(info.get("total") or 0),
         repeats=int(inputs.get("repeats") or collect.get("repeats") or 1),
         threshold=float(collect.get("pass_threshold", 1.0)),
-        metrics=_json(path / "metrics.json"),
+        metrics=files.read_json(METRICS),
     )
     for hop in HOPS:
         run.hops[hop] = array("d")
-    _read_rollouts(run, path / "rollouts.jsonl")
-    _read_failures(run, path / "failures.jsonl")
+    _read_rollouts(run, files)
+    _read_failures(run, files)
     run.total = max(run.total, run.scored + len(run.failures))
     return run
 
 
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _lines(path: Path) -> Any:
-    if not path.exists():
-        return
-    with path.open("rb") as fh:
-        for line in fh:
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # a run still writing (or killed) may leave a torn last line
-            if isinstance(rec, dict) and "task_index" in rec:
-                yield rec
-
-
-def _read_rollouts(run: RunData, path: Path) -> None:
+def _read_rollouts(run: RunData, files: RunDir) -> None:
     threshold = run.threshold
-    for rec in _lines(path):
+    for got in files.successes():
+        rec = got.record
         reward = float(rec.get("reward", 0.0))
         run.rewards.append(reward)
         run.durations.append(float(rec.get("duration_s", 0.0)))
@@ -172,8 +145,9 @@ def _read_rollouts(run: RunData, path: Path) -> None:
             run.ends.append(float(end))
 
 
-def _read_failures(run: RunData, path: Path) -> None:
-    for rec in _lines(path):
+def _read_failures(run: RunData, files: RunDir) -> None:
+    for got in files.failed():
+        rec = got.record
         err = rec.get("error")
         root = RollgymError.from_dict(err).root() if isinstance(err, dict) else None
         status = "?" if root is None else (str(root.status) if root.status else root.type)
