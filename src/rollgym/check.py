@@ -20,8 +20,9 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
+from rollgym.agents.gymnasium import parse_step
 from rollgym.config import Config
-from rollgym.errors import ConfigError
+from rollgym.errors import ConfigError, ProtocolError
 from rollgym.launch.supervisor import Supervisor
 from rollgym.models.scripted import build_response
 from rollgym.protocol import FunctionTool
@@ -263,17 +264,14 @@ async def _episode(env: _Env, answer: Answer) -> tuple[float, Any]:
     if status != 200:
         raise _Failed(f"/reset answered {status}: {str(body)[:300]}")
     response = build_response(answer.row.get("responses_create_params", {}), {"say": answer.text})
-    status, step = await env.post("/step", {**answer.row, "response": response}, sid)
-    ok = (
-        status == 200
-        and isinstance(step, dict)
-        and isinstance(step.get("reward"), (int, float))
-        and isinstance(step.get("terminated"), bool)
-        and isinstance(step.get("truncated"), bool)
-    )
-    if not ok:
-        raise _Failed(f"/step answered {status}: {str(step)[:300]}")
-    return float(step["reward"]), step["terminated"]
+    status, body = await env.post("/step", {**answer.row, "response": response}, sid)
+    try:
+        if status != 200:
+            raise _Failed(f"/step answered {status}: {str(body)[:300]}")
+        step = parse_step(body, "env")  # as strict as the gymnasium agent that plays it
+    except ProtocolError as exc:
+        raise _Failed(f"/step answered {status}: {exc.message}; {str(body)[:300]}") from None
+    return step.reward, step.terminated
 
 
 async def _check_tools(env: _Env, report: CheckReport) -> None:
