@@ -8,7 +8,6 @@ that mode is skipped."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -168,7 +167,6 @@ async def test_an_agent_that_never_answers_fails_to_start(mode: str, tmp_path: P
     trainer raises the same LaunchError."""
     dead = "model" if mode == "in_process" else "agent"
     urls = {dead: [dead_url()], "env": [dead_url()]} if dead == "model" else {"agent": [dead_url()]}
-    started = time.monotonic()
     if mode == "trainer":
         async with RolloutClient(urls["agent"]) as client:
             with pytest.raises(LaunchError, match=r"agent at http://127\.0\.0\.1"):
@@ -184,4 +182,3 @@ async def test_an_agent_that_never_answers_fails_to_start(mode: str, tmp_path: P
         # Marked as never started: the same directory takes a new run at once.
         with pytest.raises(LaunchError):
             await collect_run(mode, tmp_path, urls, 3)
-    assert time.monotonic() - started < 30

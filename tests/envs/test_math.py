@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -109,7 +108,9 @@ async def math_env() -> AsyncIterator[EnvClient]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def hanging_env() -> AsyncIterator[tuple[EnvClient, MathEnv]]:
-    options = {"verify_timeout": 1.5}
+    # Short enough to stop the 60 s hang well inside the test's timeout, long enough for a
+    # fresh pool's worker to import math-verify on a busy machine (it counts in the check).
+    options = {"verify_timeout": 12.0}
     async with (
         serve_server(HangingMathEnv, name="math", options=options) as (url, server),
         _http() as http,
@@ -166,11 +167,10 @@ async def test_a_check_that_hangs_scores_0_at_the_deadline(
     # The answer made the check hang: that is the answer's fault, scored 0 (as NeMo Gym does),
     # never a failed rollout a policy could learn to produce for free.
     env, server = hanging_env
-    started = time.monotonic()
+    # Stopped at the deadline (its reason says so), not after the 60 s sleep: the test's
+    # timeout bounds the wait, no wall-clock assertion a busy machine could break.
     verified = await server.verify(Session(id="s", task={}), _task("1/2"), reply(HANG))
-    elapsed = time.monotonic() - started
     assert verified == {"reward": 0.0, "answer_parsed": 0, "reason": "check_timeout"}
-    assert elapsed < 15  # stopped at the deadline, not after the 60 s sleep
     # The env goes on: the next check runs on a fresh pool.
     status, verified = await env.verify(_task("1/2"), "\\boxed{1/2}")
     assert status == 200 and verified["reward"] == 1.0

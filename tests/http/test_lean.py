@@ -315,13 +315,13 @@ def test_a_client_moved_to_a_new_event_loop_still_times_out() -> None:
         first.close()  # without cancelling it: its entry and timer stay on the clock
         assert t._clock._slots and t._clock._handle is not None
 
-        async def second() -> float:
-            started = time.monotonic()
-            with pytest.raises(ReadTimeout):  # not a hang waiting on the dead loop's timer
-                await asyncio.wait_for(send(t, url, timeout=0.6), 3)
-            return time.monotonic() - started
+        async def second() -> None:
+            # Its own timeout fires (a ReadTimeout), not a hang on the dead loop's timer; the
+            # outer bound is only there to fail rather than hang, wide for a busy machine.
+            with pytest.raises(ReadTimeout):
+                await asyncio.wait_for(send(t, url, timeout=0.6), 20)
 
-        assert asyncio.run(second()) < 2.0
+        asyncio.run(second())
         del dropped, first
         gc.collect()  # the dropped request is collected here, under this test's filter
     finally:

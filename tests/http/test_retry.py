@@ -122,15 +122,14 @@ async def test_4xx_fails_after_one_attempt_without_sleeping(status: int) -> None
         retry_4xx=[408, 429],
     )
     async with serve_script(script) as url, HttpClient() as client:
-        t0 = time.monotonic()
         with pytest.raises(HTTPStatusError) as info:
             await client.call(target(url, policy), "/x", {})
-        elapsed = time.monotonic() - t0
+    # One attempt: the client sleeps only before a retry (no wall-clock bound, which a busy
+    # machine could break).
     assert script.hits["/x"] == 1
     assert info.value.status == status
     assert info.value.attempts == 1
     assert info.value.retryable is False
-    assert elapsed < 0.5
 
 
 async def test_429_with_retry_after_waits_then_succeeds() -> None:
@@ -142,21 +141,20 @@ async def test_429_with_retry_after_waits_then_succeeds() -> None:
         elapsed = time.monotonic() - t0
     assert result["hit"] == 2
     assert script.hits["/gen"] == 2
-    assert 1.0 <= elapsed < 3.0
+    assert elapsed >= 1.0  # waited for Retry-After (only a lower bound: load only adds)
 
 
 async def test_429_with_retry_after_beyond_the_cap_fails_at_once() -> None:
     script = Script(gen=always(Reply(429, headers={"Retry-After": "100"})))
     policy = fast_policy(max_attempts=3, retry_4xx=[429], retry_after_cap=30)
     async with serve_script(script) as url, HttpClient() as client:
-        t0 = time.monotonic()
-        with pytest.raises(HTTPStatusError) as info:
-            await client.call(target(url, policy), "/gen", {})
-        elapsed = time.monotonic() - t0
+        # Far less than the 100 s it was told to wait, however busy the machine.
+        async with asyncio.timeout(15):
+            with pytest.raises(HTTPStatusError) as info:
+                await client.call(target(url, policy), "/gen", {})
     assert info.value.status == 429
     assert info.value.attempts == 1
     assert script.hits["/gen"] == 1
-    assert elapsed < 0.5
 
 
 async def test_429_is_not_retried_unless_the_policy_lists_it() -> None:
@@ -236,7 +234,7 @@ async def test_slow_answer_is_a_read_timeout_per_attempt() -> None:
         elapsed = time.monotonic() - t0
     assert info.value.attempts == 1  # not idempotent: the request may have been processed
     assert script.hits["/gen"] == 1
-    assert 0.2 <= elapsed < 1.5
+    assert elapsed >= 0.2  # its attempt timeout; a ReadTimeout, so not the 5 s answer
 
 
 async def test_slow_answer_on_idempotent_endpoint_times_out_every_attempt() -> None:
@@ -255,27 +253,25 @@ async def test_total_deadline_shorter_than_the_attempts_is_deadline_exceeded(whe
     extra = {"deadline": 0.5} if where == "policy" else {}
     policy = fast_policy(max_attempts=5, attempt_timeout=0.3, idempotent=True, **extra)
     async with serve_script(script) as url, HttpClient() as client:
-        t0 = time.monotonic()
         with pytest.raises(DeadlineExceeded) as info:
             await client.call(
                 target(url, policy), "/gen", {}, deadline=0.5 if where == "call" else None
             )
-        elapsed = time.monotonic() - t0
-    assert elapsed < 1.2
+    # Two attempts of 0.3 s in a 0.5 s deadline, not the five the policy allows.
     assert info.value.attempts == 2
     assert script.hits["/gen"] == 2
     assert isinstance(info.value.origin, ReadTimeout)
 
 
 async def test_retry_after_beyond_the_deadline_fails_at_once_as_deadline_exceeded() -> None:
-    script = Script(gen=always(Reply(503, b"busy", headers={"Retry-After": "5"})))
-    policy = fast_policy(max_attempts=3, deadline=1.0)
+    # Retry-After under its cap (30 s) but past the deadline: the call fails at once, long
+    # before the deadline (a bound wide enough for a busy machine).
+    script = Script(gen=always(Reply(503, b"busy", headers={"Retry-After": "25"})))
+    policy = fast_policy(max_attempts=3, deadline=20.0)
     async with serve_script(script) as url, HttpClient() as client:
-        t0 = time.monotonic()
-        with pytest.raises(DeadlineExceeded) as info:
-            await client.call(target(url, policy), "/gen", {})
-        elapsed = time.monotonic() - t0
-    assert elapsed < 0.5
+        async with asyncio.timeout(10):
+            with pytest.raises(DeadlineExceeded) as info:
+                await client.call(target(url, policy), "/gen", {})
     assert script.hits["/gen"] == 1
     assert isinstance(info.value.origin, HTTPStatusError)
     assert info.value.origin.status == 503 and info.value.origin.body == "busy"
