@@ -17,6 +17,7 @@ from rollgym.server.resources import ResourcesServer, Session, tool
 from rollgym.testing import serve_server
 from tests.agents.test_tool_agent import post_run
 from tests.support.stack import running_stack, task_row
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -49,12 +50,14 @@ async def test_a_malformed_task_row_is_a_422_not_a_crash() -> None:
 
 
 class SlowTool(ResourcesServer):
+    started = 0
     finished = 0
     cancelled = 0
 
     @tool
     async def slow(self, session: Session) -> dict[str, Any]:
         """Take a while."""
+        SlowTool.started += 1
         try:
             await asyncio.sleep(2.0)
         except asyncio.CancelledError:
@@ -72,14 +75,12 @@ class SlowTool(ResourcesServer):
 async def test_every_endpoint_stops_work_when_its_caller_disconnects() -> None:
     async with serve_server(SlowTool, name="env") as (url, _), aiohttp.ClientSession() as http:
         call = asyncio.create_task(http.post(url + "/slow", json={}))
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: SlowTool.started == 1, 30, "the tool running")
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        await asyncio.sleep(0.5)
-        assert SlowTool.cancelled == 1
-        await asyncio.sleep(2.0)
-        assert SlowTool.finished == 0
+        await wait_until(lambda: SlowTool.cancelled == 1, 30, "the tool cancelled")
+        assert SlowTool.finished == 0  # cancelled, it cannot finish
 
 
 async def test_unknown_route_answers_the_uniform_error_body() -> None:

@@ -230,7 +230,9 @@ async def test_a_replica_stopped_mid_run_fails_no_rollout_and_opens_only_its_bre
 
 
 async def test_a_failing_replica_is_routed_around_then_probed_back_after_cooldown() -> None:
-    breaker = {"consecutive_failures": 2, "cooldown": 0.5}
+    # A cooldown longer than the 13 calls below take on a busy machine: none of them may find
+    # the breaker half-open (it would probe the sick replica and count a hit).
+    breaker = {"consecutive_failures": 2, "cooldown": 3.0}
     async with replicated(3, breaker=breaker) as stack:
         sick = stack.upstreams[0]
         sick.status = 503
@@ -248,7 +250,7 @@ async def test_a_failing_replica_is_routed_around_then_probed_back_after_cooldow
         assert (stats.calls, stats.failures, stats.circuit_rejected) == (2, 2, 0)
 
         sick.status = None  # back to health; after the cooldown the next call probes it
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(3.1)  # past the cooldown (a lower bound: load only adds)
         await respond(stack, "probe")
         assert [c["messages"][-1]["content"] for c in sick.chats] == ["probe"]
         assert stack.breaker_states() == ["closed", "closed", "closed"]

@@ -90,7 +90,7 @@ async def test_pool_workers_die_with_their_server(tmp_path: Path) -> None:
                         if "spawn_main" in " ".join(w.cmdline())
                     ]
             proc.send_signal(signal.SIGKILL)
-            _, alive = psutil.wait_procs(workers, timeout=10)
+            _, alive = psutil.wait_procs(workers, timeout=30)
             assert not alive, f"orphaned pool workers: {[p.pid for p in alive]}"
             request.cancel()
     finally:
