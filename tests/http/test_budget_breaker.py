@@ -12,7 +12,7 @@ import pytest
 from rollgym.config import BreakerConfig, RetryBudgetConfig
 from rollgym.errors import BudgetExhausted, CircuitOpen, HTTPStatusError
 from rollgym.http import HttpClient, Target
-from rollgym.http.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from rollgym.http.breaker import CLOSED, HALF_OPEN, OPEN, PROBE, READY, SHUT, CircuitBreaker
 from rollgym.http.budget import RetryBudget
 from tests.support.scripted import Reply, Script, serve_script
 from tests.support.stack import fast_policy
@@ -133,6 +133,23 @@ def test_breaker_opens_after_consecutive_failures_and_rejects() -> None:
     assert cb.opened == 1
     assert [cb.allow() for _ in range(5)] == [False] * 5
     assert cb.rejected == 5
+
+
+def test_breaker_admits_answers_without_letting_a_call_through() -> None:
+    clock = Clock()
+    br = CircuitBreaker("env", BreakerConfig(consecutive_failures=1, cooldown=5), clock)
+    assert br.admits() == READY
+    br.record(False)
+    assert br.admits() == SHUT
+    clock.advance(5)
+    assert (br.admits(), br.admits(), br.state) == (PROBE, PROBE, OPEN)  # asking changes nothing
+    assert br.allow()  # the probe goes: half-open, and no second probe is admitted
+    assert (br.state, br.admits()) == (HALF_OPEN, SHUT)
+    br.release()
+    assert br.admits() == PROBE
+    assert br.allow()
+    br.record(True)
+    assert br.admits() == READY
 
 
 def test_breaker_success_resets_the_failures_in_a_row() -> None:

@@ -22,8 +22,8 @@ from rollgym.errors import (
     RollgymError,
 )
 from rollgym.http import HttpClient, Target
-from rollgym.http.balancer import Balancer
 from rollgym.http.breaker import CLOSED, OPEN
+from rollgym.http.replicas import ReplicaSet
 from rollgym.http.translate import translate
 from rollgym.testing import serve_asgi
 from tests.support.scripted import Reply, Script, serve_script
@@ -122,25 +122,25 @@ async def test_replicas_share_load_and_sticky_keys_stay_put() -> None:
 
 def test_balancer_counts_each_replica_even_when_one_url_prefixes_another() -> None:
     short, long = "http://127.0.0.1:80", "http://127.0.0.1:8000"
-    balancer = Balancer((short, long))
-    balancer.begin(long + "/v1/responses")
+    balancer = ReplicaSet((short, long))
+    balancer.begin(balancer.index(long))
     # The busy replica is the long one, so the next pick is the short one (and vice versa).
     assert balancer.pick() == short
-    balancer.end(long + "/v1/responses")
-    balancer.begin(short + "/v1/responses")
-    balancer.begin(short + "/v1/responses")
+    balancer.end(balancer.index(long))
+    balancer.begin(balancer.index(short))
+    balancer.begin(balancer.index(short))
     assert balancer.pick() == long
-    balancer.end(short + "/v1/responses")
-    balancer.end(short + "/v1/responses")
-    assert balancer._outstanding == {short: 0, long: 0}
+    balancer.end(balancer.index(short))
+    balancer.end(balancer.index(short))
+    assert balancer.outstanding == [0, 0]
 
 
 def test_balancer_avoids_replicas_marked_down() -> None:
-    balancer = Balancer(("http://a", "http://b"))
-    balancer.mark_down("http://a")
+    balancer = ReplicaSet(("http://a", "http://b"))
+    balancer.mark_down(0)
     assert {balancer.pick() for _ in range(5)} == {"http://b"}
-    balancer.mark_up("http://a")
-    balancer.begin("http://b/x")
+    balancer.mark_up(0)
+    balancer.begin(1)
     assert balancer.pick() == "http://a"
 
 
@@ -172,7 +172,7 @@ async def test_pinned_calls_never_fail_over_but_unpinned_ones_do() -> None:
         a_url = dead_url()
         target = Target("env", (a_url, b_url), policy)
         state = client._state(target)
-        state.balancer._sticky["rollout-7"] = a_url  # the session was seeded on A
+        state.replicas.stick("rollout-7", 0)  # the session was seeded on A
         with pytest.raises(ConnectError) as info:
             await client.call(target, "/verify", {}, sticky="rollout-7", pin=True)
         assert live.hits["/verify"] == 0

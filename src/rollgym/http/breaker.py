@@ -19,6 +19,8 @@ from rollgym.http.policy import BreakerConfig
 log = logging.getLogger("rollgym.http.breaker")
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+READY, PROBE, SHUT = "ready", "probe", "shut"
+"""What ``admits`` answers: calls flow; the next call would be the probe; none would go."""
 _BUCKET = 1.0  # seconds per bucket of the failure-rate window
 
 
@@ -43,6 +45,19 @@ class CircuitBreaker:
 
     def _now(self) -> float:
         return self._clock()
+
+    def admits(self) -> str:
+        """Whether a call sent now would be let through, without letting it (``allow`` does):
+        ``READY`` (closed, or disabled), ``PROBE`` (open past its cooldown, or half-open with
+        no probe in flight: the next call is the probe), else ``SHUT``. A caller choosing
+        among several breakers (``rollgym.models.replicas``) asks this, and never re-derives
+        the cooldown from the breaker's fields."""
+        if not self.config.enabled or self.state == CLOSED:
+            return READY
+        if self.state == OPEN:
+            cooled = self._now() - self._opened_at >= self.config.cooldown
+            return PROBE if cooled else SHUT
+        return SHUT if self._probing else PROBE
 
     def allow(self) -> bool:
         """Whether a request may be sent now."""

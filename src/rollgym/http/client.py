@@ -35,12 +35,12 @@ from rollgym.http.answer import (
     read_value,
     status_error,
 )
-from rollgym.http.balancer import Balancer
 from rollgym.http.breaker import CLOSED, CircuitBreaker
 from rollgym.http.budget import RetryBudget
 from rollgym.http.classify import budget_exhausted, circuit_open, classify, replica_lost
 from rollgym.http.default import default_transport
 from rollgym.http.policy import RetryPolicy
+from rollgym.http.replicas import ReplicaSet
 from rollgym.http.scrub import header_secrets, scrubbed
 from rollgym.http.transport import RawAnswer, Request, Transport
 
@@ -93,7 +93,7 @@ class _TargetState:
     policy: RetryPolicy
     budget: RetryBudget
     breaker: CircuitBreaker
-    balancer: Balancer
+    replicas: ReplicaSet
     stats: TargetStats
     caps: answer_limits.Caps  # the policy's answer limits, for the transport
 
@@ -139,11 +139,11 @@ class HttpClient:
     def _state(self, target: Target) -> _TargetState:
         state = self._targets.get(target.name)
         policy = target.policy
-        if state is not None and state.balancer.urls is target.urls and state.policy is policy:
+        if state is not None and state.replicas.urls is target.urls and state.policy is policy:
             return state  # the usual case: the same Target again; no model comparisons
         if (
             state is None
-            or state.balancer.urls != target.urls
+            or state.replicas.urls != target.urls
             or state.budget.config != policy.budget
             or state.breaker.config != policy.breaker
         ):
@@ -151,7 +151,7 @@ class HttpClient:
                 policy=policy,
                 budget=RetryBudget(policy.budget),
                 breaker=CircuitBreaker(target.name, policy.breaker),
-                balancer=Balancer(target.urls),
+                replicas=ReplicaSet(target.urls),
                 stats=state.stats if state else TargetStats(),
                 caps=answer_limits.Caps(policy.answer_limits),
             )
@@ -167,12 +167,12 @@ class HttpClient:
     def mark_down(self, target: Target, url: str, seconds: float | None = None) -> None:
         """Send no new calls to replica ``url`` of ``target`` (for ``seconds``, or for good),
         keeping the target's breaker, budget and load counts."""
-        self._state(target).balancer.mark_down(url, seconds)
+        replicas = self._state(target).replicas
+        replicas.mark_down(replicas.index(url), seconds)
 
     def live_urls(self, target: Target) -> list[str]:
         """The replicas of ``target`` not marked down."""
-        balancer = self._state(target).balancer
-        return [u for u in target.urls if not balancer.is_down(u)]
+        return self._state(target).replicas.live()
 
     def breaker(self, name: str) -> CircuitBreaker | None:
         state = self._targets.get(name)
@@ -294,7 +294,8 @@ class HttpClient:
                 state.budget.record_request()
             left = total - (time.monotonic() - start)
             url = base + endpoint
-            state.balancer.begin(base)
+            replica = state.replicas.index(base)
+            state.replicas.begin(replica)
             try:
                 # One attempt, inline rather than a method of its own: a call in flight holds
                 # its coroutines' frames, and a collector holds thousands of calls at once.
@@ -320,7 +321,7 @@ class HttpClient:
                     raise AttemptFailed(sent) from sent
                 finally:
                     answer_limits.done(limits)
-                    state.balancer.end(base)
+                    state.replicas.end(replica)
                     if hook is not None:
                         hook(time.monotonic() - sent_at)
                 value = read(raw, target.name, url, endpoint)
@@ -340,7 +341,7 @@ class HttpClient:
             if isinstance(err, ConnectError) and len(target.urls) > 1:
                 # Nothing listens there (its process or node is gone): send nothing new to
                 # that replica for a while; this call's next attempt goes to another one.
-                state.balancer.mark_down(base, REPLICA_DOWN_SECONDS)
+                state.replicas.mark_down(replica, REPLICA_DOWN_SECONDS)
             # A read timeout is the total deadline's only if no shorter idle timeout could
             # have fired first; if it was, the next attempt finds no time left anyway.
             cut = left <= attempt_timeout and (idle_timeout is None or left <= idle_timeout)
@@ -387,8 +388,9 @@ class HttpClient:
             state.stats.circuit_rejected += 1
             state.stats.failures += 1
             raise circuit_open(target.name, endpoint, attempts=attempt - 1, last=last)
-        base = state.balancer.pick(sticky, pin=pin)
-        if pin and len(target.urls) > 1 and state.balancer.is_down(base):
+        replicas = state.replicas
+        base = replicas.pick(sticky, pin=pin)
+        if pin and len(target.urls) > 1 and replicas.is_down(replicas.index(base)):
             # Not sent: a half-open breaker's probe slot, if this took it, goes to another call.
             state.breaker.release()
             state.stats.failures += 1

@@ -3,15 +3,16 @@ load balancer in front of them (``base_url`` given as a list).
 
 Each replica is its own pair of client ``Target``s (chat at its ``base_url``, ``/tokenize`` at
 its root), so the shared ``HttpClient`` keeps a circuit breaker, a retry budget and stats per
-replica. ``Replicas`` decides where each call goes:
+replica. ``Replicas`` decides where each call goes, by the client's rules of replica choice
+(``rollgym.http.replicas.ReplicaSet``: least outstanding, ties taking turns; sticky keys; a
+replica due a probe first), with each replica's breakers as its gates:
 
-- **least outstanding**: a new call goes to the replica with the fewest calls in flight; ties
-  take turns, so that calls made one at a time spread too;
 - **sticky** (``sticky_replicas``): calls with the same key (the rollout, from the
   ``x-rollgym-rollout`` header) go back to the replica that answered the key's last call, whose
   prefix cache holds the conversation so far; the last ``STICKY_MAX`` keys are remembered;
 - **an open breaker** takes no new calls (a sticky key moves, and sticks where it lands: model
-  calls are stateless, only the cache is lost); after the breaker's cooldown one call probes it;
+  calls are stateless, only the cache is lost); after the breaker's cooldown one call probes it
+  (the breaker says when: ``CircuitBreaker.admits``);
 - **failover**: a call whose replica failed on the server's side after that replica's own
   retries (5xx, no answer, a garbled answer, its circuit open, its retry budget spent) goes to
   the next replica, each replica at most once, within the call's one deadline. A 4xx is the
@@ -26,25 +27,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from rollgym.errors import BudgetExhausted, CircuitOpen, DeadlineExceeded, RollgymError
 from rollgym.http import Target
-from rollgym.http.breaker import CLOSED, HALF_OPEN, CircuitBreaker
+from rollgym.http.breaker import READY, CircuitBreaker
 from rollgym.http.classify import blames_server
 from rollgym.http.policy import RetryPolicy
+from rollgym.http.replicas import STICKY_MAX, ReplicaSet
 
 log = logging.getLogger("rollgym.models.replicas")
 
-STICKY_MAX = 65536
-"""Sticky keys remembered (least recently used out first): memory stays flat on long runs."""
-
 T = TypeVar("T")
-
-_READY, _PROBE, _SHUT = "ready", "probe", "shut"
 
 
 @dataclass(frozen=True)
@@ -108,20 +104,16 @@ class Replicas:
         self._breaker = breaker
         self._sticky = sticky
         self._deadline = deadline
-        self._sticky_max = sticky_max
         self._clock = clock
-        self._outstanding = [0] * len(self.all)
-        self._homes: OrderedDict[str, int] = OrderedDict()  # sticky key -> replica index
-        self._opened: dict[str, tuple[int, float]] = {}  # target -> (breaker.opened, seen at)
-        self._turn = 0
+        self._set = ReplicaSet(tuple(r.chat.urls[0] for r in self.all), sticky_max=sticky_max)
 
     def outstanding(self) -> list[int]:
         """Calls in flight per replica, in order."""
-        return list(self._outstanding)
+        return list(self._set.outstanding)
 
     def home(self, key: str) -> int | None:
         """The replica index ``key`` sticks to, if any (does not refresh the key)."""
-        return self._homes.get(key)
+        return self._set.home(key)
 
     async def run(
         self,
@@ -147,9 +139,6 @@ class Replicas:
             try:
                 result = await self._on(replica, work, left)
             except RollgymError as err:
-                # Note now when a breaker this call opened did so: its cooldown runs from here.
-                self._gate(replica.chat)
-                self._gate(replica.root)
                 if not fails_over(err):
                     if last is not None and isinstance(err, DeadlineExceeded):
                         # The sliver of time left ran out on this replica: the failure worth
@@ -160,7 +149,7 @@ class Replicas:
                 last = err
                 continue
             if key is not None and self._sticky:
-                self._stick(key, replica.index)
+                self._set.stick(key, replica.index)
             return result
         assert last is not None  # the order is never empty
         raise last
@@ -174,23 +163,7 @@ class Replicas:
         each at once, and the call fails as ``circuit_open``).
         """
         gates = [self._gate(r.root if root else r.chat) for r in self.all]
-        ready = [r for r in self.all if gates[r.index] == _READY]
-        n = len(self.all)
-        turn = self._turn
-        self._turn = (turn + 1) % n
-        ready.sort(key=lambda r: (self._outstanding[r.index], (r.index - turn) % n))
-        home = self._homes.get(key) if key is not None else None
-        if key is not None and home is not None and gates[home] == _READY:
-            self._homes.move_to_end(key)
-            first = self.all[home]
-            return [first, *(r for r in ready if r is not first)]
-        probes = [
-            r for r in self.all if gates[r.index] == _PROBE and self._outstanding[r.index] == 0
-        ]
-        chosen = probes[:1] + ready
-        if chosen:
-            return chosen
-        return sorted(self.all, key=lambda r: (self._outstanding[r.index], r.index))
+        return [self.all[i] for i in self._set.order(key, gates)]
 
     async def _on(
         self,
@@ -198,32 +171,14 @@ class Replicas:
         work: Callable[[Replica, float | None], Awaitable[T]],
         left: float | None,
     ) -> T:
-        self._outstanding[replica.index] += 1
+        self._set.begin(replica.index)
         try:
             return await work(replica, left)
         finally:
-            self._outstanding[replica.index] -= 1
-
-    def _stick(self, key: str, index: int) -> None:
-        self._homes[key] = index
-        self._homes.move_to_end(key)
-        if len(self._homes) > self._sticky_max:
-            self._homes.popitem(last=False)
+            self._set.end(replica.index)
 
     def _gate(self, target: Target) -> str:
-        """Whether ``target``'s breaker takes calls (ready), one probe, or none (shut).
-
-        The breaker turns half-open only when asked to let a call through, so an open one
-        past its cooldown still reads ``open``: its cooldown is timed from when a change of
-        its ``opened`` count was first seen here (at the latest, right after the failed call
-        that opened it)."""
+        """Whether ``target``'s breaker takes calls (``READY``), one probe, or none: the
+        breaker's own answer (``CircuitBreaker.admits``); one not made yet takes them."""
         breaker = self._breaker(target.name)
-        if breaker is None or not breaker.config.enabled or breaker.state == CLOSED:
-            return _READY
-        if breaker.state == HALF_OPEN:
-            return _PROBE
-        now = self._clock()
-        seen = self._opened.get(target.name)
-        if seen is None or seen[0] != breaker.opened:
-            seen = self._opened[target.name] = (breaker.opened, now)
-        return _PROBE if now - seen[1] >= breaker.config.cooldown else _SHUT
+        return READY if breaker is None else breaker.admits()

@@ -1,0 +1,141 @@
+"""The replicas of one server: which one takes the next call, and which one a key sticks to.
+
+The one implementation of replica choice, used by every caller with several URLs for a server:
+``HttpClient`` for a ``Target`` with several URLs (agent replicas, environments), and
+``rollgym.models.replicas.Replicas`` for a proxy's upstream replicas, which adds a breaker per
+replica and failover between them. The rules:
+
+- **least outstanding**: a new call goes to a ready replica with the fewest calls in flight;
+  ties take turns, so that calls made one at a time spread too;
+- **gates**: a replica marked down (nothing listens there: ``mark_down``) takes no new calls
+  for a while; a caller with a breaker per replica passes what each breaker admits
+  (``CircuitBreaker.admits``); a replica due a probe, with no call in flight, comes first;
+- **sticky**: a key (a rollout) goes back to its replica (``stick``, ``home``) while that one is
+  ready; the last ``sticky_max`` keys are remembered, the least recently used dropped first.
+  When a key sticks is its caller's rule: the client at the first pick (a session lives where
+  its first call went), the proxy once a replica answered (its prefix cache holds the turns);
+- with no replica ready, every one, least outstanding first (the caller's breaker refuses them
+  at once, or a down replica may have come back).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from rollgym.http.breaker import PROBE, READY, SHUT
+
+STICKY_MAX = 65536
+"""Sticky keys remembered (least recently used out first): memory stays flat on long runs."""
+
+
+class ReplicaSet:
+    """Replicas ``urls`` (base URLs), chosen per call by the rules of the module docstring."""
+
+    def __init__(
+        self,
+        urls: tuple[str, ...],
+        *,
+        sticky_max: int = STICKY_MAX,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not urls:
+            raise ValueError("a target needs at least one URL")
+        self.urls = urls
+        self.outstanding = [0] * len(urls)
+        self._index = {url: i for i, url in enumerate(urls)}
+        self._homes: OrderedDict[str, int] = OrderedDict()  # sticky key -> replica index
+        self._sticky_max = sticky_max
+        self._down: dict[int, float] = {}  # index -> when it may be tried again
+        self._clock = clock
+        self._turn = 0
+
+    # -- choice ------------------------------------------------------------------------------
+
+    def order(self, key: str | None = None, gates: Sequence[str] | None = None) -> list[int]:
+        """The replica indices to try for a call, first choice first: ``key``'s replica while
+        it is ready; else one replica due a probe with no call in flight; then the ready ones,
+        least outstanding first (ties take turns). ``gates`` (one per replica: ``READY``,
+        ``PROBE``, ``SHUT``) are the caller's breakers; a replica marked down is ``SHUT``."""
+        n = len(self.urls)
+        if gates is None:
+            gates = [READY] * n
+        if self._down:
+            gates = [SHUT if self.is_down(i) else g for i, g in enumerate(gates)]
+        outstanding = self.outstanding
+        turn = self._turn
+        self._turn = (turn + 1) % n
+        ready = [i for i in range(n) if gates[i] == READY]
+        ready.sort(key=lambda i: (outstanding[i], (i - turn) % n))
+        home = self._homes.get(key) if key is not None else None
+        if key is not None and home is not None and gates[home] == READY:
+            self._homes.move_to_end(key)
+            return [home, *(i for i in ready if i != home)]
+        probes = [i for i in range(n) if gates[i] == PROBE and outstanding[i] == 0]
+        chosen = probes[:1] + ready
+        if chosen:
+            return chosen
+        return sorted(range(n), key=lambda i: (outstanding[i], i))
+
+    def pick(self, sticky: str | None = None, *, pin: bool = False) -> str:
+        """The base URL for the client's next attempt, sticking ``sticky`` to it. ``pin``
+        returns the key's replica even when it is down (the caller must not fail over: its
+        state is there)."""
+        if len(self.urls) == 1:
+            return self.urls[0]
+        if sticky is not None:
+            home = self._homes.get(sticky)
+            if home is not None and (pin or not self.is_down(home)):
+                self._homes.move_to_end(sticky)
+                return self.urls[home]
+        index = self.order()[0]
+        if sticky is not None:
+            self.stick(sticky, index)
+        return self.urls[index]
+
+    # -- stickiness --------------------------------------------------------------------------
+
+    def stick(self, key: str, index: int) -> None:
+        self._homes[key] = index
+        self._homes.move_to_end(key)
+        if len(self._homes) > self._sticky_max:
+            self._homes.popitem(last=False)
+
+    def home(self, key: str) -> int | None:
+        """The replica index ``key`` sticks to, if any (does not refresh the key)."""
+        return self._homes.get(key)
+
+    # -- load and liveness -------------------------------------------------------------------
+
+    def begin(self, index: int) -> None:
+        self.outstanding[index] += 1
+
+    def end(self, index: int) -> None:
+        self.outstanding[index] -= 1
+
+    def index(self, url: str) -> int:
+        """The index of base URL ``url``."""
+        return self._index[url]
+
+    def mark_down(self, index: int, seconds: float | None = None) -> None:
+        """Send no new calls to replica ``index`` (its process or node died); for ``seconds``
+        only, if given, after which it is tried again (a restarted replica comes back)."""
+        self._down[index] = math.inf if seconds is None else self._clock() + seconds
+
+    def mark_up(self, index: int) -> None:
+        self._down.pop(index, None)
+
+    def is_down(self, index: int) -> bool:
+        until = self._down.get(index)
+        if until is None:
+            return False
+        if until <= self._clock():
+            del self._down[index]
+            return False
+        return True
+
+    def live(self) -> list[str]:
+        """The base URLs not marked down."""
+        return [url for i, url in enumerate(self.urls) if not self.is_down(i)]
