@@ -36,7 +36,7 @@ import orjson
 
 from rollgym.collect.dispatch import LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
-from rollgym.collect.orchestrate import check_reachable
+from rollgym.collect.launchers import check_reachable
 from rollgym.collect.recorder import MemorySink, Recorder
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner

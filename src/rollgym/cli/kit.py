@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 import typer
 from typer.core import TyperCommand
 
-from rollgym.collect.layout import RunDir
 from rollgym.errors import ConfigError, RunAborted
 
 if TYPE_CHECKING:
@@ -249,6 +248,8 @@ def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from rollgym.collect.layout import RunDir
+
     console = Console()
     m = outcome.metrics
     counts, reward = m["counts"], m["reward"]
@@ -306,6 +307,7 @@ def guarded(coro: Any, output: Path, *, collects_here: bool = True) -> RunOutcom
     import asyncio
 
     from rollgym import runtime
+    from rollgym.collect.layout import RunDir
 
     try:
         if collects_here:

@@ -24,7 +24,7 @@ from rollgym.cli.kit import collect_config as _collect_config  # noqa: F401 (tes
 from rollgym.errors import ConfigError
 
 if TYPE_CHECKING:
-    from rollgym.collect import Launcher, RunOutcome
+    from rollgym.collect import RunOutcome
     from rollgym.config import CollectConfig, Config
 
 
@@ -75,25 +75,15 @@ async def _run(
     urls: dict[str, list[str]] | None,
 ) -> RunOutcome:
     """``run`` launches the config's servers; ``collect`` (``urls`` given) finds them running."""
-    from rollgym.collect import RunningServers, run_collection
-    from rollgym.collect.inprocess import in_process_agents
-    from rollgym.launch import Supervisor
+    from rollgym.collect import RunAgents, local_launcher, run_collection
+    from rollgym.collect.layout import RunDir
 
-    agent, log_level = options.agent, options.log_level
-    agent_name = cfg.agent_name(agent)  # pre-flight: fails before anything is written
-    launcher: Launcher
-    in_process = in_process_agents(cfg) if collect.agent_in_process else []
-    if urls is None:
-        launcher = Supervisor(cfg, log_dir=output / "logs", log_level=log_level, skip=in_process)
-    elif agent_name not in urls and agent_name not in in_process:
-        raise ConfigError(
-            f"no URL for agent {agent_name!r}: pass --servers {agent_name}=URL "
-            f"or set servers.{agent_name}.url in {cfg.source}"
-        )
-    else:
-        launcher = RunningServers(urls)
+    agents = RunAgents.of(cfg, collect, options.agent)  # pre-flight: before anything is written
+    launcher = local_launcher(
+        cfg, agents, urls=urls, log_dir=RunDir(output).logs, log_level=options.log_level
+    )
     return await run_collection(
-        cfg, collect, input_path, output, launcher, resume=options.resume, agent=agent,
+        cfg, collect, input_path, output, launcher, resume=options.resume, agents=agents,
         progress=options.progress,
     )  # fmt: skip
 

@@ -2,6 +2,7 @@
 
 The path of one run (see the README's architecture section)::
 
+    RunAgents, local_launcher        the run's agents and servers, decided once (launchers.py)
     run_collection (orchestrate.py)  launcher up -> Collector -> launcher down
       Collector (collector.py)       pending items -> dispatcher -> recorder -> metrics, run.json
       Dispatcher (dispatch.py)       LocalDispatcher here, RayDispatcher on a cluster
@@ -11,7 +12,8 @@ The path of one run (see the README's architecture section)::
 
 from rollgym.collect.collector import Collector
 from rollgym.collect.dispatch import Dispatcher, LocalDispatcher
-from rollgym.collect.orchestrate import Launcher, RunningServers, run_collection
+from rollgym.collect.launchers import Launcher, RunAgents, RunningServers, local_launcher
+from rollgym.collect.orchestrate import run_collection
 from rollgym.collect.recorder import MemorySink, Recorder
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
@@ -41,9 +43,11 @@ __all__ = [
     "RolloutPolicy",
     "RolloutRecord",
     "RolloutRunner",
+    "RunAgents",
     "RunOutcome",
     "RunningServers",
     "ScoredRollout",
+    "local_launcher",
     "mark_failed_to_start",
     "prepare_run",
     "run_collection",

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from rollgym.collect.dispatch import Dispatcher, LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
+from rollgym.collect.launchers import RunAgents
 from rollgym.collect.ledger import Ledger
 from rollgym.collect.metrics import compute_metrics
 from rollgym.collect.peers import resources_of
@@ -67,14 +68,14 @@ class Collector:
         self.run = run
         self.cfg = run.collect
         config = run.config
-        self.agent_name = config.agent_name(agent or self.cfg.agent)
+        # Resolved by the run's orchestration (``RunAgents``); here only for a direct caller.
+        self.agent_name = agent or config.agent_name(self.cfg.agent)
         self.targets = {
             name: Target(name, tuple(u.rstrip("/") for u in urls[name]), config.servers[name].retry)
             for name, server in config.servers.items()
             if server.kind == "agent" and name in urls
         }
-        if self.agent_name not in self.targets:
-            raise ConfigError(f"no URL for agent {self.agent_name!r}")
+        RunAgents(self.agent_name).require_url(self.targets, config)
         self.route = AgentRoute.of(config, self.cfg, self.agent_name)
         for ref in sorted(run.info.agent_refs):
             routed = self.route.agent_for(ref)

@@ -27,7 +27,7 @@ from rollgym.server.app import build_app
 from rollgym.server.base import BaseServer, ServerContext, resolve_impl
 
 if TYPE_CHECKING:
-    from rollgym.collect.orchestrate import Launcher
+    from rollgym.collect.launchers import Launcher
     from rollgym.config import Config
 
 log = logging.getLogger("rollgym.collect")

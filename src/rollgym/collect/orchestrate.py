@@ -2,7 +2,7 @@
 here), ``rollgym collect`` (servers already running) and ``rollgym run --ray`` (servers and
 workers on a cluster). Only the launcher and the dispatcher differ:
 
-    check the agent -> prepare the run directory -> launcher.start() -> dispatcher.start()
+    resolve the agents (launchers.RunAgents) -> prepare the run directory -> launcher.start() -> dispatcher.start()
         -> collect -> launcher.stop()
 
 A run whose servers or workers never came up is marked ``failed_to_start`` in ``run.json``
@@ -18,13 +18,16 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
 
 from rollgym.collect.collector import Collector
 from rollgym.collect.dispatch import Dispatcher
-from rollgym.collect.inprocess import InProcessAgents, in_process_agents
+from rollgym.collect.inprocess import InProcessAgents
+from rollgym.collect.launchers import (
+    Launcher,
+    RunAgents,
+)
 from rollgym.collect.rundir import (
     PreparedRun,
     RunOutcome,
@@ -32,31 +35,11 @@ from rollgym.collect.rundir import (
     mark_failed_to_start,
     prepare_run,
 )
-from rollgym.config import CollectConfig, Config, RetryPolicy
-from rollgym.errors import ConfigError, LaunchError, RollgymError, RunAborted, TransportError
-from rollgym.http import HttpClient, Target
+from rollgym.config import CollectConfig, Config
+from rollgym.errors import RollgymError, RunAborted
+from rollgym.http import HttpClient
 
 log = logging.getLogger("rollgym.collect")
-
-
-class Launcher(Protocol):
-    """Brings a run's servers up and down."""
-
-    async def start(self) -> dict[str, list[str]]:
-        """Start (or find) the servers; return name -> replica URLs once all answer."""
-
-    async def stop(self) -> None:
-        """Stop what ``start`` started; idempotent, safe after a failed start."""
-
-    async def watch(
-        self, on_fatal: Callable[[str], None], pause: Callable[[bool], None] | None = None
-    ) -> None:
-        """While the run collects (cancelled at its end): keep the servers up, calling
-        ``pause(True)`` / ``pause(False)`` around a repair; ``on_fatal(reason)`` when they
-        cannot be kept up (the run then aborts)."""
-
-    def report(self) -> dict[str, Any]:
-        """What the launcher did during the run, for ``metrics.json`` (``{}``: nothing)."""
 
 
 async def run_collection(
@@ -69,23 +52,23 @@ async def run_collection(
     dispatcher: Dispatcher | None = None,
     resume: bool = False,
     agent: str | None = None,
+    agents: RunAgents | None = None,
     progress: bool = True,
 ) -> RunOutcome:
     """Run (or ``resume``) one collection into ``out_dir`` with servers from ``launcher``.
-    With ``collect.agent_in_process`` the agents run here (``InProcessAgents``); ``launcher``
-    must then leave them out (``Supervisor(skip=...)``)."""
-    agent_name = config.agent_name(agent)  # pre-flight: fails before anything is written
-    if collect.agent_in_process:
-        if dispatcher is not None:
-            raise ConfigError(
-                "collect.agent_in_process runs the agents in the collector's process; it "
-                "does not combine with another dispatcher (--ray)"
-            )
-        launcher = InProcessAgents(launcher, config, in_process_agents(config))
+    ``agents``: the run's agents as the caller resolved them (default: from ``agent`` and
+    ``collect``). With ``collect.agent_in_process`` the agents run here (``InProcessAgents``);
+    ``launcher`` must then leave them out (``local_launcher`` does)."""
+    # Pre-flight, before anything is written: the agent, and whether it runs here.
+    agents = agents or RunAgents.of(config, collect, agent, dispatcher)
+    in_process: InProcessAgents | None = None
+    if agents.in_process:
+        launcher = in_process = InProcessAgents(launcher, config, agents.in_process)
     prepared = prepare_run(config, collect, input_path, out_dir, resume=resume, lock=True)
     try:
         try:
-            collector = await _start(prepared, launcher, dispatcher, agent_name, progress)
+            client = None if in_process is None else HttpClient(transport=in_process.transport)
+            collector = await _start(prepared, launcher, dispatcher, agents, client, progress)
             collector.sections = launcher.report
             watch = asyncio.create_task(launcher.watch(collector.abort, collector.recorder.pause))
             watch.add_done_callback(lambda task: _watch_ended(task, collector))
@@ -115,7 +98,8 @@ async def _start(
     prepared: PreparedRun,
     launcher: Launcher,
     dispatcher: Dispatcher | None,
-    agent: str,
+    agents: RunAgents,
+    client: HttpClient | None,
     progress: bool,
 ) -> Collector:
     """Servers up, dispatcher ready: the collector to run; or the run marked as never
@@ -125,18 +109,9 @@ async def _start(
     with _interrupts_stop_startup(prepared) as interrupted:
         try:
             urls = await launcher.start()
-            if agent not in urls:
-                raise ConfigError(
-                    f"no URL for agent {agent!r}: pass --servers {agent}=URL or set "
-                    f"servers.{agent}.url in {prepared.config.source or 'the config'}"
-                )
-            client = (
-                HttpClient(transport=launcher.transport)
-                if isinstance(launcher, InProcessAgents)
-                else None
-            )
+            RunAgents(agents.name).require_url(urls, prepared.config)
             collector = Collector(
-                prepared, urls, agent=agent, progress=progress, dispatcher=dispatcher,
+                prepared, urls, agent=agents.name, progress=progress, dispatcher=dispatcher,
                 client=client,
             )  # fmt: skip
             await collector.start()
@@ -200,67 +175,6 @@ def _uncancel() -> None:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
-
-
-class RunningServers:
-    """Servers that run elsewhere (``rollgym collect``): ``start`` only checks that each one
-    answers at all, so a wrong URL fails the run before anything is dispatched."""
-
-    def __init__(self, urls: dict[str, list[str]], *, timeout: float = 10.0) -> None:
-        self.urls = urls
-        self.timeout = timeout
-
-    async def start(self) -> dict[str, list[str]]:
-        async with HttpClient(limit=64) as http:
-            await check_reachable(http, self.urls, self.timeout)
-        return self.urls
-
-    async def stop(self) -> None:
-        """Nothing to stop: the servers are not ours."""
-
-    async def watch(
-        self, on_fatal: Callable[[str], None], pause: Callable[[bool], None] | None = None
-    ) -> None:
-        """Nothing to watch: servers that are not ours are not restarted by us."""
-
-    def report(self) -> dict[str, Any]:
-        return {}
-
-
-# Refused connections are retried until the deadline: a server started a moment ago (``serve &``
-# then ``collect``) gets the time to bind. Any status is an answer, so none is retried.
-_PROBE = RetryPolicy.model_validate(
-    {
-        "max_attempts": 10, "attempt_timeout": 5.0, "deadline": 10.0, "backoff_initial": 0.2,
-        "backoff_max": 1.0, "retry_statuses": [], "budget": {"enabled": False},
-        "breaker": {"enabled": False},
-    }
-)  # fmt: skip
-
-
-async def check_reachable(
-    http: HttpClient, urls: dict[str, list[str]], timeout: float = 10.0
-) -> None:
-    """Raise ``LaunchError`` naming every server replica that does not answer HTTP within
-    ``timeout`` seconds. Any HTTP answer counts (a server without ``/health`` answers 404):
-    the question is whether something listens, not whether it is a rollgym server."""
-    probes = [
-        (name, url, Target.single(name, url, _PROBE)) for name, us in urls.items() for url in us
-    ]
-    problems: list[str] = []
-    results = await asyncio.gather(
-        *(http.call(t, "/health", {}, deadline=timeout) for _, _, t in probes),
-        return_exceptions=True,
-    )
-    for (name, url, _), got in zip(probes, results, strict=True):
-        if isinstance(got, TransportError):
-            problems.append(f"{name} at {url}: {got.message}")
-        elif isinstance(got, BaseException) and not isinstance(got, RollgymError):
-            raise got
-    if problems:
-        raise LaunchError(
-            f"{len(problems)} server(s) not reachable: " + "; ".join(problems), retryable=False
-        )
 
 
 def _watch_ended(task: asyncio.Task[None], collector: Collector) -> None:
