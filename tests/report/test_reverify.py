@@ -84,3 +84,13 @@ def test_an_aborted_run_is_reverified_as_far_as_it_went(tmp_path: Path) -> None:
     assert sorted(keys(rollouts)) == sorted(keys(scored)) and diff.changed == []
     run = orjson.loads((out / "run.json").read_bytes())
     assert run["status"] == "aborted"
+
+
+def test_a_config_with_agents_in_process_is_reverified_without_an_agent(tmp_path: Path) -> None:
+    source = asyncio.run(good_run(tmp_path, n=4, repeats=2))
+    cfg = stack_config({"concurrency": 4, "agent_in_process": True})
+    out = tmp_path / "reverified"
+    outcome, diff = asyncio.run(reverify(cfg, cfg.collect, source, out, progress=False))
+    assert outcome.status == "completed" and diff.changed == [] and diff.compared == 8
+    run = orjson.loads((out / "run.json").read_bytes())
+    assert run["collect"]["agent_in_process"] is False  # no agent ran, here or elsewhere

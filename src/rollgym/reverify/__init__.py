@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from rollgym.collect.launchers import RunAgents
 from rollgym.collect.layout import RunDir
 from rollgym.collect.orchestrate import run_collection
 from rollgym.collect.peers import resources_of
@@ -72,10 +73,15 @@ async def reverify(
 ) -> tuple[RunOutcome, ReverifyDiff]:
     """Re-verify every recorded rollout of ``source`` into ``output``; write and return the
     diff (``output/reverify_diff.json``) with the run's outcome."""
-    agent_name = config.agent_name(agent or collect.agent)
+    # Resolved once; no agent runs here (the resources server stands in for it), so none in
+    # this process either, whatever collect.agent_in_process says.
+    agents = RunAgents(config.agent_name(agent or collect.agent))
+    agent_name = agents.name
     res_name = resources_of(config, agent_name)
     input_path, repeats = _input(source, output)
-    collect = collect.model_copy(update={"repeats": repeats, "limit": None})
+    collect = collect.model_copy(
+        update={"repeats": repeats, "limit": None, "agent_in_process": False}
+    )
     recorded = RecordedRun(source)
     try:
         dispatcher = ReverifyDispatcher(
@@ -85,7 +91,7 @@ async def reverify(
         launcher = ResourcesOnly(config, agent_name, res_name, RunDir(output).logs, log_level)
         outcome = await run_collection(
             config, collect, input_path, output, launcher, dispatcher=dispatcher,
-            resume=resume, agent=agent_name, progress=progress,
+            resume=resume, agents=agents, progress=progress,
         )  # fmt: skip
     finally:
         recorded.close()
