@@ -356,9 +356,10 @@ async def test_successes_between_failures_keep_the_breaker_closed() -> None:
 @pytest.mark.parametrize("probe_status", [200, 404])
 async def test_half_open_probe_answered_closes_the_breaker(probe_status: int) -> None:
     # A probe that is answered at all (even with a caller's 4xx) shows the server is back.
+    # The cooldown outlasts the calls that expect the circuit open, on a busy machine too.
     script = Script(gen=[503, 503, probe_status])
     script.plan("/gen", script.plans["/gen"], default=200)
-    policy = fast_policy(max_attempts=1, breaker={"consecutive_failures": 2, "cooldown": 0.2})
+    policy = fast_policy(max_attempts=1, breaker={"consecutive_failures": 2, "cooldown": 2.0})
     async with serve_script(script) as url, HttpClient() as client:
         tgt = Target.single("model", url, policy)
         for _ in range(2):
@@ -366,7 +367,7 @@ async def test_half_open_probe_answered_closes_the_breaker(probe_status: int) ->
                 await client.call(tgt, "/gen", {})
         with pytest.raises(CircuitOpen):
             await client.call(tgt, "/gen", {})
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(2.1)  # past the cooldown (load only adds)
         if probe_status == 200:
             await client.call(tgt, "/gen", {})
         else:
@@ -381,13 +382,13 @@ async def test_half_open_probe_answered_closes_the_breaker(probe_status: int) ->
 
 async def test_half_open_probe_failure_reopens_the_breaker() -> None:
     script = Script(gen=lambda n: 503)
-    policy = fast_policy(max_attempts=1, breaker={"consecutive_failures": 2, "cooldown": 0.2})
+    policy = fast_policy(max_attempts=1, breaker={"consecutive_failures": 2, "cooldown": 2.0})
     async with serve_script(script) as url, HttpClient() as client:
         tgt = Target.single("model", url, policy)
         for _ in range(2):
             with pytest.raises(HTTPStatusError):
                 await client.call(tgt, "/gen", {})
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(2.1)  # past the cooldown (load only adds)
         with pytest.raises(HTTPStatusError):
             await client.call(tgt, "/gen", {})  # the probe, sent and failed
         with pytest.raises(CircuitOpen):
