@@ -2,8 +2,8 @@
 here), ``rollgym collect`` (servers already running) and ``rollgym run --ray`` (servers and
 workers on a cluster). Only the launcher and the dispatcher differ:
 
-    resolve the agents (launchers.RunAgents) -> prepare the run directory -> launcher.start() -> dispatcher.start()
-        -> collect -> launcher.stop()
+    resolve the agents (launchers.RunAgents) -> prepare the run directory -> launcher.start()
+        -> dispatcher.start() -> collect -> launcher.stop()
 
 A run whose servers or workers never came up is marked ``failed_to_start`` in ``run.json``
 (nothing was dispatched, and a plain rerun into the same directory is allowed); so is one
@@ -24,10 +24,7 @@ from pathlib import Path
 from rollgym.collect.collector import Collector
 from rollgym.collect.dispatch import Dispatcher
 from rollgym.collect.inprocess import InProcessAgents
-from rollgym.collect.launchers import (
-    Launcher,
-    RunAgents,
-)
+from rollgym.collect.launchers import Launcher, RunAgents
 from rollgym.collect.rundir import (
     PreparedRun,
     RunOutcome,
