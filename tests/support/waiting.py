@@ -6,9 +6,13 @@ import asyncio
 import time
 from collections.abc import Callable
 
+DEFAULT_TIMEOUT = 15.0
+"""Seconds before a wait fails: a bound for a condition that never comes, not a measure of
+speed (a wait returns as soon as its condition holds), so wide enough for a busy machine."""
+
 
 async def wait_until(
-    predicate: Callable[[], object], timeout: float = 5.0, what: str = "condition"
+    predicate: Callable[[], object], timeout: float = DEFAULT_TIMEOUT, what: str = "condition"
 ) -> None:
     """Poll ``predicate`` on the event loop until it is true; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
