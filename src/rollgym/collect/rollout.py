@@ -29,6 +29,7 @@ from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, S
 from rollgym.config import CollectConfig
 from rollgym.errors import ConnectError, InternalError, RollgymError
 from rollgym.http import HttpClient, Target
+from rollgym.http.replicas import resends_elsewhere
 from rollgym.protocol import check_verified
 from rollgym.wire import HEADER_ROLLOUT
 
@@ -108,11 +109,7 @@ class RolloutRunner:
                         self.circuit_holds += 1
                         await self._hold(err, wait)
                         continue
-                    if (
-                        isinstance(err, ConnectError)
-                        and failovers > 0
-                        and self.http.live_urls(target)
-                    ):
+                    if resends_elsewhere(err) and failovers > 0 and self.http.live_urls(target):
                         # That replica is gone (the client took it out of rotation); another
                         # one gets the rollout. Nothing was sent, so it is not an attempt.
                         failovers -= 1

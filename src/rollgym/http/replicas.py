@@ -16,6 +16,15 @@ replica and failover between them. The rules:
   its first call went), the proxy once a replica answered (its prefix cache holds the turns);
 - with no replica ready, every one, least outstanding first (the caller's breaker refuses them
   at once, or a down replica may have come back).
+
+Failover, when a replica failed a call, is one of two rules, by what the call may replay:
+
+- ``fails_over``: a stateless call (a model's chat) goes to another replica after any failure
+  that is the server's (5xx, no answer, a garbled answer, its circuit open, its retry budget
+  spent), never after a 4xx or a spent deadline;
+- ``resends_elsewhere``: a call that is not safe to replay (an agent's ``/run``) goes to
+  another replica only when nothing was sent (the connection was refused: the client marked
+  the replica down), and only while another replica is live.
 """
 
 from __future__ import annotations
@@ -25,10 +34,36 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from rollgym.errors import (
+    BudgetExhausted,
+    CircuitOpen,
+    ConnectError,
+    DeadlineExceeded,
+    RollgymError,
+)
 from rollgym.http.breaker import PROBE, READY, SHUT
+from rollgym.http.classify import blames_server
 
 STICKY_MAX = 65536
 """Sticky keys remembered (least recently used out first): memory stays flat on long runs."""
+
+
+def fails_over(err: RollgymError) -> bool:
+    """Whether another replica may answer what ``err``'s replica could not."""
+    if isinstance(err, CircuitOpen):
+        return True  # not sent at all
+    if isinstance(err, BudgetExhausted):
+        return err.origin is not None and blames_server(err.origin)
+    if isinstance(err, DeadlineExceeded):
+        return False  # the call's whole time is spent; another replica gets none of it
+    # A 4xx is not (the same request would be refused anywhere); 5xx and no answer are.
+    return blames_server(err)
+
+
+def resends_elsewhere(err: RollgymError) -> bool:
+    """Whether a call that is not safe to replay may go to another replica after ``err``:
+    only when nothing reached the replica (it refused the connection)."""
+    return isinstance(err, ConnectError)
 
 
 class ReplicaSet:

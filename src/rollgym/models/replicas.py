@@ -31,12 +31,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from rollgym.errors import BudgetExhausted, CircuitOpen, DeadlineExceeded, RollgymError
+from rollgym.errors import DeadlineExceeded, RollgymError
 from rollgym.http import Target
 from rollgym.http.breaker import READY, CircuitBreaker
-from rollgym.http.classify import blames_server
 from rollgym.http.policy import RetryPolicy
-from rollgym.http.replicas import STICKY_MAX, ReplicaSet
+from rollgym.http.replicas import STICKY_MAX, ReplicaSet, fails_over
 
 log = logging.getLogger("rollgym.models.replicas")
 
@@ -68,18 +67,6 @@ def replica_targets(name: str, urls: Sequence[str], policy: RetryPolicy) -> tupl
         )
         replicas.append(Replica(i, chat, root))
     return tuple(replicas)
-
-
-def fails_over(err: RollgymError) -> bool:
-    """Whether another replica may answer what ``err``'s replica could not."""
-    if isinstance(err, CircuitOpen):
-        return True  # not sent at all
-    if isinstance(err, BudgetExhausted):
-        return err.origin is not None and blames_server(err.origin)
-    if isinstance(err, DeadlineExceeded):
-        return False  # the call's whole time is spent; another replica gets none of it
-    # A 4xx is not (the same request would be refused anywhere); 5xx and no answer are.
-    return blames_server(err)
 
 
 class Replicas:
