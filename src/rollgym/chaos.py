@@ -67,7 +67,9 @@ class ChaosProxy:
     def _decide(self, path: str, rollout: str | None) -> Fault | Literal["ok"] | int:
         # Health checks pass untouched: the launcher's waits and the model proxy's liveness
         # probes (POST /ping) are how a fault is found, not calls to inject faults into.
-        if path in ("/health", "/ping") or (self.spec.paths is not None and path not in self.spec.paths):
+        if path in ("/health", "/ping") or (
+            self.spec.paths is not None and path not in self.spec.paths
+        ):
             return "ok"
         pos = self._sequence_pos[path]
         if pos < len(self.spec.sequence):
