@@ -1,4 +1,5 @@
-"""Circuit breaker per called server.
+"""Circuit breaker per called server: per replica, for a server with several (each replica's
+circuit opens and closes on its own).
 
 Closed: requests flow. After ``consecutive_failures`` final failures in a row, or a failure
 rate of at least ``failure_rate`` over ``window`` seconds (with ``min_requests``), it opens:
@@ -49,9 +50,9 @@ class CircuitBreaker:
     def admits(self) -> str:
         """Whether a call sent now would be let through, without letting it (``allow`` does):
         ``READY`` (closed, or disabled), ``PROBE`` (open past its cooldown, or half-open with
-        no probe in flight: the next call is the probe), else ``SHUT``. A caller choosing
-        among several breakers (``rollgym.models.replicas``) asks this, and never re-derives
-        the cooldown from the breaker's fields."""
+        no probe in flight: the next call is the probe), else ``SHUT``. The choice among
+        replicas (``rollgym.http.replicas.ReplicaSet``) asks each replica's breaker this, and
+        never re-derives the cooldown from the breaker's fields."""
         if not self.config.enabled or self.state == CLOSED:
             return READY
         if self.state == OPEN:

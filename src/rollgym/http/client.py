@@ -7,10 +7,12 @@ One client per process or event loop. The send path is a chain of small steps::
                           ├─ transport   one attempt (``Transport.send(Request)``) -> decoded JSON
                           └─ classify    after a failure: retry after how long, or which error
 
-Each ``Target`` carries the called server's own retry policy; a retry budget and a circuit
-breaker per target keep a failing server from being hammered. The transport
-(``default_transport()`` unless one is given: the lean one, aiohttp's behind it for ``https``)
-is the seam where an attempt leaves the process; ``on_attempt`` hears of every attempt sent.
+Each ``Target`` carries the called server's own retry policy; a retry budget per target and a
+circuit breaker per replica URL keep a failing server from being hammered, while the target's
+healthy replicas go on taking its calls (``rollgym.http.replicas`` chooses among them). The
+transport (``default_transport()`` unless one is given: the lean one, aiohttp's behind it for
+``https``) is the seam where an attempt leaves the process; ``on_attempt`` hears of every
+attempt sent.
 """
 
 from __future__ import annotations
@@ -92,14 +94,15 @@ class TargetStats:
 class _TargetState:
     policy: RetryPolicy
     budget: RetryBudget
-    breaker: CircuitBreaker
+    breakers: tuple[CircuitBreaker, ...]  # one per replica, in the order of the target's URLs
     replicas: ReplicaSet
     stats: TargetStats
     caps: answer_limits.Caps  # the policy's answer limits, for the transport
 
 
 class HttpClient:
-    """Pooled JSON-over-HTTP client with per-target retry policy, budget and breaker.
+    """Pooled JSON-over-HTTP client with per-target retry policy and budget, and a circuit
+    breaker per replica.
 
     ``transport`` replaces the default one (``default_transport()``; ``limit`` and
     ``keepalive_timeout`` are its pool settings); a transport passed in stays its owner's to
@@ -145,12 +148,12 @@ class HttpClient:
             state is None
             or state.replicas.urls != target.urls
             or state.budget.config != policy.budget
-            or state.breaker.config != policy.breaker
+            or state.breakers[0].config != policy.breaker
         ):
             state = _TargetState(
                 policy=policy,
                 budget=RetryBudget(policy.budget),
-                breaker=CircuitBreaker(target.name, policy.breaker),
+                breakers=_breakers(target, policy),
                 replicas=ReplicaSet(target.urls),
                 stats=state.stats if state else TargetStats(),
                 caps=answer_limits.Caps(policy.answer_limits),
@@ -166,7 +169,7 @@ class HttpClient:
 
     def mark_down(self, target: Target, url: str, seconds: float | None = None) -> None:
         """Send no new calls to replica ``url`` of ``target`` (for ``seconds``, or for good),
-        keeping the target's breaker, budget and load counts."""
+        keeping its breaker and the target's budget and load counts."""
         replicas = self._state(target).replicas
         replicas.mark_down(replicas.index(url), seconds)
 
@@ -175,8 +178,16 @@ class HttpClient:
         return self._state(target).replicas.live()
 
     def breaker(self, name: str) -> CircuitBreaker | None:
+        """The breaker of target ``name`` (with several URLs: its first replica's; see
+        ``breakers``), or ``None`` before the target's first call."""
         state = self._targets.get(name)
-        return state.breaker if state else None
+        return state.breakers[0] if state else None
+
+    def breakers(self, name: str) -> tuple[CircuitBreaker, ...]:
+        """The breakers of target ``name``, one per replica URL in order (named ``NAME[i]``
+        when there are several); empty before the target's first call."""
+        state = self._targets.get(name)
+        return state.breakers if state else ()
 
     def call(
         self,
@@ -287,14 +298,14 @@ class HttpClient:
         attempt = 0
         while True:
             attempt += 1
-            base = self._admit(target, state, endpoint, attempt, sticky, pin, last)
+            replica = self._admit(target, state, endpoint, attempt, sticky, pin, last)
+            breaker = state.breakers[replica]
             stats.attempts += 1
             if attempt == 1:
                 # The budget counts calls; retries are what it limits (see RetryBudget).
                 state.budget.record_request()
             left = total - (time.monotonic() - start)
-            url = base + endpoint
-            replica = state.replicas.index(base)
+            url = target.urls[replica] + endpoint
             state.replicas.begin(replica)
             try:
                 # One attempt, inline rather than a method of its own: a call in flight holds
@@ -330,12 +341,12 @@ class HttpClient:
             except BaseException:
                 # Cancelled mid-attempt: there is no outcome to report, but a half-open probe
                 # that never reports would keep the circuit shut for good.
-                state.breaker.release()
+                breaker.release()
                 raise
             else:
                 # Every answered attempt reports to the breaker: successes reset its count of
                 # failures in a row, and a successful half-open probe closes it.
-                state.breaker.record(True)
+                breaker.record(True)
                 return (value, raw.cookies) if with_cookies else value
             err = scrubbed(failure.error, header_secrets(headers))
             if isinstance(err, ConnectError) and len(target.urls) > 1:
@@ -353,7 +364,7 @@ class HttpClient:
             )  # fmt: skip
             refused = decision.retry and not state.budget.try_retry()
             ends = refused or not decision.retry
-            _report(state.breaker, decision.blame, ends)
+            _report(breaker, decision.blame, ends)
             if ends:
                 stats.failures += 1
                 final = decision.error
@@ -382,20 +393,30 @@ class HttpClient:
         sticky: str | None,
         pin: bool,
         last: RollgymError | None,
-    ) -> str:
-        """The replica for attempt number ``attempt``, or the error that stops the call."""
-        if not state.breaker.allow():
+    ) -> int:
+        """The replica (its index) for attempt number ``attempt``, or the error that stops the
+        call: its replica's breaker refused it (with several replicas, each breaker is asked
+        first, so this means every one is open, or a pinned call's own)."""
+        replicas = state.replicas
+        replica = replicas.pick(sticky, state.breakers, pin=pin)
+        if pin and len(target.urls) > 1 and replicas.is_down(replica):
+            state.stats.failures += 1
+            url = target.urls[replica]
+            raise replica_lost(target.name, endpoint, url, attempts=attempt, last=last)
+        if not state.breakers[replica].allow():
             state.stats.circuit_rejected += 1
             state.stats.failures += 1
             raise circuit_open(target.name, endpoint, attempts=attempt - 1, last=last)
-        replicas = state.replicas
-        base = replicas.pick(sticky, pin=pin)
-        if pin and len(target.urls) > 1 and replicas.is_down(replicas.index(base)):
-            # Not sent: a half-open breaker's probe slot, if this took it, goes to another call.
-            state.breaker.release()
-            state.stats.failures += 1
-            raise replica_lost(target.name, endpoint, base, attempts=attempt, last=last)
-        return base
+        return replica
+
+
+def _breakers(target: Target, policy: RetryPolicy) -> tuple[CircuitBreaker, ...]:
+    """A breaker per replica of ``target``: one sick replica's circuit opens for it alone."""
+    if len(target.urls) == 1:
+        return (CircuitBreaker(target.name, policy.breaker),)
+    return tuple(
+        CircuitBreaker(f"{target.name}[{i}]", policy.breaker) for i in range(len(target.urls))
+    )
 
 
 def _report(breaker: CircuitBreaker, blame: bool, ends: bool) -> None:

@@ -1,21 +1,28 @@
 """The replicas of one server: which one takes the next call, and which one a key sticks to.
 
 The one implementation of replica choice, used by every caller with several URLs for a server:
-``HttpClient`` for a ``Target`` with several URLs (agent replicas, environments), and
-``rollgym.models.replicas.Replicas`` for a proxy's upstream replicas, which adds a breaker per
-replica and failover between them. The rules:
+``HttpClient`` for a ``Target`` with several URLs (agent replicas, model servers, environments),
+and ``rollgym.models.replicas.Replicas`` for a proxy's upstream replicas, which adds failover
+between them after each replica's own retries. Both keep a circuit breaker per replica and pass
+the breakers here; each breaker answers whether it admits a call (``CircuitBreaker.admits``).
+The rules:
 
 - **least outstanding**: a new call goes to a ready replica with the fewest calls in flight;
   ties take turns, so that calls made one at a time spread too;
-- **gates**: a replica marked down (nothing listens there: ``mark_down``) takes no new calls
-  for a while; a caller with a breaker per replica passes what each breaker admits
-  (``CircuitBreaker.admits``); a replica due a probe, with no call in flight, comes first;
+- **gates**: a replica is ready when its breaker is closed and it is not marked down (nothing
+  listens there: ``mark_down``; it takes no new calls for a while); a replica whose breaker is
+  due a probe, with no call in flight, comes first (the call is the probe); one whose breaker is
+  open takes no calls;
 - **sticky**: a key (a rollout) goes back to its replica (``stick``, ``home``) while that one is
-  ready; the last ``sticky_max`` keys are remembered, the least recently used dropped first.
-  When a key sticks is its caller's rule: the client at the first pick (a session lives where
-  its first call went), the proxy once a replica answered (its prefix cache holds the turns);
-- with no replica ready, every one, least outstanding first (the caller's breaker refuses them
-  at once, or a down replica may have come back).
+  ready; otherwise it goes where the rules above send it. The last ``sticky_max`` keys are
+  remembered, the least recently used dropped first. When a key sticks is its caller's rule:
+  the client at its pick (a session lives where its first call went; a key moved off a replica
+  that is down or open sticks where it lands), the proxy once a replica answered (its prefix
+  cache holds the turns). A pinned key (``pick(pin=True)``: its state lives on its replica)
+  never moves: its caller refuses the call if that replica is down or open;
+- with no replica ready, every one, one due a probe first, then least outstanding (the
+  caller's breaker refuses them at once: the call fails as ``circuit_open``; or a down replica
+  may have come back).
 
 Failover, when a replica failed a call, is one of two rules, by what the call may replay:
 
@@ -41,8 +48,11 @@ from rollgym.errors import (
     DeadlineExceeded,
     RollgymError,
 )
-from rollgym.http.breaker import PROBE, READY, SHUT
+from rollgym.http.breaker import PROBE, READY, SHUT, CircuitBreaker
 from rollgym.http.classify import blames_server
+
+Breakers = Sequence[CircuitBreaker | None]
+"""A caller's breakers, one per replica in order (``None``: a replica with no breaker yet)."""
 
 STICKY_MAX = 65536
 """Sticky keys remembered (least recently used out first): memory stays flat on long runs."""
@@ -89,14 +99,16 @@ class ReplicaSet:
 
     # -- choice ------------------------------------------------------------------------------
 
-    def order(self, key: str | None = None, gates: Sequence[str] | None = None) -> list[int]:
+    def order(self, key: str | None = None, breakers: Breakers | None = None) -> list[int]:
         """The replica indices to try for a call, first choice first: ``key``'s replica while
         it is ready; else one replica due a probe with no call in flight; then the ready ones,
-        least outstanding first (ties take turns). ``gates`` (one per replica: ``READY``,
-        ``PROBE``, ``SHUT``) are the caller's breakers; a replica marked down is ``SHUT``."""
+        least outstanding first (ties take turns). ``breakers`` are the caller's, one per
+        replica; a replica marked down is shut whatever its breaker says."""
         n = len(self.urls)
-        if gates is None:
+        if breakers is None:
             gates = [READY] * n
+        else:
+            gates = [READY if b is None else b.admits() for b in breakers]
         if self._down:
             gates = [SHUT if self.is_down(i) else g for i, g in enumerate(gates)]
         outstanding = self.outstanding
@@ -112,23 +124,32 @@ class ReplicaSet:
         chosen = probes[:1] + ready
         if chosen:
             return chosen
-        return sorted(range(n), key=lambda i: (outstanding[i], i))
+        return sorted(range(n), key=lambda i: (gates[i] != PROBE, outstanding[i], i))
 
-    def pick(self, sticky: str | None = None, *, pin: bool = False) -> str:
-        """The base URL for the client's next attempt, sticking ``sticky`` to it. ``pin``
-        returns the key's replica even when it is down (the caller must not fail over: its
-        state is there)."""
+    def pick(
+        self, sticky: str | None = None, breakers: Breakers | None = None, *, pin: bool = False
+    ) -> int:
+        """The replica index for the client's next attempt, sticking ``sticky`` to it;
+        ``breakers`` as for ``order``. ``pin`` returns the key's replica whatever its state
+        (the caller must not fail over: its state is there; it refuses the call itself when
+        that replica is down or its circuit open)."""
         if len(self.urls) == 1:
-            return self.urls[0]
+            return 0  # the hot path of a target with one URL: no gate to ask
         if sticky is not None:
             home = self._homes.get(sticky)
-            if home is not None and (pin or not self.is_down(home)):
+            if home is not None and (pin or self._ready(home, breakers)):
                 self._homes.move_to_end(sticky)
-                return self.urls[home]
-        index = self.order()[0]
+                return home
+        index = self.order(None, breakers)[0]
         if sticky is not None:
-            self.stick(sticky, index)
-        return self.urls[index]
+            self.stick(sticky, index)  # a key moved off its replica sticks where it lands
+        return index
+
+    def _ready(self, index: int, breakers: Breakers | None) -> bool:
+        if self.is_down(index):
+            return False
+        breaker = breakers[index] if breakers is not None else None
+        return breaker is None or breaker.admits() == READY
 
     # -- stickiness --------------------------------------------------------------------------
 

@@ -255,8 +255,7 @@ class OpenAIProxy(ModelServer):
             policy = policy.model_copy(update={"attempt_timeout": opts.timeout})
         self.replicas = Replicas(
             replica_targets(self.name, opts.upstream_urls, policy),
-            # Looked up at each call: the client keeps a breaker per target once called.
-            lambda target: self.client.breaker(target),
+            self.client.breaker,  # each replica's targets have a breaker of their own
             sticky=opts.sticky_replicas,
             deadline=policy.deadline,
         )

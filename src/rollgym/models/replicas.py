@@ -19,6 +19,14 @@ replica due a probe first), with each replica's breakers as its gates:
   caller's mistake and is raised at once; so is a spent deadline. When every replica failed,
   the last error is raised.
 
+Why a ``Target`` per replica rather than one ``Target`` with every URL (which the client also
+serves, with a breaker per URL: an agent's replicas): here a call moves to another replica only
+once its replica's own retries are spent, where the client's attempts at one target go wherever
+its choice sends each one; a call's ``/tokenize`` must reach the replica that generated it, at
+a second target whose choice would be its own; and each replica keeps its own retry budget,
+stats and liveness watch. The choice itself is the client's (one ``ReplicaSet``, asking each
+replica's breaker), as is the rule of which failures move a call (``fails_over``).
+
 A single replica keeps the names the proxy always had (``NAME.upstream``, ``NAME.upstream_root``)
 and is called exactly as before: no failover, no deadline of its own.
 """
@@ -33,7 +41,7 @@ from typing import TypeVar
 
 from rollgym.errors import DeadlineExceeded, RollgymError
 from rollgym.http import Target
-from rollgym.http.breaker import READY, CircuitBreaker
+from rollgym.http.breaker import CircuitBreaker
 from rollgym.http.policy import RetryPolicy
 from rollgym.http.replicas import STICKY_MAX, ReplicaSet, fails_over
 
@@ -149,8 +157,10 @@ class Replicas:
         least outstanding first. With every breaker open: all of them (the client refuses
         each at once, and the call fails as ``circuit_open``).
         """
-        gates = [self._gate(r.root if root else r.chat) for r in self.all]
-        return [self.all[i] for i in self._set.order(key, gates)]
+        # Looked up at each call: the client makes a target's breaker at its first call (and
+        # anew when its policy changes).
+        breakers = [self._breaker((r.root if root else r.chat).name) for r in self.all]
+        return [self.all[i] for i in self._set.order(key, breakers)]
 
     async def _on(
         self,
@@ -163,9 +173,3 @@ class Replicas:
             return await work(replica, left)
         finally:
             self._set.end(replica.index)
-
-    def _gate(self, target: Target) -> str:
-        """Whether ``target``'s breaker takes calls (``READY``), one probe, or none: the
-        breaker's own answer (``CircuitBreaker.admits``); one not made yet takes them."""
-        breaker = self._breaker(target.name)
-        return READY if breaker is None else breaker.admits()
