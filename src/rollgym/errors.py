@@ -255,9 +255,7 @@ class RollgymError(Exception):
         another server (a gateway's 502 -> the model's 500), but not into a cause recorded by
         the same server (a deadline's last read timeout)."""
         err: RollgymError = self
-        while err.origin is not None and (
-            err.origin.server != err.server or isinstance(err, HTTPStatusError)
-        ):
+        while err.origin is not None and _started_upstream(err.type, err.server, err.origin.server):
             err = err.origin
         return err
 
@@ -311,6 +309,25 @@ def _capped(err: RollgymError | None, depth: int) -> RollgymError | None:
         fields["origin"] = origin
         origin = _restore(type(item), fields)
     return origin
+
+
+def root_record(record: dict[str, Any]) -> dict[str, Any]:
+    """``RollgymError.root`` on an error's JSON form (``to_dict``, as ``failures.jsonl`` holds
+    it): the record of the error where the failure started, read without rebuilding the chain
+    (a record of a type this tree does not know keeps its own ``type``)."""
+    while isinstance(origin := record.get("origin"), dict) and _started_upstream(
+        record.get("type"), record.get("server"), origin.get("server")
+    ):
+        record = origin
+    return record
+
+
+def _started_upstream(type_: object, server: object, origin_server: object) -> bool:
+    """Whether the root of a failure lies past an error (of ``type_``, recorded by ``server``)
+    in its origin (recorded by ``origin_server``): the origin is another server's, or the error
+    is a status answer, whose origin is the error the answering server reported itself."""
+    klass = _REGISTRY.get(type_, RollgymError) if isinstance(type_, str) else RollgymError
+    return origin_server != server or issubclass(klass, HTTPStatusError)
 
 
 def is_known_type(name: object) -> bool:

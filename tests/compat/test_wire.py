@@ -15,8 +15,6 @@ NAMES = {
     wire.NG_TASK_INDEX,
     wire.NG_ROLLOUT_INDEX,
 }
-# Still spelt out by a module of another part of the tree (issue 20): to import from wire.
-NOT_YET = {"collect/metrics.py"}
 
 
 def _spelt(path: Path) -> set[str]:
@@ -35,7 +33,7 @@ def test_no_module_but_wire_spells_a_wire_name() -> None:
         for path in sorted(SRC.rglob("*.py"))
         if path.name != "wire.py" and (names := _spelt(path))
     }
-    assert set(spelt) <= NOT_YET, spelt
+    assert spelt == {}
 
 
 def test_the_session_cookie_names_the_session() -> None:

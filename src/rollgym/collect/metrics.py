@@ -27,23 +27,14 @@ from typing import Any
 import orjson
 
 from rollgym.collect.layout import RunDir
+from rollgym.errors import root_record
 from rollgym.models.tokens import DRIFTED_TURNS
+from rollgym.wire import INDEX_FIELDS
 
 AGENT_FIELDS = frozenset({"num_steps", "agent_seconds", DRIFTED_TURNS})
 """Numbers the agents add to a verified rollout about their own loop, not the environment's."""
 
-_NOT_METRICS = frozenset(
-    {
-        "task_index",
-        "rollout_index",
-        "reward",
-        "attempts",
-        "duration_s",
-        "finished_at",
-        "_ng_task_index",
-        "_ng_rollout_index",
-    }
-)
+_NOT_METRICS = INDEX_FIELDS | {"reward", "attempts", "duration_s", "finished_at"}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -241,12 +232,8 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
         m.failed += 1
         tasks.ensure(rec["task_index"])
         tasks.failed[rec["task_index"]] += 1
-        err = rec.get("error") or {}
-        # Attribute the failure to the server where it started (see RollgymError.root).
-        while isinstance(err.get("origin"), dict) and (
-            err["origin"].get("server") != err.get("server") or err.get("type") == "http_status"
-        ):
-            err = err["origin"]
+        # Attributed to the server where it started.
+        err = root_record(rec.get("error") or {})
         by_type[str(err.get("type"))] += 1
         by_server[str(err.get("server"))] += 1
         by_status[str(err.get("status") if err.get("status") is not None else err.get("type"))] += 1

@@ -28,6 +28,7 @@ import hashlib
 import os
 import re
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -131,40 +132,51 @@ def _text_of(content: Any) -> str:
 
 def _history(items: list[dict[str, Any]]) -> tuple[int, str | None, str]:
     """(model turns so far, last tool output, last user text) of a Responses API input."""
-    turns, in_turn = 0, False
-    tool_output: str | None = None
-    user_text = ""
-    for item in items:
-        kind = item.get("type", "message")
-        by_model = kind in ("function_call", "reasoning") or (
-            kind == "message" and item.get("role") == "assistant"
-        )
-        if by_model and not in_turn:
-            turns += 1
-        in_turn = by_model
-        if kind == "function_call_output":
-            out = item.get("output")
-            tool_output = out if isinstance(out, str) else orjson.dumps(out).decode()
-        elif kind == "message" and item.get("role") == "user":
-            user_text = _text_of(item.get("content"))
-    return turns, tool_output, user_text
+    return _fold(_item_event(item) for item in items)
 
 
 def _chat_history(messages: list[Any]) -> tuple[int, str | None, str]:
+    """The same of chat completions ``messages``."""
+    return _fold(_message_event(msg) for msg in messages if isinstance(msg, dict))
+
+
+def _item_event(item: dict[str, Any]) -> tuple[str | None, str]:
+    kind = item.get("type", "message")
+    role = item.get("role") if kind == "message" else None
+    if kind in ("function_call", "reasoning") or role == "assistant":
+        return "model", ""
+    if kind == "function_call_output":
+        out = item.get("output")
+        return "tool", out if isinstance(out, str) else orjson.dumps(out).decode()
+    if role == "user":
+        return "user", _text_of(item.get("content"))
+    return None, ""
+
+
+def _message_event(msg: dict[str, Any]) -> tuple[str | None, str]:
+    role = msg.get("role")
+    if role == "assistant":
+        return "model", ""
+    if role in ("tool", "user"):
+        return role, _text_of(msg.get("content"))
+    return None, ""
+
+
+def _fold(events: Iterable[tuple[str | None, str]]) -> tuple[int, str | None, str]:
+    """(model turns, last tool output, last user text) of a history's events, each ``(who,
+    text)`` with ``who`` one of ``model``, ``tool``, ``user`` or None: a run of model events
+    is one turn (a message and its tool calls)."""
     turns, in_turn = 0, False
     tool_output: str | None = None
     user_text = ""
-    for msg in messages:
-        if not isinstance(msg, dict):
-            continue
-        role = msg.get("role")
-        if role == "assistant" and not in_turn:
+    for who, text in events:
+        if who == "model" and not in_turn:
             turns += 1
-        in_turn = role == "assistant"
-        if role == "tool":
-            tool_output = _text_of(msg.get("content"))
-        elif role == "user":
-            user_text = _text_of(msg.get("content"))
+        in_turn = who == "model"
+        if who == "tool":
+            tool_output = text
+        elif who == "user":
+            user_text = text
     return turns, tool_output, user_text
 
 
@@ -227,10 +239,18 @@ def decide(
 # -- building the answer --------------------------------------------------------------------
 
 
-def _usage(params: dict[str, Any], text: str) -> tuple[int, int]:
-    # Whitespace "tokens": a stand-in count so that usage fields are present and plausible.
+def _arguments(call: dict[str, Any]) -> str:
+    """A call's arguments as the JSON text both APIs carry."""
+    args = call.get("arguments", {})
+    return args if isinstance(args, str) else orjson.dumps(args).decode()
+
+
+def _usage(params: dict[str, Any], action: dict[str, Any]) -> tuple[int, int]:
+    # Whitespace "tokens" of the prompt and of what is said (or of the calls' arguments): a
+    # stand-in count so that usage fields are present and plausible.
     prompt = len(orjson.dumps(params.get("input", params.get("messages", "")))) // 4
-    return prompt, max(1, len(text.split()))
+    said = action["say"] if "say" in action else "".join(map(_arguments, action["calls"]))
+    return prompt, max(1, len(said.split()))
 
 
 def _string_metadata(metadata: Any) -> dict[str, str]:
@@ -247,32 +267,28 @@ def build_response(params: dict[str, Any], action: dict[str, Any]) -> dict[str, 
     """A complete Responses API response object for ``action``."""
     output: list[dict[str, Any]] = []
     if "say" in action:
-        text = action["say"]
         output.append(
             {
                 "type": "message",
                 "id": f"msg_{os.urandom(12).hex()}",
                 "role": "assistant",
                 "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
+                "content": [{"type": "output_text", "text": action["say"], "annotations": []}],
             }
         )
     else:
-        text = ""
         for call in action["calls"]:
-            args = call.get("arguments", {})
             output.append(
                 {
                     "type": "function_call",
                     "id": f"fc_{os.urandom(12).hex()}",
                     "call_id": f"call_{os.urandom(12).hex()}",
                     "name": call["name"],
-                    "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
+                    "arguments": _arguments(call),
                     "status": "completed",
                 }
             )
-            text += output[-1]["arguments"]
-    n_in, n_out = _usage(params, text)
+    n_in, n_out = _usage(params, action)
     return {
         "id": f"resp_{os.urandom(16).hex()}",
         "object": "response",
@@ -305,26 +321,19 @@ def build_chat_completion(params: dict[str, Any], action: dict[str, Any]) -> dic
     """A complete chat completion object for ``action``."""
     message: dict[str, Any] = {"role": "assistant", "content": None}
     if "say" in action:
-        message["content"] = text = action["say"]
+        message["content"] = action["say"]
         finish = "stop"
     else:
-        calls: list[dict[str, Any]] = []
-        for call in action["calls"]:
-            args = call.get("arguments", {})
-            calls.append(
-                {
-                    "id": f"call_{os.urandom(12).hex()}",
-                    "type": "function",
-                    "function": {
-                        "name": call["name"],
-                        "arguments": args if isinstance(args, str) else orjson.dumps(args).decode(),
-                    },
-                }
-            )
-        message["tool_calls"] = calls
-        text = "".join(c["function"]["arguments"] for c in calls)
+        message["tool_calls"] = [
+            {
+                "id": f"call_{os.urandom(12).hex()}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": _arguments(call)},
+            }
+            for call in action["calls"]
+        ]
         finish = "tool_calls"
-    n_in, n_out = _usage(params, text)
+    n_in, n_out = _usage(params, action)
     return {
         "id": f"chatcmpl-{os.urandom(16).hex()}",
         "object": "chat.completion",

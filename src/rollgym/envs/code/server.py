@@ -29,6 +29,7 @@ from pydantic import Field
 
 from rollgym.envs.code.cases import Case, extract_code, outcome, row_tests
 from rollgym.envs.code.sandbox import Isolation, Limits, Sandbox, probe_isolation
+from rollgym.envs.rows import mean_field
 from rollgym.errors import SandboxError
 from rollgym.protocol import output_text
 from rollgym.runtime import owns_process
@@ -153,12 +154,7 @@ class CodeEnv(ResourcesServer):
         return await asyncio.to_thread(outcome, case, run)
 
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-        rates = [
-            r["tests_pass_rate"]
-            for r in rollouts
-            if isinstance(r.get("tests_pass_rate"), (int, float))
-        ]
-        return {"tests_pass_rate": sum(rates) / len(rates)} if rates else {}
+        return mean_field(rollouts, "tests_pass_rate", "tests_pass_rate")
 
 
 def _scored(

@@ -33,9 +33,11 @@ from rollgym.envs.judge.verdict import (
     quoted,
     rubric_scores,
 )
+from rollgym.envs.rows import content_texts, expected_text, prompt_items
 from rollgym.errors import InvalidRequest, UnparseableVerdict
 from rollgym.protocol import output_text
 from rollgym.server.base import ModelPeer
+from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.resources import ResourcesServer, Session
 
 EQUIVALENCE_SYSTEM = (
@@ -102,13 +104,7 @@ class JudgeEnv(ResourcesServer):
         question = _question(task)
         if self.options.mode == "rubric":
             return await self._rubric(task, question, answer)
-        expected = task.get("expected_answer")
-        if isinstance(expected, (int, float)) and not isinstance(expected, bool):
-            expected = str(expected)
-        if not isinstance(expected, str) or not expected.strip():
-            raise InvalidRequest(
-                "judge task needs 'expected_answer' (a non-empty string)", status=422
-            )
+        expected = expected_text(task, "judge")
         labels = (self.options.equal_label, self.options.not_equal_label)
         verdicts = [await self._equal(question, expected, quoted(answer, labels))]
         if verdicts[0][0] and self.options.both_orders:
@@ -165,7 +161,7 @@ class JudgeEnv(ResourcesServer):
                 {"role": "user", "content": _fill(o.prompt_template or template, values)},
             ],
         }
-        answer = await self.client.call(self.peer(o.judge), "/v1/responses", params)
+        answer = await self.client.call(self.peer(o.judge), RESPONSES_ENDPOINT, params)
         try:
             return output_text(answer)
         except InvalidRequest as exc:  # a malformed answer is the judge's fault, not ours
@@ -175,7 +171,7 @@ class JudgeEnv(ResourcesServer):
         return UnparseableVerdict(
             f"judge {self.options.judge!r} gave no readable verdict: {why}",
             server=self.options.judge,
-            endpoint="/v1/responses",
+            endpoint=RESPONSES_ENDPOINT,
             body=text,
         )
 
@@ -195,16 +191,14 @@ def _question(task: dict[str, Any]) -> str:
     question = task.get("question")
     if isinstance(question, str) and question.strip():
         return question
-    prompt = (task.get("responses_create_params") or {}).get("input")
+    prompt = prompt_items(task)
     if isinstance(prompt, str):
         return prompt
-    for item in reversed(prompt if isinstance(prompt, list) else []):
+    for item in reversed(prompt):
         if isinstance(item, dict) and item.get("role") == "user":
             content = item.get("content")
-            if isinstance(content, str):
-                return content
-            if isinstance(content, list):
-                return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            if isinstance(content, (str, list)):
+                return "".join(content_texts(content))
     return ""
 
 

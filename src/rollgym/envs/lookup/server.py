@@ -20,6 +20,7 @@ from functools import cache
 from typing import Any
 
 from rollgym.envs.lookup.knowledge import ENTRIES, canonical_key
+from rollgym.envs.rows import content_texts, mean_field, prompt_items
 from rollgym.errors import InvalidRequest
 from rollgym.protocol import output_text
 from rollgym.server.resources import ResourcesServer, Session, tool
@@ -70,17 +71,16 @@ def rival_values(expected: str, question: str) -> set[str]:
 
 
 def _question(task: dict[str, Any]) -> str:
-    prompt = (task.get("responses_create_params") or {}).get("input")
+    """Every text of the row's prompt, one a line."""
+    prompt = prompt_items(task)
     if isinstance(prompt, str):
         return prompt
-    texts: list[str] = []
-    for item in prompt if isinstance(prompt, list) else []:
-        content = item.get("content") if isinstance(item, dict) else None
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            texts.extend(str(c.get("text", "")) for c in content if isinstance(c, dict))
-    return "\n".join(texts)
+    return "\n".join(
+        text
+        for item in prompt
+        if isinstance(item, dict)
+        for text in content_texts(item.get("content"))
+    )
 
 
 class LookupEnv(ResourcesServer):
@@ -126,11 +126,4 @@ class LookupEnv(ResourcesServer):
         return {"reward": 1.0 if correct and called else 0.0, "tool_called": int(called)}
 
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-        flags = [
-            float(r["tool_called"])
-            for r in rollouts
-            if isinstance(r.get("tool_called"), (int, float))
-        ]
-        if not flags:
-            return {}
-        return {"tool_call_rate": sum(flags) / len(flags)}
+        return mean_field(rollouts, "tool_called", "tool_call_rate")

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from rollgym.envs.math.check import MathCheck, check_answer
+from rollgym.envs.rows import expected_text, mean_field
 from rollgym.errors import DeadlineExceeded, InvalidRequest, WaitedTooLong
 from rollgym.protocol import output_text
 from rollgym.server.resources import ResourcesServer, Session
@@ -49,13 +50,7 @@ class MathEnv(ResourcesServer):
     async def verify(
         self, session: Session, task: dict[str, Any], response: dict[str, Any]
     ) -> dict[str, Any]:
-        expected = task.get("expected_answer")
-        if isinstance(expected, (int, float)) and not isinstance(expected, bool):
-            expected = str(expected)
-        if not isinstance(expected, str) or not expected.strip():
-            raise InvalidRequest(
-                "math task needs 'expected_answer' (a non-empty string)", status=422
-            )
+        expected = expected_text(task, "math")
         answer = output_text(response)
         try:
             result = await self._check(expected, answer)
@@ -100,14 +95,7 @@ class MathEnv(ResourcesServer):
         return result
 
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-        flags = [
-            float(r["answer_parsed"])
-            for r in rollouts
-            if isinstance(r.get("answer_parsed"), (int, float))
-        ]
-        if not flags:
-            return {}
-        return {"answer_parse_rate": sum(flags) / len(flags)}
+        return mean_field(rollouts, "answer_parsed", "answer_parse_rate")
 
 
 class _Unscored(Exception):

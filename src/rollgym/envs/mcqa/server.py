@@ -17,6 +17,7 @@ from typing import Any
 from rollgym.envs.mcqa.extract import extract_choice
 from rollgym.envs.mcqa.grading import choose
 from rollgym.envs.mcqa.task import GradingMode, MCQATask, option_letters, parse_task
+from rollgym.envs.rows import mean_field
 from rollgym.protocol import output_text
 from rollgym.server.resources import ResourcesServer, Session
 
@@ -47,12 +48,7 @@ class MCQAEnv(ResourcesServer):
         }
 
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-        flags = [
-            float(r["extracted"]) for r in rollouts if isinstance(r.get("extracted"), (int, float))
-        ]
-        if not flags:
-            return {}
-        return {"extraction_rate": sum(flags) / len(flags)}
+        return mean_field(rollouts, "extracted", "extraction_rate")
 
 
 __all__ = ["MCQAEnv", "extract_choice", "option_letters"]
