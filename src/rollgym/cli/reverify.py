@@ -60,13 +60,11 @@ def register(app: typer.Typer) -> None:
         from rollgym.config import load_config
         from rollgym.reverify import DIFF_FILE
         from rollgym.reverify import reverify as run_reverify
-        from rollgym.server.base import check_servers
 
         setup_logging(log_level)
         if not RunDir(out).tasks.exists():
             raise ConfigError(f"{out}: not a run directory (no tasks.jsonl)")
-        cfg = load_config(config)
-        check_servers(cfg)
+        cfg = load_config(config)  # its servers checked by reverify, before anything is written
         collect = collect_config(
             cfg, agent=agent, concurrency=concurrency, rollout_timeout=rollout_timeout,
             max_failures=max_failures, max_failure_rate=max_failure_rate,

@@ -78,7 +78,9 @@ async def _run(
     from rollgym.collect import RunAgents, local_launcher, run_collection
     from rollgym.collect.layout import RunDir
 
-    agents = RunAgents.of(cfg, collect, options.agent)  # pre-flight: before anything is written
+    # Pre-flight, before anything is written: the agent, then the servers (checked here when
+    # launched, found reachable when running).
+    agents = RunAgents.of(cfg, collect, options.agent)
     launcher = local_launcher(
         cfg, agents, urls=urls, log_dir=RunDir(output).logs, log_level=options.log_level
     )
@@ -148,12 +150,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from rollgym.cli.kit import setup_logging
         from rollgym.config import load_config
-        from rollgym.server.base import check_servers
 
         setup_logging(options.log_level)
         cfg = load_config(config)
         _config_urls(cfg)  # a server given by url: checked before anything starts
-        check_servers(cfg)  # every impl imports, every option is valid: before any write
+        # Every impl imports, every option is valid: checked where the run's launcher is built
+        # (rollgym.collect.launchers), before anything is written or started.
         collect, input_path = collect_inputs(cfg, output, options)
         if ray or ray_address is not None:
             try:

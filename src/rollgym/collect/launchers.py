@@ -1,30 +1,46 @@
-"""Where a run's servers come from, and which agent runs its rows: decided here, once.
+"""Where a run's servers come from, and which agent runs its rows: decided here, once. Every
+launcher lives in this module and answers the ``Launcher`` protocol; ``run_collection`` takes
+any of them.
 
     RunAgents.of(config, collect, --agent)   the default agent, resolved once; the agents
                                              built in the collector's process, chosen once
     local_launcher(...)                      rollgym run: Supervisor (launch/); rollgym
                                              collect: RunningServers (found running)
-    InProcessAgents (inprocess.py)           wraps either, for the in-process agents
-    RayLauncher (ray/run.py)                 rollgym run --ray: servers on a cluster
+    InProcessAgents                          wraps either, for the in-process agents
+    ray_launcher(...) -> RayLauncher         rollgym run --ray: RayServers on a cluster
+    ResourcesOnly                            rollgym reverify: the resources server alone
 
-Every launcher answers the ``Launcher`` protocol; ``run_collection`` takes any of them.
+The pre-flight of the servers a run launches (``check_servers``: every impl imports, every
+option is valid) runs once, here, where the launcher is built: before anything is written or
+started. The launcher below is then told so (``checked=True``); built any other way, a
+``Supervisor`` or ``RayServers`` runs the check itself when it starts. Ray is imported only for
+a run on Ray (by ``ray_launcher``, or a ``RayLauncher`` that starts), never by importing this
+module.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Container
+import logging
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rollgym.collect.inprocess import in_process_agents
+from rollgym.collect.peers import peers_of
 from rollgym.config import CollectConfig, Config, RetryPolicy
 from rollgym.errors import ConfigError, LaunchError, RollgymError, TransportError
 from rollgym.http import HttpClient, Target
+from rollgym.http.default import default_transport
+from rollgym.http.inprocess import InProcessTransport, inprocess_url
+from rollgym.server.app import build_app
+from rollgym.server.base import BaseServer, ServerContext, check_servers, resolve_impl
 
 if TYPE_CHECKING:
     from rollgym.collect.dispatch import Dispatcher
+    from rollgym.ray.servers import RayServers
+
+log = logging.getLogger("rollgym.collect")
 
 
 class Launcher(Protocol):
@@ -45,6 +61,9 @@ class Launcher(Protocol):
 
     def report(self) -> dict[str, Any]:
         """What the launcher did during the run, for ``metrics.json`` (``{}``: nothing)."""
+
+
+# -- the run's agents --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,14 @@ class RunAgents:
             )
 
 
+def in_process_agents(config: Config) -> list[str]:
+    """The agents a run would launch (every agent server without a ``url:``)."""
+    return [n for n, s in config.servers.items() if s.kind == "agent" and not s.url]
+
+
+# -- rollgym run, rollgym collect --------------------------------------------------------------
+
+
 def local_launcher(
     config: Config,
     agents: RunAgents,
@@ -95,12 +122,15 @@ def local_launcher(
     log_level: str = "WARNING",
 ) -> Launcher:
     """``rollgym run``'s launcher (``urls`` None: the config's servers started here, but the
-    agents in process) or ``rollgym collect``'s (``urls``: servers already running, the agent's
-    URL checked before anything is written)."""
+    agents in process; checked first) or ``rollgym collect``'s (``urls``: servers already
+    running, the agent's URL checked). Either way before anything is written."""
     if urls is None:
         from rollgym.launch import Supervisor  # the launcher's imports, only for a launch
 
-        return Supervisor(config, log_dir=log_dir, log_level=log_level, skip=agents.in_process)
+        check_servers(config)  # the in-process agents too: they are built from it
+        return Supervisor(
+            config, log_dir=log_dir, log_level=log_level, skip=agents.in_process, checked=True
+        )
     agents.require_url(urls, config)
     return RunningServers(urls)
 
@@ -164,3 +194,169 @@ async def check_reachable(
         raise LaunchError(
             f"{len(problems)} server(s) not reachable: " + "; ".join(problems), retryable=False
         )
+
+
+# -- collect.agent_in_process ------------------------------------------------------------------
+
+
+class InProcessAgents:
+    """A launcher: ``inner`` brings up every server but ``names``, the agents, which are then
+    built in the collector's process and served to it by ``transport``
+    (``collect.agent_in_process``: one hop fewer).
+
+    Every rollout is otherwise a ``POST /run`` to an agent process. Here ``/run`` is served to
+    the collector through ``rollgym.http.inprocess`` (no socket, no HTTP parsing, no process).
+    Everything the collector sees is unchanged: the same rollout records, error bodies,
+    retries, circuit holds and deadlines, because it still calls the agent's app exactly as a
+    server would serve it. The model and environment servers are reached over HTTP as before.
+
+    The price: the agent's code runs on the collector's event loop. An agent that blocks the
+    loop (CPU-heavy work in ``run``) stalls collection, and one that crashes the process ends
+    the run (``--resume`` finishes it). A rollout's deadline cancels the agent's work in the
+    collector's own task and waits for its clean-up (the calls it cancels), where over a socket
+    the collector would give up at once and leave the clean-up to the agent: a rollout can end
+    that much after its deadline. Not for ``--ray``, where workers already sit beside the
+    agents."""
+
+    def __init__(self, inner: Launcher, config: Config, names: Sequence[str]) -> None:
+        self.inner = inner
+        self.config = config
+        self.names = list(names)
+        self.servers: list[BaseServer] = []
+        self.transport = InProcessTransport({}, default_transport())
+
+    async def start(self) -> dict[str, list[str]]:
+        urls = await self.inner.start()
+        # An agent the inner launcher found running (``collect --servers agent=URL``) is used
+        # there: a URL given by hand says where that agent is.
+        self.names = [name for name in self.names if name not in urls]
+        every = {**urls, **{name: [inprocess_url(name)] for name in self.names}}
+        for name in self.names:
+            cfg = self.config.servers[name]
+            klass = resolve_impl(
+                cfg.impl, cfg.kind, config_dir=self.config.base_dir(),
+                where=f"{self.config.source or 'config'}: servers.{name}.impl",
+            )  # fmt: skip
+            server = klass(ServerContext.from_run(name, self.config, every))
+            self.servers.append(server)  # before startup: a failed one is shut down too
+            await server.startup()
+            self.transport.apps[name] = build_app(server)
+        return every
+
+    async def stop(self) -> None:
+        try:
+            for server in self.servers:
+                try:
+                    await server.shutdown()
+                except Exception:  # one agent's failed shutdown must not keep the others up
+                    log.exception("in-process agent %s: shutdown failed", server.name)
+            self.servers.clear()
+            await self.transport.close()
+        finally:
+            await self.inner.stop()
+
+    async def watch(
+        self, on_fatal: Callable[[str], None], pause: Callable[[bool], None] | None = None
+    ) -> None:
+        await self.inner.watch(on_fatal, pause)
+
+    def report(self) -> dict[str, Any]:
+        return {**self.inner.report(), "agents_in_process": self.names}
+
+
+# -- rollgym run --ray -------------------------------------------------------------------------
+
+
+def ray_launcher(
+    config: Config,
+    *,
+    address: str | None,
+    log_dir: Path | None,
+    log_level: str,
+    startup_timeout: float,
+) -> RayLauncher:
+    """``rollgym run --ray``'s launcher: the config's servers, checked first, on the Ray
+    cluster at ``address`` (joined only when the run starts)."""
+    check_servers(config)
+    from rollgym.ray.servers import RayServers  # imports Ray: only for a run on Ray
+
+    servers = RayServers(
+        config, log_dir=log_dir, log_level=log_level, startup_timeout=startup_timeout,
+        checked=True,
+    )  # fmt: skip
+    return RayLauncher(servers, address)
+
+
+class RayLauncher:
+    """Joins the Ray cluster at ``address`` (None: ``RAY_ADDRESS``, else a new local one; an
+    already initialised Ray is used as it is) and starts ``servers`` on it; ``stop`` stops them
+    and leaves a Ray that it started."""
+
+    def __init__(self, servers: RayServers, address: str | None = None) -> None:
+        self.servers = servers
+        self.address = address
+        self._owns_ray = False
+
+    async def start(self) -> dict[str, list[str]]:
+        from rollgym.ray.placement import connect
+
+        self._owns_ray = connect(self.address)
+        return await self.servers.start()
+
+    async def watch(
+        self, on_fatal: Callable[[str], None], pause: Callable[[bool], None] | None = None
+    ) -> None:
+        """Lost replicas are the dispatcher's business on a cluster (it takes them out of
+        rotation); they are not restarted."""
+
+    def report(self) -> dict[str, Any]:
+        return {}
+
+    async def stop(self) -> None:
+        import ray
+
+        try:
+            if ray.is_initialized():
+                await self.servers.stop()
+        finally:
+            if self._owns_ray:
+                self._owns_ray = False
+                ray.shutdown()
+
+
+# -- rollgym reverify --------------------------------------------------------------------------
+
+
+class ResourcesOnly:
+    """Starts only the resources server (and the peers its typed options name, e.g. a judge
+    model) of a config, after checking the whole config (``rollgym reverify``'s pre-flight). The
+    collector needs a URL for the run's agent: it is given the resources server's, since here
+    the resources server is what turns a row into a verified rollout; nothing else of the agent
+    is called."""
+
+    def __init__(self, config: Config, agent: str, resources: str, log_dir: Path, level: str):
+        from rollgym.launch import Supervisor  # the launcher's imports, only for a launch
+
+        check_servers(config)
+        names = {resources} | peers_of(config, resources)
+        servers = {n: s for n, s in config.servers.items() if n in names}
+        sub = Config.model_validate({"servers": servers, "source": config.source})
+        self.agent, self.resources = agent, resources
+        # Checked with the whole config: the servers kept, with the peers they name, are valid
+        # on their own too.
+        self.supervisor = Supervisor(sub, log_dir=log_dir, log_level=level, checked=True)
+
+    async def start(self) -> dict[str, list[str]]:
+        urls = await self.supervisor.start()
+        return {**urls, self.agent: urls[self.resources]}
+
+    async def stop(self) -> None:
+        await self.supervisor.stop()
+
+    async def watch(
+        self, on_fatal: Callable[[str], None], pause: Callable[[bool], None] | None = None
+    ) -> None:
+        await self.supervisor.watch(on_fatal, pause)
+
+    def report(self) -> dict[str, Any]:
+        return self.supervisor.report()

@@ -1,6 +1,8 @@
 """One run, start to end, for every way of running one: ``rollgym run`` (servers launched
 here), ``rollgym collect`` (servers already running) and ``rollgym run --ray`` (servers and
-workers on a cluster). Only the launcher and the dispatcher differ:
+workers on a cluster). Only the launcher and the dispatcher differ; the caller builds the
+launcher (``collect.launchers``, where the pre-flight of the servers it launches runs, before
+this is called):
 
     resolve the agents (launchers.RunAgents) -> prepare the run directory -> launcher.start()
         -> dispatcher.start() -> collect -> launcher.stop()
@@ -23,8 +25,7 @@ from pathlib import Path
 
 from rollgym.collect.collector import Collector
 from rollgym.collect.dispatch import Dispatcher
-from rollgym.collect.inprocess import InProcessAgents
-from rollgym.collect.launchers import Launcher, RunAgents
+from rollgym.collect.launchers import InProcessAgents, Launcher, RunAgents
 from rollgym.collect.rundir import (
     PreparedRun,
     RunOutcome,

@@ -20,7 +20,9 @@ from rollgym.server.base import check_servers
 
 class Supervisor:
     """Start the servers of ``config`` (all but those given by ``url`` and those in ``skip``,
-    which run elsewhere: in the collector's process), and stop them."""
+    which run elsewhere: in the collector's process), and stop them. ``checked``: the caller
+    ran ``check_servers(config)`` already (a run's pre-flight, ``rollgym.collect.launchers``);
+    otherwise ``start`` runs it first."""
 
     def __init__(
         self,
@@ -30,8 +32,10 @@ class Supervisor:
         log_level: str = "WARNING",
         startup_timeout: float = STARTUP_TIMEOUT,
         skip: Collection[str] = (),
+        checked: bool = False,
     ) -> None:
         self.config = config
+        self.checked = checked
         self.skip = frozenset(skip)
         self.startup_timeout = startup_timeout
         self.group = ProcessGroup(
@@ -51,7 +55,8 @@ class Supervisor:
         """Start every server and wait until each answers ``/health``; return name -> URLs.
         On failure everything started is stopped and ``LaunchError`` (or ``ConfigError``, before
         anything starts) propagates."""
-        check_servers(self.config)  # an unknown impl, a mistyped option, a missing peer
+        if not self.checked:
+            check_servers(self.config)  # an unknown impl, a mistyped option, a missing peer
         external: dict[str, list[str]] = {}
         specs: list[ServerSpec] = []
         for name, cfg in self.config.servers.items():

@@ -59,7 +59,9 @@ class Replica:
 
 
 class RayServers:
-    """Start, watch and stop the servers of ``config`` on the current Ray cluster."""
+    """Start, watch and stop the servers of ``config`` on the current Ray cluster.
+    ``checked``: the caller ran ``check_servers(config)`` already (a run's pre-flight,
+    ``rollgym.collect.launchers``); otherwise ``start`` runs it first."""
 
     def __init__(
         self,
@@ -69,8 +71,10 @@ class RayServers:
         log_level: str = "WARNING",
         nodes: list[NodeInfo] | None = None,
         startup_timeout: float = STARTUP_TIMEOUT,
+        checked: bool = False,
     ) -> None:
         self.config = config
+        self.checked = checked
         self.startup_timeout = startup_timeout
         self.log_dir = log_dir
         self.log_level = log_level
@@ -87,7 +91,6 @@ class RayServers:
         await self.stop()
 
     def _layout(self, nodes: list[NodeInfo]) -> list[tuple[tuple[str, int], NodeInfo]]:
-        check_servers(self.config)  # fail before anything starts
         wanted: list[tuple[str, int]] = []
         for name, cfg in self.config.servers.items():
             if cfg.url:
@@ -100,6 +103,8 @@ class RayServers:
         """Start every replica and wait until each answers ``/health``, all within the
         startup timeout; return name -> URLs. On failure everything started is stopped and
         ``LaunchError`` (or ``ConfigError``, before anything starts) propagates."""
+        if not self.checked:
+            check_servers(self.config)  # an unknown impl, a mistyped option, a missing peer
         try:
             await self._start(time.monotonic() + self.startup_timeout)
         except BaseException:

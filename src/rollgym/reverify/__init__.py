@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from rollgym.collect.launchers import RunAgents
+from rollgym.collect.launchers import ResourcesOnly, RunAgents
 from rollgym.collect.layout import RunDir
 from rollgym.collect.orchestrate import run_collection
 from rollgym.collect.peers import resources_of
@@ -28,7 +28,6 @@ from rollgym.collect.rundir import RunOutcome, write_json
 from rollgym.config import CollectConfig, Config
 from rollgym.errors import ConfigError
 from rollgym.reverify.diff import DIFF_FILE, ReverifyDiff, RewardChange, diff_runs
-from rollgym.reverify.launcher import ResourcesOnly
 from rollgym.reverify.runner import ReverifyDispatcher, VerifyRunner, replay_tools
 from rollgym.reverify.source import RecordedRun, write_input
 
@@ -78,6 +77,8 @@ async def reverify(
     agents = RunAgents(config.agent_name(agent or collect.agent))
     agent_name = agents.name
     res_name = resources_of(config, agent_name)
+    # The launcher checks the config's servers: before the input below is written.
+    launcher = ResourcesOnly(config, agent_name, res_name, RunDir(output).logs, log_level)
     input_path, repeats = _input(source, output)
     collect = collect.model_copy(
         update={"repeats": repeats, "limit": None, "agent_in_process": False}
@@ -88,7 +89,6 @@ async def reverify(
             recorded, res_name, config.servers[res_name].retry,
             RolloutPolicy.from_collect(collect), collect.concurrency,
         )  # fmt: skip
-        launcher = ResourcesOnly(config, agent_name, res_name, RunDir(output).logs, log_level)
         outcome = await run_collection(
             config, collect, input_path, output, launcher, dispatcher=dispatcher,
             resume=resume, agents=agents, progress=progress,

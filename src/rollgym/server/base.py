@@ -169,7 +169,9 @@ NoOptions = BaseServer.Options
 
 def check_servers(config: Config) -> None:
     """Before anything starts: every server's impl resolves and its options (peers included)
-    are valid; raise ``ConfigError`` naming the file and key."""
+    are valid; raise ``ConfigError`` naming the file and key. A run's pre-flight: called once
+    per run where its launcher is built (``rollgym.collect.launchers``), or by a
+    ``Supervisor`` / ``RayServers`` built without ``checked=True`` when it starts."""
     source = config.source or "config"
     for name, server in config.servers.items():
         if server.impl is None:
