@@ -11,8 +11,8 @@ from bokeh.embed import components
 from bokeh.models import Model
 from bokeh.resources import Resources
 
+import rollgym.report.plots as plots  # the module, not the package: it imports this one
 from rollgym import __version__
-from rollgym.report import plots
 from rollgym.report.data import HOPS, RunData
 from rollgym.report.summary import deltas, hardest, headline
 
