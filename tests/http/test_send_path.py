@@ -223,16 +223,18 @@ async def test_a_pinned_call_refused_unsent_frees_the_half_open_probe() -> None:
     client, fake = client_with(200, 503, default=200)
     tgt = target(urls=(a, b), max_attempts=1, breaker={"consecutive_failures": 1, "cooldown": 0.05})
     await client.call(tgt, "/seed_session", {}, sticky="r1")
+    home = fake.sent[0].url.removesuffix("/seed_session")
     with pytest.raises(HTTPStatusError):
-        await client.call(tgt, "/gen", {})
-    await asyncio.sleep(0.06)  # past the cool-down: the next call is the half-open probe
-    client.mark_down(tgt, fake.sent[0].url.removesuffix("/seed_session"))
+        await client.call(tgt, "/gen", {}, sticky="r1")  # the home replica's circuit opens
+    await asyncio.sleep(0.06)  # past the cool-down: the next call there is its probe
+    client.mark_down(tgt, home)
     with pytest.raises(ConnectError):
         await client.call(tgt, "/verify", {}, sticky="r1", pin=True)
     # That call was never sent, so it must not hold the probe slot: this one is the probe.
-    assert (await client.call(tgt, "/gen", {}))["ok"] is True
-    breaker = client.breaker("env")
-    assert breaker is not None and breaker.state == CLOSED
+    client._state(tgt).replicas.mark_up((a, b).index(home))
+    assert (await client.call(tgt, "/gen", {}, sticky="r1"))["ok"] is True
+    assert fake.sent[-1].url == home + "/gen"
+    assert [br.state for br in client.breakers("env")] == [CLOSED, CLOSED]
 
 
 async def test_errors_are_new_objects_and_the_transports_are_left_alone() -> None:
