@@ -16,7 +16,7 @@ from typing import Any
 from rollgym.collect.layout import METRICS, RUN_JSON, RunDir
 from rollgym.collect.metrics import pass_at_ks
 from rollgym.collect.rundir import read_state
-from rollgym.errors import RollgymError
+from rollgym.errors import RollgymError, root_record
 from rollgym.server.agent import TIMING_FIELD
 
 HOPS = ("seed", "model", "tool", "verify")
@@ -149,14 +149,15 @@ def _read_failures(run: RunData, files: RunDir) -> None:
     for got in files.failed():
         rec = got.record
         err = rec.get("error")
-        root = RollgymError.from_dict(err).root() if isinstance(err, dict) else None
-        status = "?" if root is None else (str(root.status) if root.status else root.type)
+        root = root_record(err) if isinstance(err, dict) else {}
+        kind = str(root.get("type") or "?")
+        status = str(root["status"]) if root.get("status") else kind
         at = rec.get("finished_at")
         run.failures.append(
             Failure(
                 task_index=rec["task_index"],
-                type=root.type if root else "?",
-                server=(root.server if root else None) or "?",
+                type=kind,
+                server=str(root.get("server") or "?"),
                 status=status,
                 attempts=int(rec.get("attempts", 1)),
                 at=float(at) if isinstance(at, (int, float)) else None,

@@ -9,7 +9,7 @@ from typing import Any
 
 from rollgym.collect.layout import RunDir
 from rollgym.collect.metrics import pass_at_ks
-from rollgym.errors import RollgymError
+from rollgym.errors import root_record
 
 DIFF_FILE = "reverify_diff.json"
 
@@ -92,10 +92,7 @@ def diff_runs(source: Path, output: Path, threshold: float = 1.0) -> ReverifyDif
     ``source`` whose reward differs (or that failed on re-verifying), and both runs' reward
     metrics over the rollouts scored in both."""
     before, after = _rewards(source), _rewards(output)
-    errors = {
-        got.key: RollgymError.from_dict(got.record["error"]).root().type
-        for got in RunDir(output).failed()
-    }
+    errors = {got.key: root_record(got.record["error"])["type"] for got in RunDir(output).failed()}
     diff = ReverifyDiff(str(source), str(output))
     both = sorted(k for k in before if k in after)
     diff.compared = len(both)
