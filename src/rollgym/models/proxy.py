@@ -87,7 +87,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.errors import HTTPStatusError, RollgymError, redact_url
@@ -111,13 +111,14 @@ from rollgym.models.tokens import (
 )
 from rollgym.models.translate import CHAT_ENDPOINT, chat_to_response, responses_to_chat
 from rollgym.server.base import ServerContext
-from rollgym.server.endpoint import Call, json_endpoint
+from rollgym.server.endpoint import Call
 from rollgym.server.model import (
     MODELS_ENDPOINT,
     TOKENIZE_ENDPOINT,
     ModelServer,
     json_object,
     model_list,
+    openai_routes,
 )
 
 _REDACTED = "REDACTED"
@@ -276,10 +277,7 @@ class OpenAIProxy(ModelServer):
         await self._transport.close()
 
     def routes(self) -> list[BaseRoute]:
-        chat = Route("/v1/chat/completions", json_endpoint(self._chat), methods=["POST"])
-        models = Route(MODELS_ENDPOINT, json_endpoint(self._models), methods=["GET"])
-        tokenize = Route(TOKENIZE_ENDPOINT, json_endpoint(self._tokenize), methods=["POST"])
-        return [*super().routes(), chat, models, tokenize]
+        return [*super().routes(), *openai_routes(self._chat, self._models, self._tokenize)]
 
     async def _models(self, body: Any, call: Call) -> Any:
         if self.options.model is None:

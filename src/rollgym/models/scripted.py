@@ -34,17 +34,16 @@ from typing import Any
 import orjson
 from pydantic import Field
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 from rollgym.errors import InvalidRequest
 from rollgym.models.stream import chat_stream, response_stream
-from rollgym.server.endpoint import Call, json_endpoint
+from rollgym.server.endpoint import Call
 from rollgym.server.model import (
-    MODELS_ENDPOINT,
-    TOKENIZE_ENDPOINT,
     ModelServer,
     json_object,
     model_list,
+    openai_routes,
 )
 
 NO_SCRIPT_ANSWER = "I have no script for this task."
@@ -61,10 +60,7 @@ class ScriptedModel(ModelServer):
     options: Options
 
     def routes(self) -> list[BaseRoute]:
-        chat = Route("/v1/chat/completions", json_endpoint(self._chat), methods=["POST"])
-        models = Route(MODELS_ENDPOINT, json_endpoint(self._models), methods=["GET"])
-        tokenize = Route(TOKENIZE_ENDPOINT, json_endpoint(self._tokenize), methods=["POST"])
-        return [*super().routes(), chat, models, tokenize]
+        return [*super().routes(), *openai_routes(self._chat, self._models, self._tokenize)]
 
     async def _models(self, body: Any, call: Call) -> Any:
         return model_list(MODEL_ID)

@@ -110,8 +110,10 @@ def build_app(server: BaseServer) -> App:
         # What this server's calls to others went through: retries, budget, breaker state.
         out: dict[str, Any] = {}
         for name, st in server.client.stats().items():
-            breaker = server.client.breaker(name)
-            out[name] = {**vars(st), "breaker": breaker.state if breaker else None}
+            breakers = server.client.breakers(name)
+            out[name] = {**vars(st), "breaker": breakers[0].state if breakers else None}
+            if len(breakers) > 1:  # a breaker per replica: the first alone would hide the rest
+                out[name]["breakers"] = [b.state for b in breakers]
         return JSONResponse({"server": server.name, "calls": out})
 
     routes: list[BaseRoute] = [

@@ -19,9 +19,10 @@ from starlette.routing import BaseRoute, Route
 
 from rollgym.errors import InvalidRequest
 from rollgym.server.base import BaseServer
-from rollgym.server.endpoint import Call, json_endpoint
+from rollgym.server.endpoint import Call, Handler, json_endpoint
 
 RESPONSES_ENDPOINT = "/v1/responses"
+CHAT_ENDPOINT = "/v1/chat/completions"
 MODELS_ENDPOINT = "/v1/models"
 TOKENIZE_ENDPOINT = "/tokenize"
 """vLLM's tokenizer endpoint: at the server's root, not under ``/v1`` (NeMo Gym's vLLM client
@@ -43,6 +44,16 @@ class ModelServer(BaseServer):
 
     async def _responses(self, params: Any, call: Call) -> dict[str, Any] | Response:
         return await self.respond(json_object(params), call)
+
+
+def openai_routes(chat: Handler, models: Handler, tokenize: Handler) -> list[BaseRoute]:
+    """The endpoints a model server serves beside ``/v1/responses``: ``POST`` chat
+    completions, ``GET /v1/models`` and vLLM's ``POST /tokenize``."""
+    return [
+        Route(CHAT_ENDPOINT, json_endpoint(chat), methods=["POST"]),
+        Route(MODELS_ENDPOINT, json_endpoint(models), methods=["GET"]),
+        Route(TOKENIZE_ENDPOINT, json_endpoint(tokenize), methods=["POST"]),
+    ]
 
 
 def model_list(*ids: str, owned_by: str = "rollgym") -> dict[str, Any]:
