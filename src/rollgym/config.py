@@ -234,7 +234,7 @@ class CollectConfig(_Strict):
     agent_in_process: bool = Field(
         default=False,
         description="run the agents inside the collector's process: no /run hop, no agent "
-        "process (rollgym.collect.inprocess; not with --ray)",
+        "process (rollgym.collect.launchers.InProcessAgents; not with --ray)",
     )
 
 
