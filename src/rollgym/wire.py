@@ -24,7 +24,16 @@ call sends both."""
 # -- endpoints --------------------------------------------------------------------------------
 
 RESERVED_ENDPOINTS = frozenset(
-    {"seed_session", "verify", "aggregate_metrics", "tools", "health", "stats"}
+    {
+        "seed_session",
+        "close_session",
+        "reverify_mode",
+        "verify",
+        "aggregate_metrics",
+        "tools",
+        "health",
+        "stats",
+    }
 )
 """Endpoints of a resources server that are never tools: a tool may not be named like one,
 and an agent never calls one for a model, whatever it asks for."""
@@ -37,18 +46,120 @@ INDEX_FIELDS = frozenset({"task_index", "rollout_index", NG_TASK_INDEX, NG_ROLLO
 """A rollout's indices, in rollgym's and NeMo Gym's spelling: never metrics."""
 
 
+# -- NeMo Gym 0.7: episodes, sessions, prefixes, failures ---------------------------------------
+# The Environment Server protocol: ``POST /run`` takes
+# ``{episode_id: {rollout_id, attempt}, task: {task_id: {taskset, task_id}, task_input}}`` and
+# answers ``{episode_id, task_id, result | failure}``.
+
+EPISODE_ID = "episode_id"
+ROLLOUT_ID = "rollout_id"
+ATTEMPT = "attempt"
+TASK = "task"
+TASK_ID = "task_id"
+TASKSET = "taskset"
+TASK_INPUT = "task_input"
+TASK_DATA = "task_data"
+"""In a ``single_agent_turn`` task input: the environment's fields (0.7 moves a task input's
+flat fields other than ``responses_create_params`` into it)."""
+RESULT = "result"
+FAILURE = "failure"
+FAILURE_REASON = "failure_reason"
+TERMINAL = "terminal"
+FAILURE_KIND = "failure_kind"
+STAGE = "stage"
+PARTIAL_RESPONSE = "partial_response"
+DELIVERY = "delivery"
+"""Whether the failed request reached the server: ``not_sent``, ``possibly_delivered`` or
+``delivered`` (0.7's ``RolloutFailure.delivery``)."""
+
+MASK_SAMPLE = "mask_sample"
+"""On a verify response: the reward is no measurement (the environment's infrastructure failed);
+the sample is left out of every reward statistic and of the trainer's loss."""
+
+ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+"""What 0.7 accepts as a rollout id (also the ``<id>`` of ``/ng-rollout/<id>/``)."""
+
+ROLLOUT_PREFIX = "ng-rollout"
+"""``/ng-rollout/<id>/...``: a path prefix naming the rollout, stripped by every server."""
+TOKEN_CAPTURE_SEGMENT = "training-token-capture"
+"""``/ng-rollout/<id>/training-token-capture/...``: the same call, asking for token ids."""
+
+CLOSE_SESSION_ENDPOINT = "/close_session"
+REVERIFY_MODE_ENDPOINT = "/reverify_mode"
+AGENT_SESSIONS_ENDPOINT = "/v1/agent_sessions"
+AGENT_SESSIONS_CLOSE_ENDPOINT = "/v1/agent_sessions/close"
+RESOURCES_SESSION_ID = "resources_session_id"
+AGENT_SESSION_ID = "agent_session_id"
+
+NG_TASK_ID = "_ng_task_id"
+"""A record's ``{taskset, task_id}`` (0.7), beside its indices."""
+NG_ROLLOUT_ID = "_ng_rollout_id"
+NG_ATTEMPT_INDEX = "_ng_attempt_index"
+NG_ENVIRONMENT_SERVER = "_ng_environment_server"
+NG_RESULT_TYPE = "_ng_result_type"
+
+NG_FAILURE_CLASS = "_ng_failure_class"
+NG_FAILURE_TERMINAL = "_ng_failure_terminal"
+NG_FAILURE_MESSAGE = "_ng_failure_message"
+NG_FAILURE_STAGE = "_ng_failure_stage"
+NG_FAILURE_PARTIAL_RESPONSE = "_ng_failure_partial_response"
+NG_FAILURE_TYPE = "_ng_failure_type"
+NG_FAILURE_HTTP_STATUS = "_ng_failure_http_status"
+NG_FAILURE_RESPONSE_BODY = "_ng_failure_response_body"
+"""0.7's sidecar failure rows (``<stem>_failures.jsonl``) carry these fields."""
+
+
 def session_cookie(session_id: str) -> str:
     """The ``set-cookie`` value that carries ``session_id``."""
     return f"{SESSION_COOKIE}={session_id}; Path=/; HttpOnly; SameSite=lax"
 
 
 __all__ = [
+    "AGENT_SESSIONS_CLOSE_ENDPOINT",
+    "AGENT_SESSIONS_ENDPOINT",
+    "AGENT_SESSION_ID",
+    "ATTEMPT",
+    "CLOSE_SESSION_ENDPOINT",
+    "DELIVERY",
+    "EPISODE_ID",
+    "FAILURE",
+    "FAILURE_KIND",
+    "FAILURE_REASON",
     "HEADER_ROLLOUT",
     "INDEX_FIELDS",
+    "MASK_SAMPLE",
+    "NG_ATTEMPT_INDEX",
+    "NG_ENVIRONMENT_SERVER",
+    "NG_FAILURE_CLASS",
+    "NG_FAILURE_HTTP_STATUS",
+    "NG_FAILURE_MESSAGE",
+    "NG_FAILURE_PARTIAL_RESPONSE",
+    "NG_FAILURE_RESPONSE_BODY",
+    "NG_FAILURE_STAGE",
+    "NG_FAILURE_TERMINAL",
+    "NG_FAILURE_TYPE",
+    "NG_RESULT_TYPE",
+    "NG_ROLLOUT_ID",
     "NG_ROLLOUT_INDEX",
+    "NG_TASK_ID",
     "NG_TASK_INDEX",
+    "PARTIAL_RESPONSE",
     "RESERVED_ENDPOINTS",
+    "RESOURCES_SESSION_ID",
+    "RESULT",
+    "REVERIFY_MODE_ENDPOINT",
+    "ROLLOUT_ID",
+    "ROLLOUT_ID_PATTERN",
+    "ROLLOUT_PREFIX",
     "SESSION_COOKIE",
     "SESSION_HEADER",
+    "STAGE",
+    "TASK",
+    "TASKSET",
+    "TASK_DATA",
+    "TASK_ID",
+    "TASK_INPUT",
+    "TERMINAL",
+    "TOKEN_CAPTURE_SEGMENT",
     "session_cookie",
 ]
