@@ -15,6 +15,15 @@ Typed tool arguments become the tool's JSON schema (``GET /tools``) and are vali
 call (a bad call answers 422, which the agent hands back to the model). Each rollout gets its own
 ``Session`` from ``POST /seed_session``, held until its ``/verify`` (``rollgym.server.sessions``:
 its id travels in the ``x-rollgym-session`` header or the ``rollgym_session`` cookie).
+
+NeMo Gym 0.7's Environment Servers are served too: ``/seed_session`` with 0.7's body
+``{resources_session_id, episode_id, task_id, task_data}`` opens a session for ``task_data`` (seeded
+by the same ``seed_session`` hook as a task row), answered ``{resources_session_id,
+resources_tools: null, sandbox_access: null}`` with the session cookie; it lives until
+``POST /close_session`` ``{resources_session_id, episode_id}``. ``GET /reverify_mode`` answers
+the class's ``reverify_mode``: ``"stateless"`` when ``verify`` reads only the row and the
+response (a recorded rollout can be scored again as it is), ``"unsupported"`` when it reads the
+session's state, ``"unknown"`` (the default) when the environment does not say.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar, get_type_hints
+from typing import Any, ClassVar, Literal, TypeVar, get_args, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from starlette.routing import BaseRoute, Route
@@ -44,10 +53,30 @@ from rollgym.server.endpoint import (
     error_response,
     json_endpoint,
 )
-from rollgym.server.sessions import Session, SessionStore, in_session, new_session, session_id
-from rollgym.wire import RESERVED_ENDPOINTS, session_cookie
+from rollgym.server.sessions import (
+    Session,
+    SessionStore,
+    in_session,
+    is_named_seed,
+    new_session,
+    parse_close,
+    parse_seed,
+    seeded_answer,
+    session_id,
+)
+from rollgym.wire import (
+    CLOSE_SESSION_ENDPOINT,
+    RESERVED_ENDPOINTS,
+    RESOURCES_SESSION_ID,
+    REVERIFY_MODE_ENDPOINT,
+    session_cookie,
+)
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+ReverifyMode = Literal["stateless", "unsupported", "unknown"]  # TODO(wire): 0.7's ReverifyMode
+"""``GET /reverify_mode``'s answer: can a recorded rollout be verified again from its row and
+response alone (``stateless``), not (``unsupported``), or is it not said (``unknown``)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +126,10 @@ class ResourcesServer(BaseServer):
     kind: ClassVar[str] = "resources"
     verify_timeout: ClassVar[float] = 60.0
     cpu_verify_workers: ClassVar[int] = 2
+    reverify_mode: ClassVar[ReverifyMode] = "unknown"
+    """Whether ``verify`` reads only the row and the response (``"stateless"``), or the
+    session's state too (``"unsupported"``): 0.7's ``gym eval reverify`` asks before it
+    scores recorded rollouts again."""
     tools: ClassVar[dict[str, ToolSpec]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -109,6 +142,11 @@ class ResourcesServer(BaseServer):
         for name in cls.tools:
             if name in RESERVED_ENDPOINTS:
                 raise TypeError(f"{cls.__name__}: tool name {name!r} clashes with an endpoint")
+        if cls.reverify_mode not in get_args(ReverifyMode):
+            raise TypeError(
+                f"{cls.__name__}: reverify_mode {cls.reverify_mode!r} is not one of "
+                f"{', '.join(get_args(ReverifyMode))}"
+            )
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
@@ -189,6 +227,8 @@ class ResourcesServer(BaseServer):
     def routes(self) -> list[BaseRoute]:
         return [
             Route("/seed_session", json_endpoint(self._seed, self._seed_limit()), methods=["POST"]),
+            Route(CLOSE_SESSION_ENDPOINT, json_endpoint(self._close), methods=["POST"]),
+            Route(REVERIFY_MODE_ENDPOINT, json_endpoint(self._reverify_mode), methods=["GET"]),
             Route("/verify", json_endpoint(self._verify), methods=["POST"]),
             Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
             Route("/tools", json_endpoint(self._list_tools), methods=["GET", "POST"]),
@@ -214,13 +254,24 @@ class ResourcesServer(BaseServer):
     async def _list_tools(self, body: Any, call: Call) -> Any:
         return [spec.schema() for spec in self.tools.values()]
 
+    async def _reverify_mode(self, body: Any, call: Call) -> Any:
+        return type(self).reverify_mode
+
     async def _seed(self, task: Any, call: Call) -> Any:
         if not isinstance(task, dict):
             raise InvalidRequest("seed_session expects the task row as a JSON object", status=422)
+        if is_named_seed(task):  # 0.7's body: the caller names the session
+            named = await self._sessions.seed_named(parse_seed(task), call.size, self.seed_session)
+            return in_session(seeded_answer(named), named)
         session = new_session(task, call.size)
         await self.seed_session(session)
         self._sessions.hold(session)
         return in_session({"session_id": session.id}, session)
+
+    async def _close(self, body: Any, call: Call) -> Any:
+        request = parse_close(body)
+        self._sessions.close(request, session_id(call))
+        return {RESOURCES_SESSION_ID: request.resources_session_id}
 
     def _session(self, call: Call) -> Session:
         sid = session_id(call)
@@ -264,8 +315,10 @@ class ResourcesServer(BaseServer):
             session.task = body
         response = body["response"]
         result = await self.verify(session, body, response)
-        # Dropped only once verified, so a retried /verify (idempotent) still finds it.
-        self._sessions.release(session)
+        # Dropped only once verified, so a retried /verify (idempotent) still finds it; a named
+        # session (0.7's) only when its caller closes it.
+        if session.name is None:
+            self._sessions.release(session)
         if isinstance(result, dict):
             if "reward" not in result:
                 raise InternalError(
@@ -320,4 +373,4 @@ async def _retire(pool: CpuPool, stuck: Future[Any], grace: float) -> None:
         pool.kill()
 
 
-__all__ = ["ResourcesServer", "Session", "output_text", "tool"]
+__all__ = ["ResourcesServer", "ReverifyMode", "Session", "output_text", "tool"]
