@@ -17,6 +17,7 @@ import orjson
 import yarl
 
 from rollgym.config import ServerConfig
+from rollgym.http import Target
 from rollgym.server.app import App, build_app
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.testing import serve_asgi
@@ -33,18 +34,20 @@ class Answer:
     """The cookies this answer set (name -> value)."""
     set_cookie: list[str] = field(default_factory=list)
     """Its ``set-cookie`` headers as sent."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Its headers, names in lower case (the last of a repeated one)."""
 
 
-def build(klass: type[BaseServer], name: str = "env", options: dict[str, Any] | None = None) -> App:
+def build(
+    klass: type[BaseServer],
+    name: str = "env",
+    options: dict[str, Any] | None = None,
+    peers: dict[str, Target] | None = None,
+) -> App:
     """``klass``'s app, built as ``serve_server`` builds it."""
-    cfg = ServerConfig.model_validate(
-        {
-            "kind": klass.kind,
-            "impl": f"{klass.__module__}:{klass.__name__}",
-            "options": options or {},
-        }
-    )
-    return build_app(klass(ServerContext(name=name, config=cfg)))
+    impl = f"{klass.__module__}:{klass.__name__}"
+    cfg = ServerConfig.model_validate({"kind": klass.kind, "impl": impl, "options": options or {}})
+    return build_app(klass(ServerContext(name=name, config=cfg, peers=dict(peers or {}))))
 
 
 class Client:
@@ -94,7 +97,8 @@ class Client:
         async with self.http.request(method, url, data=raw or None, headers=sent) as resp:
             text = await resp.read()
             set_cookie = resp.headers.getall("set-cookie", [])
-            return Answer(resp.status, _json(text), _cookies(set_cookie), list(set_cookie))
+            heads = {k.lower(): v for k, v in resp.headers.items()}
+            return Answer(resp.status, _json(text), _cookies(set_cookie), list(set_cookie), heads)
 
 
 @asynccontextmanager
@@ -116,11 +120,16 @@ async def client(transport: str, app: App) -> AsyncIterator[Client]:
 
 
 async def asgi_request(
-    app: Any, method: str, path: str, body: bytes = b"", headers: Mapping[str, str] | None = None
+    app: Any,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: Mapping[str, str] | None = None,
+    scopes: list[dict[str, Any]] | None = None,
 ) -> Answer:
     """One HTTP request to ASGI ``app`` in this process: ``path`` is the request target as a
     client sends it (escapes decoded into the scope's ``path``, kept in ``raw_path``, as uvicorn
-    does)."""
+    does). ``scopes``: the scope sent is appended to it."""
     raw_path = path.encode()
     scope = {
         "type": "http",
@@ -136,6 +145,8 @@ async def asgi_request(
         "client": ("127.0.0.1", 50000),
         "server": ("127.0.0.1", 80),
     }
+    if scopes is not None:
+        scopes.append(scope)
     done = asyncio.Event()
     delivered = False
 
@@ -160,8 +171,10 @@ async def asgi_request(
 
     await app(scope, receive, send)
     done.set()
-    set_cookie = [v.decode() for k, v in start.get("headers", []) if k.lower() == b"set-cookie"]
-    return Answer(int(start["status"]), _json(b"".join(chunks)), _cookies(set_cookie), set_cookie)
+    raw_headers = [(k.decode().lower(), v.decode()) for k, v in start.get("headers", [])]
+    set_cookie = [v for k, v in raw_headers if k == "set-cookie"]
+    status, parsed = int(start["status"]), _json(b"".join(chunks))
+    return Answer(status, parsed, _cookies(set_cookie), set_cookie, dict(raw_headers))
 
 
 def _json(raw: bytes) -> Any:

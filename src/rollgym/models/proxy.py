@@ -53,7 +53,11 @@ answer.
 (``rollgym.models.tokens``). The proxy asks vLLM for logprobs with token ids and, for a vLLM
 that sends no ``prompt_token_ids``, renders the prompt with the upstream's ``/tokenize``; an
 answer without usable token data fails the call (``ProtocolError``), never a record without
-them. The raw fields stay under ``rollgym_upstream``.
+them. The raw fields stay under ``rollgym_upstream``. A call at NeMo Gym 0.7's
+``/ng-rollout/<id>/training-token-capture/v1/responses`` asks for the same token data for that
+call alone, whatever ``return_token_ids`` says (0.7's own model servers record it in a capture
+store instead; rollgym puts it where NeMo RL reads it in 0.4's protocol). Chat completions pass
+through unchanged either way: a client asks vLLM for token ids in its own request.
 
 **Several replicas** (``base_url: [http://gpu-0:8000/v1, http://gpu-1:8000/v1]``, e.g. vLLM's
 data-parallel servers with no load balancer): each call goes to the replica with the fewest
@@ -305,13 +309,14 @@ class OpenAIProxy(ModelServer):
 
     async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
         chat = responses_to_chat(params, model=self.options.model)
-        if self.options.return_token_ids:
+        with_tokens = self.options.return_token_ids or call.token_capture
+        if with_tokens:
             chat = token_request(chat)
 
         async def generate(replica: Replica, deadline: float | None) -> _Generated:
             completion = await self._complete(chat, replica, deadline)
             tokenized = None
-            if self.options.return_token_ids and needs_tokenize(completion):
+            if with_tokens and needs_tokenize(completion):
                 # The prompt as the generation saw it: the same messages, tools and template
                 # options (extra_body may carry chat_template_kwargs), rendered by the replica
                 # that generated (replicas may differ in version or template).
@@ -326,7 +331,7 @@ class OpenAIProxy(ModelServer):
         response = chat_to_response(
             answer.completion, params, upstream=upstream, model=chat.get("model")
         )
-        if self.options.return_token_ids:
+        if with_tokens:
             tokens = call_tokens(answer.completion, upstream=upstream, tokenized=answer.tokenized)
             attach(response["output"], tokens)
         return response_stream(response) if params.get("stream") else response

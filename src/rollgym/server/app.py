@@ -8,11 +8,20 @@ The app is plain Starlette (routes, exception handlers, lifespan) behind one sma
 to an exact path, which is every hop of a rollout, goes straight to its endpoint by a dict
 lookup, its errors answered by the same handler Starlette uses. Starlette's middleware stack and
 linear route scan would cost about as much as the endpoint itself, several times per rollout.
+
+NeMo Gym 0.7 calls servers at ``/ng-rollout/<id>/<rest>`` to name the rollout (and model and
+agent servers at ``/ng-rollout/<id>/training-token-capture/<rest>`` to ask for training token
+ids): every rollgym server serves such a path as ``/<rest>``, with ``<id>`` as the call's rollout
+id when it sends no ``x-rollgym-rollout`` header (``Call.rollout``, ``Call.token_capture``).
+An ``<id>`` that is not 0.7's (``wire.ROLLOUT_ID_PATTERN``, at most ``MAX_ROLLOUT_ID_CHARS``) is
+answered 404, as 0.7 answers it (the path names no endpoint). Other paths pay one
+``str.startswith`` for this.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -25,12 +34,30 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from rollgym.errors import HTTPStatusError, InternalError, InvalidRequest, RollgymError
-from rollgym.server.endpoint import MAX_BODY_BYTES, Endpoint, JSONResponse, error_response
+from rollgym.server.endpoint import (
+    MAX_BODY_BYTES,
+    SCOPE_ROLLOUT,
+    SCOPE_TOKEN_CAPTURE,
+    Endpoint,
+    JSONResponse,
+    error_response,
+)
+from rollgym.wire import ROLLOUT_ID_PATTERN, ROLLOUT_PREFIX, TOKEN_CAPTURE_SEGMENT
 
 if TYPE_CHECKING:
     from rollgym.server.base import BaseServer
 
 log = logging.getLogger("rollgym.server")
+
+MAX_ROLLOUT_ID_CHARS = 256
+"""The longest ``<id>`` of ``/ng-rollout/<id>/`` taken (0.7 sets no bound; its ids are
+``<task>-<rollout>[-a<attempt>]`` or a caller's own short id)."""
+TOKEN_CAPTURE_KINDS = frozenset({"model", "agent"})
+"""The server kinds that take ``/ng-rollout/<id>/training-token-capture/`` (as in 0.7)."""
+
+_PREFIX = f"/{ROLLOUT_PREFIX}/"
+_CAPTURE = f"/{TOKEN_CAPTURE_SEGMENT}"
+_ROLLOUT_ID = re.compile(ROLLOUT_ID_PATTERN)
 
 
 class App:
@@ -39,6 +66,7 @@ class App:
 
     def __init__(self, server: BaseServer, routes: Sequence[BaseRoute]) -> None:
         self.server = server
+        self.token_capture = server.kind in TOKEN_CAPTURE_KINDS
         self.posts: dict[str, Endpoint] = {
             r.path: r.endpoint
             for r in routes
@@ -59,6 +87,12 @@ class App:
         self.starlette.router.redirect_slashes = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(_PREFIX):
+            inner = unprefixed(scope, token_capture=self.token_capture)
+            if isinstance(inner, RollgymError):
+                await error_response(self.server.name, inner)(scope, receive, send)
+                return
+            scope = inner
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = self.posts.get(scope["path"])
             if endpoint is not None:
@@ -81,6 +115,39 @@ class App:
 
     async def _on_error(self, request: Request, exc: Exception) -> Response:
         return error_response(self.server.name, as_rollgym_error(request, exc, self.server.name))
+
+
+def unprefixed(scope: Scope, *, token_capture: bool) -> Scope | HTTPStatusError:
+    """The scope of ``/ng-rollout/<id>/[training-token-capture/]<rest>`` served as ``/<rest>``,
+    naming rollout ``<id>`` (the segment is taken only with ``token_capture``); the 404 to
+    answer when ``<id>`` is no rollout id. Only the first prefix is taken: a second one is part
+    of ``<rest>``, which then names no endpoint."""
+    path: str = scope["path"]
+    end = path.find("/", len(_PREFIX))
+    rollout = path[len(_PREFIX) : end]
+    if end < 0 or len(rollout) > MAX_ROLLOUT_ID_CHARS or not _ROLLOUT_ID.fullmatch(rollout):
+        shown = path if len(path) <= 120 else f"{path[:100]}... ({len(path)} characters)"
+        return HTTPStatusError(
+            f"{scope['method']} {shown}: not found: the <id> of /{ROLLOUT_PREFIX}/<id>/ must "
+            f"match {ROLLOUT_ID_PATTERN} and have at most {MAX_ROLLOUT_ID_CHARS} characters",
+            status=404,
+        )
+    rest = path[end:]
+    inner = {**scope, SCOPE_ROLLOUT: rollout}
+    if (
+        token_capture
+        and rest.startswith(_CAPTURE)
+        and rest[len(_CAPTURE) : len(_CAPTURE) + 1] == "/"
+    ):
+        rest = rest[len(_CAPTURE) :]
+        inner[SCOPE_TOKEN_CAPTURE] = True
+    # The prefix is plain ASCII (the id's characters need no escaping): cut it from the raw
+    # path as it was sent, unless the client escaped some of it anyway.
+    raw: bytes = scope.get("raw_path") or b""
+    cut = path[: len(path) - len(rest)].encode()
+    inner["path"] = rest
+    inner["raw_path"] = raw[len(cut) :] if raw.startswith(cut) else rest.encode()
+    return inner
 
 
 def as_rollgym_error(request: Request, exc: Exception, server: str) -> RollgymError:
@@ -124,4 +191,12 @@ def build_app(server: BaseServer) -> App:
     return App(server, routes)
 
 
-__all__ = ["MAX_BODY_BYTES", "App", "JSONResponse", "build_app", "error_response"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_ROLLOUT_ID_CHARS",
+    "App",
+    "JSONResponse",
+    "build_app",
+    "error_response",
+    "unprefixed",
+]

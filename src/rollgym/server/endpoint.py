@@ -29,6 +29,11 @@ CLIENT_GONE = 499  # nginx's "client closed request": nobody reads this answer
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
+SCOPE_ROLLOUT = "rollgym.rollout"
+"""The ASGI scope key holding the rollout id of a ``/ng-rollout/<id>/`` path (``app.App``)."""
+SCOPE_TOKEN_CAPTURE = "rollgym.token_capture"
+"""The ASGI scope key set when the path asked for training token ids (``training-token-capture``)."""
+
 
 class JSONResponse(Response):
     """A JSON response encoded with orjson (several times faster than the stdlib)."""
@@ -64,8 +69,15 @@ class Call:
 
     @property
     def rollout(self) -> str | None:
-        """The caller's rollout id (``x-rollgym-rollout``), if it sent one."""
-        return self.request.headers.get(HEADER_ROLLOUT)
+        """The caller's rollout id, if it sent one: its ``x-rollgym-rollout`` header, else the
+        ``<id>`` of the ``/ng-rollout/<id>/`` path it called (NeMo Gym 0.7's)."""
+        return self.request.headers.get(HEADER_ROLLOUT) or self.request.scope.get(SCOPE_ROLLOUT)
+
+    @property
+    def token_capture(self) -> bool:
+        """Whether the call asked for training token ids (0.7's
+        ``/ng-rollout/<id>/training-token-capture/...`` path, on model and agent servers)."""
+        return SCOPE_TOKEN_CAPTURE in self.request.scope
 
 
 Handler = Callable[[Any, Call], Awaitable[Any]]
