@@ -16,6 +16,11 @@ The protocol is NeMo Gym 0.4's (``resources_servers/gymnasium`` and its ``gymnas
 - The session lives in a cookie the server sets (NeMo Gym's signed session cookie), carried on
   every call of this rollout only.
 
+It takes no NeMo Gym 0.7 agent-session turns (``/v1/agent_sessions`` answers 501): a turn is a
+model-and-tools loop on granted tool routes, and this agent's episode is ``/reset`` + ``/step``
+on its own server, which scores as it goes. Its ``/run`` takes 0.7 episode requests like any
+agent's (``rollgym.server.agent_episodes``).
+
 The verified rollout is the task row plus ``reward``, ``step_rewards``, ``num_steps``,
 ``terminated``, ``truncated``, ``info`` (the last step's), ``responses_create_params`` with the
 prompt the model saw first (the reset observation included, as NeMo Gym records it), and
@@ -41,7 +46,7 @@ from pydantic import Field
 from rollgym.agents.response import final_response, function_call_output, user_message
 from rollgym.errors import ProtocolError
 from rollgym.protocol import RESET_KEYS, STEP_KEYS, Reset, Step, ToolOutput
-from rollgym.server.agent import AgentServer, RunContext
+from rollgym.server.agent import AgentServer, Hops, RunContext
 from rollgym.server.episode import ResourcesClient
 
 log = logging.getLogger(__name__)
@@ -56,9 +61,12 @@ class GymEpisode:
     rollout's calls only, pinned to the replica that holds the session once it has one.
     """
 
-    def __init__(self, resources: ResourcesClient, rollout: str) -> None:
+    def __init__(self, resources: ResourcesClient, rollout: str, hops: Hops | None = None) -> None:
         self.resources = resources
         self.session = resources.episode(rollout)  # the session protocol: rollout id, cookies
+        self.hops = hops or Hops()
+        """Times ``/reset`` as the ``seed`` hop and each ``/step`` as a ``step`` one (so a
+        failed episode says where it failed)."""
 
     @property
     def server(self) -> str:
@@ -66,11 +74,19 @@ class GymEpisode:
 
     async def reset(self, row: dict[str, Any]) -> Reset:
         """Start the episode for task ``row``."""
-        answer = await self.session.post("/reset", row, self.resources.tool_timeout)
-        return parse_reset(answer, self.server)
+        reset: Reset = await self.hops.timed("seed", self._reset(row))
+        return reset
 
     async def step(self, row: dict[str, Any], response: dict[str, Any]) -> Step:
         """Act with the model's ``response``. Uses ``verify_timeout``: a step may score."""
+        step: Step = await self.hops.timed("step", self._step(row, response))
+        return step
+
+    async def _reset(self, row: dict[str, Any]) -> Reset:
+        answer = await self.session.post("/reset", row, self.resources.tool_timeout)
+        return parse_reset(answer, self.server)
+
+    async def _step(self, row: dict[str, Any], response: dict[str, Any]) -> Step:
         answer = await self.session.post(
             "/step", {**row, "response": response}, self.resources.verify_timeout
         )
@@ -88,7 +104,7 @@ class GymnasiumAgent(AgentServer):
     options: Options
 
     async def run(self, row: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
-        episode = GymEpisode(self.resources_client(), ctx.rollout)
+        episode = GymEpisode(self.resources_client(), ctx.rollout, ctx.hops)
         started = time.monotonic()
         reset = await episode.reset(row)
 

@@ -2,6 +2,10 @@
 
     seed_session -> model -> tool calls -> model -> ... (at most max_steps model calls) -> verify
 
+The loop in the middle is also the agent's turn in a NeMo Gym 0.7 agent session
+(``/v1/responses``): the same loop, its tools called on the resources the session was granted,
+answering the turn's response unverified (``rollgym.server.agent_sessions``).
+
 A rollout that runs out of steps is verified as it stands and marked ``truncated``.
 
 When its model server attaches training token data (``openai_proxy``'s ``return_token_ids``),
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -59,8 +64,22 @@ class ToolAgent(AgentServer):
         """Run one rollout of ``row`` and return the verify response."""
         episode = ctx.episode()
         await episode.seed(row)
+        turn = await self.loop(row["responses_create_params"], episode, ctx)
+        verified = await episode.verify(row, turn.response)
+        verified.update(drift_fields(turn.turns))
+        verified.setdefault("num_steps", turn.steps)
+        verified.setdefault("truncated", turn.truncated)
+        verified.setdefault("agent_seconds", turn.seconds)
+        return verified
 
-        params = dict(row["responses_create_params"])
+    async def turn(self, params: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
+        """One agent-session turn: the same loop on the granted resources, unverified."""
+        return (await self.loop(params, ctx.episode(), ctx)).response
+
+    async def loop(self, params: dict[str, Any], episode: Episode, ctx: RunContext) -> Turn:
+        """Model -> tool calls -> model ... on create params ``params`` (at most ``max_steps``
+        model calls), the tools called within ``episode``; the whole turn as one response."""
+        params = dict(params)
         raw_input = params.get("input")
         items: list[Any] = (
             [{"type": "message", "role": "user", "content": raw_input}]
@@ -95,13 +114,25 @@ class ToolAgent(AgentServer):
             # Out of steps while the model still wanted its tools: the rollout is verified as
             # it stands (a truncated episode is still data), and marked so trainers can tell.
             truncated = True
+        return Turn(
+            response=final_response(response, outputs, turns),
+            turns=turns,
+            steps=steps,
+            truncated=truncated,
+            seconds=round(time.monotonic() - started, 4),
+        )
 
-        verified = await episode.verify(row, final_response(response, outputs, turns))
-        verified.update(drift_fields(turns))
-        verified.setdefault("num_steps", steps)
-        verified.setdefault("truncated", truncated)
-        verified.setdefault("agent_seconds", round(time.monotonic() - started, 4))
-        return verified
+
+@dataclass(frozen=True)
+class Turn:
+    """What one run of the loop gave: the whole turn as one response, every model response
+    in it, the model calls made, whether it ran out of steps, and its seconds."""
+
+    response: dict[str, Any]
+    turns: list[dict[str, Any]]
+    steps: int
+    truncated: bool
+    seconds: float
 
 
 async def _call_tool(

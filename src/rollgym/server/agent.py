@@ -13,6 +13,11 @@ caller's ``x-rollgym-rollout``, or a fresh one), cancelling the rollout with its
 flight if the caller disconnects, and error bodies: a failure of the model or resources server
 is answered 502/504 with that server's error as ``origin``.
 
+The same ``/run`` takes NeMo Gym 0.7's episode requests (``rollgym.server.agent_episodes``), so an
+agent is a 0.7 Environment Server itself, and an agent that implements ``turn`` takes 0.7's agent
+sessions (``rollgym.server.agent_sessions``: ``/v1/agent_sessions``, ``/v1/responses``, close),
+so a 0.7 Environment Server (``single_agent_turn``) can front it.
+
 Every verified rollout also carries ``rollgym_timing`` (``Hops.to_dict``): the seconds of each
 hop the rollout made through its context (seed, model calls, tool calls, verify), the retries
 inside them and the time they spent waiting between attempts, for ``rollgym report``.
@@ -20,9 +25,10 @@ inside them and the time they spent waiting between attempts, for ``rollgym repo
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -33,14 +39,31 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from rollgym.config import format_validation_error
-from rollgym.errors import InvalidRequest, ProtocolError
+from rollgym.errors import (
+    ConfigError,
+    HTTPStatusError,
+    InternalError,
+    InvalidRequest,
+    ProtocolError,
+    RollgymError,
+)
 from rollgym.http import HttpClient, Target
+from rollgym.nemo_gym.failures import Stage
 from rollgym.protocol import TaskRow, rollout_key
+from rollgym.server.agent_episodes import (
+    episode_failed,
+    episode_result,
+    is_episode_body,
+    read_episode,
+)
+from rollgym.server.agent_sessions import AgentSessions
 from rollgym.server.base import BaseServer, ModelPeer, ResourcesPeer, ServerContext
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
-from rollgym.server.episode import Episode, ResourcesClient
+from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.wire import HEADER_ROLLOUT
+
+log = logging.getLogger("rollgym.server")
 
 TIMING_FIELD = "rollgym_timing"
 """The verify response's field that holds the rollout's ``Hops``."""
@@ -65,13 +88,15 @@ class Hops:
     """Per-hop timing of one rollout: seconds of every seed, model, tool and verify call, the
     retries inside them, and the time they waited between attempts (backoff)."""
 
-    __slots__ = ("retries", "seconds", "started", "wait_s")
+    __slots__ = ("failed", "retries", "seconds", "started", "wait_s")
 
     def __init__(self) -> None:
         self.seconds: dict[str, list[float]] = {}
         self.retries: dict[str, int] = {}
         self.wait_s = 0.0
         self.started = time.monotonic()
+        self.failed: str | None = None
+        """The hop whose call failed last (``None``: none has): where a failed rollout failed."""
 
     async def timed(self, hop: str, call: Awaitable[Any]) -> Any:
         """Await ``call`` as one ``hop``, and record it (failed calls too)."""
@@ -80,6 +105,9 @@ class Hops:
         t0 = time.monotonic()
         try:
             return await call
+        except Exception:
+            self.failed = hop
+            raise
         finally:
             took = time.monotonic() - t0
             _CALL.reset(token)
@@ -109,11 +137,32 @@ def count_attempt(seconds: float) -> None:
         call.sent_s += seconds
 
 
+HOP_STAGES: dict[str, Stage] = {"seed": "seed", "verify": "verification"}
+"""The 0.7 failure stage of a failed hop; every other hop (``model``, ``tool``, a Gymnasium
+``step``, an agent's own) is the agent's turn: ``"agent"``."""
+
+
+def failed_stage(hops: Hops) -> Stage | None:
+    """The 0.7 stage where a rollout timed by ``hops`` failed; ``None`` when none of its hops
+    failed (the agent's own code did)."""
+    if hops.failed is None:
+        return None
+    return HOP_STAGES.get(hops.failed, "agent")
+
+
 class TimedEpisode(Episode):
     """An ``Episode`` whose seed, tool and verify calls are recorded in ``hops``."""
 
-    def __init__(self, resources: ResourcesClient, rollout: str, hops: Hops) -> None:
-        super().__init__(resources, rollout)
+    def __init__(
+        self,
+        resources: ResourcesClient,
+        rollout: str,
+        hops: Hops,
+        *,
+        cookies: dict[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(resources, rollout, cookies=cookies, headers=headers)
         self.hops = hops
 
     async def seed(self, row: dict[str, Any]) -> None:
@@ -160,11 +209,25 @@ class RunContext:
     agent: AgentServer
     hops: Hops = field(default_factory=Hops)
     """The timing of the calls made through this context (recorded as ``rollgym_timing``)."""
+    grant: Grant | None = None
+    """In an agent session (0.7): the resources session its caller seeded and granted."""
 
     def episode(self, resources: str | None = None) -> Episode:
         """A session of this rollout on resources server ``resources`` (default: the
-        ``resources`` option)."""
-        return TimedEpisode(self.agent.resources_client(resources), self.rollout, self.hops)
+        ``resources`` option). In an agent session: the granted session (``resources`` must
+        not be named: the session reaches only what its caller granted)."""
+        if self.grant is None:
+            return TimedEpisode(self.agent.resources_client(resources), self.rollout, self.hops)
+        if resources is not None:
+            raise ConfigError(
+                f"an agent session reaches only the resources it was granted, not {resources!r}"
+            )
+        if self.grant.resources is None:
+            return Ungranted(self.rollout)  # nothing granted: every call is refused
+        return TimedEpisode(
+            self.grant.resources, self.rollout, self.hops, cookies=self.grant.cookies,
+            headers=self.grant.headers,
+        )  # fmt: skip
 
     async def respond(self, params: dict[str, Any], model: str | None = None) -> dict[str, Any]:
         """The response of model server ``model`` (default: the ``model`` option)."""
@@ -193,6 +256,17 @@ class AgentServer(BaseServer):
         """Run one rollout of task ``row``; return the verify response (with ``reward``)."""
         raise NotImplementedError(f"{type(self).__name__} must implement run()")
 
+    async def turn(self, params: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
+        """One turn of an agent session (NeMo Gym 0.7's ``/v1/responses``): the agent's loop
+        on create params ``params`` against ``ctx.episode()`` (the resources its caller
+        granted), answering the turn's Responses API response; no seed, no verify (the caller
+        does both). An agent without one answers agent sessions 501."""
+        raise NotImplementedError(f"{type(self).__name__} takes no agent-session turns")
+
+    def takes_turns(self) -> bool:
+        """Whether this agent implements ``turn`` (else its agent sessions are refused)."""
+        return type(self).turn is not AgentServer.turn
+
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         # Its own client, which counts each hop's attempts (``Hops``); the pool settings and
@@ -200,6 +274,7 @@ class AgentServer(BaseServer):
         self.client = HttpClient(on_attempt=count_attempt)
         self._models: dict[str, ModelClient] = {}
         self._resources: dict[str, ResourcesClient] = {}
+        self.sessions = AgentSessions(self)
 
     async def startup(self) -> None:
         # Fail at start, not at the first rollout, when a peer is not in the run.
@@ -227,7 +302,20 @@ class AgentServer(BaseServer):
         return [
             Route("/run", json_endpoint(self._run), methods=["POST"]),
             Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
+            *self.sessions.routes(),
         ]
+
+    async def take_turn(
+        self, params: dict[str, Any], rollout: str | None, grant: Grant | None
+    ) -> dict[str, Any]:
+        """One ``turn`` of rollout ``rollout`` (``None``: a fresh id) in an agent session
+        granted ``grant`` (``None``: outside any session, on the ``resources`` server)."""
+        if not self.takes_turns():
+            raise HTTPStatusError(
+                f"{type(self).__name__} takes no /v1/responses turns; use its /run", status=501
+            )
+        ctx = RunContext(rollout or os.urandom(16).hex(), self, grant=grant)
+        return await self.turn(params, ctx)
 
     async def _aggregate(self, body: Any, call: Call) -> Any:
         # NeMo Gym's collector asks each agent; the metrics are the environment's to compute
@@ -238,6 +326,8 @@ class AgentServer(BaseServer):
         )  # fmt: skip
 
     async def _run(self, body: Any, call: Call) -> Response:
+        if is_episode_body(body):
+            return await self._run_episode(body)
         row = task_row(body)
         rollout = call.rollout or _rollout_id(row)
         ctx = RunContext(rollout, self)
@@ -245,6 +335,30 @@ class AgentServer(BaseServer):
         if isinstance(verified, dict):
             verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())
         return JSONResponse(verified, headers={HEADER_ROLLOUT: rollout})
+
+    async def _run_episode(self, body: Any) -> Response:
+        """A 0.7 episode request: the same rollout, answered as an episode response (200 with
+        ``result`` or ``failure``; ``rollgym.server.agent_episodes``)."""
+        request, row = read_episode(body)
+        rollout = request.episode_id.capture_key
+        ctx = RunContext(rollout, self)
+        try:
+            verified = await self.run(row, ctx)
+            if not isinstance(verified, dict):
+                raise InternalError(
+                    f"{type(self).__name__}.run returned {type(verified).__name__}, not the "
+                    "verify response", server=self.name,
+                )  # fmt: skip
+        except RollgymError as err:
+            answer = episode_failed(request, err, failed_stage(ctx.hops))
+        except Exception as exc:  # a bug in the agent: still this episode's failure, as 0.7
+            log.error("%s: episode %s crashed", self.name, rollout, exc_info=exc)
+            crash = InternalError(f"{type(exc).__name__}: {exc}", server=self.name)
+            answer = episode_failed(request, crash, failed_stage(ctx.hops))
+        else:
+            verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())
+            answer = episode_result(request, verified)
+        return JSONResponse(answer, headers={HEADER_ROLLOUT: rollout})
 
 
 def task_row(body: Any) -> dict[str, Any]:

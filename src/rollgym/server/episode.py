@@ -11,16 +11,23 @@ header (from ``/seed_session``'s answer) and every cookie the server sets (NeMo 
 keep their session in a signed cookie named after the server). Its calls stay on the replica
 that holds the session (sticky, then pinned once there is a session). Cookies live in the
 episode only, so a session never reaches another rollout.
+
+A ``Grant`` is a session someone else seeded (NeMo Gym 0.7's Environment Server seeds the
+resources and grants an agent session ``direct_http`` access: a base URL, cookies, headers): an
+episode resumed from it calls that server's tools with those cookies and headers, and keeps the
+cookies the server sets in the grant, for the caller to read back when the session closes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 import orjson
 
-from rollgym.errors import HTTPStatusError, ProtocolError
+from rollgym.errors import ConfigError, HTTPStatusError, ProtocolError
 from rollgym.http import HttpClient, JsonValue, Target
 from rollgym.wire import HEADER_ROLLOUT, RESERVED_ENDPOINTS, SESSION_HEADER
 
@@ -62,13 +69,22 @@ class ResourcesClient:
 
 
 class Episode:
-    """One rollout's session on a resources server."""
+    """One rollout's session on a resources server. ``cookies`` (default: a jar of its own) is
+    the jar it sends and fills; ``headers`` go on every call besides rollgym's own."""
 
-    def __init__(self, resources: ResourcesClient, rollout: str) -> None:
+    def __init__(
+        self,
+        resources: ResourcesClient,
+        rollout: str,
+        *,
+        cookies: dict[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.resources = resources
         self.rollout = rollout
         self.session_id: str | None = None
-        self.cookies: dict[str, str] = {}
+        self.cookies: dict[str, str] = {} if cookies is None else cookies
+        self.headers: Mapping[str, str] = headers or {}
 
     async def seed(self, row: dict[str, Any]) -> None:
         """Open the session for task ``row`` (``/seed_session``)."""
@@ -110,7 +126,7 @@ class Episode:
     async def post(self, endpoint: str, payload: Any, deadline: float) -> JsonValue:
         """POST ``payload`` to ``endpoint`` within this rollout's session (its header, its
         cookies, its replica): for endpoints beyond seed/tools/verify (``/reset``, ``/step``)."""
-        headers = {HEADER_ROLLOUT: self.rollout}
+        headers = {**self.headers, HEADER_ROLLOUT: self.rollout}
         if self.session_id:
             headers[SESSION_HEADER] = self.session_id
         if self.cookies:
@@ -123,6 +139,51 @@ class Episode:
         )  # fmt: skip
         self.cookies.update(cookies)
         return answer
+
+
+@dataclass
+class Grant:
+    """Access to a resources session another server seeded: the server (``None``: no access
+    was granted), the session's cookie jar (filled by every answer, read back at the end) and
+    the headers to send. An episode resumed from it shares the jar (``Episode(cookies=...)``)."""
+
+    resources: ResourcesClient | None
+    cookies: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Ungranted(Episode):
+    """The episode of a session granted no resources: no tools to offer, and a call to one is
+    the granting server's configuration error (the model must not be told a tool is missing
+    that the task declares)."""
+
+    def __init__(self, rollout: str) -> None:  # no server to hold: every call is refused
+        self.rollout = rollout
+        self.session_id = None
+        self.cookies = {}
+        self.headers = {}
+
+    async def seed(self, row: dict[str, Any]) -> None:
+        self._refuse("/seed_session")
+
+    async def tools(self) -> list[dict[str, Any]]:
+        return []
+
+    async def call_tool(self, name: str, arguments: Any) -> str:
+        self._refuse(f"tool {name!r}")
+
+    async def verify(self, row: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+        self._refuse("/verify")
+
+    async def post(self, endpoint: str, payload: Any, deadline: float) -> JsonValue:
+        self._refuse(endpoint)
+
+    def _refuse(self, what: str) -> NoReturn:
+        raise ConfigError(
+            f"rollout {self.rollout}: {what} called in an agent session that was granted no "
+            "resources access (the environment server grants one with a direct_http tool "
+            "access: resources_tool_transports: [direct_http] in NeMo Gym 0.7)"
+        )
 
 
 def _error(message: str) -> str:
