@@ -25,12 +25,19 @@ this one, as the same kind of record.
     ├── BudgetExhausted        the retry budget of the called server refused another retry
     ├── CircuitOpen            the called server's circuit breaker is open
     ├── RolloutError           the rollout itself could not finish (e.g. too many steps)
+    ├── EnvironmentFailure     an Environment Server (NeMo Gym 0.7) answered an episode with a
+    │                          handled failure: terminal, stage, failure_kind, partial_response
     ├── InternalError          a bug or unexpected exception inside a rollgym server
     │   └── SandboxError       an environment's sandbox could not run the code (not the code)
     ├── LaunchError            a server could not be started or never became healthy
     └── RunAborted             the run-level failure budget stopped the run
 
-aiohttp's exceptions become these in exactly one place: ``rollgym.http.translate``.
+aiohttp's exceptions become these in exactly one place: ``rollgym.http.translate``; NeMo Gym
+0.7's failure records in one other, ``rollgym.nemo_gym.failures``.
+
+A class may carry fields of its own beside the common ones (``extra_fields``; only
+``EnvironmentFailure`` does): they pickle, convert to and from JSON and survive ``with_fields``
+like the others, and every other class's JSON form is unchanged.
 """
 
 from __future__ import annotations
@@ -39,12 +46,18 @@ import re
 from typing import Any, ClassVar, Self, SupportsIndex
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import orjson
+
 from rollgym.credentials import mask, remember_url
+from rollgym.wire import FAILURE_KIND, PARTIAL_RESPONSE, STAGE, TERMINAL
 
 BODY_LIMIT = 4096
 """Bodies are kept up to this many characters; longer ones are cut and flagged ``truncated``."""
 MESSAGE_LIMIT = 2048
 """Messages are kept up to this many characters (an upstream may put megabytes in one)."""
+PARTIAL_LIMIT = 4 * BODY_LIMIT
+"""A partial response (``EnvironmentFailure``) is kept up to this many bytes of JSON; a larger
+one is dropped and the error flagged ``truncated``."""
 ORIGIN_DEPTH = 8
 """At most this many errors in an ``origin`` chain; deeper causes are dropped (the root's
 server is what a reader needs, and a chain must not grow with every hop)."""
@@ -130,6 +143,8 @@ class RollgymError(Exception):
 
     type: ClassVar[str] = "rollgym_error"
     default_retryable: ClassVar[bool] = False
+    extra_fields: ClassVar[tuple[str, ...]] = ()
+    """Fields of this class beyond the common ones (keyword arguments of its constructor)."""
 
     def __init__(
         self,
@@ -198,6 +213,7 @@ class RollgymError(Exception):
             "attempts": self.attempts,
             "retryable": self.retryable,
             "origin": self.origin,
+            **{name: getattr(self, name) for name in self.extra_fields},
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -229,12 +245,13 @@ class RollgymError(Exception):
             # A record without the key gets the class default (a connect error stays retryable).
             retryable=retryable if isinstance(retryable, bool) else None,
             origin=cls.from_dict(origin) if isinstance(origin, dict) else None,
+            **{name: data[name] for name in klass.extra_fields if name in data},
         )
 
     def with_fields(self, **changes: Any) -> Self:
         """A copy with some fields replaced (e.g. the final ``attempts`` count); new values are
         bounded and redacted like the constructor's."""
-        unknown = set(changes) - set(_FIELDS)
+        unknown = set(changes) - set(_FIELDS) - set(self.extra_fields)
         if unknown:
             raise TypeError(f"unknown error fields: {sorted(unknown)}")
         data = self.fields()
@@ -248,7 +265,14 @@ class RollgymError(Exception):
             data["truncated"] = bool(data["truncated"]) or cut
         if "origin" in changes:
             data["origin"] = _capped(_as_origin(data["origin"]), ORIGIN_DEPTH - 1)
+        if set(changes) & set(self.extra_fields):
+            type(self)._bound_extras(data)
         return _restore(type(self), data)  # type: ignore[no-any-return]
+
+    @classmethod
+    def _bound_extras(cls, data: dict[str, Any]) -> None:
+        """Bound and check the ``extra_fields`` values in ``data`` in place, as the
+        constructor does (``with_fields``)."""
 
     def root(self) -> RollgymError:
         """The error of the server where the failure started: follows ``origin`` while it names
@@ -489,6 +513,83 @@ class SandboxError(InternalError):
     """An environment's sandbox could not run the program (not the program's own failure)."""
 
     type = "sandbox_error"
+
+
+class EnvironmentFailure(RollgymError):
+    """An Environment Server (NeMo Gym 0.7) answered an episode with a handled failure
+    (``EpisodeFailure``): its ``failure_reason`` is the message, and it keeps what 0.7 says of it.
+
+    - ``terminal``: the environment says the episode must not be tried again; ``retryable``
+      is ``not terminal`` unless given;
+    - ``stage``: where it failed (``admission``, ``seed``, ``agent``, ``verification``,
+      ``cleanup``), or None;
+    - ``failure_kind``: 0.7's name for what went wrong, as the environment gave it, or None;
+    - ``partial_response``: the response the agent had made so far (JSON), or None; past
+      ``PARTIAL_LIMIT`` bytes it is dropped and the error flagged ``truncated``.
+
+    ``rollgym.nemo_gym.failures.error_from_failure`` makes one from 0.7's JSON and checks it."""
+
+    type = "environment_failure"
+    extra_fields = (TERMINAL, STAGE, FAILURE_KIND, PARTIAL_RESPONSE)
+
+    terminal: bool
+    stage: str | None
+    failure_kind: str | None
+    partial_response: Any
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        terminal: bool = False,
+        stage: str | None = None,
+        failure_kind: str | None = None,
+        partial_response: Any = None,
+        retryable: bool | None = None,
+        **fields: Any,
+    ) -> None:
+        super().__init__(
+            message, retryable=(not terminal) if retryable is None else retryable, **fields
+        )
+        data = {
+            TERMINAL: terminal, STAGE: stage, FAILURE_KIND: failure_kind,
+            PARTIAL_RESPONSE: partial_response, "truncated": self.truncated,
+        }  # fmt: skip
+        self._bound_extras(data)
+        for name, value in data.items():
+            setattr(self, name, value)
+
+    @classmethod
+    def _bound_extras(cls, data: dict[str, Any]) -> None:
+        data[TERMINAL] = bool(data[TERMINAL])
+        data[STAGE] = _opt_str(data[STAGE])
+        data[FAILURE_KIND] = _opt_str(data[FAILURE_KIND])
+        partial = _plain_json(data[PARTIAL_RESPONSE])
+        if partial is _TOO_LARGE:
+            partial = None
+            data["truncated"] = True
+        data[PARTIAL_RESPONSE] = partial
+
+
+_TOO_LARGE = object()
+
+
+def _plain_json(value: Any) -> Any:
+    """``value`` as plain, redacted JSON data (a copy: no live object is kept); ``_TOO_LARGE``
+    past ``PARTIAL_LIMIT`` bytes; None if it is no JSON at all."""
+    if value is None:
+        return None
+    try:
+        raw = orjson.dumps(value)
+    except TypeError:
+        return None
+    if len(raw) > PARTIAL_LIMIT:
+        return _TOO_LARGE
+    # Redacted as text: the masks hold no quote or backslash, so the JSON stays JSON.
+    try:
+        return orjson.loads(redact_text(raw.decode()))
+    except orjson.JSONDecodeError:
+        return None
 
 
 class LaunchError(RollgymError):

@@ -4,6 +4,14 @@ pass@k uses the unbiased estimator of Chen et al. (2021): for a task with n scor
 which c pass, pass@k = 1 - C(n-c, k) / C(n, k); averaged over tasks with n >= k. Failed rollouts
 are not scored (a failure is never a reward of 0), so they lower n, not c.
 
+Masked rollouts (``mask_sample: true``: the environment says the reward is no measurement) are
+recorded successes, counted in ``succeeded``, but like failures they lower n, not c, and are left
+out of the reward mean/std, the environment's metrics and the sub-scores, as NeMo Gym 0.7 leaves
+them out of every quality statistic. ``coverage`` says how much was measured, in 0.7's terms:
+``measured_rollouts``, ``masked_rollouts``, ``measured_tasks`` (tasks with a measured rollout),
+``fully_masked_tasks`` (tasks with recorded rollouts, none measured). The agent's own fields and
+token drift still cover every recorded rollout: they describe the agent's loop, which ran.
+
 Agent fields: the numbers an agent adds to the verified rollout about its own loop
 (``AGENT_FIELDS``: steps, seconds, re-tokenisation drift) are averaged apart from the
 environment's metrics, in ``agent_fields``: they describe the agent, not the environment.
@@ -27,9 +35,11 @@ from typing import Any
 import orjson
 
 from rollgym.collect.layout import RunDir
-from rollgym.errors import root_record
+from rollgym.errors import RollgymError, root_record
 from rollgym.models.tokens import DRIFTED_TURNS
-from rollgym.wire import INDEX_FIELDS
+from rollgym.nemo_gym.failures import failure_kind
+from rollgym.nemo_gym.mask import is_masked
+from rollgym.wire import FAILURE_KIND, INDEX_FIELDS
 
 AGENT_FIELDS = frozenset({"num_steps", "agent_seconds", DRIFTED_TURNS})
 """Numbers the agents add to a verified rollout about their own loop, not the environment's."""
@@ -67,12 +77,13 @@ class _TaskTable:
         self.n = array("l", bytes(8 * tasks))
         self.passed = array("l", bytes(8 * tasks))
         self.failed = array("l", bytes(8 * tasks))
+        self.masked = array("l", bytes(8 * tasks))
         self.reward_sum = array("d", bytes(8 * tasks))
 
     def ensure(self, index: int) -> None:
         missing = index + 1 - len(self.n)
         if missing > 0:  # a record beyond tasks.jsonl's count (hand-made files): grow
-            for column in (self.n, self.passed, self.failed):
+            for column in (self.n, self.passed, self.failed, self.masked):
                 column.extend([0] * missing)
             self.reward_sum.extend([0.0] * missing)
 
@@ -125,21 +136,37 @@ class TokenDrift:
 
 
 @dataclass
+class Coverage:
+    """How much of a run its reward statistics were computed from (NeMo Gym 0.7's
+    ``coverage/*``)."""
+
+    measured_rollouts: int = 0
+    masked_rollouts: int = 0
+    measured_tasks: int = 0
+    fully_masked_tasks: int = 0
+
+
+@dataclass
 class RunMetrics:
     total: int
     succeeded: int = 0
+    """Rollouts recorded in ``rollouts.jsonl``, masked ones included."""
     failed: int = 0
+    masked: int = 0
     reward_mean: float | None = None
     reward_std: float | None = None
     pass_at_k: dict[str, float] = field(default_factory=dict)
     failures_by_type: dict[str, int] = field(default_factory=dict)
     failures_by_server: dict[str, int] = field(default_factory=dict)
     failures_by_status: dict[str, int] = field(default_factory=dict)
+    failures_by_kind: dict[str, int] = field(default_factory=dict)
+    """By NeMo Gym 0.7's ``failure_kind`` (``rollgym.nemo_gym.failures``)."""
     env_metrics: dict[str, float] = field(default_factory=dict)
     agent_fields: dict[str, float] = field(default_factory=dict)
     """Means of ``AGENT_FIELDS`` over the rollouts that carry them."""
     scores: dict[str, ScoreStats] = field(default_factory=dict)
     token_drift: TokenDrift | None = None
+    coverage: Coverage = field(default_factory=Coverage)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -150,11 +177,13 @@ class RunMetrics:
                 "pending": self.total - self.succeeded - self.failed,
             },
             "reward": {"mean": self.reward_mean, "std": self.reward_std},
+            "coverage": vars(self.coverage),
             "pass_at_k": self.pass_at_k,
             "failures": {
                 "by_type": self.failures_by_type,
                 "by_server": self.failures_by_server,
                 "by_status": self.failures_by_status,
+                "by_kind": self.failures_by_kind,
             },
             "env_metrics": self.env_metrics,
             "agent_fields": self.agent_fields,
@@ -193,9 +222,28 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
     skip = _NOT_METRICS | _row_keys(files.tasks)
     for got in files.successes():
         rec = got.record
-        reward = float(rec["reward"])
         i = rec["task_index"]
         tasks.ensure(i)
+        turns = rec.get(DRIFTED_TURNS)
+        if isinstance(turns, int) and not isinstance(turns, bool):
+            drift.checked_rollouts += 1
+            drift.drifted_rollouts += turns > 0
+            drift.drifted_turns += turns
+        masked = is_masked(rec)
+        for key, value in rec.items():
+            if key in skip or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if key in AGENT_FIELDS:
+                agent_sums[key] = agent_sums.get(key, 0.0) + value
+                agent_counts[key] += 1
+            elif not masked:
+                metric_sums[key] = metric_sums.get(key, 0.0) + value
+                metric_counts[key] += 1
+        if masked:
+            m.masked += 1
+            tasks.masked[i] += 1
+            continue
+        reward = float(rec["reward"])
         tasks.n[i] += 1
         tasks.reward_sum[i] += reward
         tasks.passed[i] += reward >= threshold
@@ -204,29 +252,23 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
         mean += delta / count
         m2 += delta * (reward - mean)
         sub_scores.add(rec.get("scores"), threshold)
-        turns = rec.get(DRIFTED_TURNS)
-        if isinstance(turns, int) and not isinstance(turns, bool):
-            drift.checked_rollouts += 1
-            drift.drifted_rollouts += turns > 0
-            drift.drifted_turns += turns
-        for key, value in rec.items():
-            if key in skip or isinstance(value, bool):
-                continue
-            if isinstance(value, (int, float)):
-                sums, counts = (
-                    (agent_sums, agent_counts)
-                    if key in AGENT_FIELDS
-                    else (metric_sums, metric_counts)
-                )
-                sums[key] = sums.get(key, 0.0) + value
-                counts[key] += 1
-    m.succeeded = count
+    m.succeeded = count + m.masked
+    measured_tasks = sum(1 for n in tasks.n if n)
+    m.coverage = Coverage(
+        measured_rollouts=count,
+        masked_rollouts=m.masked,
+        measured_tasks=measured_tasks,
+        fully_masked_tasks=sum(
+            1 for n, k in zip(tasks.n, tasks.masked, strict=True) if k and not n
+        ),
+    )
     if count:
         m.reward_mean = mean
         m.reward_std = math.sqrt(m2 / count)
     by_type: Counter[str] = Counter()
     by_server: Counter[str] = Counter()
     by_status: Counter[str] = Counter()
+    by_kind: Counter[str] = Counter()
     for got in files.failed():
         rec = got.record
         m.failed += 1
@@ -237,7 +279,9 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
         by_type[str(err.get("type"))] += 1
         by_server[str(err.get("server"))] += 1
         by_status[str(err.get("status") if err.get("status") is not None else err.get("type"))] += 1
+        by_kind[_kind(rec)] += 1
     m.failures_by_type = dict(by_type)
+    m.failures_by_kind = dict(by_kind)
     m.failures_by_server = dict(by_server)
     m.failures_by_status = dict(by_status)
     passes = pass_at_ks(zip(tasks.n, tasks.passed, strict=True), repeats)
@@ -249,15 +293,26 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
     with files.per_task.open("wb") as fh:
         for index in range(len(tasks)):
             n, passed, failed = tasks.n[index], tasks.passed[index], tasks.failed[index]
-            if not n and not failed:
+            masked_n = tasks.masked[index]
+            if not n and not failed and not masked_n:
                 continue  # not finished yet (an aborted run)
             row = {
                 "task_index": index,
                 "scored": n,
                 "passed": passed,
                 "failed": failed,
+                "masked": masked_n,
                 "pass_rate": passed / n if n else None,
                 "reward_mean": tasks.reward_sum[index] / n if n else None,
             }
             fh.write(orjson.dumps(row) + b"\n")
     return m
+
+
+def _kind(rec: dict[str, Any]) -> str:
+    """A failure line's ``failure_kind``; one written before it had one gets it from its error."""
+    kind = rec.get(FAILURE_KIND)
+    if isinstance(kind, str):
+        return kind
+    error = rec.get("error")
+    return failure_kind(RollgymError.from_dict(error if isinstance(error, dict) else {}))

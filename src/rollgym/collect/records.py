@@ -4,6 +4,17 @@ Every entry point ends a rollout as one of these two frozen dataclasses: the col
 them to ``rollouts.jsonl`` / ``failures.jsonl``, Ray workers send them to the driver, and the
 trainer API hands them to the trainer. They pickle (the error is a ``RollgymError``, which is
 plain data), so they cross a ``spawn`` process or a Ray actor boundary unchanged.
+
+A **masked** rollout is a ``ScoredRollout`` whose verify response says ``mask_sample: true``
+(NeMo Gym 0.7: its reward is no measurement, the environment's infrastructure failed; NeMo RL's
+``instance_config.mask_sample`` is read too). It is recorded in ``rollouts.jsonl`` with the flag,
+as 0.7 records it, but it is left out of every reward statistic and never reaches a trainer as a
+reward. A ``mask_sample`` that is not a boolean is not guessed either way: ``checked`` turns the
+rollout into a ``FailedRollout`` with a ``ProtocolError`` naming the value.
+
+A failed rollout's line in ``failures.jsonl`` also carries what a 0.7 reader of its
+``<stem>_failures.jsonl`` sidecar expects: ``failure_kind``, ``delivery``, the ``_ng_*`` indices
+and the ``_ng_failure_*`` fields (``rollgym.nemo_gym.failures``).
 """
 
 from __future__ import annotations
@@ -14,8 +25,17 @@ from typing import Any, Literal
 
 import orjson
 
-from rollgym.errors import RollgymError
-from rollgym.wire import INDEX_FIELDS, NG_ROLLOUT_INDEX, NG_TASK_INDEX
+from rollgym.errors import ProtocolError, RollgymError
+from rollgym.nemo_gym.failures import delivery, failure_kind, sidecar_fields
+from rollgym.nemo_gym.mask import is_masked, mask_sample
+from rollgym.wire import (
+    DELIVERY,
+    FAILURE_KIND,
+    INDEX_FIELDS,
+    MASK_SAMPLE,
+    NG_ROLLOUT_INDEX,
+    NG_TASK_INDEX,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +69,12 @@ class ScoredRollout:
     ok: Literal[True] = field(default=True, init=False)
 
     @property
+    def masked(self) -> bool:
+        """The verify response asks for this rollout to be masked: its reward is no
+        measurement (``mask_sample``; see the module docstring)."""
+        return is_masked(self.verified)
+
+    @property
     def response(self) -> dict[str, Any]:
         """The final Responses API response object of the rollout."""
         response = self.verified.get("response")
@@ -73,9 +99,13 @@ class ScoredRollout:
         ng_task = self.verified.get(NG_TASK_INDEX)
         if not isinstance(ng_task, int) or isinstance(ng_task, bool):
             ng_task = self.task_index
+        # A mask asked for in instance_config only is written at the top too, where 0.7's
+        # aggregation and rollgym's readers look for it.
+        masked = {MASK_SAMPLE: True} if self.masked else {}
         return orjson.dumps(
             {
                 **self.verified,
+                **masked,
                 "task_index": self.task_index,
                 "rollout_index": self.rollout_index,
                 NG_TASK_INDEX: ng_task,
@@ -105,7 +135,9 @@ class FailedRollout:
         return self.error.retryable
 
     def to_json(self) -> bytes:
-        """This record as one line of ``failures.jsonl``: indices, attempts, the error."""
+        """This record as one line of ``failures.jsonl``: indices, attempts, the error, and the
+        fields of a 0.7 sidecar row (``failure_kind``, ``delivery``, ``_ng_failure_*``)."""
+        err = self.error
         return orjson.dumps(
             {
                 "task_index": self.task_index,
@@ -113,9 +145,28 @@ class FailedRollout:
                 "attempts": self.attempts,
                 "duration_s": round(self.duration_s, 4),
                 "finished_at": round(time.time(), 3),
-                "error": self.error.to_dict(),
+                "error": err.to_dict(),
+                FAILURE_KIND: failure_kind(err),
+                DELIVERY: delivery(err),
+                NG_TASK_INDEX: self.task_index,
+                NG_ROLLOUT_INDEX: self.rollout_index,
+                **sidecar_fields(err),
             }
         )
 
 
 RolloutRecord = ScoredRollout | FailedRollout
+
+
+def checked(record: RolloutRecord) -> RolloutRecord:
+    """``record``, or the failure it is: a scored rollout whose ``mask_sample`` is no boolean
+    becomes a ``FailedRollout`` with the ``ProtocolError`` that says so."""
+    if isinstance(record, FailedRollout):
+        return record
+    try:
+        mask_sample(record.verified)
+    except ProtocolError as err:
+        return FailedRollout(
+            record.task_index, record.rollout_index, err, record.attempts, record.duration_s
+        )
+    return record
