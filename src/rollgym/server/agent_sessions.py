@@ -51,6 +51,7 @@ from rollgym.server.episode import Grant, ResourcesClient
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.sessions import Session, SessionStore
 from rollgym.wire import (
+    AGENT_SESSION_ID,
     AGENT_SESSIONS_CLOSE_ENDPOINT,
     AGENT_SESSIONS_ENDPOINT,
     ROLLOUT_ID_PATTERN,
@@ -66,6 +67,10 @@ AGENT_SESSION_COOKIE = "rollgym_agent_session"  # TODO(wire)
 DIRECT_HTTP = "direct_http"  # TODO(wire)
 MCP = "mcp"  # TODO(wire)
 """0.7's tool-access kinds."""
+AGENT_OBSERVATIONS = "agent_observations"  # TODO(wire)
+RESOURCES_COOKIES = "resources_cookies"  # TODO(wire)
+"""0.7's close answer: the agent's observations (rollgym's: none) and the granted session's
+cookie jar as the turn left it."""
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header or cookie name
 _COOKIE_VALUE = re.compile(r'^[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*$|^"[^"\\\x00-\x1f]*"$')
@@ -188,7 +193,7 @@ class AgentSessions:
                 raise _conflict("Agent session is already closed")
             if held.task != request:
                 raise _conflict("agent_session_id is already bound to another seed request")
-            return _answer({"agent_session_id": sid}, sid)  # a retry: the same session
+            return _answer({AGENT_SESSION_ID: sid}, sid)  # a retry: the same session
         if current is not None:
             raise _conflict(f"Agent session cookie has expired{self.store.why_missing()}")
         if not self.agent.takes_turns():
@@ -203,11 +208,10 @@ class AgentSessions:
             grant=self._grant(seed),
         )  # fmt: skip
         self.store.hold(session)
-        return _answer({"agent_session_id": sid}, sid)
+        return _answer({AGENT_SESSION_ID: sid}, sid)
 
     async def responses(self, body: Any, call: Call) -> Response:
-        params = _parse(ResponsesCreateParams, body, RESPONSES_ENDPOINT)
-        del params  # validated; the loop takes the body as it came
+        _parse(ResponsesCreateParams, body, RESPONSES_ENDPOINT)  # the loop takes the body itself
         sid = _cookie_session(call)
         if sid is None:
             # No session: a turn against the agent's own resources server, unseeded (what
@@ -238,17 +242,17 @@ class AgentSessions:
         if session is None and current is not None:
             raise _conflict(f"Agent close receipt has expired{self.store.why_missing()}")
         grant = session.grant if session is not None else None
-        receipt = {
-            "agent_session_id": sid,
-            "agent_observations": None,
-            "resources_cookies": (
-                dict(grant.cookies) if grant is not None and grant.resources is not None else None
-            ),
-        }
+        jar = dict(grant.cookies) if grant is not None and grant.resources is not None else None
+        receipt = {AGENT_SESSION_ID: sid, AGENT_OBSERVATIONS: None, RESOURCES_COOKIES: jar}
         if session is not None:
             self.store.release(session)
-        # Kept as a receipt (small, newest): a repeated close answers it, a late seed is refused.
-        self.store.hold(AgentSession(id=sid, task={}, episode_id=close.episode_id, receipt=receipt))
+        # Kept as a receipt (the newest, counted by its cookies' bytes): a repeated close
+        # answers it, a late seed of the id is refused.
+        size = sum(len(k) + len(v) for k, v in (jar or {}).items())
+        receipt_held = AgentSession(
+            id=sid, task={}, size=size, episode_id=close.episode_id, receipt=receipt
+        )
+        self.store.hold(receipt_held)
         return _answer(receipt, sid)
 
     # -- helpers -------------------------------------------------------------------------
