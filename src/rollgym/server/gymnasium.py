@@ -112,7 +112,7 @@ class GymnasiumServer(BaseServer):
         session = self._sessions.get(sid or "")
         if session is None:
             raise InvalidRequest(
-                f"no episode for session {sid!r} (never reset, or over"
+                f"no episode for session {sid!r} (never reset, over, or closed"
                 f"{self._sessions.why_missing()})",
                 status=404,
             )

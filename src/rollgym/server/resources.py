@@ -281,7 +281,7 @@ class ResourcesServer(BaseServer):
         session = self._sessions.get(sid)
         if session is None:
             raise InvalidRequest(
-                f"unknown session {sid!r} (not seeded, or already verified"
+                f"unknown session {sid!r} (not seeded, already verified, or closed"
                 f"{self._sessions.why_missing()})",
                 status=404,
             )
