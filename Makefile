@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install test lint demo bench bench-quick interop clean
+.PHONY: install test lint demo bench bench-quick interop interop04 interop07 clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,12 +36,21 @@ bench: install
 bench-quick: install
 	$(BIN)/python bench/throughput.py
 
-# Interoperability with the real nemo-gym==0.4.0 in its own Python 3.12 venv (not part of test).
+# Interoperability with the real NeMo Gym (not part of test): nemo-gym==0.4.0 in its own
+# Python 3.12 venv, nemo-gym==0.7.0 in a Python 3.13 one; one pytest run each, so the two
+# releases' stacks never run side by side.
 INTEROP_VENV ?= .interop-venv
+INTEROP07_VENV ?= .interop07-venv
 
-interop: install
+interop: interop04 interop07
+
+interop04: install
 	interop/setup.sh $(INTEROP_VENV)
-	INTEROP_VENV=$(abspath $(INTEROP_VENV)) $(BIN)/pytest -q interop
+	INTEROP_VENV=$(abspath $(INTEROP_VENV)) $(BIN)/pytest -q interop --ignore-glob='interop/test_ng07_*'
+
+interop07: install
+	interop/setup.sh --nemo 0.7 $(INTEROP07_VENV)
+	INTEROP07_VENV=$(abspath $(INTEROP07_VENV)) $(BIN)/pytest -q interop/test_ng07_*.py
 
 clean:
-	rm -rf $(VENV) out .interop-venv
+	rm -rf $(VENV) out .interop-venv .interop07-venv

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from interop.nemo import http_json, site_packages
+from interop.nemo import NG04, NemoGym, http_json
 from interop.rollgym_side import (
     read_jsonl,
     rollgym_run,
@@ -19,8 +19,10 @@ from interop.rollgym_side import (
 )
 
 
-def example_rows(resources_server: str, name: str = "example.jsonl") -> list[dict[str, Any]]:
-    path = site_packages() / "resources_servers" / resources_server / "data" / name
+def example_rows(
+    resources_server: str, name: str = "example.jsonl", gym: NemoGym = NG04
+) -> list[dict[str, Any]]:
+    path = gym.site_packages() / "resources_servers" / resources_server / "data" / name
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -33,17 +35,25 @@ def scripted(row: dict[str, Any], script: list[dict[str, Any]]) -> dict[str, Any
     return row
 
 
+def nemo_agent_answers(
+    url: str, rows: list[dict[str, Any]], *, concurrency: int = 4
+) -> list[tuple[int, Any]]:
+    """(status, body) of ``/run`` at ``url`` for each row: a NeMo Gym agent, or on 0.7 the
+    ``legacy_agent`` relay in front of one (it relays the row and the answer unchanged)."""
+
+    def one(row: dict[str, Any]) -> tuple[int, Any]:
+        return http_json(url + "/run", row, timeout=120)
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, rows))
+
+
 def nemo_agent_rewards(
     agent_url: str, rows: list[dict[str, Any]], *, concurrency: int = 4
 ) -> list[tuple[int, Any]]:
     """(status, reward or error body) of NeMo Gym's agent ``/run`` for each row."""
-
-    def one(row: dict[str, Any]) -> tuple[int, Any]:
-        status, body = http_json(agent_url + "/run", row, timeout=120)
-        return status, body.get("reward") if status == 200 else body
-
-    with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(one, rows))
+    answers = nemo_agent_answers(agent_url, rows, concurrency=concurrency)
+    return [(st, body.get("reward") if st == 200 else body) for st, body in answers]
 
 
 def rollgym_rewards(

@@ -1,9 +1,10 @@
-"""Sweep NeMo Gym 0.4.0's resources servers: which start offline, which run to the end under
-rollgym's agents, and whether they pay the same reward as NeMo Gym's own agent for the same
-model outputs. Prints a table, writes it as JSON and (``--markdown``) as markdown.
+"""Sweep NeMo Gym's resources servers (0.4.0's 95, or with ``--nemo 0.7`` 0.7.0's 145): which
+start offline, which run to the end under rollgym's agents, and whether they pay the same
+reward as NeMo Gym's own agent for the same model outputs. Prints a table, writes it as JSON
+and (``--markdown``) as markdown.
 
-    .venv/bin/python -m interop.sweep [--only NAME ...] [--rows 3] [--json out/interop-sweep.json]
-        [--markdown interop/SWEEP.md] [--merge] [--table-only]
+    .venv/bin/python -m interop.sweep [--nemo 0.4|0.7] [--only NAME ...] [--rows 3]
+        [--json out/interop-sweep.json] [--markdown interop/SWEEP.md] [--merge] [--table-only]
 
 For each ``resources_servers/NAME``:
 1. **imports**: its ``app.py`` imports in the interop venv (nemo-gym's own dependencies only;
@@ -19,9 +20,14 @@ For each ``resources_servers/NAME``:
 4. **same reward**: NeMo Gym's agent ``/run`` on the same rows pays the same reward per row.
    Model outputs are deterministic: the server's recorded rollouts (``example_rollouts.jsonl``)
    replayed through the scripted model (``task_rows``), else the scripted model's default.
+   On 0.7 the agent is reached as 0.7's collector reaches it: through an explicit
+   ``legacy_agent`` Environment Server (``environment``, on a port of ours), whose ``/run``
+   relays the row; a row a verifier asks to mask (``mask_sample``) is named in the note.
 
 ``--merge`` re-sweeps the ``--only`` servers into an existing ``--json`` (the table lists every
-run that made it); ``--table-only`` rewrites ``--markdown`` from ``--json``.
+run that made it); ``--table-only`` rewrites ``--markdown`` from ``--json``. The JSON is
+rewritten after every server, so a sweep stopped part way keeps what it found (its run entry
+says ``stopped``); ``--merge`` with the rest finishes it.
 """
 
 from __future__ import annotations
@@ -40,13 +46,32 @@ from typing import Any
 import yaml
 
 from interop import nemo
-from interop.nemo import free_port, openai_model, server_entry
+from interop.nemo import NG04, NemoGym, free_port, server_entry
 from interop.rollgym_side import read_jsonl, rollgym_serve, write_config
-from interop.rollouts import nemo_agent_rewards, rollgym_rewards, scripted
+from interop.rollouts import nemo_agent_answers, rollgym_rewards, scripted
 
 # Fields of a recorded rollout that are not the task: its verify answer, and NeMo Gym's indices
 # (several rollouts of one task share a task index; each replay here is a task of its own).
-NOT_TASK = {"response", "reward", "_ng_task_index", "_ng_rollout_index"}
+# 0.7's recordings add its verify answer's mask and failure fields, the collector's stamps and
+# the agent's observations; task_source names the recording's own environment.
+NOT_TASK = {
+    "response",
+    "reward",
+    "_ng_task_index",
+    "_ng_rollout_index",
+    "mask_sample",
+    "failure_kind",
+    "failure_reason",
+    "_ng_task_id",
+    "_ng_environment_server",
+    "_ng_result_type",
+    "_ng_attempt_index",
+    "_ng_rollout_id",
+    "ng_trajectory",
+    "ng_agent_observations",
+    "ng_perf",
+    "task_source",
+}
 
 IMPORT_CHECK = """
 import importlib, json, pathlib, sys
@@ -74,9 +99,9 @@ print(json.dumps(out))
 """
 
 
-def import_errors(names: list[str]) -> dict[str, str | None]:
+def import_errors(names: list[str], gym: NemoGym = NG04) -> dict[str, str | None]:
     done = subprocess.run(
-        [str(nemo.INTEROP_VENV / "bin" / "python"), "-c", IMPORT_CHECK, *names],
+        [str(gym.venv / "bin" / "python"), "-c", IMPORT_CHECK, *names],
         capture_output=True,
         text=True,
         timeout=900,
@@ -191,7 +216,9 @@ def _clean_params(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
 
-def task_rows(name: str, limit: int) -> tuple[list[dict[str, Any]], str, list[Any]]:
+def task_rows(
+    name: str, limit: int, gym: NemoGym = NG04
+) -> tuple[list[dict[str, Any]], str, list[Any]]:
     """The first ``limit`` tasks of the server's own ``data/example.jsonl`` (its task rows carry
     every field its ``/seed_session`` and ``/verify`` need; a recorded rollout lacks some and
     adds its verify answer's fields, which some servers refuse to receive again) and, for each,
@@ -206,8 +233,12 @@ def task_rows(name: str, limit: int) -> tuple[list[dict[str, Any]], str, list[An
     - ``default``: no recorded rollouts: the scripted model's default (call the first tool,
       then say its output).
     """
-    data = nemo.site_packages() / "resources_servers" / name / "data"
-    examples = read_jsonl(data / "example.jsonl")
+    data = gym.site_packages() / "resources_servers" / name / "data"
+    # 0.7's task files carry some of the collector's stamps (and task_source): not task data.
+    stamps = NOT_TASK - {"response", "reward"}
+    examples = [
+        {k: v for k, v in r.items() if k not in stamps} for r in read_jsonl(data / "example.jsonl")
+    ]
     recorded_path = data / "example_rollouts.jsonl"
     try:
         recorded = read_jsonl(recorded_path)
@@ -247,11 +278,11 @@ def task_rows(name: str, limit: int) -> tuple[list[dict[str, Any]], str, list[An
     return rows, ",".join(sorted(set(sources))), recorded_rewards
 
 
-def own_agents(name: str) -> list[str]:
+def own_agents(name: str, gym: NemoGym = NG04) -> list[str]:
     """The agents NeMo Gym's own configs put in front of this server (``simple_agent``, or
     e.g. ``claude_code_agent``, ``tau2``: some need an API or a sandbox)."""
     found = set()
-    for entry in nemo.nemo_configs(name).values():
+    for entry in nemo.nemo_configs(name, gym).values():
         agents = entry.get("responses_api_agents") if isinstance(entry, dict) else None
         for agent, fields in (agents if isinstance(agents, dict) else {}).items():
             ref = fields.get("resources_server") if isinstance(fields, dict) else None
@@ -268,7 +299,7 @@ def agent_kind(configs: dict[str, Any]) -> str:
     return "simple_agent"
 
 
-SERVER_KINDS = ("responses_api_models", "resources_servers", "responses_api_agents")
+SERVER_KINDS = nemo.SERVER_KINDS
 
 
 def references(value: Any) -> list[tuple[str, str]]:
@@ -291,13 +322,13 @@ JUDGE_FLAGS = ("should_use_judge", "use_judge", "enable_llm_judge")
 POLICY = ("responses_api_models", "policy_model")
 
 
-def server_fields(name: str) -> dict[str, Any]:
+def server_fields(name: str, gym: NemoGym = NG04) -> dict[str, Any]:
     """The fields of the server's config entry that can run offline: its own config file
     (``configs/NAME.yaml``) first, then its other variants. An entry needing another server than
     the policy model (a judge model, a second resources server) or a value left ``???`` cannot;
     a judge reference with the judge switched off by the entry itself points at the policy model
     (never called). None can: ``LookupError`` with the first entry's reason."""
-    folder = nemo.site_packages() / "resources_servers" / name / "configs"
+    folder = gym.site_packages() / "resources_servers" / name / "configs"
     files = sorted(folder.glob("*.yaml"), key=lambda f: (f.stem != name, f.name))
     reasons = []
     for path in files:
@@ -347,10 +378,13 @@ def server_fields(name: str) -> dict[str, Any]:
     raise LookupError(reasons[0] if reasons else "no config entry for the server")
 
 
-def stack_config(name: str, model_url: str) -> tuple[dict[str, Any], str, str | None]:
-    """NeMo Gym config for one resources server (its offline entry, our ports) + agent + model."""
-    configs = nemo.nemo_configs(name)
-    fields = server_fields(name)
+def stack_config(
+    name: str, model_url: str, gym: NemoGym = NG04
+) -> tuple[dict[str, Any], str, str | None]:
+    """NeMo Gym config for one resources server (its offline entry, our ports) + agent + model
+    (+ on 0.7 the ``legacy_agent`` relay ``environment`` in front of the agent)."""
+    configs = nemo.nemo_configs(name, gym)
+    fields = server_fields(name, gym)
     variant = fields.pop("_variant", None)
     for own in ("entrypoint", "host", "port"):  # ours: the server listens where we chose
         fields.pop(own, None)
@@ -362,13 +396,12 @@ def stack_config(name: str, model_url: str) -> tuple[dict[str, Any], str, str | 
     if kind == "gymnasium_agent":
         agent_fields["max_steps"] = 10
     config = {
-        "policy_base_url": model_url + "/v1",
-        "policy_api_key": "interop-unused",
-        "policy_model_name": "rollgym-scripted",
-        "policy_model": openai_model(free_port(), model_url + "/v1"),
+        **nemo.policy_model(model_url),
         name: server_entry("resources_servers", name, free_port(), **fields),
         "agent": server_entry("responses_api_agents", kind, free_port(), **agent_fields),
     }
+    if gym.environment_servers:
+        config["environment"] = nemo.legacy_agent(free_port(), "agent")
     return config, kind, variant
 
 
@@ -395,6 +428,9 @@ def start_note(text: str, server_log: str = "") -> str:
             note += ": " + " ".join(ln.strip() for ln in lines[i + 1 : i + 3])
         elif note.endswith("references"):  # NeMo Gym's own config check wraps its message
             note += " " + " ".join(ln.strip() for ln in lines[i + 1 : i + 3])
+        elif note.startswith("Error: "):  # 0.7's console errors, wrapped at 80 columns
+            rest = [ln.strip() for ln in lines[i + 1 : i + 8]]
+            note += " " + " ".join(rest[: rest.index("")] if "" in rest else rest)
         return _offline_reason(note)
     own = [
         ln.split(") ", 1)[-1].strip()
@@ -420,6 +456,8 @@ def _offline_reason(note: str) -> str:
     unset = re.search(r"for (\w+)Config: (\w+) Input should be .*input_value=None", note)
     if unset:
         return f"not offline: its config leaves {unset.group(2)} unset (an API key): {note}"
+    if "model-server adapter is not compatible" in note:
+        return f"not offline: it accepts only other model servers (vLLM): {note}"
     if "uv is required" in note:
         return f"not offline: builds its own venv with uv at start: {note}"
     return note
@@ -433,27 +471,41 @@ def innermost(error: dict[str, Any]) -> str:
     return f"{error.get('message', '')}: {body}" if body else str(error.get("message", ""))
 
 
-def sweep_one(name: str, model_url: str, work: Path, limit: int) -> dict[str, Any]:
+# Ray gives its raylet 30 s to register (a constant in ray/_private/node.py): on a loaded
+# machine a start fails there, before any server ran; such a start is tried again.
+RAY_START_TIMEOUT = "The current node timed out during startup"
+START_ATTEMPTS = 3
+
+
+def sweep_one(
+    name: str, model_url: str, work: Path, limit: int, gym: NemoGym = NG04
+) -> dict[str, Any]:
     result: dict[str, Any] = {"server": name, "imports": True}
     try:
-        config, kind, variant = stack_config(name, model_url)
-        rows, source, recorded_rewards = task_rows(name, limit)
+        config, kind, variant = stack_config(name, model_url, gym)
+        rows, source, recorded_rewards = task_rows(name, limit, gym)
     except (LookupError, OSError, yaml.YAMLError, KeyError, ValueError) as exc:
         return {**result, "started": False, "note": str(exc)[:300]}
     result |= {"agent": kind, "outputs": source, "rows": len(rows), "recorded": recorded_rewards}
     if variant:
         result["config"] = variant
     shutil.rmtree(work / name, ignore_errors=True)  # rollgym run refuses a used output dir
-    stack = nemo.GymStack(nemo.Workspace(work / name), config)
     started = time.monotonic()
-    try:
-        urls = stack.start(timeout=120)
-    except RuntimeError as exc:
-        log = stack.log.read_text(errors="replace") if stack.log and stack.log.exists() else ""
-        own = work / name / "logs" / f"{name}.log"
-        own_log = own.read_text(errors="replace") if own.exists() else ""
-        text = f"{str(exc).splitlines()[0]}\n{log}"
-        return {**result, "started": False, "note": start_note(text, own_log)[:300]}
+    for attempt in range(1, START_ATTEMPTS + 1):
+        stack = nemo.GymStack(nemo.Workspace(work / name, gym), config)
+        try:
+            urls = stack.start(timeout=180 if gym.environment_servers else 120)
+            break
+        except RuntimeError as exc:
+            log = stack.log.read_text(errors="replace") if stack.log and stack.log.exists() else ""
+            if RAY_START_TIMEOUT in log and attempt < START_ATTEMPTS:
+                continue  # the machine was too busy for Ray's own start, not the server
+            own = work / name / "logs" / f"{name}.log"
+            own_log = own.read_text(errors="replace") if own.exists() else ""
+            text = f"{str(exc).splitlines()[0]}\n{log}"
+            return {**result, "started": False, "note": start_note(text, own_log)[:300]}
+    if attempt > 1:
+        result["start_attempts"] = attempt
     try:
         result["started"] = True
         result["start_s"] = round(time.monotonic() - started, 1)
@@ -465,8 +517,11 @@ def sweep_one(name: str, model_url: str, work: Path, limit: int) -> dict[str, An
         )
         ours = [r["reward"] if r else None for r in rollouts]
         notes = []
+        masked = [i for i, r in enumerate(rollouts) if r and r.get("mask_sample")]
+        # 0.7's collector reaches the agent only through an Environment Server: its relay.
+        front = urls["environment"] if gym.environment_servers else urls["agent"]
         try:
-            theirs = nemo_agent_rewards(urls["agent"], rows, concurrency=1)
+            theirs = nemo_agent_answers(front, rows, concurrency=1)
         except Exception as exc:  # NeMo Gym's own agent broke (seen: a garbled HTTP answer)
             theirs = [(0, f"{type(exc).__name__}")] * len(rows)
             notes.append(f"NeMo Gym's agent failed: {type(exc).__name__}: {exc}")
@@ -474,8 +529,14 @@ def sweep_one(name: str, model_url: str, work: Path, limit: int) -> dict[str, An
             "ran_to_end": code == 0 and None not in ours,
             "ran_rows": sum(r is not None for r in ours),
             "rollgym": ours,
-            "nemo": [reward if status == 200 else f"HTTP {status}" for status, reward in theirs],
+            "nemo": [
+                _answer(status, body).get("reward", f"HTTP {status}") for status, body in theirs
+            ],
         }
+        nemo_masked = [i for i, a in enumerate(theirs) if _answer(*a).get("mask_sample")]
+        if masked or nemo_masked:
+            result["masked"] = {"rollgym": masked, "nemo": nemo_masked}
+            notes.append(f"mask_sample on rows: rollgym {masked}, NeMo Gym {nemo_masked}")
         result["same_reward"] = result["rollgym"] == result["nemo"]
         nemo_errors = [str(body) for status, body in theirs if status != 200]
         if code != 0:
@@ -502,7 +563,11 @@ def sweep_one(name: str, model_url: str, work: Path, limit: int) -> dict[str, An
         stack.stop()
 
 
-def complete(r: dict[str, Any]) -> dict[str, Any]:
+def _answer(status: int, body: Any) -> dict[str, Any]:
+    return body if status == 200 and isinstance(body, dict) else {}
+
+
+def complete(r: dict[str, Any], gym: NemoGym = NG04) -> dict[str, Any]:
     """Fields derived from a result (also for results of an earlier sweep's JSON)."""
     if not r.get("imports", True) and not str(r.get("note", "")).startswith("not offline"):
         r["note"] = _offline_reason(str(r.get("note", "")))
@@ -510,8 +575,8 @@ def complete(r: dict[str, Any]) -> dict[str, Any]:
         return r
     if "own_agents" not in r:
         try:
-            r["own_agents"] = own_agents(r["server"])
-            variant = server_fields(r["server"]).get("_variant")
+            r["own_agents"] = own_agents(r["server"], gym)
+            variant = server_fields(r["server"], gym).get("_variant")
             if variant:
                 r.setdefault("config", variant)
         except (LookupError, OSError, yaml.YAMLError, AttributeError):
@@ -519,7 +584,7 @@ def complete(r: dict[str, Any]) -> dict[str, Any]:
     r.setdefault("ran_rows", sum(x is not None for x in r["rollgym"]))
     if "recorded" not in r:
         try:
-            r["recorded"] = task_rows(r["server"], r["rows"])[2]
+            r["recorded"] = task_rows(r["server"], r["rows"], gym)[2]
         except (LookupError, OSError, ValueError):
             r["recorded"] = []
     if r["ran_rows"] == 0 and all(str(x).startswith("HTTP") for x in r["nemo"]):
@@ -551,6 +616,9 @@ KNOWN = {
     "recorded, so both pay 0 (recorded: 1.0 under Claude Code)",
 }
 
+# The same, for 0.7's servers (filled from what the 0.7 sweep showed and their source says).
+KNOWN07: dict[str, str] = {}
+
 
 def status(r: dict[str, Any]) -> str:
     """One word for a server's outcome (the table's first verdict column)."""
@@ -569,8 +637,15 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "/").replace("\n", " ")
 
 
-def table(results: list[dict[str, Any]], runs: list[dict[str, Any]] | None = None) -> str:
-    """The sweep's table as markdown (with how it was made, when ``runs`` are given)."""
+def table(
+    results: list[dict[str, Any]],
+    runs: list[dict[str, Any]] | None = None,
+    *,
+    known: dict[str, str] | None = None,
+) -> str:
+    """The sweep's table as markdown (with how it was made, when ``runs`` are given); ``known``:
+    what reading a server's source found (``KNOWN`` for 0.4, ``KNOWN07``)."""
+    known = KNOWN if known is None else known
 
     def mark(value: Any) -> str:
         return {True: "yes", False: "no", None: "-"}.get(value, str(value))
@@ -580,6 +655,7 @@ def table(results: list[dict[str, Any]], runs: list[dict[str, Any]] | None = Non
         lines.append(
             f"- {run['date']}: `{run['command']}`: {len(run['servers'])} servers, "
             f"wall time {run['wall_s'] / 60:.1f} min"
+            + (" (stopped part way: the servers it reached)" if run.get("stopped") else "")
         )
     if lines:
         lines.append("")
@@ -616,7 +692,7 @@ def table(results: list[dict[str, Any]], runs: list[dict[str, Any]] | None = Non
         unlike = f"both differ from NeMo Gym's recorded reward on rows {off}" if off else None
         note = "; ".join(
             str(x)
-            for x in (r.get("config"), agents, KNOWN.get(r["server"]), unlike, r.get("note"))
+            for x in (r.get("config"), agents, known.get(r["server"]), unlike, r.get("note"))
             if x
         )
         if rewards and any(x is not None for x in r.get("recorded") or []):
@@ -649,7 +725,8 @@ def summary(results: list[dict[str, Any]]) -> str:
     )
 
 
-MARKDOWN_HEAD = """# NeMo Gym 0.4.0 resources servers under rollgym
+HEADS = {
+    "0.4": """# NeMo Gym 0.4.0 resources servers under rollgym
 
 Generated by `interop/sweep.py` (see its docstring and `interop/README.md`); regenerate with
 the command(s) below. For each resources server of NeMo Gym 0.4.0: does its `app.py` import in
@@ -660,7 +737,23 @@ reward per row for the same model outputs. "outputs" says where the replayed mod
 come from (`replay`: the server's recorded rollout of that task; `replay-own`: a recorded
 rollout with its own task; `replay-other`: a recorded rollout of another task; `default`: the
 scripted model's default).
-"""
+""",
+    "0.7": """# NeMo Gym 0.7.0 resources servers under rollgym
+
+Generated by `interop/sweep.py --nemo 0.7` (see its docstring and `interop/README.md`);
+regenerate with the command(s) below. For each resources server of NeMo Gym 0.7.0 (the 143
+directories with an `app.py`): does its `app.py` import in the 0.7 interop venv (nemo-gym
+0.7.0's own dependencies and math-verify), does `gym env start` bring it up offline (with
+NeMo Gym's agent, an explicit `legacy_agent` Environment Server in front of it, and
+`openai_model` in front of rollgym's scripted model), does `rollgym run` with rollgym's agent
+record every example row as a success, and does NeMo Gym's own agent, reached through that
+Environment Server's `/run` as 0.7's collector reaches it, pay the same reward per row for the
+same model outputs. "outputs" says where the replayed model outputs come from (`replay`: the
+server's recorded rollout of that task; `replay-own`: a recorded rollout with its own task;
+`replay-other`: a recorded rollout of another task; `default`: the scripted model's default).
+""",
+}
+MARKDOWN_HEAD = HEADS["0.4"]
 
 
 def load(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -673,12 +766,39 @@ def load(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return data["results"], data["runs"]
 
 
+def save(
+    args: argparse.Namespace,
+    gym: NemoGym,
+    results: list[dict[str, Any]],
+    runs: list[dict[str, Any]],
+    *,
+    show: bool = False,
+) -> None:
+    """Write ``--json`` (and ``--markdown``) from these results and runs."""
+    results = sorted((complete(r, gym) for r in results), key=lambda r: r["server"])
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"runs": runs, "results": results}, indent=1))
+    known = KNOWN if gym is NG04 else KNOWN07
+    if show:
+        print(table(results, known=known))
+    if args.markdown:
+        head = HEADS[args.nemo]
+        args.markdown.write_text(head + "\n" + table(results, runs, known=known) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--nemo", choices=sorted(nemo.RELEASES), default="0.4")
     parser.add_argument("--only", nargs="*", help="resources servers to sweep (default: all)")
+    parser.add_argument(
+        "--first",
+        nargs="*",
+        default=[],
+        help="of the servers that may start, sweep these first (a sweep stopped part way has them)",
+    )
     parser.add_argument("--rows", type=int, default=3, help="example rows per server")
-    parser.add_argument("--work", type=Path, default=Path("out/interop-sweep"))
-    parser.add_argument("--json", type=Path, default=Path("out/interop-sweep.json"))
+    parser.add_argument("--work", type=Path, help="default: out/interop-sweep[07]")
+    parser.add_argument("--json", type=Path, help="default: out/interop-sweep[07].json")
     parser.add_argument(
         "--markdown", type=Path, help="also write the table, with date, command and wall time"
     )
@@ -693,12 +813,13 @@ def main() -> int:
         help="sweep nothing: rewrite the table (--markdown) from --json",
     )
     args = parser.parse_args()
+    gym = nemo.RELEASES[args.nemo]
+    suffix = "" if gym is NG04 else args.nemo.replace(".", "")
+    args.work = args.work or Path(f"out/interop-sweep{suffix}")
+    args.json = args.json or Path(f"out/interop-sweep{suffix}.json")
     if args.table_only:
         results, runs = load(args.json)
-        results = [complete(r) for r in results]
-        print(table(results))
-        if args.markdown:
-            args.markdown.write_text(MARKDOWN_HEAD + "\n" + table(results, runs) + "\n")
+        save(args, gym, results, runs, show=True)
         return 0
     # Ctrl-C or SIGTERM ends the sweep through its finally blocks (servers and Ray stopped);
     # a shell starting it with & would otherwise leave SIGINT ignored.
@@ -706,11 +827,30 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)
 
     begun = time.monotonic()
-    date = time.strftime("%Y-%m-%d %H:%M")
-    servers_dir = nemo.site_packages() / "resources_servers"
+    servers_dir = gym.site_packages() / "resources_servers"
     names = args.only or sorted(p.name for p in servers_dir.iterdir() if (p / "app.py").exists())
-    errors = import_errors(names)
-    results: list[dict[str, Any]] = []
+    run: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": " ".join([".venv/bin/python -m interop.sweep", *sys.argv[1:]]),
+        "wall_s": 0,
+        "servers": names,
+        "stopped": True,  # until the last server is done
+    }
+    earlier, runs = load(args.json) if args.merge else ([], [])
+    runs = [*runs, run]
+    mine: list[dict[str, Any]] = []
+
+    def record(result: dict[str, Any]) -> None:
+        mine.append(result)
+        print(json.dumps(result), flush=True)
+        run["wall_s"] = round(time.monotonic() - begun)
+        done = {r["server"] for r in mine}
+        save(args, gym, [r for r in earlier if r["server"] not in done] + mine, runs)
+
+    errors = import_errors(names, gym)
+    # Servers that cannot start (an import error, a config that is not offline) take no time:
+    # they come first, then --first, then the rest in name order.
+    names = sorted(names, key=lambda n: (_may_start(n, errors, gym), n not in args.first))
     args.work.mkdir(parents=True, exist_ok=True)
     model_config = write_config(
         args.work / "model.yaml", {"servers": {"model": {"kind": "model", "impl": "scripted"}}}
@@ -718,7 +858,7 @@ def main() -> int:
     with rollgym_serve(model_config) as urls:
         for name in names:
             if errors.get(name):
-                results.append(
+                record(
                     {
                         "server": name,
                         "imports": False,
@@ -727,29 +867,22 @@ def main() -> int:
                     }
                 )
             else:
-                results.append(sweep_one(name, urls["model"][0], args.work.resolve(), args.rows))
-            print(json.dumps(results[-1]), flush=True)
-    run = {
-        "date": date,
-        "command": " ".join([".venv/bin/python -m interop.sweep", *sys.argv[1:]]),
-        "wall_s": round(time.monotonic() - begun),
-        "servers": names,
-    }
-    runs = [run]
-    if args.merge:
-        earlier, runs = load(args.json)
-        mine = {r["server"] for r in results}
-        results = sorted(
-            [r for r in earlier if r["server"] not in mine] + results, key=lambda r: r["server"]
-        )
-        runs = [*runs, run]
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    results = [complete(r) for r in results]
-    args.json.write_text(json.dumps({"runs": runs, "results": results}, indent=1))
-    print(table(results))
-    if args.markdown:
-        args.markdown.write_text(MARKDOWN_HEAD + "\n" + table(results, runs) + "\n")
+                record(sweep_one(name, urls["model"][0], args.work.resolve(), args.rows, gym))
+    run["stopped"] = False
+    run["wall_s"] = round(time.monotonic() - begun)
+    done = {r["server"] for r in mine}
+    save(args, gym, [r for r in earlier if r["server"] not in done] + mine, runs, show=True)
     return 0
+
+
+def _may_start(name: str, errors: dict[str, str | None], gym: NemoGym) -> bool:
+    if errors.get(name):
+        return False
+    try:
+        server_fields(name, gym)
+    except (LookupError, OSError, yaml.YAMLError, KeyError, ValueError):
+        return False
+    return True
 
 
 def _interrupt(signum: int, frame: Any) -> None:
