@@ -49,7 +49,10 @@ from rollgym.http.policy import EndpointPolicy as EndpointPolicy
 from rollgym.http.policy import RetryBudgetConfig as RetryBudgetConfig
 from rollgym.http.policy import RetryPolicy as RetryPolicy
 
-ServerKind = Literal["model", "resources", "agent"]
+ServerKind = Literal["model", "resources", "agent", "environment"]
+DISPATCH_KINDS: tuple[ServerKind, ...] = ("agent", "environment")
+"""The kinds of server the collector sends task rows to (``/run``): rollgym's and NeMo Gym's
+agents, and NeMo Gym 0.7's Environment Servers."""
 SERVER_NAME_MAX = 64
 _SERVER_NAME = re.compile(rf"[A-Za-z_][A-Za-z0-9_.-]{{0,{SERVER_NAME_MAX - 1}}}")
 
@@ -80,7 +83,19 @@ class ServerLimits(_Strict):
 
 def kind_defaults(kind: ServerKind) -> dict[str, Any]:
     """Retry defaults by server kind: model calls are replay-safe, tool calls are not, and an
-    agent's ``/run`` is tried once (the collector retries whole rollouts only if asked)."""
+    agent's ``/run`` is tried once (the collector retries whole rollouts only if asked).
+
+    An environment server's ``max_attempts`` counts *episodes*: a failure it calls non-terminal
+    is run again in the run as a new attempt (``episode_id.attempt`` + 1), up to that many. The
+    HTTP client itself sends each attempt once (``/run``'s own ``max_attempts: 1``): replaying
+    the same attempt of an episode is never what 0.7 asks for."""
+    if kind == "environment":
+        return {
+            "max_attempts": 3,
+            "idempotent": False,
+            "attempt_timeout": 3600.0,
+            "endpoints": {"/run": {"max_attempts": 1}},
+        }
     if kind == "model":
         return {"max_attempts": 3, "idempotent": True, "attempt_timeout": 600.0}
     if kind == "resources":
@@ -166,7 +181,7 @@ class ServerConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _kind_retry_defaults(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("kind") in ("model", "resources", "agent"):
+        if isinstance(data, dict) and data.get("kind") in typing.get_args(ServerKind):
             merged = _deep_merge(kind_defaults(data["kind"]), data.get("retry") or {})
             data = {**data, "retry": merged}
         return data
@@ -183,6 +198,15 @@ class ServerConfig(_Strict):
 
     @model_validator(mode="after")
     def _impl_or_url(self) -> ServerConfig:
+        if self.kind == "environment":
+            # NeMo Gym 0.7's Environment Servers are NeMo Gym's to start (``gym env start``):
+            # rollgym finds one running, like an agent given by URL.
+            if self.impl is not None or self.url is None:
+                raise ValueError(
+                    "an environment server (NeMo Gym 0.7's Environment Server) runs "
+                    "elsewhere: give its url:, and no impl: (rollgym does not start one)"
+                )
+            return self
         # A server given by ``url`` runs elsewhere (rollgym's or not): nothing to import.
         if self.impl is None and self.url is None:
             raise ValueError(
@@ -197,11 +221,19 @@ class CollectConfig(_Strict):
 
     input: str | None = Field(default=None, description="task file, relative to the config")
     agent: str | None = Field(
-        default=None, description="the agent of rows that name none (every row: ignore_agent_ref)"
+        default=None,
+        description="the agent (or environment server) of rows that name none (every row: "
+        "ignore_agent_ref)",
     )
     agent_aliases: dict[str, str] = Field(
         default_factory=dict,
-        description="agent_ref names of the task rows (e.g. NeMo Gym's) -> agent servers",
+        description="agent_ref names of the task rows (e.g. NeMo Gym's) -> agent or environment "
+        "servers",
+    )
+    taskset_routes: dict[str, str] = Field(
+        default_factory=dict,
+        description="materialized task rows (NeMo Gym 0.7): taskset -> the agent or environment "
+        "server that runs them (not needed with only one of those)",
     )
     ignore_agent_ref: bool = Field(
         default=False, description="run every row with `agent`, whatever its agent_ref (--agent)"
@@ -268,14 +300,42 @@ class Config(_Strict):
         agent = self.collect.agent
         if agent is not None and agent not in self.servers:
             raise ValueError(f"collect.agent: no server named {agent!r}")
-        agents = sorted(n for n, s in self.servers.items() if s.kind == "agent")
-        for alias, target in self.collect.agent_aliases.items():
-            if target not in agents:
-                raise ValueError(
-                    f"collect.agent_aliases.{alias}: {target!r} is not an agent server "
-                    f"(agents: {', '.join(agents) or 'none'})"
-                )
+        runners = self.dispatchers()
+        known = ", ".join(runners) or "none"
+        for key, mapping in (
+            ("agent_aliases", self.collect.agent_aliases),
+            ("taskset_routes", self.collect.taskset_routes),
+        ):
+            for alias, target in mapping.items():
+                if target not in runners:
+                    raise ValueError(
+                        f"collect.{key}.{alias}: {target!r} is not an agent server, nor an "
+                        f"environment server (those of the config: {known})"
+                    )
         return self
+
+    def dispatchers(self) -> list[str]:
+        """The servers task rows can be sent to: the agent and environment servers."""
+        return [n for n, s in self.servers.items() if s.kind in DISPATCH_KINDS]
+
+    def default_dispatcher(self, override: str | None = None) -> str | None:
+        """The server of rows that name none: ``override`` (``--agent``), else
+        ``collect.agent``, else the config's only agent or environment server, else its only
+        agent; ``None`` when there is no such one (then every row must name its server, by
+        ``agent_ref`` or taskset). ``ConfigError`` for a name that is no such server."""
+        name = override or self.collect.agent
+        runners = self.dispatchers()
+        if name is not None:
+            if name not in runners:
+                raise ConfigError(
+                    f"{self.source or 'config'}: {name!r} is not an agent server, nor an "
+                    "environment server"
+                )
+            return name
+        if len(runners) == 1:
+            return runners[0]
+        agents = [n for n in runners if self.servers[n].kind == "agent"]
+        return agents[0] if len(agents) == 1 else None
 
     def base_dir(self) -> Path:
         """The config's folder: relative paths in it (``collect.input``) start here, and
@@ -283,18 +343,14 @@ class Config(_Strict):
         return Path(self.source).parent if self.source else Path.cwd()
 
     def agent_name(self, override: str | None = None) -> str:
-        """The agent to dispatch to: named explicitly, or the only agent in the config."""
-        name = override or self.collect.agent
-        agents = [n for n, s in self.servers.items() if s.kind == "agent"]
+        """The agent to dispatch to: named explicitly, or the only agent in the config (an
+        environment server counts: ``default_dispatcher``, which must find one)."""
+        name = self.default_dispatcher(override)
         if name is None:
-            if len(agents) != 1:
-                raise ConfigError(
-                    f"{self.source or 'config'}: name the agent to run with --agent "
-                    f"(agents in the config: {', '.join(agents) or 'none'})"
-                )
-            return agents[0]
-        if name not in agents:
-            raise ConfigError(f"{self.source or 'config'}: {name!r} is not an agent server")
+            raise ConfigError(
+                f"{self.source or 'config'}: name the agent to run with --agent "
+                f"(agents in the config: {', '.join(self.dispatchers()) or 'none'})"
+            )
         return name
 
 

@@ -103,15 +103,16 @@ STEP_KEYS = frozenset({"observation", "reward", "terminated", "truncated", "info
 """The keys of the Gymnasium protocol's answers: any other is none of the protocol's."""
 
 
-def check_verified(verified: Any, agent: str) -> dict[str, Any]:
-    """An agent's ``/run`` answer, which must carry a finite numeric ``reward``."""
+def check_verified(verified: Any, agent: str, *, what: str = "agent answered") -> dict[str, Any]:
+    """An agent's ``/run`` answer (or what ``what`` names: an episode's result), which must
+    carry a finite numeric ``reward``."""
     reward = verified.get("reward") if isinstance(verified, dict) else None
     # A JSON ``true`` is an int to Python, but no reward.
     if not (
         isinstance(reward, (int, float)) and not isinstance(reward, bool) and math.isfinite(reward)
     ):
         raise ProtocolError(
-            "agent answered without a numeric 'reward'", server=agent, endpoint="/run",
+            f"{what} without a numeric 'reward'", server=agent, endpoint="/run",
             body=orjson.dumps(verified)[:2000],
         )  # fmt: skip
     return verified  # type: ignore[no-any-return]

@@ -25,6 +25,7 @@ from rollgym.collect.dispatch import Dispatcher, LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.launchers import RunAgents
 from rollgym.collect.ledger import Ledger
+from rollgym.collect.materialized import task_item
 from rollgym.collect.metrics import compute_metrics
 from rollgym.collect.peers import resources_of
 from rollgym.collect.progress import RunProgress
@@ -41,10 +42,12 @@ from rollgym.collect.rundir import (
     write_json,
 )
 from rollgym.collect.tasks import ROLLGYM_ROW_FIELDS, AgentRoute, iter_rollouts
-from rollgym.config import RetryPolicy, format_validation_error
+from rollgym.config import DISPATCH_KINDS, RetryPolicy, format_validation_error
 from rollgym.errors import ConfigError, ProtocolError, RollgymError
 from rollgym.http import HttpClient, Target
+from rollgym.nemo_gym.episodes import is_materialized_row
 from rollgym.server.aggregate import AggregateMetrics
+from rollgym.wire import TASK_ID, TASKSET
 
 log = logging.getLogger("rollgym.collect")
 
@@ -69,11 +72,12 @@ class Collector:
         self.cfg = run.collect
         config = run.config
         # Resolved by the run's orchestration (``RunAgents``); here only for a direct caller.
-        self.agent_name = agent or config.agent_name(self.cfg.agent)
+        # None: the config has several agents and names none; every row names its own.
+        self.agent_name = agent if agent is not None else config.default_dispatcher(self.cfg.agent)
         self.targets = {
             name: Target(name, tuple(u.rstrip("/") for u in urls[name]), config.servers[name].retry)
             for name, server in config.servers.items()
-            if server.kind == "agent" and name in urls
+            if server.kind in DISPATCH_KINDS and name in urls
         }
         RunAgents(self.agent_name).require_url(self.targets, config)
         self.route = AgentRoute.of(config, self.cfg, self.agent_name)
@@ -84,6 +88,13 @@ class Collector:
                 raise ConfigError(
                     f"task rows name agent {ref!r}, run by server {routed!r}, which has no URL: "
                     f"pass --servers {routed}=URL, or --agent to run every row with one agent"
+                )
+        for taskset in sorted(run.info.tasksets):
+            routed = self.route.server_for_taskset(taskset)
+            if routed is not None and routed not in self.targets:
+                raise ConfigError(
+                    f"task rows of taskset {taskset!r} go to server {routed!r}, which has no "
+                    f"URL: pass --servers {routed}=URL"
                 )
         self.urls = {name: list(u) for name, u in urls.items()}
         self.client = client or HttpClient()
@@ -117,22 +128,40 @@ class Collector:
 
     def pending(self) -> Iterator[RolloutItem]:
         """The rollouts of ``tasks.jsonl`` that have no record yet, in order."""
-        default = self.agent_name
         for task_index, rollout_index, raw in iter_rollouts(self.run.files.tasks):
             if not self.ledger.is_done(task_index, rollout_index):
-                yield RolloutItem(
-                    task_index, rollout_index, raw, self._agent_for(raw, default),
-                    self.ledger.attempts_so_far(task_index, rollout_index),
-                )  # fmt: skip
+                prior = self.ledger.attempts_so_far(task_index, rollout_index)
+                # A cheap check first: most rows are flat.
+                row = orjson.loads(raw) if b'"task_input"' in raw else None
+                if row is not None and is_materialized_row(row):
+                    server = self._server_for(row[TASK_ID][TASKSET])
+                    yield task_item(
+                        task_index, rollout_index, raw, row, server, prior,
+                        episode=server in self.route.environments,
+                    )  # fmt: skip
+                else:
+                    agent = self._agent_for(raw)
+                    yield RolloutItem(task_index, rollout_index, raw, agent, prior)
 
-    def _agent_for(self, raw: bytes, default: str) -> str:
+    def _agent_for(self, raw: bytes) -> str:
         # Cheap checks first: most runs route every row alike, most rows name no agent.
-        if self.route.override or b'"agent_ref"' not in raw:
-            return default
-        ref = orjson.loads(raw).get("agent_ref")
-        agent = self.route.agent_for(ref.get("name") if isinstance(ref, dict) else None)
-        # Every name was checked when the run was prepared (and against the URLs above).
-        return agent if agent in self.targets else default
+        default = self.agent_name
+        if not self.route.override and b'"agent_ref"' in raw:
+            ref = orjson.loads(raw).get("agent_ref")
+            agent = self.route.agent_for(ref.get("name") if isinstance(ref, dict) else None)
+            # Every name was checked when the run was prepared (and against the URLs above).
+            if agent in self.targets:
+                assert agent is not None
+                return agent
+        if default is None:  # refused when the run was prepared: the file changed since
+            raise ConfigError("a task row names no agent, and the run has no default agent")
+        return default
+
+    def _server_for(self, taskset: str) -> str:
+        server = self.route.server_for_taskset(taskset)
+        if server is None:  # refused when the run was prepared: the file changed since
+            raise ConfigError(f"no server runs taskset {taskset!r}")
+        return server
 
     async def execute(self) -> RunOutcome:
         """Dispatch every pending rollout, then write metrics and ``run.json``."""
@@ -287,8 +316,11 @@ class Collector:
         resources server, in NeMo Gym's shapes): ``agent_metrics`` and ``key_metrics`` go to
         ``metrics.json``; all of it, per-task metrics too, to ``rollouts_aggregate_metrics.json``
         as NeMo Gym writes it. Only asked of an environment that has metrics of its own."""
+        agent = self.agent_name
+        if agent is None or self.run.config.servers[agent].kind != "agent":
+            return {}  # no one agent, or a NeMo Gym environment server: no resources of ours
         try:
-            res_name = resources_of(self.run.config, self.agent_name)
+            res_name = resources_of(self.run.config, agent)
         except ConfigError:
             return {}  # an agent given by url, verifying with no server of this config
         if res_name not in self.urls:
@@ -314,7 +346,7 @@ class Collector:
             )  # fmt: skip
             log.warning("aggregate_metrics failed: %s", bad)
             return {"error": bad.to_dict()}
-        entry = {"agent_ref": {"name": self.agent_name}, **result.model_dump()}
+        entry = {"agent_ref": {"name": agent}, **result.model_dump()}
         write_json(self.run.files.aggregate, [entry])
         return {"agent_metrics": result.agent_metrics, "key_metrics": result.key_metrics}
 

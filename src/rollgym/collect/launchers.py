@@ -68,12 +68,21 @@ class Launcher(Protocol):
 
 @dataclass(frozen=True)
 class RunAgents:
-    """Which agents a run uses: ``name`` runs every row that names no other (``--agent``, else
-    ``collect.agent``, else the config's only agent); ``in_process`` are built in the
-    collector's process (``collect.agent_in_process``), not launched."""
+    """Which agents a run uses: ``default`` runs every row that names no other (``--agent``,
+    else ``collect.agent``, else the config's only agent or environment server; ``None`` when
+    the config has several and names none: every row then names its own server, checked line
+    by line); ``in_process`` are built in the collector's process
+    (``collect.agent_in_process``), not launched."""
 
-    name: str
+    default: str | None
     in_process: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The default agent, which the caller needs (``ConfigError`` if there is none)."""
+        if self.default is None:
+            raise ConfigError("name the agent to run with --agent (the config has several)")
+        return self.default
 
     @classmethod
     def of(
@@ -85,7 +94,7 @@ class RunAgents:
     ) -> RunAgents:
         """Resolve the run's agents; ``ConfigError`` (before anything is written) for an
         unknown agent, or agents in process with another ``dispatcher`` (Ray)."""
-        name = config.agent_name(agent or collect.agent)
+        name = config.default_dispatcher(agent or collect.agent)
         if not collect.agent_in_process:
             return cls(name)
         if dispatcher is not None:
@@ -96,12 +105,13 @@ class RunAgents:
         return cls(name, tuple(in_process_agents(config)))
 
     def require_url(self, urls: Container[str], config: Config) -> None:
-        """Raise ``ConfigError`` unless the run's agent is among the servers with a URL
-        ``urls`` (or runs in process)."""
-        if self.name not in urls and self.name not in self.in_process:
+        """Raise ``ConfigError`` unless the run's default agent (if it has one) is among the
+        servers with a URL ``urls`` (or runs in process)."""
+        name = self.default
+        if name is not None and name not in urls and name not in self.in_process:
             raise ConfigError(
-                f"no URL for agent {self.name!r}: pass --servers {self.name}=URL or set "
-                f"servers.{self.name}.url in {config.source or 'the config'}"
+                f"no URL for agent {name!r}: pass --servers {name}=URL or set "
+                f"servers.{name}.url in {config.source or 'the config'}"
             )
 
 

@@ -107,9 +107,9 @@ async def _start(
     with _interrupts_stop_startup(prepared) as interrupted:
         try:
             urls = await launcher.start()
-            RunAgents(agents.name).require_url(urls, prepared.config)
+            RunAgents(agents.default).require_url(urls, prepared.config)
             collector = Collector(
-                prepared, urls, agent=agents.name, progress=progress, dispatcher=dispatcher,
+                prepared, urls, agent=agents.default, progress=progress, dispatcher=dispatcher,
                 client=client,
             )  # fmt: skip
             await collector.start()

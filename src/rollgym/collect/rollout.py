@@ -1,4 +1,5 @@
-"""The rollout core: one rollout through an agent's ``/run``, to exactly one record.
+"""The rollout core: one rollout through an agent's ``/run`` (or a NeMo Gym 0.7 Environment
+Server's), to exactly one record.
 
 Every entry point runs rollouts here and nowhere else: the local collector's workers, the Ray
 collect workers and the trainer API. What happens to one rollout:
@@ -15,6 +16,15 @@ collect workers and the trainer API. What happens to one rollout:
 - a retryable failure is run again while the policy's attempts allow (``retry_in_run``);
 - otherwise it ends as a ``FailedRollout``; an answer with a reward ends it as a
   ``ScoredRollout``. Only cancellation escapes.
+
+A materialized row (``collect.materialized.TaskItem``) sent to an environment server goes as
+0.7's episodes (``nemo_gym.environment_client.Episode``): ``result`` is the verified record,
+``failure`` the typed error of ``error_from_failure``. A non-terminal failure (or any other
+retryable one) is run again as the next attempt (``episode_id.attempt`` + 1, the same
+``rollout_id``, after the server's backoff) while the environment server's
+``retry.max_attempts`` allows; a terminal one, a 4xx or an answer that is no episode response
+(``ProtocolError``) is recorded at once. Every record of a materialized row carries its
+``_ng_task_id``.
 """
 
 from __future__ import annotations
@@ -24,14 +34,20 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import orjson
+
+from rollgym.collect.materialized import TaskFailedRollout, TaskItem
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
 from rollgym.config import CollectConfig
 from rollgym.errors import ConnectError, InternalError, RollgymError
 from rollgym.http import HttpClient, Target
+from rollgym.http.policy import backoff
 from rollgym.http.replicas import resends_elsewhere
+from rollgym.nemo_gym.environment_client import Episode, flat_failure
 from rollgym.protocol import check_verified
-from rollgym.wire import HEADER_ROLLOUT
+from rollgym.wire import HEADER_ROLLOUT, NG_TASK_ID
 
 log = logging.getLogger("rollgym.collect")
 
@@ -83,6 +99,7 @@ class RolloutRunner:
         # One coroutine for the whole rollout, not a wrapper around a second: a collector
         # holds thousands of these in flight, each with its frames.
         started = time.monotonic()
+        task_id = item.task_id if isinstance(item, TaskItem) else None
         try:
             target = self.agents[item.agent]
             key = item.key
@@ -90,14 +107,25 @@ class RolloutRunner:
             waits = iter(self.policy.circuit_waits)
             failovers = len(target.urls) - 1  # each replica may refuse once
             attempts = item.prior_attempts
+            episode = None
+            max_attempts = self.policy.max_attempts
+            if isinstance(item, TaskItem) and item.episode:
+                episode = Episode.of(orjson.loads(item.row))
+                # Episodes are the environment server's to retry: each try is a new attempt.
+                max_attempts = max(max_attempts, target.policy.max_attempts)
             while True:
                 attempts += 1
                 try:
+                    # 0.7 numbers an episode's attempts from 0: the tries before this one.
+                    body = item.row if episode is None else episode.request(attempts - 1)
                     answer = await self.http.call(
-                        target, "/run", item.row, headers=headers, deadline=self.policy.timeout,
+                        target, "/run", body, headers=headers, deadline=self.policy.timeout,
                         sticky=key,
                     )  # fmt: skip
-                    verified = check_verified(answer, target.name)
+                    if episode is not None:
+                        verified = episode.read(answer, attempts - 1, target.name)
+                    else:
+                        verified = _flat_answer(answer, target.name, task_id)
                 except RollgymError as err:
                     if self.stopping():
                         return self._failed(item, err, attempts, started)
@@ -121,7 +149,9 @@ class RolloutRunner:
                         # but not as an attempt, so a later --resume still has all of its
                         # attempts.
                         return self._failed(item, err, attempts - 1, started)
-                    if err.retryable and attempts < self.policy.max_attempts:
+                    if err.retryable and attempts < max_attempts:
+                        if episode is not None:
+                            await asyncio.sleep(backoff(target.policy, attempts))
                         continue
                     return self._failed(item, err, attempts, started)
                 return ScoredRollout(
@@ -133,10 +163,7 @@ class RolloutRunner:
         except Exception as exc:  # a bug here must still end as this rollout's record
             log.exception("unexpected error in rollout %s", item.key)
             bug = InternalError(f"collector: {type(exc).__name__}: {exc}", server="collector")
-            return FailedRollout(
-                item.task_index, item.rollout_index, bug, item.prior_attempts + 1,
-                time.monotonic() - started,
-            )  # fmt: skip
+            return self._failed(item, bug, item.prior_attempts + 1, started)
 
     async def _hold(self, err: RollgymError, seconds: float) -> None:
         """Wait ``seconds`` before re-sending a rollout refused by an open circuit, telling
@@ -156,6 +183,20 @@ class RolloutRunner:
     def _failed(
         item: RolloutItem, err: RollgymError, attempts: int, started: float
     ) -> FailedRollout:
-        return FailedRollout(
-            item.task_index, item.rollout_index, err, attempts, time.monotonic() - started
-        )
+        took = time.monotonic() - started
+        if isinstance(item, TaskItem):
+            return TaskFailedRollout(
+                item.task_index, item.rollout_index, err, attempts, took, task_id=item.task_id
+            )
+        return FailedRollout(item.task_index, item.rollout_index, err, attempts, took)
+
+
+def _flat_answer(answer: object, server: str, task_id: dict[str, str] | None) -> dict[str, Any]:
+    """The verified record of a flat ``/run`` answer: an agent's verify response (or a 0.7
+    relay's, which forwards it), with a materialized row's ``_ng_task_id``. 0.7's flattened
+    failure (``single_agent_turn_legacy``'s) is raised as its typed error."""
+    failed = flat_failure(answer, server)
+    if failed is not None:
+        raise failed
+    verified = check_verified(answer, server)
+    return verified if task_id is None else {**verified, NG_TASK_ID: task_id}
