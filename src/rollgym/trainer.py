@@ -3,11 +3,20 @@
     client = RolloutClient("http://10.0.0.5:8000")          # the agent server (or its replicas)
     groups = client.collect_sync(rows, repeats=8)           # or: await client.collect(...)
     for group in groups:                                    # one per row, in input order
-        rewards = group.rewards                             # scored rollouts only
+        rewards = group.rewards                             # measured rollouts only
 
 Each record is a ``ScoredRollout`` (reward, the verified response, every field the verifier and
 the model server attached) or a ``FailedRollout`` holding the typed ``RollgymError``. A failure
-never cancels its siblings and is never a reward of 0. Records are plain frozen dataclasses: they
+never cancels its siblings and is never a reward of 0.
+
+A masked rollout (its verify response says ``mask_sample: true``, NeMo Gym 0.7's "this reward is
+no measurement", e.g. the environment's checker crashed) is a ``ScoredRollout`` with ``masked``
+true. For the group it counts like a failure: it is in ``group.masked``, never in
+``group.scored`` or ``group.rewards``, and the group is not ``complete``; so a GRPO baseline
+over ``group.rewards`` never sees its placeholder reward, and its loss should be zeroed as NeMo
+RL zeroes a masked sample's (``r.ok`` only says it was recorded as a success: go through
+``scored``, or check ``r.masked``, before reading ``r.reward``). A ``mask_sample`` that is no
+boolean fails the rollout (``ProtocolError``) instead of being guessed. Records are plain frozen dataclasses: they
 pickle, so they cross a ``spawn`` process or a Ray actor boundary (``ray.get``) unchanged.
 
 Every rollout runs through the same core as ``rollgym run`` (``rollgym.collect.rollout``), with the
@@ -38,7 +47,13 @@ from rollgym.collect.dispatch import LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.launchers import check_reachable
 from rollgym.collect.recorder import MemorySink, Recorder
-from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
+from rollgym.collect.records import (
+    FailedRollout,
+    RolloutItem,
+    RolloutRecord,
+    ScoredRollout,
+    checked,
+)
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.errors import RollgymError, RunAborted
@@ -74,7 +89,13 @@ class TaskGroup:
 
     @property
     def scored(self) -> list[ScoredRollout]:
-        return [r for r in self.rollouts if isinstance(r, ScoredRollout)]
+        """The rollouts whose reward is a measurement (not failed, not masked)."""
+        return [r for r in self.rollouts if isinstance(r, ScoredRollout) and not r.masked]
+
+    @property
+    def masked(self) -> list[ScoredRollout]:
+        """The rollouts the environment asked to mask: their reward is no measurement."""
+        return [r for r in self.rollouts if isinstance(r, ScoredRollout) and r.masked]
 
     @property
     def failed(self) -> list[FailedRollout]:
@@ -82,13 +103,14 @@ class TaskGroup:
 
     @property
     def rewards(self) -> list[float]:
-        """Rewards of the scored rollouts (failed ones have none: they are not zeros)."""
+        """Rewards of the scored rollouts (failed and masked ones have none: they are not
+        zeros)."""
         return [r.reward for r in self.scored]
 
     @property
     def complete(self) -> bool:
-        """Every rollout of the group was scored."""
-        return all(r.ok for r in self.rollouts)
+        """Every rollout of the group was scored (none failed, none masked)."""
+        return len(self.scored) == len(self.rollouts)
 
 
 def plain_error(exc: BaseException) -> BaseException:
@@ -172,7 +194,8 @@ class RolloutClient:
         runner = RolloutRunner(
             self.http(), {self.target.name: self.target}, RolloutPolicy(rollout_timeout, attempts)
         )
-        return await runner.run(_item(row, task_index, rollout_index, self.target.name))
+        # No recorder on this path: the record is checked here as the recorder checks it.
+        return checked(await runner.run(_item(row, task_index, rollout_index, self.target.name)))
 
     async def collect(
         self,

@@ -65,7 +65,7 @@ from rollgym.trainer import RolloutClient
 from rollgym.wire import NG_FAILURE_CLASS, NG_FAILURE_TERMINAL, NG_TASK_INDEX
 from tests.envs.env_client import reply
 from tests.support.ledger import assert_ledger_invariant, read_jsonl
-from tests.support.servers import FAIL_MARKER, CountingEcho, FaultyModel
+from tests.support.servers import FAIL_MARKER, CountingEcho, FaultyModel, dead_url
 from tests.support.stack import fast_policy, running_stack, stack_config, task_row, write_tasks
 
 pytestmark = pytest.mark.timeout(120)
@@ -255,9 +255,7 @@ async def test_real_failures_read_in_0_7s_vocabulary(tmp_path: Path) -> None:
             await client.aclose()
     async with running_stack(env=BrokenVerify) as stack, RolloutClient(stack.agent_url) as client:
         got["verifier bug"] = _read(await client.run(task_row(0)))
-    async with serve_server(CountingEcho, name="gone") as (url, _):
-        pass  # served once and stopped: nothing listens on its port any more
-    async with RolloutClient(url) as client:
+    async with RolloutClient(dead_url()) as client:
         got["agent down"] = _read(await client.run(task_row(0)))
     async with judge_stack() as agent_url, RolloutClient(agent_url) as client:
         row = {

@@ -1,8 +1,9 @@
 """The recorder: every finished rollout goes through here, whoever ran it.
 
-It writes the record to its sink (the run's ledger files, or memory for the trainer API),
-advances the progress bar, feeds the failure budget, and aborts the run when the budget says
-the servers are broken. A dispatcher (local asyncio workers, Ray worker actors) only runs
+It checks the record (a ``mask_sample`` that is no boolean makes it a failure: ``records.checked``),
+writes it to its sink (the run's ledger files, or memory for the trainer API), advances the
+progress bar (counting failed and masked rollouts), feeds the failure budget, and aborts the run
+when the budget says the servers are broken. A dispatcher (local asyncio workers, Ray worker actors) only runs
 rollouts and hands their records over.
 """
 
@@ -15,7 +16,7 @@ from typing import Protocol
 
 from rollgym.collect.failure_budget import FailureBudget
 from rollgym.collect.progress import RunProgress
-from rollgym.collect.records import FailedRollout, RolloutRecord
+from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout, checked
 from rollgym.errors import RollgymError
 
 log = logging.getLogger("rollgym.collect")
@@ -82,12 +83,14 @@ class Recorder:
         return self.abort_reason is not None
 
     def record(self, record: RolloutRecord) -> None:
+        record = checked(record)
         if not self.sink.add(record):
             return
         self.recorded += 1
         error = record.error if isinstance(record, FailedRollout) else None
         if self.progress is not None:
-            self.progress.advance(failed=error is not None)
+            masked = isinstance(record, ScoredRollout) and record.masked
+            self.progress.advance(failed=error is not None, masked=masked)
         if self.budget is not None:
             reason = self.budget.observe(error)
             if reason is not None:

@@ -3,6 +3,10 @@
 Works on any run directory: finished, aborted, resumed or still being written (a torn last
 line is skipped; ``metrics.json`` may be missing or from an earlier session, and is only used
 for the counters no record holds: HTTP retries, breaker rejections, circuit holds).
+
+A masked rollout (``mask_sample: true``: its reward is no measurement) is counted apart, in
+``masked``: it is no scored rollout, so its reward is in no statistic, its task's pass rate or
+pass@k; its timings are kept (it ran).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from rollgym.collect.layout import METRICS, RUN_JSON, RunDir
 from rollgym.collect.metrics import pass_at_ks
 from rollgym.collect.rundir import read_state
 from rollgym.errors import RollgymError, root_record
+from rollgym.nemo_gym.mask import is_masked
 from rollgym.server.agent import TIMING_FIELD
 
 HOPS = ("seed", "model", "tool", "verify")
@@ -39,6 +44,7 @@ class TaskStats:
     scored: int = 0
     passed: int = 0
     failed: int = 0
+    masked: int = 0
     reward_sum: float = 0.0
 
     @property
@@ -57,16 +63,19 @@ class RunData:
     repeats: int
     threshold: float
     rewards: array[float] = field(default_factory=lambda: array("d"))
+    """The reward of each scored (measured) rollout."""
+    masked: int = 0
+    """Rollouts recorded with ``mask_sample: true``: no reward to count."""
     durations: array[float] = field(default_factory=lambda: array("d"))
-    """Seconds of each scored rollout as the collector saw it (the rollout's whole time)."""
+    """Seconds of each recorded rollout as the collector saw it (the rollout's whole time)."""
     ends: array[float] = field(default_factory=lambda: array("d"))
-    """Wall-clock end of each scored rollout that has one."""
+    """Wall-clock end of each recorded rollout that has one."""
     attempts: Counter[int] = field(default_factory=Counter)
     hops: dict[str, array[float]] = field(default_factory=dict)
     hop_retries: Counter[str] = field(default_factory=Counter)
     wait_s: float = 0.0
     timed: int = 0
-    """Scored rollouts that carry per-hop timing (runs made before it have none)."""
+    """Recorded rollouts that carry per-hop timing (runs made before it have none)."""
     failures: list[Failure] = field(default_factory=list)
     tasks: dict[int, TaskStats] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -77,7 +86,7 @@ class RunData:
 
     @property
     def pending(self) -> int:
-        return max(0, self.total - self.scored - len(self.failures))
+        return max(0, self.total - self.scored - self.masked - len(self.failures))
 
     def pass_at(self) -> dict[int, float]:
         """Unbiased pass@k for every k up to the most rollouts scored on a task."""
@@ -109,7 +118,7 @@ def load_run(path: Path, name: str | None = None) -> RunData:
         run.hops[hop] = array("d")
     _read_rollouts(run, files)
     _read_failures(run, files)
-    run.total = max(run.total, run.scored + len(run.failures))
+    run.total = max(run.total, run.scored + run.masked + len(run.failures))
     return run
 
 
@@ -117,16 +126,20 @@ def _read_rollouts(run: RunData, files: RunDir) -> None:
     threshold = run.threshold
     for got in files.successes():
         rec = got.record
-        reward = float(rec.get("reward", 0.0))
-        run.rewards.append(reward)
         run.durations.append(float(rec.get("duration_s", 0.0)))
         run.attempts[int(rec.get("attempts", 1))] += 1
         task = run.tasks.get(rec["task_index"])
         if task is None:
             task = run.tasks[rec["task_index"]] = TaskStats()
-        task.scored += 1
-        task.passed += reward >= threshold
-        task.reward_sum += reward
+        if is_masked(rec):
+            run.masked += 1
+            task.masked += 1
+        else:
+            reward = float(rec.get("reward", 0.0))
+            run.rewards.append(reward)
+            task.scored += 1
+            task.passed += reward >= threshold
+            task.reward_sum += reward
         timing = rec.get(TIMING_FIELD)
         end = rec.get("finished_at")
         if isinstance(timing, dict):

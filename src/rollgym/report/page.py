@@ -91,13 +91,12 @@ def render(runs: Sequence[RunData]) -> str:
         body.append(f'<h2>{title}</h2><div class="grid">{cells}</div>')
     for run in runs:
         rows: list[tuple[object, ...]] = [
-            (r.task_index, r.scored, r.passed, r.failed, _rate(r.pass_rate), _rate(r.reward_mean))
+            (r.task_index, r.scored, r.passed, r.failed, r.masked, _rate(r.pass_rate),
+             _rate(r.reward_mean))
             for r in hardest(run)
-        ]
-        body.append(
-            f"<h2>Hardest tasks: {html.escape(run.name)}</h2>"
-            + _table(("task", "scored", "passed", "failed", "pass rate", "reward mean"), rows)
-        )
+        ]  # fmt: skip
+        header = ("task", "scored", "passed", "failed", "masked", "pass rate", "reward mean")
+        body.append(f"<h2>Hardest tasks: {html.escape(run.name)}</h2>" + _table(header, rows))
     for other in runs[1:]:
         moved: list[tuple[object, ...]] = [
             (d.task_index, _rate(d.before), _rate(d.after), f"{d.change:+.2f}")

@@ -18,6 +18,7 @@ class TaskRow:
     failed: int
     pass_rate: float | None
     reward_mean: float | None
+    masked: int = 0
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ def hardest(run: RunData, n: int = HARDEST) -> list[TaskRow]:
     """The ``n`` tasks with the lowest pass rate (then the most failed rollouts)."""
     rows = [
         TaskRow(i, t.scored, t.passed, t.failed, t.pass_rate,
-                t.reward_sum / t.scored if t.scored else None)
+                t.reward_sum / t.scored if t.scored else None, t.masked)
         for i, t in run.tasks.items()
     ]  # fmt: skip
     rows.sort(key=lambda r: (r.pass_rate if r.pass_rate is not None else -1.0, -r.failed))
@@ -60,9 +61,10 @@ def headline(run: RunData) -> dict[str, str]:
     kmax = max(curve, default=0)
     top = Counter(f.type for f in run.failures).most_common(3)
     hops = {h: run.hops[h] for h in run.hops if len(run.hops[h])}
+    masked = f", {run.masked} masked" if run.masked else ""
     return {
         "status": run.status,
-        "rollouts": f"{run.scored} ok, {len(run.failures)} failed, {run.pending} pending "
+        "rollouts": f"{run.scored} ok{masked}, {len(run.failures)} failed, {run.pending} pending "
         f"of {run.total}",
         "reward mean": "-" if mean is None else f"{mean:.4f}",
         "pass@1": f"{curve[1]:.4f}" if curve else "-",

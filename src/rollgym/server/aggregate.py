@@ -14,6 +14,15 @@ forwards it to its resources server): the verify responses without ``response`` 
   ``num_rollouts`` and ``rollout_infos``; NeMo Gym's meaningless ``sample`` is left out;
 - ``key_metrics``: the environment's own metrics when it has any, else every ``mean/`` entry
   (NeMo Gym's default headline).
+
+Masked rows (``mask_sample: true``, NeMo Gym 0.7: the reward is no measurement) are left out of
+every statistic and of ``group_level_metrics``, and ``mask_sample`` is never a metric. When
+something is masked, both ``agent_metrics`` and ``key_metrics`` add 0.7's four coverage keys
+(``coverage/measured_rollouts``, ``coverage/masked_rollouts``, ``coverage/measured_tasks``,
+``coverage/fully_masked_tasks``); when nothing is, the answer is what it was before 0.7. When
+everything is masked, both hold the coverage keys only and there are no group metrics. The
+environment's own metrics are its to compute: pass it ``measured(verify_responses)``, the rows
+0.7 gives its ``compute_metrics_fn``. A ``mask_sample`` that is no boolean is refused (422).
 """
 
 from __future__ import annotations
@@ -25,7 +34,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollgym.wire import INDEX_FIELDS, NG_ROLLOUT_INDEX, NG_TASK_INDEX
+from rollgym.errors import InvalidRequest, ProtocolError
+from rollgym.nemo_gym.mask import mask_sample
+from rollgym.wire import INDEX_FIELDS, MASK_SAMPLE, NG_ROLLOUT_INDEX, NG_TASK_INDEX
 
 _STATS = ("mean", "max", "min", "median", "std")
 
@@ -52,8 +63,13 @@ def aggregate(
     """NeMo Gym's answer for ``verify_responses``, with the ``environment``'s own metrics."""
     if not verify_responses:
         return AggregateMetrics(agent_metrics=dict(environment), key_metrics=dict(environment))
+    rows, masked = split_masked(verify_responses)
+    coverage = _coverage(rows, masked)
+    if not rows:
+        # Every rollout masked: statistics over nothing would invent numbers (0.7 answers so).
+        return AggregateMetrics(agent_metrics=dict(coverage), key_metrics=dict(coverage))
     groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for vr in verify_responses:
+    for vr in rows:
         groups[_index(vr, NG_TASK_INDEX, "task_index")].append(vr)
     group_level = []
     for task in sorted(groups):
@@ -70,15 +86,52 @@ def aggregate(
                 "rollout_infos": infos,
             }
         )
-    agent_metrics = {**describe([_numbers(vr) for vr in verify_responses]), **environment}
+    agent_metrics = {**describe([_numbers(vr) for vr in rows]), **environment, **coverage}
     key_metrics = (
         dict(environment)
         if environment
         else {k: v for k, v in agent_metrics.items() if k.startswith("mean/")}
     )
+    key_metrics.update(coverage)
     return AggregateMetrics(
         group_level_metrics=group_level, agent_metrics=agent_metrics, key_metrics=key_metrics
     )
+
+
+def split_masked(
+    verify_responses: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(measured, masked) rows of ``verify_responses``; ``InvalidRequest`` (422) for a row whose
+    ``mask_sample`` is no boolean."""
+    measured: list[dict[str, Any]] = []
+    masked: list[dict[str, Any]] = []
+    for i, vr in enumerate(verify_responses):
+        try:
+            flag = mask_sample(vr)
+        except ProtocolError as exc:
+            raise InvalidRequest(f"verify_responses[{i}]: {exc.message}", status=422) from None
+        (masked if flag else measured).append(vr)
+    return measured, masked
+
+
+def measured(verify_responses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``verify_responses`` whose reward is a measurement (not masked)."""
+    return split_masked(verify_responses)[0]
+
+
+def _coverage(rows: list[dict[str, Any]], masked: list[dict[str, Any]]) -> dict[str, int]:
+    """0.7's coverage keys, only when something is masked (a run that masks nothing answers
+    exactly what it answered before)."""
+    if not masked:
+        return {}
+    measured_tasks = {_index(vr, NG_TASK_INDEX, "task_index") for vr in rows}
+    all_tasks = measured_tasks | {_index(vr, NG_TASK_INDEX, "task_index") for vr in masked}
+    return {
+        "coverage/measured_rollouts": len(rows),
+        "coverage/masked_rollouts": len(masked),
+        "coverage/measured_tasks": len(measured_tasks),
+        "coverage/fully_masked_tasks": len(all_tasks - measured_tasks),
+    }
 
 
 def describe(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -112,8 +165,8 @@ def _numbers(vr: dict[str, Any]) -> dict[str, float]:
     """The numeric fields of one verify response, ``response.usage``'s counts included."""
     out: dict[str, float] = {}
     for key, value in {**vr, **_usage(vr)}.items():
-        if key in INDEX_FIELDS:
-            continue
+        if key in INDEX_FIELDS or key == MASK_SAMPLE:
+            continue  # indices and the mask flag are no measurements
         if isinstance(value, bool):
             out[key] = int(value)
         elif isinstance(value, (int, float)) and not math.isnan(value):

@@ -14,14 +14,20 @@ and an answer must never fail its rollout (a failure is no reward of 0, so a pol
 that such answers cost nothing): a check still running at the deadline is abandoned (its pool is
 retired) and scores 0 with ``reason`` ``check_timeout``, as NeMo Gym scores it; a check that lost
 its worker to a broken pool is run once more, and if it breaks that one too it scores 0 with
-``reason`` ``check_crashed``. A check that never got a worker before the deadline (the server
-is overloaded: no fault of the answer) still fails with ``DeadlineExceeded``.
+``reason`` ``check_crashed`` when it ran alone (then the answer broke it). A dead worker breaks
+every check on its pool, so when other checks ran beside it the answer may be an innocent
+neighbour of the one that kills workers: then it is masked (``mask_sample: true``, NeMo Gym 0.7:
+the reward is no measurement) rather than scored a 0 it may not deserve. A check that never got
+a worker before the deadline (the server is overloaded: no fault of the answer) still fails with
+``DeadlineExceeded``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -30,7 +36,9 @@ from rollgym.envs.math.check import MathCheck, check_answer
 from rollgym.envs.rows import expected_text, mean_field
 from rollgym.errors import DeadlineExceeded, InvalidRequest, WaitedTooLong
 from rollgym.protocol import output_text
+from rollgym.server.base import ServerContext
 from rollgym.server.resources import ResourcesServer, Session
+from rollgym.wire import MASK_SAMPLE
 
 log = logging.getLogger("rollgym.envs.math")
 
@@ -47,6 +55,10 @@ class MathEnv(ResourcesServer):
     # Module-level and picklable: it runs in a spawn worker process.
     checker: ClassVar[staticmethod[[str, str], MathCheck]] = staticmethod(check_answer)
 
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self._attempts: set[_Attempt] = set()
+
     async def verify(
         self, session: Session, task: dict[str, Any], response: dict[str, Any]
     ) -> dict[str, Any]:
@@ -55,6 +67,10 @@ class MathEnv(ResourcesServer):
         try:
             result = await self._check(expected, answer)
         except _Unscored as unscored:
+            if unscored.masked:
+                log.info("%s: answer masked (%s beside other checks)", self.name, unscored.reason)
+                return {"reward": 0.0, "answer_parsed": 0, "reason": unscored.reason,
+                        MASK_SAMPLE: True}  # fmt: skip
             log.info("%s: answer scored 0 (%s)", self.name, unscored.reason)
             return {"reward": 0.0, "answer_parsed": 0, "reason": unscored.reason}
         if not result.gold_parsed:
@@ -69,16 +85,34 @@ class MathEnv(ResourcesServer):
 
     async def _check(self, expected: str, answer: str) -> MathCheck:
         try:
-            return await self._run(expected, answer)
+            with self._attempt():
+                return await self._run(expected, answer)
         except BrokenProcessPool:
             # A worker that dies (out of memory, a crash in native code, killed) breaks the
             # whole pool and fails every check in flight on it, most of them innocent. The work
-            # is pure, so run it once more on a fresh pool; a second failure is its own.
+            # is pure, so run it once more on a fresh pool.
             log.info("%s: check lost to a broken worker pool, running it once more", self.name)
+        with self._attempt() as attempt:
+            try:
+                return await self._run(expected, answer)
+            except BrokenProcessPool:
+                # Alone on the pool, the answer broke it: its own failure. Beside others, it
+                # may be their doing: no measurement.
+                raise _Unscored("check_crashed", masked=attempt.shared) from None
+
+    @contextmanager
+    def _attempt(self) -> Iterator[_Attempt]:
+        """One run of a check, marked ``shared`` if any other check runs while it does."""
+        attempt = _Attempt()
+        if self._attempts:
+            attempt.shared = True
+            for other in self._attempts:
+                other.shared = True
+        self._attempts.add(attempt)
         try:
-            return await self._run(expected, answer)
-        except BrokenProcessPool:
-            raise _Unscored("check_crashed") from None
+            yield attempt
+        finally:
+            self._attempts.discard(attempt)
 
     async def _run(self, expected: str, answer: str) -> MathCheck:
         try:
@@ -98,9 +132,15 @@ class MathEnv(ResourcesServer):
         return mean_field(rollouts, "answer_parsed", "answer_parse_rate")
 
 
-class _Unscored(Exception):
-    """The answer could not be checked, by its own fault: it scores 0 with ``reason``."""
+class _Attempt:
+    shared = False
 
-    def __init__(self, reason: str) -> None:
+
+class _Unscored(Exception):
+    """The answer could not be checked: it scores 0 with ``reason``, or is ``masked`` when that
+    may not be its own fault."""
+
+    def __init__(self, reason: str, *, masked: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.masked = masked
