@@ -298,6 +298,14 @@ class AgentServer(BaseServer):
             )  # fmt: skip
         return self._resources[name]
 
+    def granted_client(self, target: Target) -> ResourcesClient:
+        """A client for a resources server an agent session was granted (``target``), with
+        this agent's client and timeouts."""
+        return ResourcesClient(
+            self.client, target, tool_timeout=self.options.tool_timeout,
+            verify_timeout=self.options.verify_timeout,
+        )  # fmt: skip
+
     def routes(self) -> list[BaseRoute]:
         return [
             Route("/run", json_endpoint(self._run), methods=["POST"]),

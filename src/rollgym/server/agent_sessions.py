@@ -34,7 +34,7 @@ import binascii
 import logging
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.responses import Response
@@ -46,6 +46,7 @@ from rollgym.http import Target
 from rollgym.nemo_gym.episodes import EpisodeId, TaskId
 from rollgym.protocol import ResponsesCreateParams
 from rollgym.server.agent_episodes import MAX_ID_CHARS, check_ids
+from rollgym.server.base import ServerContext
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
 from rollgym.server.episode import Grant, ResourcesClient
 from rollgym.server.model import RESPONSES_ENDPOINT
@@ -56,9 +57,6 @@ from rollgym.wire import (
     AGENT_SESSIONS_ENDPOINT,
     ROLLOUT_ID_PATTERN,
 )
-
-if TYPE_CHECKING:
-    from rollgym.server.agent import AgentServer
 
 log = logging.getLogger("rollgym.server")
 
@@ -161,10 +159,25 @@ class AgentSession(Session):
     """The close's answer, once closed (a repeated close answers it again)."""
 
 
+class SessionAgent(Protocol):
+    """What the sessions need of their agent (``rollgym.server.agent.AgentServer``)."""
+
+    name: str
+    ctx: ServerContext
+
+    def takes_turns(self) -> bool: ...
+
+    async def take_turn(
+        self, params: dict[str, Any], rollout: str | None, grant: Grant | None
+    ) -> dict[str, Any]: ...
+
+    def granted_client(self, target: Target) -> ResourcesClient: ...
+
+
 class AgentSessions:
     """The agent-session endpoints of one agent server, and the sessions it holds."""
 
-    def __init__(self, agent: AgentServer) -> None:
+    def __init__(self, agent: SessionAgent) -> None:
         self.agent = agent
         self.store = SessionStore(agent.name, agent.ctx.config.limits)
 
@@ -291,11 +304,7 @@ class AgentSessions:
         # One target per (grant name, URL): its breaker and budget are that server's, and the
         # client holds as many as there are distinct grants, not one per session.
         target = Target(f"{access.name}@{url}", (url,), policy)
-        options = self.agent.options
-        resources = ResourcesClient(
-            self.agent.client, target, tool_timeout=options.tool_timeout,
-            verify_timeout=options.verify_timeout,
-        )  # fmt: skip
+        resources = self.agent.granted_client(target)
         return Grant(resources, dict(access.cookies), dict(access.headers))
 
 
