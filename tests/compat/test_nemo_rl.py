@@ -1,10 +1,11 @@
 """NeMo RL's calling pattern against rollgym's entry points (``rollgym.nemo_gym.rl``), for real.
 
 The tests do what ``nemo_rl/environments/nemo_gym.py`` (NVIDIA-NeMo/RL 7ea279a) does, written
-again in our own words: import the four names from ``nemo_gym`` (here rollgym's shim, first on
-``sys.path``), spin up as ``NemoGym._spinup`` does (its keys, a free head port in the port
-range, ``RunHelper().start(GlobalConfigDictParserConfig(...))``, ``BaseServerConfig(host,
-port)``, ``RolloutCollectionHelper()``), prepare rows as ``nemo_rl/experience/rollouts.py``'s
+again in our own words in ``tests.support.nemo_rl`` (which ``interop/test_ng07_nemo_rl.py``
+also runs against NeMo Gym 0.7 itself): import the four names from ``nemo_gym`` (here
+rollgym's shim, first on ``sys.path``), spin up as ``NemoGym._spinup`` does (its keys, a free
+head port in the port range, ``RunHelper().start(GlobalConfigDictParserConfig(...))``,
+``BaseServerConfig(host, port)``, ``RolloutCollectionHelper()``), prepare rows as
 ``_prepare_nemo_gym_rows`` does, call ``run_examples(examples=rows, head_server_config=...)``,
 await each, and post-process as ``_postprocess_nemo_gym_to_nemo_rl_result`` checks (token
 contiguity, the required token fields, at least one trained turn, no NaN logprob), reading
@@ -20,16 +21,15 @@ that re-renders the model's tool call (re-tokenization drift). Real server proce
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import socket
 import sys
+import types
 import urllib.request
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -38,10 +38,18 @@ from starlette.responses import JSONResponse, Response
 
 from rollgym.errors import ConfigError, HTTPStatusError, RollgymError, RunAborted
 from rollgym.nemo_gym import rl
-from rollgym.nemo_gym.rl_setup import RollgymCompatWarning, global_config, make_plan
+from rollgym.nemo_gym.rl_setup import RollgymCompatWarning, global_config, make_plan, plain
 from rollgym.testing import serve_asgi
 from tests.models.vllm_double import END, GEN_PROMPT, VllmDouble, ids
 from tests.support.background import in_thread
+from tests.support.nemo_rl import (
+    PORT_HIGH,
+    PORT_LOW,
+    NemoRLActor,
+    nemo_gym_names,
+    postprocess,
+    prepare_rows,
+)
 from tests.support.procs import still_alive
 from tests.support.servers import dead_url
 from tests.support.stack import ECHO_TOOL, FAST_RETRY
@@ -51,8 +59,6 @@ pytestmark = pytest.mark.timeout(240)
 
 FAIL = "FAIL-ME"
 DRIFT = "DRIFT-ME"
-PORT_LOW, PORT_HIGH = 5000, 6000  # NeMo RL's DEFAULT_GYM_PORT_RANGE_LOW / _HIGH
-MAX_NEW_TOKENS = 512
 
 
 class TrainingDouble(VllmDouble):
@@ -101,125 +107,28 @@ def rollgym_config(**collect: Any) -> dict[str, Any]:
     }
 
 
-# -- NeMo RL's side, in our words ---------------------------------------------------------------
+# -- NeMo RL's side (tests.support.nemo_rl) ----------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def nemo_gym() -> Iterator[SimpleNamespace]:
+def nemo_gym() -> Iterator[dict[str, Any]]:
     """The names NeMo RL imports, imported as NeMo RL imports them (rollgym's shim first on
     ``sys.path``); ``nemo_gym`` is gone from ``sys.modules`` afterwards."""
     sys.path.insert(0, str(rl.shim_path()))
     try:
-        from nemo_gym.cli import GlobalConfigDictParserConfig, RunHelper
-        from nemo_gym.rollout_collection import RolloutCollectionHelper
-        from nemo_gym.server_utils import HEAD_SERVER_KEY_NAME, BaseServerConfig
-
-        yield SimpleNamespace(
-            GlobalConfigDictParserConfig=GlobalConfigDictParserConfig,
-            RunHelper=RunHelper,
-            RolloutCollectionHelper=RolloutCollectionHelper,
-            HEAD_SERVER_KEY_NAME=HEAD_SERVER_KEY_NAME,
-            BaseServerConfig=BaseServerConfig,
-        )
+        names = nemo_gym_names()
+        assert names["RunHelper"] is rl.RunHelper
+        yield names
     finally:
         sys.path.remove(str(rl.shim_path()))
         for name in [m for m in sys.modules if m == "nemo_gym" or m.startswith("nemo_gym.")]:
             del sys.modules[name]
 
 
-def free_port(low: int, high: int) -> int:
-    """NeMo RL's ``_get_free_port_local``: a port of the range nothing listens on."""
-    for port in range(low, high):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError(f"no free port in [{low}, {high})")
-
-
-class NemoRLActor:
-    """``NemoGym._spinup`` and ``run_rollouts``, as NeMo RL's actor does them."""
-
-    def __init__(self, nemo_gym: SimpleNamespace, cfg: dict[str, Any], dotenv: Path) -> None:
-        self.node_ip = "127.0.0.1"
-        self.head_port = free_port(PORT_LOW, PORT_HIGH)
-        initial = dict(cfg.get("initial_global_config_dict") or {})
-        initial.pop("effort_levels", None)
-        initial.pop("pad_dynamic_image_shapes", None)
-        initial["policy_model_name"] = cfg["model_name"]
-        initial["policy_api_key"] = "dummy_key"
-        initial["policy_base_url"] = cfg["base_urls"]
-        initial.setdefault("default_host", self.node_ip)
-        initial["port_range_low"] = PORT_LOW
-        initial["port_range_high"] = PORT_HIGH
-        initial.setdefault("global_aiohttp_connector_limit_per_host", 16_384)
-        initial.setdefault("global_aiohttp_connector_limit", 65_536)
-        initial["ray_head_node_address"] = "127.0.0.1:6379"  # ray's gcs address
-        initial[nemo_gym.HEAD_SERVER_KEY_NAME] = {"host": "0.0.0.0", "port": self.head_port}
-        self.rh = nemo_gym.RunHelper()
-        self.rh.start(
-            global_config_dict_parser_config=nemo_gym.GlobalConfigDictParserConfig(
-                dotenv_path=dotenv,
-                initial_global_config_dict=initial,
-                skip_load_from_cli=True,
-            )
-        )
-        self.head_server_config = nemo_gym.BaseServerConfig(host=self.node_ip, port=self.head_port)
-        self.rch = nemo_gym.RolloutCollectionHelper()
-
-    async def run_rollouts(self, rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
-        prepare_rows(rows)
-        done = []
-        iterator = self.rch.run_examples(examples=rows, head_server_config=self.head_server_config)
-        for task in iterator:
-            try:
-                row, result = await task
-            except Exception as error:
-                # NeMo RL maps an error with an HTTP status to its typed failures and re-raises:
-                # the step (or the prompt's attempt) is lost.
-                status = getattr(error, "status", None)
-                raise AssertionError(f"the step would fail: HTTP {status}: {error}") from error
-            done.append((row["_rowidx"], postprocess(row, result)))
-        return done
-
-
-def prepare_rows(rows: list[dict[str, Any]]) -> None:
-    """``_prepare_nemo_gym_rows``: NeMo RL's sampling parameters and a stable row index."""
-    for index, row in enumerate(rows):
-        params = row["responses_create_params"]
-        params["temperature"] = 1.0
-        params["top_p"] = 1.0
-        mine = params.get("max_output_tokens")
-        params["max_output_tokens"] = MAX_NEW_TOKENS if mine is None else min(mine, MAX_NEW_TOKENS)
-        row["_rowidx"] = index
-
-
-def postprocess(row: dict[str, Any], result: Any) -> dict[str, Any]:
-    """What NeMo RL's post-processing requires of a result, checked as it checks it."""
-    assert isinstance(result, dict), f"a non-successful response: {result}"
-    assert isinstance(row["agent_ref"]["name"], str)  # NeMo RL counts rows per agent
-    result["responses_create_params"].get("input", [])
-    seen: list[int] = []
-    turns = []
-    for item in result["response"]["output"]:
-        if not item.get("generation_token_ids"):
-            continue  # not a trained turn
-        prompt = item["prompt_token_ids"]
-        assert seen == prompt[: len(seen)], "Non-contiguous messages found!"
-        generated, logprobs = item["generation_token_ids"], item["generation_log_probs"]
-        assert not any(math.isnan(x) for x in logprobs), "Generation logprobs contain NaN"
-        turns.append((prompt[len(seen) :], generated))
-        seen = [*seen, *prompt[len(seen) :], *generated]
-    if not turns:
-        raise ValueError("NeMo Gym returned a result with no generation data")
-    return {
-        "turns": turns,
-        "reward": float(result["reward"]),
-        "mask_sample": bool((result.get("instance_config") or {}).get("mask_sample", False)),
-        "full_result": result,
-    }
+async def step(actor: NemoRLActor, rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """One NeMo RL step: ``run_rollouts``, then each result post-processed as NeMo RL does."""
+    done = await actor.run_rollouts(rows)
+    return {index: postprocess(rows[index], result) for index, result in done}
 
 
 def row(text: str, expected: str, agent: str = "echo_simple_agent") -> dict[str, Any]:
@@ -245,7 +154,7 @@ def upstreams() -> Iterator[list[TrainingDouble]]:
 
 @pytest.fixture(scope="module")
 def actor(
-    nemo_gym: SimpleNamespace,
+    nemo_gym: dict[str, Any],
     upstreams: list[TrainingDouble],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[NemoRLActor]:
@@ -253,12 +162,15 @@ def actor(
         "model_name": "toy",
         "base_urls": [f"{u.url}/v1" for u in upstreams],  # type: ignore[attr-defined]
         "initial_global_config_dict": {"rollgym_config": rollgym_config(), "effort_levels": {}},
+        "ray_head_node_address": "127.0.0.1:6379",  # NeMo RL's Ray (rollgym does not join it)
     }
     dotenv = tmp_path_factory.mktemp("nemo_rl") / "nemo_gym_env.yaml"  # absent, as usually
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         started = NemoRLActor(nemo_gym, cfg, dotenv)
-    started.warnings = [str(w.message) for w in caught if w.category is RollgymCompatWarning]  # type: ignore[attr-defined]
+    started.warnings = [  # type: ignore[attr-defined]
+        str(w.message) for w in caught if w.category is RollgymCompatWarning
+    ]
     try:
         yield started
     finally:
@@ -290,6 +202,8 @@ def test_the_servers_take_nemo_rls_host_ports_and_model_urls(
     actor: NemoRLActor, upstreams: list[TrainingDouble]
 ) -> None:
     actor.rh.poll()  # NemoGym.health_check
+    with pytest.raises(RuntimeError, match="started already"):
+        actor.rh.start(rl.GlobalConfigDictParserConfig())
     url = f"http://127.0.0.1:{actor.head_port}/rollgym_layout"
     with urllib.request.urlopen(url, timeout=10) as answer:
         layout = json.loads(answer.read())
@@ -314,7 +228,7 @@ async def test_a_step_trains_on_every_row_and_masks_the_failed_and_drifted_ones(
         row(f"please echo {FAIL}", "x"),  # the model fails: masked, not reward 0
         row(f"please {DRIFT} echo v3", "v3"),  # the template drifts: masked
     ]
-    done = dict(await actor.run_rollouts(rows))
+    done = await step(actor, rows)
     assert sorted(done) == [0, 1, 2, 3, 4]  # every row came back, the step goes on
 
     for index in (0, 1):
@@ -425,7 +339,7 @@ def test_a_server_that_dies_is_restarted_and_poll_stays_quiet(actor: NemoRLActor
 
 
 async def test_a_step_after_the_restart_scores_again(actor: NemoRLActor) -> None:
-    done = dict(await actor.run_rollouts([row("please echo v8", "v8")]))
+    done = await step(actor, [row("please echo v8", "v8")])
     assert (done[0]["reward"], done[0]["mask_sample"]) == (1.0, False)
 
 
@@ -444,7 +358,7 @@ def test_shutdown_leaves_no_process(actor: NemoRLActor) -> None:
 
 
 async def test_a_broken_stack_aborts_the_step_and_poll_names_the_dead_server(
-    nemo_gym: SimpleNamespace, tmp_path: Path
+    nemo_gym: dict[str, Any], tmp_path: Path
 ) -> None:
     cfg = {
         "model_name": "toy",
@@ -532,3 +446,31 @@ def test_a_list_inside_a_longer_string_is_refused(tmp_path: Path) -> None:
     config["servers"]["policy_model"]["options"]["model"] = "x-${policy_base_url}"
     with pytest.raises(ConfigError, match="alone"):
         plan_of({"rollgym_config": config, "policy_base_url": ["a", "b"]}, tmp_path / "x")
+
+
+def test_an_omegaconf_config_is_read_with_its_placeholders_unresolved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NeMo RL passes a ``DictConfig``: read through ``OmegaConf.to_container(resolve=False)``,
+    so ``${policy_base_url}`` is rollgym's to substitute (and to report when unused). omegaconf
+    is not installed here: a stand-in with its names."""
+    asked: list[bool] = []
+
+    class DictConfig(dict[str, Any]):
+        pass
+
+    DictConfig.__module__ = "omegaconf.dictconfig"
+
+    class OmegaConf:
+        @staticmethod
+        def to_container(cfg: DictConfig, *, resolve: bool) -> dict[str, Any]:
+            asked.append(resolve)
+            return dict(cfg)
+
+    fake = types.ModuleType("omegaconf")
+    fake.OmegaConf = OmegaConf  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "omegaconf", fake)
+    assert plain(DictConfig({"base_url": "${policy_base_url}"})) == {
+        "base_url": "${policy_base_url}"
+    }
+    assert asked == [False]

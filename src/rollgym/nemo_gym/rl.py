@@ -36,14 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from rollgym.nemo_gym.rl_collect import (
-    Batch,
-    Layout,
-    OnFailure,
-    Pools,
-    route_rows,
-    tracker_of,
-)
+from rollgym.nemo_gym.rl_collect import Batch, OnFailure, Pools, route_rows, tracker_of
 from rollgym.nemo_gym.rl_setup import (
     DEFAULT_HEAD_SERVER_PORT,
     HEAD_SERVER_KEY_NAME,
@@ -51,7 +44,7 @@ from rollgym.nemo_gym.rl_setup import (
     global_config,
     make_plan,
 )
-from rollgym.nemo_gym.rl_stack import RunningStack
+from rollgym.nemo_gym.rl_stack import Layout, RunningStack
 
 __all__ = [
     "HEAD_SERVER_KEY_NAME",
@@ -106,6 +99,8 @@ class RunHelper:
         """Start every server and the head server and wait until all answer; on any failure
         everything started is stopped and the error raised (``ConfigError`` for a config
         mistake, before anything starts; ``LaunchError`` for a server that never came up)."""
+        if self._stack is not None:
+            raise RuntimeError("RunHelper is started already: shutdown() first")
         parse = global_config_dict_parser_config
         if parse.offline:
             warnings.warn("offline=True: RunHelper.start starts servers anyway",

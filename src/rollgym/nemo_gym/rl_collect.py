@@ -32,14 +32,10 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import json
 import time
-import urllib.error
-import urllib.request
 import warnings
 import weakref
 from collections.abc import Awaitable, Iterator
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import orjson
@@ -51,20 +47,19 @@ from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.collect.tasks import AgentRoute
 from rollgym.config import Config
-from rollgym.errors import ConfigError, LaunchError, RollgymError, RunAborted, WaitedTooLong
+from rollgym.errors import ConfigError, RollgymError, RunAborted, WaitedTooLong
 from rollgym.http import HttpClient, Target
 from rollgym.models.tokens import tokenize_request
 from rollgym.models.translate import responses_to_chat
 from rollgym.nemo_gym.rl_results import failed_result, has_token_data, scored_result
 from rollgym.nemo_gym.rl_setup import RollgymCompatWarning
-from rollgym.nemo_gym.rl_stack import LAYOUT_PATH
+from rollgym.nemo_gym.rl_stack import Layout
 
 OnFailure = Literal["mask", "raise"]
 STAMPED = ("task_index", "rollout_index")
 """What rollgym stamps on a row to route it; removed from results again."""
 TOKENIZE_DEADLINE = 15.0
 """Seconds to tokenize a failed row's prompt before the placeholder is used instead."""
-HEAD_TIMEOUT = 30.0
 
 
 class LatencyTracker(Protocol):
@@ -96,43 +91,6 @@ class BatchTracker:
         low = int(pos)
         high = min(low + 1, len(self._durations) - 1)
         return self._durations[low] * (1 - (pos - low)) + self._durations[high] * (pos - low)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What the head server says: the config, the servers' URLs, the policy model."""
-
-    config: Config
-    urls: dict[str, list[str]]
-    policy_model: str | None
-    concurrency: int | None
-    connections: int | None
-
-    @classmethod
-    def fetch(cls, host: str, port: int) -> Layout:
-        """Ask the head server at ``host:port`` (``LaunchError`` if nothing answers there)."""
-        url = f"http://{host}:{port}{LAYOUT_PATH}"
-        try:
-            with urllib.request.urlopen(url, timeout=HEAD_TIMEOUT) as answer:
-                data = json.loads(answer.read())
-        except (OSError, ValueError) as exc:
-            raise LaunchError(
-                f"no rollgym head server at {host}:{port} ({exc}): is RunHelper started, and is "
-                "this head_server_config its head_server?",
-                server="head_server",
-            ) from None
-        return cls(
-            Config.model_validate(data["config"]),
-            {str(k): [str(u) for u in v] for k, v in data["urls"].items()},
-            data.get("policy_model"),
-            data.get("concurrency"),
-            data.get("connections"),
-        )
-
-    def target(self, name: str) -> Target:
-        """Server ``name`` as its callers reach it: its URLs, its config's retry policy."""
-        return Target(name, tuple(u.rstrip("/") for u in self.urls[name]),
-                      self.config.servers[name].retry)  # fmt: skip
 
 
 class Batch:

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import uvicorn
@@ -33,8 +36,9 @@ from starlette.routing import Route
 
 from rollgym import __version__
 from rollgym.collect.launchers import check_reachable
+from rollgym.config import Config
 from rollgym.errors import LaunchError, redact_url
-from rollgym.http import HttpClient
+from rollgym.http import HttpClient, Target
 from rollgym.launch import Supervisor
 from rollgym.launch.ports import bind_socket
 from rollgym.launch.watch import RestartPolicy, Watchdog
@@ -47,6 +51,46 @@ LAYOUT_PATH = "/rollgym_layout"  # TODO(wire): the head server's answer for coll
 LIVENESS_PATHS = ("/", "/health", "/healthz", "/livez", "/readyz")
 STOP_TIMEOUT = 60.0
 """Seconds ``stop`` waits for everything (the servers' grace period is 10 s)."""
+HEAD_TIMEOUT = 30.0
+"""Seconds a collector waits for the head server's layout."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the head server says (``RunningStack.layout``), as a collector reads it: the
+    config, the servers' URLs, the policy model."""
+
+    config: Config
+    urls: dict[str, list[str]]
+    policy_model: str | None
+    concurrency: int | None
+    connections: int | None
+
+    @classmethod
+    def fetch(cls, host: str, port: int) -> Layout:
+        """Ask the head server at ``host:port`` (``LaunchError`` if nothing answers there)."""
+        url = f"http://{host}:{port}{LAYOUT_PATH}"
+        try:
+            with urllib.request.urlopen(url, timeout=HEAD_TIMEOUT) as answer:
+                data = json.loads(answer.read())
+        except (OSError, ValueError) as exc:
+            raise LaunchError(
+                f"no rollgym head server at {host}:{port} ({exc}): is RunHelper started, and is "
+                "this head_server_config its head_server?",
+                server="head_server",
+            ) from None
+        return cls(
+            Config.model_validate(data["config"]),
+            {str(k): [str(u) for u in v] for k, v in data["urls"].items()},
+            data.get("policy_model"),
+            data.get("concurrency"),
+            data.get("connections"),
+        )
+
+    def target(self, name: str) -> Target:
+        """Server ``name`` as its callers reach it: its URLs, its config's retry policy."""
+        return Target(name, tuple(u.rstrip("/") for u in self.urls[name]),
+                      self.config.servers[name].retry)  # fmt: skip
 
 
 class LoopThread:
