@@ -25,6 +25,7 @@ import pytest
 
 from rollgym import errors
 from rollgym.collect import Collector, prepare_run
+from rollgym.collect.ledger import Ledger
 from rollgym.collect.metrics import compute_metrics
 from rollgym.collect.records import FailedRollout
 from rollgym.envs.judge.server import JudgeEnv
@@ -396,6 +397,27 @@ def test_a_0_7_failure_is_a_typed_error_that_keeps_what_it_says() -> None:
         "_ng_failure_stage": "admission",
         "_ng_failure_partial_response": FAILURE["partial_response"],
     }
+
+
+def test_a_0_7_failure_survives_the_ledger_and_its_readers(tmp_path: Path) -> None:
+    err = error_from_failure(FAILURE, server="mcqa_env", endpoint="/run")
+    ledger = Ledger(tmp_path, total=1, repeats=1)
+    ledger.open()
+    assert ledger.add(FailedRollout(0, 0, err, attempts=1, duration_s=0.5))
+    ledger.close()
+    (line,) = read_jsonl(tmp_path / "failures.jsonl")
+    assert line["failure_kind"] == "agent_timeout" and line["delivery"] == "delivered"
+    assert line[NG_FAILURE_CLASS] == "environment_server_failed"
+    assert line[NG_FAILURE_TERMINAL] is True and line["_ng_failure_stage"] == "admission"
+    back = RollgymError.from_dict(line["error"])  # as --resume, reverify and report read it
+    assert type(back) is EnvironmentFailure and back == err
+    assert compute_metrics(tmp_path, total=1, repeats=1).failures_by_kind == {"agent_timeout": 1}
+    # --resume reads it back (kept as final, or moved to the history to run again).
+    Ledger(tmp_path, total=1, repeats=1).load(max_attempts=3)
+    (kept,) = read_jsonl(tmp_path / "failures.jsonl") + read_jsonl(
+        tmp_path / "failures.history.jsonl"
+    )
+    assert RollgymError.from_dict(kept["error"]) == err
 
 
 def test_a_0_7_failure_reported_through_a_gateway_keeps_its_kind_and_terminal() -> None:

@@ -5,7 +5,8 @@ solution is the reply's last fenced code block. Reward: 1.0 when every test pass
 rule, ``scoring: all``) or the fraction passed (``scoring: fraction``), per row
 (``verifier_metadata.scoring``) or for the server (option ``scoring``). A reply without code
 scores 0 without running anything. A sandbox that cannot run at all fails the verify as
-``SandboxError`` (500): a broken environment is never a reward of 0.
+``SandboxError`` (500): a broken environment is never a reward of 0, nor a masked sample (a
+failed rollout is tried again by ``--resume``; a masked one is final).
 
 Each test is a separate sandboxed run (``sandbox.py``), at most ``parallel`` at a time across
 all rollouts; the event loop only waits on child processes. Pass or fail is decided here from
