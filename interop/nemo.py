@@ -375,6 +375,7 @@ class GymStack:
     relays: bool = True
     overrides: tuple[str, ...] = ()
     urls: dict[str, str] = field(default_factory=dict)  # instance name -> URL, once started
+    exit_code: int | None = None  # gym env start's, once stopped (0 after a clean SIGINT)
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
     ray_tmp: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="rgi-", dir="/tmp"))
@@ -489,6 +490,7 @@ class GymStack:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        self.exit_code = self.proc.returncode
         self.proc = None
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
