@@ -192,11 +192,15 @@ def collecting(args: list[str | Path], out: Path) -> Iterator[subprocess.Popen[s
 
 
 def test_a_live_run_is_not_resumed_and_a_killed_one_is_told_apart(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "cfg.yaml", latency=0.3)
+    hold = tmp_path / "hold"  # while it exists, model calls wait: the run cannot end under us
+    cfg = write_config(tmp_path / "cfg.yaml", latency=0.3, hold_while_exists=str(hold))
     tasks = write_tasks(tmp_path / "tasks.jsonl", 60)
     out = tmp_path / "out"
     args: list[str | Path] = ["run", cfg, "-i", tasks, "-o", out, "--no-progress"]
     with collecting(args, out) as proc:
+        # 60 rollouts two at a time take 9 s at least: far more than this takes, so the run is
+        # still going; from now on it stays so, however slow the two commands below are.
+        hold.touch()
         state = read_state(out)
         assert state is not None and state.alive and state.pid == proc.pid
         for extra in (["--resume"], []):
@@ -206,6 +210,7 @@ def test_a_live_run_is_not_resumed_and_a_killed_one_is_told_apart(tmp_path: Path
             assert f"kill -INT {proc.pid}" in done.stderr
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
+    hold.unlink()
     assert run_json(out)["status"] == "running"  # what the dead run last wrote...
     state = read_state(out)
     assert state is not None and state.status == DIED and not state.alive  # ...and the truth

@@ -89,6 +89,7 @@ async def test_ray_run_resumes_without_redoing_successes(ray_cluster: Any, tmp_p
     assert (out / "rollouts.jsonl").read_bytes() == before
 
 
+@pytest.mark.timeout(400)  # two whole runs on Ray: minutes on a loaded 2-core machine
 async def test_ray_run_aborts_on_its_failure_budget_then_resumes(
     ray_cluster: Any, down_model: str, tmp_path: Path
 ) -> None:
