@@ -102,7 +102,14 @@ class LoopThread:
         self.thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            # Interrupted (Ctrl-C during start) or timed out: the coroutine stops too, and
+            # cleans up after itself (a launch stops what it started).
+            future.cancel()
+            raise
 
     def alive(self) -> bool:
         return self.thread.is_alive()
