@@ -28,7 +28,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,10 +302,6 @@ def output_text(result: dict[str, Any]) -> str:
 
 def python_of(venv: Path) -> Path:
     return venv / "bin" / "python"
-
-
-def wait_seconds(start: float) -> float:
-    return round(time.monotonic() - start, 1)
 
 
 ROLLGYM_PYTHON = Path(sys.executable)
