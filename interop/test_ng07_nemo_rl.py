@@ -20,6 +20,7 @@ Opt-in (``INTEROP07_VENV=.interop07-venv``): each side starts its servers the wa
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,10 +70,13 @@ def both_sides(
     model = "toy" if vllm else "rollgym-scripted"
     initial = ng07_config(workspace, model="vllm" if vllm else "openai")
     ray_tmp = short_tmp()
-    theirs = run_side(
-        python_of(gym.venv), nemo_rl_cfg(urls, initial, model), rows, workspace.path,
-        env=ng07_env(ray_tmp),
-    )  # fmt: skip
+    try:
+        theirs = run_side(
+            python_of(gym.venv), nemo_rl_cfg(urls, initial, model), rows, workspace.path,
+            env=ng07_env(ray_tmp),
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     mine = rollgym_config(model_url=None if vllm else urls[0].removesuffix("/v1"))
     ours = run_side(
         ROLLGYM_PYTHON, nemo_rl_cfg(urls, mine, model), rows, root / "rollgym",
