@@ -289,10 +289,8 @@ async def test_a_failure_raises_its_typed_error_when_asked(actor: NemoRLActor) -
 
 async def test_a_drained_row_is_masked_and_marked_as_0_7_marks_it(actor: NemoRLActor) -> None:
     rows = [row("please echo v6", "v6"), row("please echo v7", "v7")]
-    results = [
-        await t
-        for t in actor.rch.run_examples(rows, actor.head_server_config, dispatch_budget_s=0.0)
-    ]
+    # No head_server_config: the head server of the RunHelper started in this process.
+    results = [await t for t in actor.rch.run_examples(rows, dispatch_budget_s=0.0)]
     for got_row, result in results:
         assert got_row is rows[0] or got_row is rows[1]  # the caller's own dicts
         assert result["_ng_failure_class"] == "cancelled" and result["_ng_dispatch_drained"]

@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from rollgym.launch.ports import WILDCARD
 from rollgym.nemo_gym.rl_collect import Batch, OnFailure, Pools, route_rows, tracker_of
 from rollgym.nemo_gym.rl_setup import (
     DEFAULT_HEAD_SERVER_PORT,
@@ -120,7 +121,9 @@ class RunHelper:
     def head_server_config(self) -> BaseServerConfig:
         """Where this helper's head server listens."""
         plan = self._running().plan
-        return BaseServerConfig(host=plan.head_host, port=plan.head_port)
+        # A wildcard (NeMo RL's 0.0.0.0) is where it listens, not where to call it.
+        host = "127.0.0.1" if plan.head_host in WILDCARD else plan.head_host
+        return BaseServerConfig(host=host, port=plan.head_port)
 
     def poll(self) -> None:
         """``RuntimeError`` if a server died and cannot be brought back (see the module)."""
