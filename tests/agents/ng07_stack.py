@@ -120,6 +120,7 @@ async def ng07_stack(
     *,
     agent_impl: str = "tool_agent",
     agents: dict[str, str] | None = None,
+    model: type[FaultyModel] = FaultyModel,
     model_options: dict[str, Any] | None = None,
     lookup_options: dict[str, Any] | None = None,
     agent_limits: dict[str, Any] | None = None,
@@ -136,7 +137,7 @@ async def ng07_stack(
         urls: dict[str, str] = {}
         servers: dict[str, BaseServer] = {}
         urls["model"], servers["model"] = await stack.enter_async_context(
-            serve_server(FaultyModel, name="model", options=model_options)
+            serve_server(model, name="model", options=model_options)
         )
         for name, klass in envs.items():
             options = lookup_options if name == "lookup" else None
@@ -155,9 +156,9 @@ async def ng07_stack(
                     options={"model": "model", "resources": resources},
                 )
             )
-        model = servers["model"]
-        assert isinstance(model, FaultyModel)
-        yield Ng07Stack(urls, model, servers)
+        served = servers["model"]
+        assert isinstance(served, FaultyModel)
+        yield Ng07Stack(urls, served, servers)
 
 
 async def post(

@@ -13,14 +13,18 @@ from openai.types.responses import Response
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.responses import Response as HTTPResponse
 from starlette.routing import Route
 
 from rollgym.config import RetryPolicy
 from rollgym.envs.lookup.server import LookupEnv
 from rollgym.http import HttpClient, Target
 from rollgym.server.agent_sessions import AGENT_SESSION_COOKIE
+from rollgym.server.base import ServerContext
+from rollgym.server.endpoint import Call
 from rollgym.testing import serve_asgi
 from tests.agents.ng07_stack import episode, lookup_row, mcqa_row, ng07_stack, post
+from tests.support.servers import FaultyModel
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -327,6 +331,36 @@ async def test_a_turn_without_a_session_runs_on_the_agents_own_resources() -> No
     assert kinds == ["function_call", "function_call_output", "message"]
     assert cookies == {}
     assert rollouts == ["free-1", "free-1"]  # the path names the rollout
+
+
+class CaptureSeeing(FaultyModel):
+    """Records, per model call, whether it came at 0.7's token-capture path."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self.captures: list[bool] = []
+
+    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | HTTPResponse:
+        self.captures.append(call.token_capture)
+        return await super().respond(params, call)
+
+
+async def test_a_turn_asking_for_token_ids_asks_its_model_for_them() -> None:
+    params = mcqa_row()["responses_create_params"]
+    async with ng07_stack(agents={"agent": "mcqa"}, model=CaptureSeeing) as stack:
+        url = stack.urls["agent"]
+        _, _, cookies, _ = await post(url + "/v1/agent_sessions", _seed())
+        plain, _, _, _ = await post(url + "/ng-rollout/e-1/v1/responses", params, cookies)
+        capture, body, _, _ = await post(
+            url + "/ng-rollout/e-1/training-token-capture/v1/responses", params, cookies
+        )
+        free, _, _, _ = await post(url + "/ng-rollout/x:1/training-token-capture/v1/responses",
+                                   params)  # fmt: skip
+        model = stack.model
+    assert (plain, capture) == (200, 200), body
+    assert isinstance(model, CaptureSeeing)
+    assert model.captures == [False, True]
+    assert free == 404  # not a 0.7 rollout id: the app names no endpoint (0.7 too)
 
 
 async def test_a_gymnasium_agent_refuses_sessions_with_501() -> None:

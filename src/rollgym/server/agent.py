@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Mapping
 from contextvars import ContextVar
@@ -51,6 +52,7 @@ from rollgym.http import HttpClient, Target
 from rollgym.nemo_gym.failures import Stage
 from rollgym.protocol import TaskRow, rollout_key
 from rollgym.server.agent_episodes import (
+    MAX_ID_CHARS,
     episode_failed,
     episode_result,
     is_episode_body,
@@ -61,7 +63,7 @@ from rollgym.server.base import BaseServer, ModelPeer, ResourcesPeer, ServerCont
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
 from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
-from rollgym.wire import HEADER_ROLLOUT
+from rollgym.wire import HEADER_ROLLOUT, ROLLOUT_PREFIX, TOKEN_CAPTURE_SEGMENT
 
 log = logging.getLogger("rollgym.server")
 
@@ -183,22 +185,40 @@ class ModelClient:
     def __init__(self, http: HttpClient, target: Target, *, timeout: float = 600.0) -> None:
         self.http, self.target, self.timeout = http, target, timeout
 
-    async def respond(self, params: dict[str, Any], rollout: str) -> dict[str, Any]:
-        """The model's Responses API response to ``params``, for rollout ``rollout``."""
+    async def respond(
+        self, params: dict[str, Any], rollout: str, *, token_capture: bool = False
+    ) -> dict[str, Any]:
+        """The model's Responses API response to ``params``, for rollout ``rollout``;
+        ``token_capture``: asked for with training token ids, at 0.7's
+        ``/ng-rollout/<id>/training-token-capture/v1/responses`` (where rollgym's proxy and
+        0.7's model servers answer them)."""
         if params.get("stream"):
             # A row asking for a stream would get server-sent events back: the agent needs the
             # whole response (the model server still streams from its upstream itself).
             params = {**params, "stream": False}
+        endpoint = capture_endpoint(rollout) if token_capture else RESPONSES_ENDPOINT
         response = await self.http.call(
-            self.target, RESPONSES_ENDPOINT, params, headers={HEADER_ROLLOUT: rollout},
+            self.target, endpoint, params, headers={HEADER_ROLLOUT: rollout},
             deadline=self.timeout, sticky=rollout,
         )  # fmt: skip
         if not (isinstance(response, dict) and isinstance(response.get("output"), list)):
             raise ProtocolError(
                 "model response has no 'output' list", server=self.target.name,
-                endpoint=RESPONSES_ENDPOINT, body=orjson.dumps(response),
+                endpoint=endpoint, body=orjson.dumps(response),
             )  # fmt: skip
         return response
+
+
+def capture_endpoint(rollout: str) -> str:
+    """The model's token-capture path for rollout ``rollout``: its id as a 0.7 path id (other
+    characters as ``-``: the header still carries the id itself)."""
+    path_id = _NOT_ID.sub("-", rollout)[:MAX_ID_CHARS]
+    if not path_id[:1].isalnum():
+        path_id = "r" + path_id[: MAX_ID_CHARS - 1]
+    return f"/{ROLLOUT_PREFIX}/{path_id}/{TOKEN_CAPTURE_SEGMENT}{RESPONSES_ENDPOINT}"
+
+
+_NOT_ID = re.compile(r"[^A-Za-z0-9._-]")
 
 
 @dataclass(frozen=True)
@@ -211,6 +231,9 @@ class RunContext:
     """The timing of the calls made through this context (recorded as ``rollgym_timing``)."""
     grant: Grant | None = None
     """In an agent session (0.7): the resources session its caller seeded and granted."""
+    token_capture: bool = False
+    """The caller asked for training token ids (0.7's ``training-token-capture`` path): the
+    model calls ask for them too."""
 
     def episode(self, resources: str | None = None) -> Episode:
         """A session of this rollout on resources server ``resources`` (default: the
@@ -233,7 +256,7 @@ class RunContext:
         """The response of model server ``model`` (default: the ``model`` option)."""
         client = self.agent.model_client(model)
         response: dict[str, Any] = await self.hops.timed(
-            "model", client.respond(params, self.rollout)
+            "model", client.respond(params, self.rollout, token_capture=self.token_capture)
         )
         return response
 
@@ -314,15 +337,22 @@ class AgentServer(BaseServer):
         ]
 
     async def take_turn(
-        self, params: dict[str, Any], rollout: str | None, grant: Grant | None
+        self,
+        params: dict[str, Any],
+        rollout: str | None,
+        grant: Grant | None,
+        *,
+        token_capture: bool = False,
     ) -> dict[str, Any]:
         """One ``turn`` of rollout ``rollout`` (``None``: a fresh id) in an agent session
-        granted ``grant`` (``None``: outside any session, on the ``resources`` server)."""
+        granted ``grant`` (``None``: outside any session, on the ``resources`` server);
+        ``token_capture``: its model calls ask for training token ids."""
         if not self.takes_turns():
             raise HTTPStatusError(
                 f"{type(self).__name__} takes no /v1/responses turns; use its /run", status=501
             )
-        ctx = RunContext(rollout or os.urandom(16).hex(), self, grant=grant)
+        rollout = rollout or os.urandom(16).hex()
+        ctx = RunContext(rollout, self, grant=grant, token_capture=token_capture)
         return await self.turn(params, ctx)
 
     async def _aggregate(self, body: Any, call: Call) -> Any:

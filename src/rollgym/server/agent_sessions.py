@@ -9,7 +9,7 @@ take one turn against them, and verifies the turn itself (``single_agent_turn``)
                                    -> {agent_session_id, agent_observations, resources_cookies}
 
 A turn is the agent's own loop (``AgentServer.turn``): model calls through the agent's model
-server, tool calls to the granted resources only (a ``direct_http`` access: ``POST
+server (at its token-capture path when the turn came at one), tool calls to the granted resources only (a ``direct_http`` access: ``POST
 {base_url}/{tool}`` with its cookies and headers), no seed and no verify. The close answers the
 granted session's cookie jar as the turn left it (``null`` when nothing was granted), which the
 Environment Server verifies with.
@@ -168,7 +168,12 @@ class SessionAgent(Protocol):
     def takes_turns(self) -> bool: ...
 
     async def take_turn(
-        self, params: dict[str, Any], rollout: str | None, grant: Grant | None
+        self,
+        params: dict[str, Any],
+        rollout: str | None,
+        grant: Grant | None,
+        *,
+        token_capture: bool = False,
     ) -> dict[str, Any]: ...
 
     def granted_client(self, target: Target) -> ResourcesClient: ...
@@ -229,7 +234,9 @@ class AgentSessions:
         if sid is None:
             # No session: a turn against the agent's own resources server, unseeded (what
             # 0.7's agents do for a bare /v1/responses).
-            response = await self.agent.take_turn(body, call.rollout, None)
+            response = await self.agent.take_turn(
+                body, call.rollout, None, token_capture=call.token_capture
+            )
             return JSONResponse(response)
         session = self._get(sid)
         if session is None or session.receipt is not None:
@@ -237,7 +244,9 @@ class AgentSessions:
             raise _conflict(f"Unknown or closing agent_session_id{why}")
         assert session.episode_id is not None
         grant = session.grant or Grant(None)
-        response = await self.agent.take_turn(body, session.episode_id.capture_key, grant)
+        response = await self.agent.take_turn(
+            body, session.episode_id.capture_key, grant, token_capture=call.token_capture
+        )
         return _answer(response, sid)
 
     async def close(self, body: Any, call: Call) -> Response:
