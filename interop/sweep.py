@@ -849,8 +849,9 @@ def main() -> int:
 
     errors = import_errors(names, gym)
     # Servers that cannot start (an import error, a config that is not offline) take no time:
-    # they come first, then --first, then the rest in name order.
-    names = sorted(names, key=lambda n: (_may_start(n, errors, gym), n not in args.first))
+    # they come first, then --first in its order, then the rest in name order.
+    first = {n: i for i, n in enumerate(args.first)}
+    names = sorted(names, key=lambda n: (_may_start(n, errors, gym), first.get(n, len(first))))
     args.work.mkdir(parents=True, exist_ok=True)
     model_config = write_config(
         args.work / "model.yaml", {"servers": {"model": {"kind": "model", "impl": "scripted"}}}
