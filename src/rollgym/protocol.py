@@ -16,6 +16,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollgym.errors import InvalidRequest, ProtocolError
+from rollgym.nemo_gym.mask import mask_sample
 
 
 class AgentRef(BaseModel):
@@ -115,6 +116,9 @@ def check_verified(verified: Any, agent: str, *, what: str = "agent answered") -
             f"{what} without a numeric 'reward'", server=agent, endpoint="/run",
             body=orjson.dumps(verified)[:2000],
         )  # fmt: skip
+    # A mask_sample that is no boolean is no answer either (rollgym.nemo_gym.mask): refused
+    # here, it is the agent's, as a reward that is no number is.
+    mask_sample(verified, server=agent)
     return verified  # type: ignore[no-any-return]
 
 

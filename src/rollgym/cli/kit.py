@@ -256,10 +256,12 @@ def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
     table = Table(title=f"rollgym {command}: {outcome.status}", show_header=False)
     table.add_column(style="bold")
     table.add_column()
+    # Masked rollouts (mask_sample) are recorded successes whose reward is no measurement.
+    masked = (m.get("coverage") or {}).get("masked_rollouts", 0)
     table.add_row(
         "rollouts",
-        f"{counts['succeeded']} ok, {counts['failed']} failed, {counts['pending']} pending "
-        f"of {counts['total']}",
+        f"{counts['succeeded'] - masked} ok{f', {masked} masked' if masked else ''}, "
+        f"{counts['failed']} failed, {counts['pending']} pending of {counts['total']}",
     )
     if reward["mean"] is not None:
         table.add_row("reward", f"mean {reward['mean']:.4f}  std {reward['std']:.4f}")

@@ -42,7 +42,7 @@ from starlette.routing import BaseRoute, Route
 from rollgym.config import format_validation_error
 from rollgym.errors import DeadlineExceeded, InternalError, InvalidRequest, WaitedTooLong
 from rollgym.protocol import output_text
-from rollgym.server.aggregate import AggregateMetricsRequest, aggregate
+from rollgym.server.aggregate import AggregateMetricsRequest, aggregate, measured
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.server.cpu_pool import CpuPool, warm
 from rollgym.server.endpoint import (
@@ -339,7 +339,9 @@ class ResourcesServer(BaseServer):
         except ValidationError as exc:
             message = format_validation_error("aggregate_metrics", exc, one_line=True)
             raise InvalidRequest(message, status=422) from None
-        own = await self.aggregate_metrics(request.verify_responses)
+        # The environment's own metrics over the measured rows only, as 0.7 gives its
+        # compute_metrics_fn: a masked row's reward is no measurement.
+        own = await self.aggregate_metrics(measured(request.verify_responses))
         if not isinstance(own, dict):
             raise InternalError(f"{type(self).__name__}.aggregate_metrics returned no dict")
         return aggregate(request.verify_responses, own).model_dump()
