@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from rollgym.collect.ledger import Ledger
-from rollgym.collect.records import ScoredRollout
+from rollgym.collect.records import FailedRollout, ScoredRollout
 from rollgym.collect.tasks import iter_rollouts, materialize, scan_tasks
-from rollgym.errors import InputError
+from rollgym.errors import EnvironmentFailure, HTTPStatusError, InputError
 from tests.support.ledger import read_jsonl
 from tests.support.stack import task_row, write_tasks
 
@@ -132,3 +132,22 @@ def test_a_row_naming_an_unknown_agent_is_refused_with_its_line(tmp_path: Path) 
         InputError, match=r"tasks\.jsonl:2: agent_ref\.name 'lookup' is not an agent"
     ):
         scan_tasks(path, agents={"agent"})
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_resume_does_not_retry_what_an_environment_server_called_terminal(
+    tmp_path: Path, terminal: bool
+) -> None:
+    # NeMo Gym 0.7's resume never retries a terminal episode failure; rollgym's own errors keep
+    # the attempts rule (a non-terminal report, with attempts left, runs again).
+    ledger = Ledger(tmp_path, 2, 1)
+    ledger.load(3)
+    ledger.open()
+    error = EnvironmentFailure("the task is broken", terminal=terminal, stage="seed")
+    ledger.add(FailedRollout(0, 0, error, 1, 0.1))
+    ledger.add(FailedRollout(1, 0, HTTPStatusError("boom", status=500, retryable=False), 1, 0.1))
+    ledger.close()
+    again = Ledger(tmp_path, 2, 1)
+    again.load(3)
+    assert again.is_done(0, 0) is terminal
+    assert not again.is_done(1, 0)  # attempts left: rollgym's rule

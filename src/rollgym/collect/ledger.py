@@ -15,6 +15,8 @@ from typing import IO
 
 from rollgym.collect.layout import RunDir, is_record, read_ledger
 from rollgym.collect.records import RolloutRecord
+from rollgym.errors import EnvironmentFailure
+from rollgym.wire import TERMINAL
 
 log = logging.getLogger("rollgym.collect")
 
@@ -104,7 +106,7 @@ class Ledger:
                 retry.append(line)  # superseded (a success, or a duplicate): history only
                 continue
             attempts = int(rec.get("attempts", 1))
-            if attempts >= max_attempts:
+            if attempts >= max_attempts or _said_final(rec):
                 self._done[slot] = 2
                 self.failed += 1
                 keep.append(line)
@@ -164,3 +166,15 @@ class Ledger:
                 fh.flush()
                 os.fsync(fh.fileno())
                 fh.close()
+
+
+def _said_final(record: dict[str, object]) -> bool:
+    """Whether a failure is an Environment Server's own ``terminal: true`` (NeMo Gym 0.7): it
+    said the episode must not be tried again, so ``--resume`` does not, as 0.7's resume does
+    not. rollgym's own errors keep the attempts rule: their retry judgement is the policy's."""
+    error = record.get("error")
+    return (
+        isinstance(error, dict)
+        and error.get("type") == EnvironmentFailure.type
+        and error.get(TERMINAL) is True
+    )
