@@ -108,6 +108,40 @@ NG_FAILURE_HTTP_STATUS = "_ng_failure_http_status"
 NG_FAILURE_RESPONSE_BODY = "_ng_failure_response_body"
 """0.7's sidecar failure rows (``<stem>_failures.jsonl``) carry these fields."""
 
+# -- NeMo Gym 0.7 / NeMo RL: further names ------------------------------------------------------
+
+RESOURCES_TOOLS = "resources_tools"
+"""0.7's seed answer field."""
+SANDBOX_ACCESS = "sandbox_access"
+"""0.7's seed answer field."""
+AGENT_SESSION_COOKIE = "rollgym_agent_session"
+"""The cookie carrying an agent session's id (base64url, so any id is a valid cookie value)."""
+DIRECT_HTTP = "direct_http"
+MCP = "mcp"
+"""0.7's tool-access kinds."""
+AGENT_OBSERVATIONS = "agent_observations"
+RESOURCES_COOKIES = "resources_cookies"
+"""0.7's close answer: the agent's observations (rollgym's: none) and the granted session's
+cookie jar as the turn left it."""
+INSTANCE_CONFIG = "instance_config"
+"""Where NeMo RL reads mask_sample."""
+ROLLGYM_ERROR = "rollgym_error"
+"""A failed rollout's typed error (to_dict)."""
+ROLLGYM_ATTEMPTS = "rollgym_attempts"
+"""Attempts of a failed rollout."""
+MASK_REASON = "rollgym_mask_reason"
+"""Why rollgym masked a result."""
+NG_NO_PERSIST = "_ng_no_persist"
+"""0.7's marker of a result never written."""
+NG_DISPATCH_DRAINED = "_ng_dispatch_drained"
+"""0.7's drained-row marker."""
+ROLLGYM_CONFIG = "rollgym_config"
+"""The key naming the rollgym config."""
+ROLLGYM_MAX_RESTARTS = "rollgym_max_restarts"
+"""Watchdog restarts per 60 s."""
+LAYOUT_PATH = "/rollgym_layout"
+"""The head server's answer for collectors."""
+
 
 def session_cookie(session_id: str) -> str:
     """The ``set-cookie`` value that carries ``session_id``."""
@@ -115,20 +149,28 @@ def session_cookie(session_id: str) -> str:
 
 
 __all__ = [
+    "AGENT_OBSERVATIONS",
     "AGENT_SESSIONS_CLOSE_ENDPOINT",
     "AGENT_SESSIONS_ENDPOINT",
+    "AGENT_SESSION_COOKIE",
     "AGENT_SESSION_ID",
     "ATTEMPT",
     "CLOSE_SESSION_ENDPOINT",
     "DELIVERY",
+    "DIRECT_HTTP",
     "EPISODE_ID",
     "FAILURE",
     "FAILURE_KIND",
     "FAILURE_REASON",
     "HEADER_ROLLOUT",
     "INDEX_FIELDS",
+    "INSTANCE_CONFIG",
+    "LAYOUT_PATH",
+    "MASK_REASON",
     "MASK_SAMPLE",
+    "MCP",
     "NG_ATTEMPT_INDEX",
+    "NG_DISPATCH_DRAINED",
     "NG_ENVIRONMENT_SERVER",
     "NG_FAILURE_CLASS",
     "NG_FAILURE_HTTP_STATUS",
@@ -138,6 +180,7 @@ __all__ = [
     "NG_FAILURE_STAGE",
     "NG_FAILURE_TERMINAL",
     "NG_FAILURE_TYPE",
+    "NG_NO_PERSIST",
     "NG_RESULT_TYPE",
     "NG_ROLLOUT_ID",
     "NG_ROLLOUT_INDEX",
@@ -145,12 +188,19 @@ __all__ = [
     "NG_TASK_INDEX",
     "PARTIAL_RESPONSE",
     "RESERVED_ENDPOINTS",
+    "RESOURCES_COOKIES",
     "RESOURCES_SESSION_ID",
+    "RESOURCES_TOOLS",
     "RESULT",
     "REVERIFY_MODE_ENDPOINT",
+    "ROLLGYM_ATTEMPTS",
+    "ROLLGYM_CONFIG",
+    "ROLLGYM_ERROR",
+    "ROLLGYM_MAX_RESTARTS",
     "ROLLOUT_ID",
     "ROLLOUT_ID_PATTERN",
     "ROLLOUT_PREFIX",
+    "SANDBOX_ACCESS",
     "SESSION_COOKIE",
     "SESSION_HEADER",
     "STAGE",

@@ -17,9 +17,7 @@ from typing import Any
 import orjson
 
 from rollgym.errors import ProtocolError
-from rollgym.wire import MASK_SAMPLE
-
-INSTANCE_CONFIG = "instance_config"  # TODO(wire): where NeMo RL reads mask_sample
+from rollgym.wire import INSTANCE_CONFIG, MASK_SAMPLE
 
 
 def mask_values(verified: dict[str, Any]) -> list[Any]:

@@ -44,15 +44,20 @@ from rollgym.errors import RollgymError
 from rollgym.models.tokens import GENERATION_IDS, GENERATION_LOGPROBS, PROMPT_IDS
 from rollgym.models.translate import UPSTREAM_KEY
 from rollgym.nemo_gym import failures
-from rollgym.wire import FAILURE_KIND, FAILURE_REASON, MASK_SAMPLE, NG_FAILURE_CLASS
+from rollgym.wire import (
+    FAILURE_KIND,
+    FAILURE_REASON,
+    INSTANCE_CONFIG,
+    MASK_REASON,
+    MASK_SAMPLE,
+    NG_DISPATCH_DRAINED,
+    NG_FAILURE_CLASS,
+    NG_NO_PERSIST,
+    ROLLGYM_ATTEMPTS,
+    ROLLGYM_ERROR,
+)
 
-INSTANCE_CONFIG = "instance_config"  # TODO(wire): where NeMo RL reads mask_sample
-ROLLGYM_ERROR = "rollgym_error"  # TODO(wire): a failed rollout's typed error (to_dict)
-ROLLGYM_ATTEMPTS = "rollgym_attempts"  # TODO(wire): attempts of a failed rollout
-MASK_REASON = "rollgym_mask_reason"  # TODO(wire): why rollgym masked a result
 ROUTED_EXPERTS = "routed_experts"
-NG_NO_PERSIST = "_ng_no_persist"  # TODO(wire): 0.7's marker of a result never written
-NG_DISPATCH_DRAINED = "_ng_dispatch_drained"  # TODO(wire): 0.7's drained-row marker
 CANCELLED = "cancelled"
 """0.7's failure class (and ``failure_kind``) of a row its dispatch budget never started."""
 

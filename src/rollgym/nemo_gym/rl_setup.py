@@ -38,9 +38,8 @@ import yaml
 from rollgym.config import Config, parse_config, yaml_error_message
 from rollgym.errors import ConfigError
 from rollgym.launch.ports import bind_socket
+from rollgym.wire import ROLLGYM_CONFIG, ROLLGYM_MAX_RESTARTS
 
-ROLLGYM_CONFIG = "rollgym_config"  # TODO(wire): the key naming the rollgym config
-ROLLGYM_MAX_RESTARTS = "rollgym_max_restarts"  # TODO(wire): watchdog restarts per 60 s
 HEAD_SERVER_KEY_NAME = "head_server"
 DEFAULT_HEAD_SERVER_PORT = 11000
 """0.7's, for a config that names no head server."""

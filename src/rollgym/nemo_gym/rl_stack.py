@@ -43,11 +43,11 @@ from rollgym.launch import Supervisor
 from rollgym.launch.ports import bind_socket
 from rollgym.launch.watch import RestartPolicy, Watchdog
 from rollgym.nemo_gym.rl_setup import StackPlan
+from rollgym.wire import LAYOUT_PATH
 
 T = TypeVar("T")
 log = logging.getLogger("rollgym.nemo_gym")
 
-LAYOUT_PATH = "/rollgym_layout"  # TODO(wire): the head server's answer for collectors
 LIVENESS_PATHS = ("/", "/health", "/healthz", "/livez", "/readyz")
 STOP_TIMEOUT = 60.0
 """Seconds ``stop`` waits for everything (the servers' grace period is 10 s)."""

@@ -52,23 +52,17 @@ from rollgym.server.episode import Grant, ResourcesClient
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.sessions import Session, SessionStore
 from rollgym.wire import (
+    AGENT_OBSERVATIONS,
+    AGENT_SESSION_COOKIE,
     AGENT_SESSION_ID,
     AGENT_SESSIONS_CLOSE_ENDPOINT,
     AGENT_SESSIONS_ENDPOINT,
+    DIRECT_HTTP,
+    RESOURCES_COOKIES,
     ROLLOUT_ID_PATTERN,
 )
 
 log = logging.getLogger("rollgym.server")
-
-AGENT_SESSION_COOKIE = "rollgym_agent_session"  # TODO(wire)
-"""The cookie carrying an agent session's id (base64url, so any id is a valid cookie value)."""
-DIRECT_HTTP = "direct_http"  # TODO(wire)
-MCP = "mcp"  # TODO(wire)
-"""0.7's tool-access kinds."""
-AGENT_OBSERVATIONS = "agent_observations"  # TODO(wire)
-RESOURCES_COOKIES = "resources_cookies"  # TODO(wire)
-"""0.7's close answer: the agent's observations (rollgym's: none) and the granted session's
-cookie jar as the turn left it."""
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header or cookie name
 _COOKIE_VALUE = re.compile(r'^[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*$|^"[^"\\\x00-\x1f]*"$')

@@ -45,14 +45,13 @@ from rollgym.server.endpoint import Call, JSONResponse
 from rollgym.wire import (
     EPISODE_ID,
     RESOURCES_SESSION_ID,
+    RESOURCES_TOOLS,
+    SANDBOX_ACCESS,
     SESSION_COOKIE,
     SESSION_HEADER,
     TASK_DATA,
     session_cookie,
 )
-
-RESOURCES_TOOLS = "resources_tools"  # TODO(wire): 0.7's seed answer field
-SANDBOX_ACCESS = "sandbox_access"  # TODO(wire): 0.7's seed answer field
 
 M = TypeVar("M", bound=BaseModel)
 
