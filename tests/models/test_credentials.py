@@ -87,7 +87,11 @@ def test_the_config_written_to_run_json_holds_no_credentials() -> None:
 async def test_a_run_json_never_holds_the_credentials(tmp_path: Path) -> None:
     from rollgym.collect import prepare_run
 
-    cfg = parse_config(config("http://user:hunter22@gpu:8000/v1"), str(tmp_path / "c.yaml"))
+    data = config("http://user:hunter22@gpu:8000/v1")
+    servers = data["servers"]
+    assert isinstance(servers, dict)
+    servers["agent"] = {"kind": "agent", "url": "http://127.0.0.1:9"}  # rows need an agent
+    cfg = parse_config(data, str(tmp_path / "c.yaml"))
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_bytes(orjson.dumps({"responses_create_params": {"input": "hi"}}) + b"\n")
     prepare_run(cfg, cfg.collect, tasks, tmp_path / "out", resume=False)

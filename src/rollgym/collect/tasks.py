@@ -132,7 +132,12 @@ class AgentRoute:
 
     def no_default(self) -> str:
         """Why a flat row naming no agent cannot run, and the ways out."""
-        known = ", ".join(sorted(self.agents)) or "none"
+        if not self.agents:
+            return (
+                "the row names no agent (agent_ref), and the config has no agent or environment "
+                "server to run it: add one under servers (kind: agent or environment)"
+            )
+        known = ", ".join(sorted(self.agents))
         return (
             f"the row names no agent (agent_ref), and the config has several agent and "
             f"environment servers ({known}): name the one for such rows with collect.agent, "
@@ -141,7 +146,12 @@ class AgentRoute:
 
     def taskset_refusal(self, taskset: str) -> str:
         """Why a materialized row of ``taskset`` cannot run, and the ways out."""
-        known = ", ".join(sorted(self.agents)) or "none"
+        if not self.agents:
+            return (
+                "the row names no agent (agent_ref), and the config has no agent or environment "
+                "server to run it: add one under servers (kind: agent or environment)"
+            )
+        known = ", ".join(sorted(self.agents))
         return (
             f"no server runs taskset {taskset!r} (agent and environment servers: {known}); "
             f"route it in the config: collect.taskset_routes: {{{taskset!r}: SERVER}}, or run "
