@@ -13,7 +13,9 @@ this one, as the same kind of record.
     │   └── RequestTooLarge    a request past one of the server's limits (413, 431)
     ├── HTTPStatusError        a server answered with a non-2xx status
     ├── ProtocolError          a server answered 2xx with a body we cannot use (bad JSON, shape)
-    │   └── UnparseableVerdict a judge model answered, but no verdict could be read from it
+    │   ├── UnparseableVerdict a judge model answered, but no verdict could be read from it
+    │   └── TokenDataError     a rollout's token data cannot make a trainer sample (missing,
+    │                          malformed, or a turn that does not extend the ones before it)
     ├── TransportError         no usable answer at all
     │   ├── ConnectError       connection refused / nothing was sent (always safe to retry)
     │   │   └── SessionLost    the replica holding this call's session is gone (never retried)
@@ -432,6 +434,14 @@ class UnparseableVerdict(ProtocolError):
     """A judge model answered, but no verdict could be read from its answer."""
 
     type = "unparseable_verdict"
+
+
+class TokenDataError(ProtocolError):
+    """A rollout's token data cannot be turned into a trainer sample: a model call without
+    token ids, ids or logprobs that are malformed, or a call whose prompt does not extend the
+    ones before it where the caller asked for one sequence. Never repaired by re-tokenizing."""
+
+    type = "token_data"
 
 
 class TransportError(RollgymError):

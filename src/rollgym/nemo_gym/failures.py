@@ -22,6 +22,7 @@ request_too_large      agent_request_failed      (a)(b)(c)
 http_status            agent_run_error           (a)(b)(c)(d)
 protocol_error         agent_run_error           (a)(b)(c)
 unparseable_verdict    judge_unparseable         -
+token_data             agent_run_error           (a)(b)(c)
 transport_error        transport_unreachable     (a)(b)
 connect_error          transport_unreachable     (a)(b)
 session_lost           session_lost              -
@@ -180,6 +181,7 @@ KIND_BY_TYPE: dict[str, str] = {
     "http_status": AGENT_RUN_ERROR,
     "protocol_error": AGENT_RUN_ERROR,
     "unparseable_verdict": JUDGE_UNPARSEABLE,
+    "token_data": AGENT_RUN_ERROR,
     "transport_error": TRANSPORT_UNREACHABLE,
     "connect_error": TRANSPORT_UNREACHABLE,
     "session_lost": SESSION_LOST,
