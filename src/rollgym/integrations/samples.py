@@ -26,6 +26,7 @@ needs (``placeholder``), never a reward of 0 to learn from.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -137,7 +138,7 @@ def rollout_samples(record: RolloutRecord, *, on_drift: OnDrift = "cut") -> list
         return [_masked(record.task_index, record.rollout_index, None, record.metrics)]
     calls = rollout_calls(record)
     runs: list[list[TokenCall]] = [[calls[0]]]
-    for before, call in zip(calls, calls[1:], strict=False):
+    for before, call in itertools.pairwise(calls):
         seen = before.prompt_ids + before.generation_ids
         if call.prompt_ids[: len(seen)] == seen:
             runs[-1].append(call)
@@ -149,14 +150,10 @@ def rollout_samples(record: RolloutRecord, *, on_drift: OnDrift = "cut") -> list
                 "(re-tokenization drift)"
             )
         runs.append([call])
-    return [
-        _joined(record, run, segment, record.metrics) for segment, run in enumerate(runs)
-    ]
+    return [_joined(record, run, segment, record.metrics) for segment, run in enumerate(runs)]
 
 
-def group_samples(
-    records: Iterable[RolloutRecord], *, on_drift: OnDrift = "cut"
-) -> list[Sample]:
+def group_samples(records: Iterable[RolloutRecord], *, on_drift: OnDrift = "cut") -> list[Sample]:
     """Every record's samples, in the records' order."""
     return [s for record in records for s in rollout_samples(record, on_drift=on_drift)]
 
