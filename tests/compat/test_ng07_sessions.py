@@ -14,6 +14,7 @@ each test in-process (an ASGI call) and over a real socket:
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
@@ -404,6 +405,36 @@ async def test_reverify_mode_is_unknown_unless_the_environment_says(transport: s
         answer = await c.get("/reverify_mode")
     assert (answer.status, answer.body) == (200, expected)
     assert ResourcesServer.reverify_mode == "unknown"
+
+
+BUNDLED_MODES = {
+    "rollgym.envs.code.server:CodeEnv": "stateless",
+    "rollgym.envs.echo.server:EchoEnv": "stateless",
+    "rollgym.envs.judge.server:JudgeEnv": "stateless",
+    "rollgym.envs.math.server:MathEnv": "stateless",
+    "rollgym.envs.mcqa.server:MCQAEnv": "stateless",
+    "rollgym.envs.lookup.server:LookupEnv": "unsupported",
+    "rollgym.envs.guess.server:GuessEnv": "unsupported",
+}
+
+
+@pytest.mark.parametrize(("where", "mode"), sorted(BUNDLED_MODES.items()))
+def test_every_bundled_environment_says_whether_verify_alone_rescores_it(
+    where: str, mode: str
+) -> None:
+    # 0.7's ``gym eval reverify`` posts /verify alone and refuses "unknown" and "unsupported"
+    # servers; lookup and guess pay for what their sessions saw, so /verify alone cannot.
+    module, name = where.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    assert cls.reverify_mode == mode
+
+
+async def test_a_bundled_environment_answers_its_mode_over_http() -> None:
+    from rollgym.envs.math.server import MathEnv
+
+    async with client("socket", build(MathEnv, "math")) as c:
+        answer = await c.get("/reverify_mode")
+    assert (answer.status, answer.body) == (200, "stateless")
 
 
 def test_a_reverify_mode_outside_0_7s_three_is_refused_at_class_creation() -> None:

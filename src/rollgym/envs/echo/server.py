@@ -15,6 +15,7 @@ from rollgym.server.resources import ResourcesServer, Session, tool
 
 class EchoEnv(ResourcesServer):
     row_fields = frozenset({"expected_answer"})
+    reverify_mode = "stateless"  # verify reads the row and the reply
 
     @tool
     async def echo(self, session: Session, text: str) -> dict[str, Any]:

@@ -67,6 +67,7 @@ class JudgeEnv(ResourcesServer):
     """Replies scored by a judge model: equivalence with a gold answer, or a rubric."""
 
     row_fields = frozenset({"question", "expected_answer", "rubric"})
+    reverify_mode = "stateless"  # verify reads the row and the reply (the judge is asked again)
 
     class Options(ResourcesServer.Options):
         judge: ModelPeer = Field(description="the model server that judges")

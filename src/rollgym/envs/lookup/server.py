@@ -87,6 +87,9 @@ class LookupEnv(ResourcesServer):
     """Questions about the fictional Norrowvale registry, answered with the ``lookup`` tool."""
 
     row_fields = frozenset({"expected_answer"})
+    # verify pays only a rollout whose session made a lookup: /verify alone (NeMo Gym 0.7's
+    # reverify) cannot tell; rollgym reverify replays the tool calls first.
+    reverify_mode = "unsupported"
 
     async def seed_session(self, session: Session) -> None:
         session.data["lookups"] = []
