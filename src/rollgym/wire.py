@@ -139,6 +139,11 @@ ROLLGYM_CONFIG = "rollgym_config"
 """The key naming the rollgym config."""
 ROLLGYM_MAX_RESTARTS = "rollgym_max_restarts"
 """Watchdog restarts per 60 s."""
+AGENT_OWN_FIELDS = ("num_steps", "truncated", "agent_seconds", "drifted_turns")
+"""The numbers rollgym's agents add to a verify response (not the environment's metrics)."""
+NG_ROLLGYM_AGENT = "_rollgym_agent"
+"""Where an episode's result carries ``AGENT_OWN_FIELDS``: 0.7 aggregates every numeric
+top-level field of a result but none whose name starts with ``_``."""
 LAYOUT_PATH = "/rollgym_layout"
 """The head server's answer for collectors."""
 
@@ -150,6 +155,7 @@ def session_cookie(session_id: str) -> str:
 
 __all__ = [
     "AGENT_OBSERVATIONS",
+    "AGENT_OWN_FIELDS",
     "AGENT_SESSIONS_CLOSE_ENDPOINT",
     "AGENT_SESSIONS_ENDPOINT",
     "AGENT_SESSION_COOKIE",
@@ -182,6 +188,7 @@ __all__ = [
     "NG_FAILURE_TYPE",
     "NG_NO_PERSIST",
     "NG_RESULT_TYPE",
+    "NG_ROLLGYM_AGENT",
     "NG_ROLLOUT_ID",
     "NG_ROLLOUT_INDEX",
     "NG_TASK_ID",

@@ -32,10 +32,14 @@ async def test_an_episode_gets_the_reward_the_flat_row_gets(
     assert answer["failure"] is None
     result = answer["result"]
     assert result["reward"] == flat["reward"]
-    # The verify response as the flat /run answers it: task fields, metrics, the agent's own.
+    # The verify response as the flat /run answers it: task fields, metrics; the agent's own
+    # numbers under _rollgym_agent, which 0.7's aggregate metrics skip (a leading "_").
     assert {k: result[k] for k in row} == {k: flat[k] for k in row}
-    for key in ("num_steps", "truncated", "rollgym_timing"):
-        assert key in result
+    assert "rollgym_timing" in result
+    own = result["_rollgym_agent"]
+    assert set(own) == {"num_steps", "truncated", "agent_seconds", "drifted_turns"} & set(flat)
+    assert own["num_steps"] == flat["num_steps"] and own["truncated"] == flat["truncated"]
+    assert not set(own) & set(result)
     Response.model_validate(result["response"])
     assert headers[HEADER_ROLLOUT] == "3-1"
     assert cookies == {}  # an environment server sets no cookie

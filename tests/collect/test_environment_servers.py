@@ -128,6 +128,7 @@ class FakeEnvironment:
             "failure_kind": None,
             "failure_reason": None,
             "served_by": self.name,
+            **data.get("result_fields", {}),
         }
         return JSONResponse({**echo, "result": result, "failure": None})
 
@@ -221,6 +222,26 @@ async def test_a_run_against_an_environment_server_records_its_rewards(tmp_path:
     metrics = orjson.loads((tmp_path / "out" / "metrics.json").read_bytes())
     assert metrics["counts"]["succeeded"] == 6
     assert metrics["reward"]["mean"] == pytest.approx((1.0 + 0.0 + 0.25) / 3)
+
+
+async def test_a_rollgym_agents_own_numbers_come_back_to_the_top_of_the_record(
+    tmp_path: Path,
+) -> None:
+    # A rollgym agent answers them under _rollgym_agent (0.7's aggregate skips "_" keys); the
+    # record has them where the flat /run puts them, the result's own top-level fields winning.
+    own = {"num_steps": 3, "truncated": False, "agent_seconds": 0.5, "stray": 1}
+    rows = write_rows(
+        tmp_path / "tasks.jsonl",
+        [episode_row("t0", result_fields={"_rollgym_agent": own, "agent_seconds": 2.0})],
+    )
+    fake = FakeEnvironment("env07")
+    async with serve_asgi(fake.app()) as url:
+        cfg = env_config({"env07": url})
+        outcome = await collect(cfg, rows, tmp_path / "out", {"env07": [url]})
+    assert outcome.exit_code == 0
+    [record], _ = assert_ledger_invariant(tmp_path / "out")
+    assert (record["num_steps"], record["truncated"], record["agent_seconds"]) == (3, False, 2.0)
+    assert "_rollgym_agent" not in record and "stray" not in record
 
 
 async def test_a_non_terminal_failure_is_run_again_as_the_next_attempt(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from rollgym.nemo_gym.episodes import (
 from rollgym.nemo_gym.failures import error_from_failure
 from rollgym.protocol import check_verified
 from rollgym.wire import (
+    AGENT_OWN_FIELDS,
     ATTEMPT,
     EPISODE_ID,
     FAILURE,
@@ -43,6 +44,7 @@ from rollgym.wire import (
     NG_FAILURE_MESSAGE,
     NG_FAILURE_STAGE,
     NG_FAILURE_TERMINAL,
+    NG_ROLLGYM_AGENT,
     NG_ROLLOUT_INDEX,
     NG_TASK_ID,
     NG_TASK_INDEX,
@@ -115,6 +117,11 @@ class Episode:
             raise error_from_failure(dict(answer[FAILURE]), server=server, endpoint=RUN_ENDPOINT)
         assert got.result is not None
         verified = check_verified(got.result, server, what="the episode's result came")
+        # A rollgym agent's own numbers come back where the flat /run puts them (the result's
+        # own top-level fields win: they are the environment's).
+        own = verified.pop(NG_ROLLGYM_AGENT, None)
+        if isinstance(own, dict):
+            verified = {key: own[key] for key in AGENT_OWN_FIELDS if key in own} | verified
         # The collector's own fields win over a result that carries them (0.7 refuses one).
         return {**verified, NG_TASK_ID: self.task_id, NG_TASK_INDEX: self.ng_task_index}
 

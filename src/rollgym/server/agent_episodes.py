@@ -7,7 +7,10 @@
 The task input is a ``single_agent_turn`` one: ``responses_create_params`` and ``task_data``,
 with its other flat fields merged into ``task_data`` as 0.7 does. The rollout is the one a flat
 row runs (``task_data`` fields + ``responses_create_params`` are the row), so the result is what
-the flat ``/run`` answers. A rollout that fails is a 200 with the failure (0.7's vocabulary,
+the flat ``/run`` answers, but for the agent's own numbers (``num_steps``, ``truncated``,
+``agent_seconds``, ``drifted_turns``), which sit under ``_rollgym_agent``: 0.7 aggregates every
+numeric top-level field of a result (as ``mean/num_steps``...) but none starting with ``_``, and
+rollgym's collector puts them back at the top. A rollout that fails is a 200 with the failure (0.7's vocabulary,
 ``rollgym.nemo_gym.failures``), its ``stage`` the hop that failed; a body that is no episode
 request is a 422 naming the field.
 
@@ -36,7 +39,7 @@ from rollgym.nemo_gym.episodes import (
 )
 from rollgym.nemo_gym.failures import Stage, episode_failure
 from rollgym.protocol import TaskRow
-from rollgym.wire import EPISODE_ID, FAILURE, RESULT, TASK_ID
+from rollgym.wire import AGENT_OWN_FIELDS, EPISODE_ID, FAILURE, NG_ROLLGYM_AGENT, RESULT, TASK_ID
 
 MAX_ID_CHARS = 256
 """Episode and task ids, and an episode's capture key, are at most this long (0.7 sets no
@@ -98,7 +101,12 @@ def check_ids(
 
 
 def episode_result(request: EpisodeRequest, result: dict[str, Any]) -> dict[str, Any]:
-    """The episode response for a verified rollout (its verify response)."""
+    """The episode response for a verified rollout (its verify response, the agent's own
+    numbers moved under ``_rollgym_agent`` so 0.7's aggregate metrics leave them out)."""
+    own = {key: result[key] for key in AGENT_OWN_FIELDS if key in result}
+    if own:
+        result = {k: v for k, v in result.items() if k not in own}
+        result[NG_ROLLGYM_AGENT] = own
     return _response(request, result=result)
 
 
