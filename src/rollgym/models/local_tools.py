@@ -1,0 +1,88 @@
+"""Hermes-style tool calls read from generated text: ``<tool_call>{"name", "arguments"}</tool_call>``.
+
+The model's output is adversarial (a random model's most of all): anything that is not a
+well-formed call (no closing tag, JSON that does not parse, no string ``name``, arguments that
+are not an object, text after the last call) leaves the whole output as text, as vLLM's
+``hermes`` parser does, never an error. A call's ``arguments`` are kept as the exact JSON text
+the model wrote when it can be found, so the chat template re-renders the model's own bytes on
+the next turn (no re-tokenization drift from re-serialised JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+from rollgym.models.tiny import TOOL_CALL_END, TOOL_CALL_START
+
+_BLOCK = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)" + re.escape(TOOL_CALL_END), re.S)
+_ARGS_KEY = re.compile(r'"arguments"\s*:\s*')
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str
+    """The arguments' JSON text (an object)."""
+
+    def as_chat(self) -> dict[str, object]:
+        return {
+            "id": f"call_{os.urandom(12).hex()}",
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class Parsed:
+    content: str | None
+    calls: tuple[ToolCall, ...]
+
+
+def parse_tool_calls(text: str) -> Parsed:
+    """``text`` split into its leading content and its tool calls; all text if malformed."""
+    start = text.find(TOOL_CALL_START)
+    if start < 0:
+        return Parsed(text, ())
+    calls = []
+    end = start
+    for match in _BLOCK.finditer(text, start):
+        if text[end : match.start()].strip():
+            return Parsed(text, ())  # prose between calls: not a clean sequence of calls
+        call = _call(match.group(1))
+        if call is None:
+            return Parsed(text, ())
+        calls.append(call)
+        end = match.end()
+    if not calls or text[end:].strip():
+        return Parsed(text, ())  # an unclosed call, or text after the last one
+    content = text[:start]
+    return Parsed(content or None, tuple(calls))
+
+
+def _call(block: str) -> ToolCall | None:
+    try:
+        data = json.loads(block)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    args = data.get("arguments", {})
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(data["name"], _raw_arguments(block, args))
+
+
+def _raw_arguments(block: str, args: dict[str, object]) -> str:
+    """The arguments' text as written, if it can be found unambiguously; else re-serialised."""
+    for key in _ARGS_KEY.finditer(block):
+        try:
+            value, end = _DECODER.raw_decode(block, key.end())
+        except ValueError:
+            continue
+        if value == args:
+            return block[key.end() : end]
+    return json.dumps(args, ensure_ascii=False)
