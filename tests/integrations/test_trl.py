@@ -266,6 +266,24 @@ def test_repeats_cannot_be_passed_it_comes_from_trl() -> None:
         RolloutFunc(FakeClient(good), TaskTable([row("a")]), repeats=4)  # type: ignore[call-arg]
 
 
+def test_the_policy_version_of_each_rollout_is_reported_where_the_server_names_it() -> None:
+    def versioned(t: int, r: int, row_: dict[str, Any]) -> RolloutRecord:
+        if r == 2:
+            return failed(t, r)
+        record = good(t, r, row_)
+        assert isinstance(record, ScoredRollout)
+        upstream = [{"rollgym_policy_version": 3 + r}, {"rollgym_policy_version": True}]
+        response = {**record.response, "rollgym_upstream": upstream}
+        return ScoredRollout(t, r, record.reward, 1, 0.1, {**record.verified, "response": response})
+
+    table = TaskTable([row("q")])
+    func = RolloutFunc(FakeClient(versioned), table)
+    out = func([table.prompt(0)] * 3, trainer())
+    assert out["rollgym_policy_version"] == [3, 4, None]
+    assert func.reports[-1].policy_versions == (3, 4)
+    assert "policy versions [3, 4]" in func.reports[-1].line()
+
+
 # -- reward functions ---------------------------------------------------------------------------
 
 
@@ -308,7 +326,7 @@ def test_weight_sync_pushes_each_step_as_its_version_and_keeps_the_newest(tmp_pa
             pushed.append((Path(path), version))
             return {"version": version}
 
-    sync = WeightSync(Target(), tmp_path, keep=2)
+    sync = WeightSync(Target(), tmp_path, keep=2, at_start=True)
     state = SimpleNamespace(global_step=0, is_world_process_zero=True)
     sync.on_train_begin(None, state, None, model=Saver())
     for step in (1, 2, 3):
@@ -319,3 +337,7 @@ def test_weight_sync_pushes_each_step_as_its_version_and_keeps_the_newest(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-3"]
     with pytest.raises(ValueError, match="no model"):
         sync.on_step_end(None, state, None)
+    # By default the server is taken to serve the trainer's starting weights as version 0.
+    quiet = WeightSync(Target(), tmp_path / "b")
+    quiet.on_train_begin(None, SimpleNamespace(global_step=0, is_world_process_zero=True), None)
+    assert quiet.versions == []

@@ -71,6 +71,7 @@ from rollgym.collect.records import FailedRollout, RolloutRecord
 from rollgym.errors import TokenDataError
 from rollgym.http import Target
 from rollgym.integrations.samples import Sample, placeholder, rollout_samples
+from rollgym.models.translate import UPSTREAM_KEY
 from rollgym.trainer import BatchOptions, RolloutClient, TaskGroup
 
 __all__ = [
@@ -84,6 +85,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("rollgym.integrations.trl")
+
+POLICY_VERSION = "rollgym_policy_version"
+"""Where a model server names the weights' version a completion ran under (the CPU backend)."""
 
 TASK_KEY = "rollgym_task"
 """The field of a prompt's last message that names its row: ``"<index>:<digest>"``."""
@@ -226,6 +230,9 @@ class StepReport:
     drifted: int
     """Rollouts cut by re-tokenization drift."""
     failure_types: dict[str, int] = field(default_factory=dict)
+    policy_versions: tuple[int, ...] = ()
+    """The policy versions the scored rollouts were generated with, where the model server
+    says (``rollgym_policy_version``: rollgym's CPU backend does)."""
 
     def line(self) -> str:
         types = ", ".join(f"{n} {t}" for t, n in sorted(self.failure_types.items()))
@@ -234,6 +241,7 @@ class StepReport:
             f"{self.masked} masked ({self.failed} failed{': ' + types if types else ''}; "
             f"{self.verifier_masked} masked by the verifier; {self.token_errors} without token "
             f"data; {self.drifted} drifted)"
+            + (f"; policy versions {list(self.policy_versions)}" if self.policy_versions else "")
         )
 
 
@@ -283,13 +291,16 @@ class RolloutFunc:
             "rollgym_masked": [],
             "rollgym_failure": [],
             "rollgym_metrics": [],
+            "rollgym_policy_version": [],
         }
         counts: Counter[str] = Counter()
         failure_types: Counter[str] = Counter()
         for group in groups:
             samples = [_one_sample(record, counts, failure_types) for record in group.rollouts]
+            versions = [_policy_version(record) for record in group.rollouts]
             prompt = next((s.prompt_ids for s in samples if not s.masked), [pad])
-            for sample in samples:
+            for sample, version in zip(samples, versions, strict=True):
+                out["rollgym_policy_version"].append(None if sample.masked else version)
                 if sample.masked:
                     sample = placeholder(sample, prompt, pad)
                 out["prompt_ids"].append(sample.prompt_ids)
@@ -311,6 +322,9 @@ class RolloutFunc:
             token_errors=counts["token_errors"],
             drifted=counts["drifted"],
             failure_types=dict(failure_types),
+            policy_versions=tuple(
+                sorted({v for v in out["rollgym_policy_version"] if v is not None})
+            ),
         )
         self.reports.append(report)
         (log.warning if masked else log.info)(report.line())
@@ -406,6 +420,21 @@ def _one_sample(record: RolloutRecord, counts: Counter[str], types: Counter[str]
     return sample
 
 
+def _policy_version(record: RolloutRecord) -> int | None:
+    """The oldest policy version among the rollout's model calls, if the server named it: on
+    the response (the CPU backend's own ``/v1/responses``) or per call under
+    ``rollgym_upstream`` (through ``openai_proxy``)."""
+    if isinstance(record, FailedRollout):
+        return None
+    response = record.response
+    found = [response.get(POLICY_VERSION)]
+    upstream = response.get(UPSTREAM_KEY)
+    if isinstance(upstream, list):
+        found += [u.get(POLICY_VERSION) for u in upstream if isinstance(u, dict)]
+    versions = [v for v in found if isinstance(v, int) and not isinstance(v, bool)]
+    return min(versions) if versions else None
+
+
 def _masked(record: RolloutRecord, err: TokenDataError) -> Sample:
     return Sample(record.task_index, record.rollout_index, [], [], [], [], None, True, err)
 
@@ -462,11 +491,14 @@ class WeightsTarget(Protocol):
 
 
 class WeightSync(TrainerCallback):
-    """After every ``every`` optimizer steps (and once at the start), save the policy to
-    ``directory/step-<n>`` and push it to the model server as policy version ``n`` (the
-    trainer's global step), so the next rollouts come from the weights being trained.
-    ``versions`` records each push: (version, what ``push`` answered). Only the ``keep`` newest
-    saves stay on disk. Single process (or process zero of plain data parallel)."""
+    """After every ``every`` optimizer steps, save the policy to ``directory/step-<n>`` and push
+    it to the model server as policy version ``n`` (the trainer's global step), so the next
+    rollouts come from the weights being trained (TRL collects at the start of a step, after
+    this callback ran for the step before). ``versions`` records each push: (version, what
+    ``push`` answered). Only the ``keep`` newest saves stay on disk. Start the server on the
+    weights the trainer starts from (its version 0), or pass ``at_start=True`` to push them as
+    version 0 first (a server that already serves version 0 refuses that: versions must
+    increase). Single process (or process zero of plain data parallel)."""
 
     def __init__(
         self,
@@ -475,7 +507,7 @@ class WeightSync(TrainerCallback):
         *,
         every: int = 1,
         keep: int = 2,
-        at_start: bool = True,
+        at_start: bool = False,
     ) -> None:
         if every < 1 or keep < 1:
             raise ValueError("every and keep must be at least 1")
