@@ -139,6 +139,10 @@ ROLLGYM_CONFIG = "rollgym_config"
 """The key naming the rollgym config."""
 ROLLGYM_MAX_RESTARTS = "rollgym_max_restarts"
 """Watchdog restarts per 60 s."""
+POLICY_VERSION = "rollgym_policy_version"
+"""The version of the weights a model call ran under: on the completion of a model server that
+knows it (rollgym's CPU backend; a trainer's own server may add it), and on the call's token
+fields, so each trainer sample says which policy made its tokens."""
 AGENT_OWN_FIELDS = ("num_steps", "truncated", "agent_seconds", "drifted_turns")
 """The numbers rollgym's agents add to a verify response (not the environment's metrics)."""
 NG_ROLLGYM_AGENT = "_rollgym_agent"
@@ -194,6 +198,7 @@ __all__ = [
     "NG_TASK_ID",
     "NG_TASK_INDEX",
     "PARTIAL_RESPONSE",
+    "POLICY_VERSION",
     "RESERVED_ENDPOINTS",
     "RESOURCES_COOKIES",
     "RESOURCES_SESSION_ID",

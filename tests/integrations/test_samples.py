@@ -169,3 +169,34 @@ async def test_a_real_multi_turn_rollout_is_the_conversation_the_model_saw() -> 
     assert [s.segment for s in rollout_samples(record)] == [0, 1, 2]
     with pytest.raises(TokenDataError, match="re-tokenization drift"):
         rollout_samples(record, on_drift="error")
+
+
+def test_each_calls_policy_version_is_on_the_sample() -> None:
+    first = {**call([1, 2], [3]), "rollgym_policy_version": 4}
+    second = {**call([1, 2, 3, 9], [5], kind="message"), "rollgym_policy_version": 5}
+    [sample] = rollout_samples(scored([first, tool_output(), second]))
+    assert sample.policy_versions == (4, 5)
+    [old] = rollout_samples(scored([call([1], [2])]))
+    assert old.policy_versions == (None,)
+    with pytest.raises(TokenDataError, match="rollgym_policy_version is '4'"):
+        rollout_samples(scored([{**call([1], [2]), "rollgym_policy_version": "4"}]))
+
+
+def test_the_proxy_reads_the_policy_version_off_the_upstreams_completion() -> None:
+    from rollgym.errors import ProtocolError
+    from rollgym.models.tokens import call_tokens
+
+    content = [{"token": "token_id:7", "logprob": -0.25}]
+    completion: dict[str, Any] = {
+        "prompt_token_ids": [1, 2],
+        "choices": [{"token_ids": [7], "logprobs": {"content": content}}],
+        "rollgym_policy_version": 3,
+    }
+    tokens = call_tokens(completion, upstream="model")
+    assert tokens.policy_version == 3
+    assert tokens.as_fields()["rollgym_policy_version"] == 3
+    del completion["rollgym_policy_version"]
+    assert "rollgym_policy_version" not in call_tokens(completion, upstream="m").as_fields()
+    completion["rollgym_policy_version"] = True
+    with pytest.raises(ProtocolError, match="not an integer"):
+        call_tokens(completion, upstream="model")

@@ -35,6 +35,7 @@ from typing import Any, Literal
 from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
 from rollgym.errors import RollgymError, TokenDataError
 from rollgym.models.tokens import FIELDS, GENERATION_IDS, GENERATION_LOGPROBS, PROMPT_IDS
+from rollgym.wire import POLICY_VERSION
 
 __all__ = [
     "OnDrift",
@@ -60,6 +61,8 @@ class TokenCall:
     prompt_ids: list[int]
     generation_ids: list[int]
     logprobs: list[float]
+    policy_version: int | None = None
+    """The weights' version the call ran under, where the model server said."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,9 @@ class Sample:
     """How many model calls this sample holds."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The verifier's numeric fields (``ScoredRollout.metrics``)."""
+    policy_versions: tuple[int | None, ...] = ()
+    """Each call's weights version (None where the model server did not say), in order: a
+    trainer computes staleness or importance weights from it."""
 
     @property
     def generated_tokens(self) -> int:
@@ -208,6 +214,7 @@ def _joined(
         segment,
         len(run),
         metrics,
+        tuple(call.policy_version for call in run),
     )
 
 
@@ -241,7 +248,10 @@ def _checked_call(item: dict[str, Any], index: int, where: str, carried: list[st
         if not math.isfinite(value) or value > 1e-4:
             raise TokenDataError(f"{where}: output item {index}: a logprob is {value!r}")
         values.append(float(value))
-    return TokenCall(index, list(prompt), list(ids), values)
+    version = item.get(POLICY_VERSION)
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        raise TokenDataError(f"{where}: output item {index}: {POLICY_VERSION} is {version!r}")
+    return TokenCall(index, list(prompt), list(ids), values, version)
 
 
 def _missing(where: str, index: int) -> TokenDataError:

@@ -28,6 +28,7 @@ from typing import Any, TypeGuard
 
 from rollgym.errors import ProtocolError
 from rollgym.models.translate import unusable_answer
+from rollgym.wire import POLICY_VERSION
 
 PROMPT_IDS = "prompt_token_ids"
 GENERATION_IDS = "generation_token_ids"
@@ -52,13 +53,18 @@ class CallTokens:
     prompt_token_ids: list[int]
     generation_token_ids: list[int]
     generation_log_probs: list[float]
+    policy_version: int | None = None
+    """The weights' version the upstream says the call ran under (``rollgym_policy_version``)."""
 
     def as_fields(self) -> dict[str, Any]:
-        return {
+        fields: dict[str, Any] = {
             PROMPT_IDS: self.prompt_token_ids,
             GENERATION_IDS: self.generation_token_ids,
             GENERATION_LOGPROBS: self.generation_log_probs,
         }
+        if self.policy_version is not None:
+            fields[POLICY_VERSION] = self.policy_version
+        return fields
 
     @classmethod
     def of_item(cls, item: Any) -> CallTokens | None:
@@ -150,7 +156,10 @@ def call_tokens(completion: dict[str, Any], *, upstream: str, tokenized: Any = N
             f"logprobs.content ({len(from_logprobs)})",
             completion,
         )
-    return CallTokens(list(prompt), list(ids), values)
+    version = completion.get(POLICY_VERSION)
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        raise _protocol(upstream, f"{POLICY_VERSION} is {version!r}, not an integer", completion)
+    return CallTokens(list(prompt), list(ids), values, version)
 
 
 def attach(output: list[dict[str, Any]], tokens: CallTokens) -> None:
