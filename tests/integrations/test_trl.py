@@ -19,7 +19,7 @@ from rollgym.integrations.trl import (
     TASK_KEY,
     RolloutFunc,
     TaskTable,
-    WeightSync,
+    WeightSyncCallback,
     metric_reward,
     rollgym_reward,
 )
@@ -321,12 +321,12 @@ def test_weight_sync_pushes_each_step_as_its_version_and_keeps_the_newest(tmp_pa
     pushed: list[tuple[Path, int]] = []
 
     class Target:
-        def push(self, path: str | Path, version: int) -> dict[str, int]:
+        def push_sync(self, path: str | Path, version: int) -> dict[str, int]:
             assert (Path(path) / "model.safetensors").exists()  # saved before the push
             pushed.append((Path(path), version))
             return {"version": version}
 
-    sync = WeightSync(Target(), tmp_path, keep=2, at_start=True)
+    sync = WeightSyncCallback(Target(), tmp_path, keep=2, at_start=True)  # type: ignore[arg-type]
     state = SimpleNamespace(global_step=0, is_world_process_zero=True)
     sync.on_train_begin(None, state, None, model=Saver())
     for step in (1, 2, 3):
@@ -338,6 +338,6 @@ def test_weight_sync_pushes_each_step_as_its_version_and_keeps_the_newest(tmp_pa
     with pytest.raises(ValueError, match="no model"):
         sync.on_step_end(None, state, None)
     # By default the server is taken to serve the trainer's starting weights as version 0.
-    quiet = WeightSync(Target(), tmp_path / "b")
+    quiet = WeightSyncCallback(Target(), tmp_path / "b")  # type: ignore[arg-type]
     quiet.on_train_begin(None, SimpleNamespace(global_step=0, is_world_process_zero=True), None)
     assert quiet.versions == []

@@ -8,7 +8,7 @@ functions that read the verifier's reward, and weight sync to the model server.
         train_dataset=table.dataset(),                       # one stamped prompt per row
         rollout_func=RolloutFunc(agent_url, table),          # rollgym collects the rollouts
         reward_funcs=[rollgym_reward],                       # the verifier's reward
-        callbacks=[WeightSync(LocalModelWeights(model_url), "out/weights")],
+        callbacks=[WeightSyncCallback(LocalModelWeights(model_url), "out/weights")],
     )
 
 What TRL 1.16 does, read from ``trl/trainer/grpo_trainer.py``, and what this module does about it:
@@ -62,7 +62,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Unpack
+from typing import Any, Unpack
 
 import orjson
 from transformers import TrainerCallback
@@ -71,6 +71,8 @@ from rollgym.collect.records import FailedRollout, RolloutRecord
 from rollgym.errors import TokenDataError
 from rollgym.http import Target
 from rollgym.integrations.samples import Sample, placeholder, rollout_samples
+from rollgym.integrations.weights import WeightPush, WeightSync
+from rollgym.models.local import POLICY_VERSION
 from rollgym.models.translate import UPSTREAM_KEY
 from rollgym.trainer import BatchOptions, RolloutClient, TaskGroup
 
@@ -79,15 +81,13 @@ __all__ = [
     "RolloutFunc",
     "StepReport",
     "TaskTable",
-    "WeightSync",
+    "WeightSyncCallback",
     "metric_reward",
     "rollgym_reward",
 ]
 
 log = logging.getLogger("rollgym.integrations.trl")
 
-POLICY_VERSION = "rollgym_policy_version"
-"""Where a model server names the weights' version a completion ran under (the CPU backend)."""
 
 TASK_KEY = "rollgym_task"
 """The field of a prompt's last message that names its row: ``"<index>:<digest>"``."""
@@ -483,14 +483,7 @@ def metric_reward(name: str) -> Callable[..., list[float | None]]:
 # -- weight sync --------------------------------------------------------------------------------
 
 
-class WeightsTarget(Protocol):
-    """Something that loads saved weights into the inference server: ``push(path, version)``
-    (``rollgym.integrations.weights.LocalModelWeights`` for rollgym's CPU backend)."""
-
-    def push(self, path: str | Path, version: int) -> Any: ...
-
-
-class WeightSync(TrainerCallback):
+class WeightSyncCallback(TrainerCallback):
     """After every ``every`` optimizer steps, save the policy to ``directory/step-<n>`` and push
     it to the model server as policy version ``n`` (the trainer's global step), so the next
     rollouts come from the weights being trained (TRL collects at the start of a step, after
@@ -502,7 +495,7 @@ class WeightSync(TrainerCallback):
 
     def __init__(
         self,
-        target: WeightsTarget,
+        target: WeightSync,
         directory: str | Path,
         *,
         every: int = 1,
@@ -516,7 +509,7 @@ class WeightSync(TrainerCallback):
         self.every = every
         self.keep = keep
         self.at_start = at_start
-        self.versions: list[tuple[int, Any]] = []
+        self.versions: list[tuple[int, WeightPush]] = []
         self._saved: list[Path] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -530,13 +523,13 @@ class WeightSync(TrainerCallback):
     def _push(self, version: int, kwargs: dict[str, Any]) -> None:
         model = kwargs.get("model")
         if model is None:
-            raise ValueError("WeightSync: the trainer passed no model to its callback")
+            raise ValueError("WeightSyncCallback: the trainer passed no model to its callback")
         path = self.directory / f"step-{version}"
         model.save_pretrained(path)
         processing = kwargs.get("processing_class")
         if processing is not None:
             processing.save_pretrained(path)
-        answer = self.target.push(path, version)
+        answer = self.target.push_sync(path, version)
         self.versions.append((version, answer))
         log.info("rollgym: policy version %s pushed from %s", version, path)
         self._saved.append(path)

@@ -1,0 +1,179 @@
+"""A real TRL ``GRPOTrainer`` trains for 3 steps on CPU on rollouts that a real rollgym stack
+collects on 127.0.0.1: the tool agent, the echo environment, ``openai_proxy`` with
+``return_token_ids`` in front of rollgym's CPU backend (``rollgym.models.local``) serving a tiny
+model built here. Weights are pushed to the backend after every step.
+
+What could fail and is checked: the steps ran; the trainer's weights changed and the backend
+serves the last step's version; within one group a failed rollout and a verifier-masked one
+become masked samples whose reward TRL sees as NaN and whose advantage is 0, and the group's
+baseline is the mean of its scored rollouts only (a failure counted as 0 would move it); the
+counts per step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.request import urlopen
+
+import orjson
+import pytest
+
+from rollgym.config import RetryPolicy, kind_defaults
+from rollgym.envs.echo.server import EchoEnv
+from rollgym.errors import InvalidRequest
+from rollgym.http import Target
+from rollgym.integrations.trl import RolloutFunc, TaskTable, WeightSyncCallback, rollgym_reward
+from rollgym.integrations.weights import LocalModelWeights
+from rollgym.models.tiny import build_tiny_model
+from rollgym.server.resources import Session
+from rollgym.testing import serve_server
+from tests.support.background import in_thread
+
+pytestmark = pytest.mark.timeout(300)
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL
+
+G = 4
+"""num_generations: rollouts per row and step."""
+
+
+class FlakyEcho(EchoEnv):
+    """The echo environment, except on rows with ``flaky``: its rollout 1 fails at verify (a
+    4xx, not retried) and its rollout 2 is masked by the verifier (``mask_sample``)."""
+
+    row_fields = frozenset({"expected_answer", "flaky"})
+
+    async def verify(self, session: Session, task: dict[str, Any], response: dict[str, Any]) -> Any:
+        reward = await super().verify(session, task, response)
+        if task.get("flaky") and task.get("rollout_index") == 1:
+            raise InvalidRequest("this verifier refuses rollout 1", status=422)
+        if task.get("flaky") and task.get("rollout_index") == 2:
+            return {"reward": 0.0, "mask_sample": True}
+        return reward
+
+
+def policy(kind: str) -> RetryPolicy:
+    return RetryPolicy.model_validate(kind_defaults(kind))  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def rl_stack(model_dir: Path) -> AsyncIterator[tuple[str, str]]:
+    """The CPU backend, the proxy, the env and the agent on 127.0.0.1: (agent URL, backend URL)."""
+    async with AsyncExitStack() as stack:
+        backend, _ = await stack.enter_async_context(
+            serve_server(
+                "rollgym.models.local:LocalModel",
+                name="policy",
+                options={"model_dir": str(model_dir), "max_queue": 64},
+            )
+        )
+        proxy, _ = await stack.enter_async_context(
+            serve_server(
+                "openai_proxy",
+                name="model",
+                options={"base_url": f"{backend}/v1", "return_token_ids": True},
+            )
+        )
+        env, _ = await stack.enter_async_context(serve_server(FlakyEcho, name="env"))
+        peers = {
+            "model": Target.single("model", proxy, policy("model")),
+            "env": Target.single("env", env, policy("resources")),
+        }
+        agent, _ = await stack.enter_async_context(
+            serve_server(
+                "tool_agent",
+                name="agent",
+                options={"model": "model", "resources": "env"},
+                peers=peers,
+            )
+        )
+        yield agent, backend
+
+
+def row(expected: str, **fields: Any) -> dict[str, Any]:
+    # The same text for every row: only the stamp TaskTable puts in the prompt tells them apart.
+    params = {"input": "Say something.", "max_output_tokens": 12, "temperature": 1.0}
+    return {"responses_create_params": params, "expected_answer": expected, **fields}
+
+
+def test_grpo_trainer_steps_on_rollouts_collected_by_rollgym(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    model_dir = build_tiny_model(tmp_path / "tiny", seed=0)
+    # A random model's 12 tokens contain "s" or "a" about half the time: rewards differ
+    # within groups, so the policy gets a gradient.
+    table = TaskTable([row("s"), row("a"), row("s", flaky=True)])
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trainer"),
+        per_device_train_batch_size=len(table) * G,  # every row in every step
+        num_generations=G,
+        max_steps=3,
+        learning_rate=1e-2,
+        beta=0.0,
+        temperature=1.0,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    with in_thread(rl_stack(model_dir)) as (agent_url, backend_url):
+        weights = LocalModelWeights(backend_url)
+        rollout_func = RolloutFunc(agent_url, table, rollout_timeout=60)
+        sync = WeightSyncCallback(weights, tmp_path / "weights")
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[rollgym_reward],
+            args=args,
+            train_dataset=table.dataset(),
+            processing_class=AutoTokenizer.from_pretrained(model_dir),
+            rollout_func=rollout_func,
+            callbacks=[sync],
+        )
+        trainer.train()
+        served = orjson.loads(urlopen(f"{backend_url}/rollgym/weights", timeout=10).read())
+        rollout_func.close()
+
+    assert trainer.state.global_step == 3
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed, "no weight moved in 3 steps"
+    assert [version for version, _ in sync.versions] == [1, 2, 3]
+    assert served["rollgym_policy_version"] == 3 and weights.version == 3
+
+    # Every step: the flaky row's rollout 1 failed and rollout 2 was masked; the rest scored.
+    assert len(rollout_func.reports) == 3
+    for report in rollout_func.reports:
+        assert (report.rollouts, report.scored, report.masked) == (3 * G, 3 * G - 2, 2)
+        assert (report.failed, report.verifier_masked) == (1, 1)
+        assert report.failure_types == {"HTTPStatusError": 1}
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    masked_logged = [
+        h["rollgym/masked"] for h in trainer.state.log_history if "rollgym/masked" in h
+    ]
+    assert masked_logged == [2.0, 2.0, 2.0]
+
+    # What TRL made of the last step (its private logs, read here only to check the contract):
+    # each group of G in generation order; the flaky row's masked samples are NaN with
+    # advantage 0 and its baseline is the mean of its two scored rollouts.
+    logs: Any = trainer._logs
+    rewards = torch.tensor(list(logs["rewards"]["rollgym_reward"])).view(-1, G)
+    advantages = torch.tensor(list(logs["advantages"])).view(-1, G)
+    flaky = [g for g in range(len(table)) if rewards[g].isnan().sum() == 2]
+    assert len(flaky) == 1, rewards
+    g = flaky[0]
+    assert rewards[g].isnan().tolist() == [False, True, True, False]
+    assert advantages[g, 1].item() == 0.0 and advantages[g, 2].item() == 0.0
+    scored = rewards[g, [0, 3]]
+    expected = (scored - scored.mean()) / (scored.std() + 1e-4)  # std of 2 values, unbiased
+    assert torch.allclose(advantages[g, [0, 3]], expected, atol=1e-4), (rewards[g], advantages[g])
