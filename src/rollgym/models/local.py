@@ -32,7 +32,8 @@ and any field that would change the sampling but is not implemented are 4xx
 **Weights** (``rollgym.models.local_weights``): a push is read and checked on another thread
 while generation goes on, then swapped in on the worker thread, so between two generations,
 never during one. Versions must increase: a push whose version is not above the one served is
-refused 409 (a stale trainer process must not roll the policy back).
+refused 409 (a stale trainer process must not roll the policy back); the version and path
+being served again is answered 200 (``unchanged``), so a retried push that landed is no error.
 
 **Logprobs** are of ``log_softmax(logits / temperature)``, what TRL's GRPOTrainer compares them
 with (``rollgym.models.local_engine``).
@@ -228,6 +229,10 @@ class LocalModel(ModelServer):
             raise InvalidRequest("'version' must be a non-negative integer", status=400)
         async with self._push_lock:  # one push at a time: versions are compared in order
             served = self.engine.policy_version
+            if version == served and path == self.engine.weights_path:
+                # A retried push whose first attempt landed: already done, not stale.
+                return {POLICY_VERSION: version, "previous_version": served, "path": path,
+                        "unchanged": True}  # fmt: skip
             if version <= served:
                 raise InvalidRequest(
                     f"stale weights: version {version} is not above the served version "
