@@ -20,7 +20,6 @@ from tests.health.seeded import (
     rollout,
     token_call,
     tool_turn,
-    write_jsonl,
     write_run,
 )
 
