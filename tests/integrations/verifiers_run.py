@@ -25,6 +25,7 @@ from verifiers.v1.env import RunSlot
 from rollgym.collect.records import FailedRollout, ScoredRollout
 from rollgym.envs.lookup.server import LookupEnv
 from rollgym.http import Target
+from rollgym.protocol import output_text
 from rollgym.server.resources import Session, tool
 from rollgym.testing import serve_server
 from rollgym.trainer import RolloutClient
@@ -146,9 +147,10 @@ async def run_verifiers(
 async def run_rollgym(model_url: str, env_url: str) -> list[dict[str, Any]]:
     peers = {
         "model": Target.single("model", model_url, fast_policy("model")),
-        "env": Target.single("env", env_url, fast_policy("resources")),
+        # named as the verifiers side names it: a tool's refusal names its server
+        "resources": Target.single("resources", env_url, fast_policy("resources")),
     }
-    options = {"model": "model", "resources": "env"}
+    options = {"model": "model", "resources": "resources"}
     async with serve_server("tool_agent", name="agent", options=options, peers=peers) as (
         agent_url,
         _,
@@ -161,7 +163,8 @@ async def run_rollgym(model_url: str, env_url: str) -> list[dict[str, Any]]:
             out.append({"failed": record.error.type, "message": record.error.message[:300]})
         else:
             assert isinstance(record, ScoredRollout)
-            out.append({"reward": record.reward, "masked": record.masked})
+            text = output_text(record.response)
+            out.append({"reward": record.reward, "masked": record.masked, "text": text})
     return out
 
 

@@ -83,7 +83,7 @@ def verdict(verified: Any, *, server: str | None = None) -> Verdict:
             f"verify response has no numeric reward (reward: {_shown(reward).decode()})",
             server=server, endpoint="/verify", body=_shown(verified),
         )  # fmt: skip
-    if not math.isfinite(reward):
+    if _finite(reward) is None:
         raise ProtocolError(
             f"verify response has a reward of {reward!r}", server=server, endpoint="/verify",
             body=_shown(verified),
@@ -95,12 +95,12 @@ def verdict(verified: Any, *, server: str | None = None) -> Verdict:
             server=server, endpoint="/verify", body=_shown(verified),
         )  # fmt: skip
     metrics = {
-        k: float(v)
+        k: value
         for k, v in verified.items()
         if k not in NOT_METRICS
         and isinstance(v, (int, float))
         and not isinstance(v, bool)
-        and math.isfinite(v)
+        and (value := _finite(v)) is not None
     }
     info = {
         k: v
@@ -190,6 +190,15 @@ def recorded_failure(fields: Any) -> RollgymError:
         except (KeyError, TypeError, ValueError):
             pass
     return ProtocolError(f"unreadable tool failure record in the rollout state: {fields!r:.200}")
+
+
+def _finite(value: int | float) -> float | None:
+    """``value`` as a finite float, or None (NaN, infinite, or an int past float's range)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _shown(value: Any) -> bytes:

@@ -24,14 +24,14 @@ import asyncio
 import weakref
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer  # type: ignore[import-not-found, unused-ignore]
-from mcp.types import (  # type: ignore[import-not-found, unused-ignore]
+from mcp.server.mcpserver import MCPServer  # type: ignore[import-not-found, import-untyped, unused-ignore]
+from mcp.types import (  # type: ignore[import-not-found, import-untyped, unused-ignore]
     CallToolResult,
     TextContent,
     Tool,
 )
 from pydantic import Field
-from verifiers.v1 import (  # type: ignore[import-not-found, unused-ignore]
+from verifiers.v1 import (  # type: ignore[import-not-found, import-untyped, unused-ignore]
     State,
     Task,
     TaskConfig,
@@ -42,17 +42,17 @@ from verifiers.v1 import (  # type: ignore[import-not-found, unused-ignore]
     reward,
     stop,
 )
-from verifiers.v1.dialects.responses import (  # type: ignore[import-not-found, unused-ignore]
+from verifiers.v1.dialects.responses import (  # type: ignore[import-not-found, import-untyped, unused-ignore]
     ResponsesDialect,
 )
-from verifiers.v1.harnesses.null.harness import (  # type: ignore[import-not-found, unused-ignore]
+from verifiers.v1.harnesses.null.harness import (  # type: ignore[import-not-found, import-untyped, unused-ignore]
     NullHarness,
 )
-from verifiers.v1.mcp import (  # type: ignore[import-not-found, unused-ignore]
+from verifiers.v1.mcp import (  # type: ignore[import-not-found, import-untyped, unused-ignore]
     SharedToolsetConfig,
     Toolset,
 )
-from verifiers.v1.tasksets.nemo_gym.response import (  # type: ignore[import-not-found, unused-ignore]
+from verifiers.v1.tasksets.nemo_gym.response import (  # type: ignore[import-not-found, import-untyped, unused-ignore]
     trace_to_nemo_response,
 )
 
