@@ -241,22 +241,23 @@ def failing_row() -> dict[str, Any]:
 
 
 @pytest.mark.skipif(not VERL_PYTHON, reason="opt-in: set VERL_PYTHON (see the docstring)")
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 async def test_verls_agent_loop_worker_runs_rollgym_rollouts(tmp_path: Path) -> None:
     upstream, drifting = VllmDouble(), VllmDouble()
     drifting.drift = True
     wrong = row()
     wrong["expected_answer"] = "v8"  # the same conversation, scored 0.0
-    tasks = tmp_path / "tasks.json"
-    tasks.write_text(json.dumps([row(), wrong, failing_row()]))
+    tasks, drift_tasks = tmp_path / "tasks.jsonl", tmp_path / "drift.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in [row(), wrong, failing_row()]))
+    drift_tasks.write_text(json.dumps(row()) + "\n")
     async with agent_stack(upstream) as agent_url, agent_stack(drifting) as drift_url:
         env = {**os.environ, "ROLLGYM_AGENT_URL": agent_url, "RAY_DISABLE_IMPORT_WARNING": "1"}
         proc = await asyncio.create_subprocess_exec(
             VERL_PYTHON, str(HERE / "verl_agent_loop_check.py"), str(tmp_path), str(tasks),
-            drift_url, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            str(drift_tasks), drift_url, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), 240)
+            out, err = await asyncio.wait_for(proc.communicate(), 540)  # verl's import is slow
         finally:
             if proc.returncode is None:
                 proc.kill()

@@ -2,13 +2,13 @@
 ``rollgym`` agent loop against a rollgym stack, and the batch goes on through verl's own union
 and advantage computation, as ``RayPPOTrainer.fit`` does.
 
-    python verl_agent_loop_check.py WORKDIR TASKS_JSON DRIFT_AGENT_URL   (ROLLGYM_AGENT_URL set)
+    python verl_agent_loop_check.py WORKDIR TASKS DRIFT_TASKS DRIFT_AGENT_URL   (ROLLGYM_AGENT_URL set)
 
 Builds a tiny tokenizer and model config on the spot (no download), composes verl's default
 ``ppo_trainer`` config with ``agent_loop_config_path`` = ``verl_agent_loop.yaml`` beside this
-file, writes the task rows as verl parquet rows (``dataset_row``), reads them back with verl's
-``RLHFDataset``, and prints one JSON object: each output row unpadded, the reward extra keys,
-and the advantages of ``rollgym_grpo`` and of verl's ``grpo``. No GPU, no inference server:
+file, writes the task rows (JSON lines) as verl parquet rows with ``verl_make_rows.py``, reads
+them back with verl's ``RLHFDataset``, and prints one JSON object: each output row unpadded,
+the reward extra keys, and the advantages of ``rollgym_grpo`` and of verl's ``grpo``. No GPU, no inference server:
 the agent loop's model is rollgym's, so verl's ``llm_client`` is None. Its reward loop is a
 stand-in that fails if verl asks it for a score (the loop's score must be used as it is).
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import runpy
 import sys
 import uuid
 from pathlib import Path
@@ -89,17 +90,19 @@ class RefusingRewardLoop:
     compute_score = _Method()
 
 
-def read_rows(work: Path, tasks: list[dict[str, Any]], tokenizer: Any, config: Any) -> Any:
-    import pandas as pd
+def read_rows(work: Path, tasks: Path, tokenizer: Any, config: Any) -> Any:
+    """``tasks`` (JSON lines) through ``verl_make_rows.py`` and verl's ``RLHFDataset``."""
     from verl.protocol import DataProto
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 
-    from rollgym.integrations.verl import dataset_row
-
-    path = work / "rows.parquet"
-    pd.DataFrame([dataset_row(task, i) for i, task in enumerate(tasks)]).to_parquet(path)
+    path = work / f"{tasks.stem}.parquet"
+    # As ``python verl_make_rows.py TASKS PATH`` would, without a second import of verl.
+    argv, sys.argv = sys.argv, ["verl_make_rows.py", str(tasks), str(path)]
+    try:
+        runpy.run_path(str(HERE / "verl_make_rows.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
     dataset = RLHFDataset(data_files=[str(path)], tokenizer=tokenizer, config=config.data)
-    assert len(dataset) == len(tasks), len(dataset)
     return DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
 
 
@@ -164,8 +167,12 @@ def advantages(batch: Any, estimator: str, config: Any, uids: list[str]) -> list
 
 
 async def main() -> None:
-    work, tasks_file, drift_url = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    tasks = json.loads(tasks_file.read_bytes())  # noqa: ASYNC240 - before anything runs
+    work, tasks, drift_tasks, drift_url = (
+        Path(sys.argv[1]),
+        Path(sys.argv[2]),
+        Path(sys.argv[3]),
+        sys.argv[4],
+    )
     tiny_model(work / "model")
     config = verl_config(work / "model")
 
@@ -191,7 +198,7 @@ async def main() -> None:
     }  # fmt: skip
 
     os.environ["ROLLGYM_AGENT_URL"] = drift_url  # the agent-loop config reads it per rollout
-    drifted = await generate(worker, read_rows(work, tasks[:1], worker.tokenizer, config))
+    drifted = await generate(worker, read_rows(work, drift_tasks, worker.tokenizer, config))
     result["drift"] = unpadded(drifted)
     print(json.dumps(result))
 
