@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -34,7 +36,7 @@ from rollgym.server.resources import Session
 from rollgym.testing import serve_server
 from tests.support.background import in_thread
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(900)
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL
 
@@ -177,3 +179,28 @@ def test_grpo_trainer_steps_on_rollouts_collected_by_rollgym(tmp_path: Path) -> 
     scored = rewards[g, [0, 3]]
     expected = (scored - scored.mean()) / (scored.std() + 1e-4)  # std of 2 values, unbiased
     assert torch.allclose(advantages[g, [0, 3]], expected, atol=1e-4), (rewards[g], advantages[g])
+
+
+QUICKSTART = Path(__file__).parents[2] / "examples" / "trl_quickstart.py"
+
+
+def test_the_readme_quickstart_trains_against_a_running_stack(tmp_path: Path) -> None:
+    """``examples/trl_quickstart.py`` (the README's TRL snippet, verbatim) as a user runs it:
+    its own process, the stack's URLs and a task file; one step."""
+    model_dir = build_tiny_model(tmp_path / "tiny", seed=1)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [row("s"), row("a", flaky=True)]))
+    out = tmp_path / "out"
+    with in_thread(rl_stack(model_dir)) as (agent_url, backend_url):
+        argv = [agent_url, backend_url, str(model_dir), str(tasks), str(out), "1"]
+        done = subprocess.run(
+            [sys.executable, str(QUICKSTART), *argv],
+            capture_output=True,
+            text=True,
+            timeout=800,
+            env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"},
+        )
+        served = orjson.loads(urlopen(f"{backend_url}/rollgym/weights", timeout=10).read())
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "steps: 1 masked per step: [2]" in done.stdout, done.stdout
+    assert served["rollgym_policy_version"] == 1
