@@ -129,7 +129,7 @@ def test_grpo_trainer_steps_on_rollouts_collected_by_rollgym(tmp_path: Path) -> 
     )
     with in_thread(rl_stack(model_dir)) as (agent_url, backend_url):
         weights = LocalModelWeights(backend_url)
-        rollout_func = RolloutFunc(agent_url, table, rollout_timeout=60)
+        rollout_func = RolloutFunc(agent_url, table, rollout_timeout=300)
         sync = WeightSyncCallback(weights, tmp_path / "weights")
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         before = {k: v.detach().clone() for k, v in model.state_dict().items()}
