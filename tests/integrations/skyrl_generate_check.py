@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ from skyrl.train.generators.base import (
 )
 from skyrl.train.generators.utils import prepare_generator_input
 from skyrl.train.utils.trainer_utils import validate_generator_output
+from skyrl_entrypoint import RollgymExp
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -46,7 +48,8 @@ PAD = 0
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer with a chat template: all SkyRL's dataset asks of one."""
+    """A word-level tokenizer with a chat template: all SkyRL's dataset asks of one (and the
+    entrypoint: its pad id)."""
     vocab = {"[PAD]": PAD, "[UNK]": 1}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -64,8 +67,13 @@ def shuffled(batch: GeneratorInput, order: list[int]) -> GeneratorInput:
 
 
 async def generate(agent_url: str, batch: GeneratorInput) -> GeneratorOutput:
-    generator = RollgymGenerator(agent_url, pad_id=PAD, concurrency=8, rollout_timeout=30)
+    # The README's entrypoint builds the generator (its experiment without BasePPOExp's
+    # __init__, which loads a model and places GPUs; get_generator reads none of that).
+    os.environ["ROLLGYM_AGENT_URL"] = agent_url
+    exp = RollgymExp.__new__(RollgymExp)
+    generator = exp.get_generator(None, tiny_tokenizer(), None)
     assert isinstance(generator, GeneratorInterface)
+    assert isinstance(generator, RollgymGenerator)
     try:
         output: GeneratorOutput = await generator.generate(batch)
     finally:

@@ -9,15 +9,16 @@ SkyRL's two field names; SkyRL's own classes are used only in the opt-in test.
 The opt-in test runs SkyRL itself: skipped unless ``SKYRL_PYTHON`` names a Python that can
 import SkyRL's generator types and rollgym (``tests/integrations/skyrl_requirements.txt``)::
 
-    ~/.pyenv/versions/3.12.1/bin/python3.12 -m venv /tmp/skyrl-venv
+    python3.12 -m venv /tmp/skyrl-venv     # here: ~/.pyenv/versions/3.12.1/bin/python3.12
     /tmp/skyrl-venv/bin/pip install -r tests/integrations/skyrl_requirements.txt
-    /tmp/skyrl-venv/bin/pip install --no-deps skyrl==0.4.0 && /tmp/skyrl-venv/bin/pip install -e .
+    /tmp/skyrl-venv/bin/pip install -e .
     SKYRL_PYTHON=/tmp/skyrl-venv/bin/python .venv/bin/pytest -q tests/integrations/test_skyrl.py
 
 It serves the stack here and runs ``skyrl_generate_check.py`` in ``SKYRL_PYTHON``: SkyRL's
 ``PromptDataset`` reads ``dataset_row``'s rows, ``prepare_generator_input`` expands them,
-``RollgymGenerator`` generates, SkyRL's ``validate_generator_output`` accepts the output and
-SkyRL's GRPO computes the advantages.
+the README's entrypoint (``skyrl_entrypoint.py``, a ``BasePPOExp``) builds ``RollgymGenerator``,
+which generates; SkyRL's ``validate_generator_output`` accepts the output, and SkyRL's batch
+tensors and GRPO advantages are computed from it.
 """
 
 from __future__ import annotations
