@@ -3,11 +3,11 @@
 Opt-in: skipped unless ``VERIFIERS_PYTHON`` names a Python that can ``import verifiers`` (it
 does not go into rollgym's venv: it pins its own openai, mcp, pydantic-config, ...). The script
 ``verifiers_run.py`` runs in that Python: it loads the Hub package ``rollgym-env`` through
-verifiers' loader and runs 8 rows x 2 rollouts through ``env.serving()`` + ``env.run_slot`` with
+verifiers' loader and runs 9 rows x 2 rollouts through ``env.serving()`` + ``env.run_slot`` with
 verifiers' ``null`` chat harness (a uv script verifiers prepares: ``uv`` must be on PATH beside
 that Python, and the harness's packages are fetched from PyPI by uv once), against a rollgym
 resources server and rollgym's scripted model on 127.0.0.1; then the same rows through rollgym's
-tool agent. About 2.5 minutes on 2 cores::
+tool agent. About 3 minutes on 2 cores::
 
     python3.11 -m venv /tmp/vf-venv
     /tmp/vf-venv/bin/pip install -r tests/integrations/verifiers_requirements.txt -e .
@@ -32,13 +32,13 @@ pytestmark = [
     pytest.mark.skipif(
         not PYTHON, reason="opt-in: set VERIFIERS_PYTHON to a Python with verifiers 0.4 installed"
     ),
-    pytest.mark.timeout(700),  # the first test waits for the whole run (about 2.5 minutes)
+    pytest.mark.timeout(700),  # the first test waits for the whole run (about 3 minutes)
 ]
 
 # Row indices of verifiers_run.ROWS (read here from the script's output, not imported: the
 # script imports verifiers).
 SCORED = [0, 1, 2, 3]
-TOOL_SERVER_FAILS, VERIFY_FAILS, MASKED, NO_TOOLS = 4, 5, 6, 7
+TOOL_SERVER_FAILS, VERIFY_FAILS, MASKED, NO_TOOLS, SEED_FAILS = 4, 5, 6, 7, 8
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +81,17 @@ def test_rewards_equal_rollgyms_own_for_the_same_model_outputs(run: dict[str, An
 
 
 def test_each_rollout_has_its_own_session(run: dict[str, Any]) -> None:
-    traces = [t for group in run["verifiers"] for t in group]
-    sessions = [t["session_id"] for t in traces]
-    assert all(sessions) and len(set(sessions)) == len(traces) == 16
+    seeded = [t for i, group in enumerate(run["verifiers"]) if i != SEED_FAILS for t in group]
+    sessions = [t["session_id"] for t in seeded]
+    assert all(sessions) and len(set(sessions)) == len(seeded) == 16
     calls = run["sessions"]
-    assert set(calls) == set(sessions)  # no call outside a rollout's session ("-")
-    for row, group in zip(run["rows"], run["verifiers"], strict=True):
+    # no call outside a rollout's session ("-"); the two seeds that failed opened no other
+    unseeded = set(calls) - set(sessions)
+    assert "-" not in calls and len(unseeded) == 2
+    assert all(calls[s] == ["seed"] for s in unseeded)
+    for index, (row, group) in enumerate(zip(run["rows"], run["verifiers"], strict=True)):
+        if index == SEED_FAILS:
+            continue
         question = row["responses_create_params"]["input"][0]["content"]
         for trace in group:
             log = calls[trace["session_id"]]
@@ -140,3 +145,16 @@ def test_tools_come_from_the_server_when_a_row_declares_none(run: dict[str, Any]
         assert trace["ok"], trace["errors"]
         assert trace["tools_seen"] == ["lookup"]
         assert trace["rewards"] == {"rollgym": 1.0}
+
+
+def test_a_failing_seed_fails_the_rollout_before_it_runs(run: dict[str, Any]) -> None:
+    assert run["rollgym"][SEED_FAILS]["failed"] == "http_status"
+    for trace in run["verifiers"][SEED_FAILS]:
+        assert trace["ok"] is False
+        assert trace["rewards"] == {}  # scoring never ran: no reward entry at all
+        assert trace["session_id"] is None and trace["tool_calls"] == []
+        assert trace["last_reply"] == ""  # the model was never called
+        (error,) = trace["errors"]
+        assert error["type"] == "TaskError"
+        assert "task setup" in error["message"]
+        assert trace["rollgym_error"]["endpoint"] == "/seed_session"

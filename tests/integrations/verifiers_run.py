@@ -37,8 +37,8 @@ BREAK = "BREAK"
 
 class RecordingLookup(LookupEnv):
     """``lookup`` that records which session made each call and each verify, and fails on
-    demand: a key with ``BREAK`` answers 500; a row's ``rig`` field makes verify answer 500
-    (``verify_500``) or ask to be masked (``mask``)."""
+    demand: a key with ``BREAK`` answers 500; a row's ``rig`` field makes seed or verify answer
+    500 (``seed_500``, ``verify_500``) or verify ask to be masked (``mask``)."""
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -47,6 +47,8 @@ class RecordingLookup(LookupEnv):
     async def seed_session(self, session: Session) -> None:
         await super().seed_session(session)
         self.calls[session.id].append("seed")
+        if session.task.get("rig") == "seed_500":
+            raise RuntimeError("the registry is closed today")
 
     @tool
     async def lookup(self, session: Session, key: str) -> dict[str, Any]:
@@ -94,6 +96,7 @@ ROWS = [
     # No tools declared: verifiers' rollout gets the server's (GET /tools); rollgym's tool agent
     # offers the model none, so this row is left out of the comparison.
     row("Brackenholt", "48213", tools=False),
+    row("Brackenholt", "48213", rig="seed_500"),  # seed fails: a failed rollout, never run
 ]
 REPEATS = 2
 
