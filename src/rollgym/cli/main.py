@@ -47,7 +47,7 @@ def _root(
 
 
 def _register() -> None:
-    from rollgym.cli import chaos, check, report, reverify, run, serve
+    from rollgym.cli import chaos, check, report, reverify, run, serve, serve_model
 
     serve.register(app)
     run.register(app)
@@ -55,6 +55,7 @@ def _register() -> None:
     check.register(app)
     report.register(app)
     reverify.register(app)
+    serve_model.register(app)
 
 
 def main() -> None:
