@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from rollgym.collect.records import FailedRollout, RolloutRecord
+from rollgym.config import load_config
 from rollgym.errors import InputError, InternalError, TokenDataError
 from rollgym.integrations.skyrl import (
     TASK_FIELD,
@@ -45,6 +46,7 @@ from rollgym.integrations.skyrl import (
     plan_batch,
     with_sampling,
 )
+from rollgym.server.base import check_servers
 from rollgym.trainer import TaskGroup
 from tests.integrations.skyrl_stack import skyrl_row, skyrl_rows, skyrl_stack
 from tests.integrations.test_samples import call, scored, tool_output
@@ -151,6 +153,12 @@ def test_the_trainers_sampling_parameters_win_over_the_rows() -> None:
     ]
     assert (params["top_k"], params["min_p"], params["stop"]) == (20, 0.1, ["</a>"])
     assert with_sampling(task, None) is task
+
+
+def test_the_readmes_config_for_skyrls_engines_is_a_valid_config() -> None:
+    config = load_config(HERE / "skyrl_config.yaml")
+    assert config.servers["policy_model"].options["return_token_ids"] is True
+    check_servers(config)  # every impl resolves, every option validates, every peer exists
 
 
 # -- records to SkyRL's output -----------------------------------------------------------------
