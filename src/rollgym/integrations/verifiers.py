@@ -38,7 +38,7 @@ import orjson
 
 from rollgym.errors import ConfigError, InputError, ProtocolError, RollgymError
 from rollgym.nemo_gym.mask import mask_sample
-from rollgym.wire import RESERVED_ENDPOINTS
+from rollgym.wire import INDEX_FIELDS, RESERVED_ENDPOINTS
 
 __all__ = [
     "TASKSET_MODULE",
@@ -54,7 +54,7 @@ __all__ = [
 TASKSET_MODULE = "rollgym.integrations.verifiers_taskset"
 """The module holding the verifiers classes (imports verifiers)."""
 
-NOT_METRICS = frozenset({"reward", "task_index", "rollout_index", "_ng_task_index"})
+NOT_METRICS = INDEX_FIELDS | {"reward"}
 
 
 @dataclass(frozen=True, slots=True)
