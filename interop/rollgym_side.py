@@ -75,17 +75,27 @@ def _tree(pid: int) -> list[psutil.Process]:
     return []
 
 
+TIMED_OUT = 124
+"""``rollgym_run``'s exit code for a run stopped at its timeout (as timeout(1) says)."""
+
+
 def rollgym_run(config_path: Path, out: Path, *extra: str, timeout: float = 300.0) -> int:
     """``rollgym run CONFIG --output OUT``; its exit code (its log is ``OUT.log``)."""
     log = out.with_suffix(".log")
     with log.open("wb") as sink:
-        proc = subprocess.run(
-            [ROLLGYM, "run", str(config_path), "--output", str(out), *extra],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            timeout=timeout,
-            env={**os.environ, "NO_COLOR": "1"},
-        )
+        try:
+            proc = subprocess.run(
+                [ROLLGYM, "run", str(config_path), "--output", str(out), *extra],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                env={**os.environ, "NO_COLOR": "1"},
+            )
+        except subprocess.TimeoutExpired:
+            # subprocess.run killed it; its servers end with it (rollgym's lifeline). What it
+            # recorded is kept: the caller reads failures.jsonl for the cause.
+            sink.write(b"\n[interop] rollgym run stopped after %d s\n" % int(timeout))
+            return TIMED_OUT
     return proc.returncode
 
 

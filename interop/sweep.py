@@ -47,7 +47,7 @@ import yaml
 
 from interop import nemo
 from interop.nemo import NG04, NemoGym, free_port, server_entry
-from interop.rollgym_side import read_jsonl, rollgym_serve, write_config
+from interop.rollgym_side import TIMED_OUT, read_jsonl, rollgym_serve, write_config
 from interop.rollouts import nemo_agent_answers, rollgym_rewards, scripted
 
 # Fields of a recorded rollout that are not the task: its verify answer, and NeMo Gym's indices
@@ -542,6 +542,10 @@ def sweep_one(
         if code != 0:
             failures = read_jsonl(work / name / "rollgym" / "run" / "failures.jsonl")
             cause = innermost(failures[0]["error"]) if failures else f"exit {code}"
+            if code == TIMED_OUT:
+                cause = (
+                    f"the run did not end within its time and was stopped; first failure: {cause}"
+                )
             notes.append(f"rollgym: {cause}")
         if nemo_errors:
             notes.append(f"NeMo Gym's agent: {nemo_errors[0]}")
