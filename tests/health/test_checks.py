@@ -125,6 +125,34 @@ def test_a_task_that_fails_sometimes_is_no_task_that_always_fails(tmp_path: Path
     assert report.exit_code == 0, outcomes(report)
 
 
+def test_a_task_consistently_unhealthy(tmp_path: Path) -> None:
+    """Task 1: one repeat failed, the others answered nothing (0.7's
+    task_consistently_unhealthy); task 3 has one hollow repeat of three, no more."""
+    empty = {"input_tokens": 30, "output_tokens": 0}
+    records: dict[tuple[int, int], Any] = {
+        (1, 0): None,
+        (1, 1): rollout(1, 1, output=[*tool_turn(), answer("")]),
+        (1, 2): rollout(1, 2, usage=empty),
+        (3, 0): rollout(3, 0, output=[*tool_turn(), answer("")]),
+    }
+    root = clean_except(tmp_path / "run", 4, 3, records, failures=[failure(1, 0)])
+    report = check_run(root, {"failure_rate": 0.1, "hollow_turns": 0.2,
+                              "zero_completion_tokens": 0.1})  # fmt: skip
+    assert report.failed == ("tasks_always_unhealthy",), outcomes(report)
+    sick = check(report, "tasks_always_unhealthy")
+    assert [(e.task_index, e.note) for e in sick.examples] == [
+        (1, "all 3 records failed or have a finding")
+    ]
+
+
+def test_missing_token_counts(tmp_path: Path) -> None:
+    bare = rollout(2, 2)
+    del bare["response"]["usage"]
+    report = failed_only(clean_except(tmp_path / "run", 4, 3, {(2, 2): bare}),
+                         "missing_token_counts")  # fmt: skip
+    assert check(report, "zero_completion_tokens").of == 11
+
+
 def test_zero_completion_tokens_from_usage(tmp_path: Path) -> None:
     none = rollout(0, 0, usage={"input_tokens": 40, "output_tokens": 0})
     report = failed_only(clean_except(tmp_path / "run", 4, 3, {(0, 0): none}),

@@ -24,7 +24,7 @@ def test_exit_codes_and_health_json(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert saved["passed"] is True and saved["exit_code"] == 0
     assert saved["counts"] == {"rows": 6, "rollouts": 6, "failures": 0}
     out = capsys.readouterr().out
-    assert "health: all 13 judged checks passed" in out
+    assert "health: all 15 judged checks passed" in out
 
     hollow = rollout(0, 1, output=[*tool_turn(), answer(" ")])
     sick = clean_except(tmp_path / "sick", 3, 2, {(0, 1): hollow})

@@ -86,8 +86,11 @@ def test_a_real_run_with_hollow_answers(lookup_run: Path, tmp_path: Path) -> Non
         out.append(orjson.dumps(rec) + b"\n")
     (run / "rollouts.jsonl").write_bytes(b"".join(out))
     report = check_run(run)
-    assert report.failed == ("hollow_turns",)
+    # Every repeat of task 1 is hollow: the task is consistently unhealthy too.
+    assert set(report.failed) == {"hollow_turns", "tasks_always_unhealthy"}
     assert report.checks[5].count == 3
+    sick = next(c for c in report.checks if c.id == "tasks_always_unhealthy")
+    assert [e.task_index for e in sick.examples] == [1]
 
 
 async def test_a_task_that_always_fails_for_real(tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ no token data in the run, no metrics.json) is ``unobserved``, never a pass in di
 
 The checks NeMo Gym 0.7's ``gym eval health-check`` makes, read from rollgym's records (0.7
 reads its ``ng_trajectory`` captures, which rollgym does not write): duplicate identities,
-missing agent turns, hollow turns, zero completion tokens, runaway generations, token-count
-mismatches, tasks that never succeed. 0.7's ``model_call_failed`` and
-``rollout_ended_on_failed_model_call`` have no counterpart: a rollgym rollout whose model call
+missing agent turns, hollow turns, zero completion tokens, missing token counts, runaway
+generations, token-count mismatches, tasks that never succeed (every repeat a failure) and
+tasks consistently unhealthy (every repeat a failure or a rollout with one of those findings).
+0.7's ``model_call_failed`` and ``rollout_ended_on_failed_model_call`` have no counterpart: a rollgym rollout whose model call
 failed for good is a failure record, never scored, and counted by ``failure_rate`` and
 ``failure_bursts``. Then rollgym's own: the ledger invariant, failures by server over time,
 re-tokenisation drift, retries and attempts, masked samples.
@@ -55,8 +56,12 @@ SPECS: tuple[CheckSpec, ...] = (
               "rollouts with a call stopped at max_output_tokens / rollouts"),
     CheckSpec("token_count_mismatch", "count", 0,
               "rollouts whose token ids disagree with usage or their logprobs"),
+    CheckSpec("missing_token_counts", "rate", 0.01,
+              "rollouts with model turns but no usage and no token ids / rollouts"),
     CheckSpec("tasks_always_failing", "count", 0,
               "tasks with 2+ records, every one a failure"),
+    CheckSpec("tasks_always_unhealthy", "count", 0,
+              "tasks with 2+ records, each a failure or with a finding above (not all failures)"),
     # rollgym's own.
     CheckSpec("failure_rate", "rate", 0.05, "failures / records"),
     CheckSpec("failure_bursts", "rate", 0.5,

@@ -130,12 +130,16 @@ def _judged(
     missing = Counted()
     for key in t.slots.missing():
         missing.add(None, "no record in rollouts.jsonl or failures.jsonl", key)
-    always = Counted()
-    for task, got, failed in t.slots.task_totals():
-        if got >= 2:
-            always.of += 1
-            if failed == got:
-                always.add(None, f"all {got} records are failures", (task, None))
+    always, unhealthy = Counted(), Counted()
+    for task, got, failed, sick in t.slots.task_totals():
+        if got < 2:
+            continue  # one repeat says nothing about the task (as 0.7: 2 repeats at least)
+        always.of += 1
+        unhealthy.of += 1
+        if failed == got:
+            always.add(None, f"all {got} records are failures", (task, None))
+        elif sick == got:
+            unhealthy.add(None, f"all {got} records failed or have a finding", (task, None))
     burst_count, burst_of, burst_detail = _bursts(t)
     retries, calls, retry_detail = _server_retries(metrics)
     found: dict[str, tuple[int, int | None, list[Example], dict[str, Any], bool]] = {
@@ -154,6 +158,8 @@ def _judged(
         "runaway_generations": (t.runaway.count, t.rollouts, t.runaway.examples, {}, True),
         "token_count_mismatch": (t.mismatch.count, t.mismatch.of, t.mismatch.examples, {}, True),
         "tasks_always_failing": (always.count, always.of, always.examples, {}, True),
+        "tasks_always_unhealthy": (unhealthy.count, unhealthy.of, unhealthy.examples, {}, True),
+        "missing_token_counts": (t.no_counts.count, t.rollouts, t.no_counts.examples, {}, True),
         "failure_rate": (t.failures, records, [],
                          {"by_server": dict(t.by_server.most_common()),
                           "by_type": dict(t.by_type.most_common())}, True),

@@ -34,11 +34,13 @@ class Slots:
         self._counts = bytearray(size if self._dense else 0)
         self._sparse_expected: set[tuple[int, int]] = set()
         self._sparse_counts: dict[tuple[int, int], int] = {}
-        # Per task: records and failures (tasks_always_failing), 16 bytes a task when dense.
+        # Per task: records, failures and unhealthy records (failures included), for the
+        # checks of tasks that never succeed; 24 bytes a task when dense.
         width = self.tasks if self._dense else 0
         self._task_records = array("l", bytes(8 * width))
         self._task_failures = array("l", bytes(8 * width))
-        self._sparse_tasks: Counter[tuple[int, bool]] = Counter()
+        self._task_unhealthy = array("l", bytes(8 * width))
+        self._sparse_tasks: Counter[tuple[int, int]] = Counter()
 
     @classmethod
     def shaped(cls, lines: Iterator[Line]) -> Slots:
@@ -98,25 +100,27 @@ class Slots:
             if want and not got:
                 yield divmod(slot, self.repeats)
 
-    def count_task(self, task: int, failed: bool) -> None:
-        """Count a record of ``task`` (one of tasks.jsonl's), a failure or not."""
+    def count_task(self, task: int, failed: bool, unhealthy: bool) -> None:
+        """Count a record of ``task`` (one of tasks.jsonl's): a failure or not, unhealthy (a
+        failure, or a rollout with a finding) or not."""
         if not self._dense:
-            self._sparse_tasks[(task, False)] += 1
-            self._sparse_tasks[(task, True)] += failed
+            self._sparse_tasks[(task, 0)] += 1
+            self._sparse_tasks[(task, 1)] += failed
+            self._sparse_tasks[(task, 2)] += unhealthy
             return
         self._task_records[task] += 1
         self._task_failures[task] += failed
+        self._task_unhealthy[task] += unhealthy
 
-    def task_totals(self) -> Iterator[tuple[int, int, int]]:
-        """(task, records, failures) of every task with a record, in index order."""
+    def task_totals(self) -> Iterator[tuple[int, int, int, int]]:
+        """(task, records, failures, unhealthy) of every task with a record, in index order."""
         if not self._dense:
             for task in sorted({t for t, _ in self._sparse_tasks}):
-                got = self._sparse_tasks[(task, False)]
+                got = self._sparse_tasks[(task, 0)]
                 if got:
-                    yield task, got, self._sparse_tasks[(task, True)]
+                    yield task, got, self._sparse_tasks[(task, 1)], self._sparse_tasks[(task, 2)]
             return
-        for task, (got, failed) in enumerate(
-            zip(self._task_records, self._task_failures, strict=True)
-        ):
+        columns = (self._task_records, self._task_failures, self._task_unhealthy)
+        for task, (got, failed, unhealthy) in enumerate(zip(*columns, strict=True)):
             if got:
-                yield task, got, failed
+                yield task, got, failed, unhealthy

@@ -16,7 +16,7 @@ from rollgym.errors import root_record
 from rollgym.health.checks import EXAMPLES, Example
 from rollgym.health.lines import Line
 from rollgym.health.slots import Slots
-from rollgym.health.turns import rollout_facts
+from rollgym.health.turns import RolloutFacts, rollout_facts
 from rollgym.nemo_gym.mask import is_masked
 
 
@@ -59,6 +59,7 @@ class Tally:
     zero_completion: Counted = field(default_factory=Counted)
     runaway: Counted = field(default_factory=Counted)
     mismatch: Counted = field(default_factory=Counted)
+    no_counts: Counted = field(default_factory=Counted)
     drift: Counted = field(default_factory=Counted)
     masked: Counted = field(default_factory=Counted)
     attempts: Counted = field(default_factory=Counted)
@@ -69,15 +70,16 @@ class Tally:
     window_records: Counter[int] = field(default_factory=Counter)
     window_failures: Counter[tuple[str, int]] = field(default_factory=Counter)
 
-    def ledger(self, line: Line, failed: bool) -> bool:
-        """Count ``line`` in the ledger; False if it names no row of tasks.jsonl."""
+    def ledger(self, line: Line, failed: bool, unhealthy: bool) -> bool:
+        """Count ``line`` in the ledger (``unhealthy``: a rollout with a finding of its own);
+        False if it names no row of tasks.jsonl."""
         key = line.key
         if not self.slots.expected(key):
             self.unknown.add(line, "no row of tasks.jsonl has these indices")
             return False
         if self.slots.record(key) > 1:
             self.duplicates.add(line, "a second record of this rollout")
-        self.slots.count_task(key[0], failed)
+        self.slots.count_task(key[0], failed, unhealthy)
         attempts = line.record.get("attempts")
         if isinstance(attempts, int) and not isinstance(attempts, bool) and attempts > 1:
             self.attempts.add(line, f"attempts {attempts}")
@@ -95,10 +97,24 @@ class Tally:
     def rollout(self, line: Line) -> None:
         """Count one record of rollouts.jsonl."""
         self.rollouts += 1
-        self.ledger(line, failed=False)
         self.when(line.record)
         rec = line.record
         facts = rollout_facts(rec)
+        found = self._findings(line, facts)
+        self.ledger(line, failed=False, unhealthy=found)
+        if facts.drifted_turns is not None:
+            self.drift.of += 1
+            if facts.drifted_turns:
+                self.drift.add(line, f"drifted_turns {facts.drifted_turns}")
+        if facts.model_calls is not None:
+            self.model_calls += facts.model_calls
+            self.model_retries += facts.model_retries
+        if is_masked(rec):
+            self.masked.add(line, "mask_sample: true")
+
+    def _findings(self, line: Line, facts: RolloutFacts) -> bool:
+        """Count the findings NeMo Gym 0.7 makes on one rollout; whether there was one."""
+        before = sum(c.count for c in self._rollout_checks())
         hollow = [i for i, t in enumerate(facts.turns) if t.hollow]
         if not facts.turns:
             self.missing_turns.add(line, "response.output has no model item")
@@ -118,20 +134,18 @@ class Tally:
             why = facts.token_mismatch()
             if why:
                 self.mismatch.add(line, why)
-        if facts.drifted_turns is not None:
-            self.drift.of += 1
-            if facts.drifted_turns:
-                self.drift.add(line, f"drifted_turns {facts.drifted_turns}")
-        if facts.model_calls is not None:
-            self.model_calls += facts.model_calls
-            self.model_retries += facts.model_retries
-        if is_masked(rec):
-            self.masked.add(line, "mask_sample: true")
+        if facts.turns and zero is None:
+            self.no_counts.add(line, "no usage and no token ids")
+        return sum(c.count for c in self._rollout_checks()) > before
+
+    def _rollout_checks(self) -> tuple[Counted, ...]:
+        return (self.missing_turns, self.hollow, self.zero_completion, self.runaway,
+                self.mismatch, self.no_counts)  # fmt: skip
 
     def failure(self, line: Line) -> None:
         """Count one record of failures.jsonl, under the server where it started."""
         self.failures += 1
-        self.ledger(line, failed=True)
+        self.ledger(line, failed=True, unhealthy=True)
         window = self.when(line.record)
         error = line.record.get("error")
         root = root_record(error) if isinstance(error, dict) else {}
