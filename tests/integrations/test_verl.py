@@ -150,6 +150,19 @@ def test_drift_masks_the_rollout_or_keeps_its_first_run_of_calls() -> None:
     assert kept.reward == 1.0 and not kept.masked
 
 
+def test_an_id_past_the_vocabulary_or_a_reward_that_is_no_number_is_masked() -> None:
+    record = scored([call([1, 2], [3, 999], kind="message")])
+    assert not fields(record).masked  # no vocabulary given: not checked
+    out = fields(record, vocab_size=999)
+    masked_shape(out)
+    assert out.reason == "token_data" and "past the tokenizer's 999 ids" in str(out.error)
+    assert not fields(record, vocab_size=1000).masked
+    for reward in (float("nan"), float("inf")):
+        out = fields(scored([call([1], [2], kind="message")], reward=reward))
+        masked_shape(out)
+        assert out.reason == "reward_not_finite"
+
+
 def test_a_prompt_past_prompt_length_is_masked_not_cut() -> None:
     out = fields(scored([call(list(range(1, 11)), [2], kind="message")]), prompt_length=4)
     masked_shape(out)

@@ -84,7 +84,7 @@ class LoopFields:
     masked: bool
     reason: str | None = None
     """Why it is masked: ``failed``, ``masked_by_verifier``, ``token_data``, ``drift``,
-    ``prompt_too_long``; None for a rollout that trains."""
+    ``reward_not_finite``, ``prompt_too_long``; None for a rollout that trains."""
     error: RollgymError | None = None
     truncated: bool = False
     """The response was cut at ``rollout.response_length`` (as verl's own loops cut it)."""
@@ -115,10 +115,13 @@ def loop_fields(
     prompt_length: int,
     response_length: int,
     on_drift: OnDrift = "mask",
+    vocab_size: int | None = None,
 ) -> LoopFields:
     """``record`` as one agent-loop output's fields (see the module docstring). One output per
     rollout: a rollout that drift cut in several samples is masked, or with
-    ``on_drift="first"`` keeps its first run of calls (with the rollout's reward)."""
+    ``on_drift="first"`` keeps its first run of calls (with the rollout's reward). With
+    ``vocab_size``, an id the model cannot have produced (an upstream's bug or a hostile
+    answer) masks the rollout instead of indexing past verl's embedding."""
     if prompt_length < 1 or response_length < 1:
         raise ValueError("prompt_length and response_length must be at least 1")
     try:
@@ -131,6 +134,15 @@ def loop_fields(
         return _masked(pad_id, reason, sample.failure, sample)
     if len(samples) > 1 and on_drift == "mask":
         return _masked(pad_id, "drift", None, sample)
+    if sample.reward is None or not math.isfinite(sample.reward):
+        # A NaN or infinite reward would poison its whole group's advantages.
+        return _masked(pad_id, "reward_not_finite", None, sample)
+    if vocab_size is not None and max(sample.prompt_ids + sample.completion_ids) >= vocab_size:
+        error = TokenDataError(
+            f"rollout {record.task_index}:{record.rollout_index}: a token id is past the "
+            f"tokenizer's {vocab_size} ids"
+        )
+        return _masked(pad_id, "token_data", error, sample)
     if len(sample.prompt_ids) > prompt_length:
         # verl's loops drop the prompt's left; that trains on a context the model never saw.
         return _masked(pad_id, "prompt_too_long", None, sample)
@@ -384,6 +396,10 @@ if importlib.util.find_spec("verl") is not None:  # pragma: no branch - decided 
             if pad is None:
                 pad = getattr(self.tokenizer, "eos_token_id", None)
             self.pad_id = pad if isinstance(pad, int) else 0
+            try:
+                self.vocab_size: int | None = len(self.tokenizer)
+            except TypeError:  # a tokenizer without a length: ids are not checked
+                self.vocab_size = None
 
         async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
             task = with_sampling(task_row(kwargs), sampling_params)
@@ -402,6 +418,7 @@ if importlib.util.find_spec("verl") is not None:  # pragma: no branch - decided 
                 prompt_length=int(self.rollout_config.prompt_length),
                 response_length=int(self.rollout_config.response_length),
                 on_drift=self.on_drift,
+                vocab_size=self.vocab_size,
             )
             if fields.masked:
                 log.warning(
