@@ -16,7 +16,8 @@ EXIT_UNREADABLE = 2
 HELP = (
     "Check the run in DIR: the ledger invariant (one record per row of tasks.jsonl, no "
     "duplicates), NeMo Gym 0.7's rollout checks (missing and hollow agent turns, zero "
-    "completion tokens, runaway generations, token-count mismatches, tasks that always fail) "
+    "completion tokens, missing token counts, runaway generations, token-count mismatches, "
+    "tasks that always fail or are always unhealthy) "
     "and rollgym's own (failure rate and bursts by server over time, token drift, retries per "
     "model call and per server, rollout attempts, masked samples). Each check fails when its "
     "value exceeds its threshold (--max CHECK=VALUE overrides one). Writes DIR/health.json and "
@@ -29,20 +30,23 @@ HELP = (
 def register(app: typer.Typer) -> None:
     @app.command(cls=PlainHelpCommand, help=HELP)
     def health(
-        out: Annotated[Path, typer.Argument(help="Output directory of the run.")],
+        out: Annotated[Path, typer.Argument(metavar="DIR", help="Output directory of the run.")],
         max_: Annotated[
             list[str] | None,
             typer.Option(
                 "--max",
+                metavar="CHECK=VALUE",
                 help="CHECK=VALUE: fail CHECK above VALUE instead of its default (repeatable; "
                 "a count, or a rate from 0 to 1).",
             ),
         ] = None,
         skip: Annotated[
-            list[str] | None, typer.Option("--skip", help="A check not to run (repeatable).")
+            list[str] | None,
+            typer.Option("--skip", metavar="CHECK", help="A check not to run (repeatable)."),
         ] = None,
         window: Annotated[
-            float, typer.Option(help="Seconds per time window of failure_bursts.")
+            float,
+            typer.Option(metavar="SECONDS", help="Seconds per time window of failure_bursts."),
         ] = 60.0,
         write: Annotated[
             bool, typer.Option("--write/--no-write", help="Write DIR/health.json.")
