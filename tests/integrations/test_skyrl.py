@@ -24,6 +24,7 @@ tensors and GRPO advantages are computed from it.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import re
@@ -78,6 +79,15 @@ def batch(rows: list[dict[str, Any]], samples: int = 1, **extra: Any) -> dict[st
         "batch_metadata": None,
         **extra,
     }
+
+
+@pytest.mark.skipif(importlib.util.find_spec("skyrl") is not None, reason="SkyRL is installed here")
+def test_without_skyrl_the_module_imports_and_the_generator_says_what_it_needs() -> None:
+    import rollgym.integrations.skyrl as module
+
+    assert "skyrl" not in sys.modules
+    with pytest.raises(ImportError, match="RollgymGenerator needs SkyRL's generator types"):
+        module.RollgymGenerator  # noqa: B018
 
 
 # -- SkyRL's inputs as rollgym tasks -----------------------------------------------------------

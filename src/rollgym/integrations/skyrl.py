@@ -436,9 +436,14 @@ class RolloutGenerator:
 
 @functools.cache
 def _generator_class() -> type[RolloutGenerator]:
-    from skyrl.train.generators.base import (  # type: ignore[import-not-found, unused-ignore]
-        GeneratorInterface,
-    )
+    try:
+        from skyrl.train.generators.base import (  # type: ignore[import-not-found, unused-ignore]
+            GeneratorInterface,
+        )
+    except ImportError as e:
+        raise ImportError(
+            f"RollgymGenerator needs SkyRL's generator types (skyrl 0.4, Python 3.12): {e}"
+        ) from e
 
     class RollgymGenerator(RolloutGenerator, GeneratorInterface):  # type: ignore[misc, unused-ignore]
         """SkyRL's ``GeneratorInterface`` on rollgym (see ``rollgym.integrations.skyrl``)."""
