@@ -24,9 +24,9 @@ from rollgym.errors import (
     RollgymError,
 )
 from rollgym.integrations.weights import LocalModelWeights, VllmWeights, WeightSync
-from rollgym.models.local import POLICY_VERSION
 from rollgym.models.tiny import build_tiny_model
 from rollgym.testing import bind_socket, serve_server
+from rollgym.wire import POLICY_VERSION
 
 pytestmark = pytest.mark.timeout(90)
 

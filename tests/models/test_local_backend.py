@@ -19,12 +19,13 @@ from openai import AsyncOpenAI
 
 from rollgym.http import Target
 from rollgym.integrations.samples import rollout_samples
-from rollgym.models.local import POLICY_VERSION, WEIGHTS_ENDPOINT
+from rollgym.models.local import WEIGHTS_ENDPOINT
 from rollgym.models.tiny import build_tiny_model
 from rollgym.models.tokens import call_tokens, token_request
 from rollgym.models.translate import responses_to_chat
 from rollgym.testing import serve_server
 from rollgym.trainer import collect_batch
+from rollgym.wire import POLICY_VERSION
 
 from ..support.stack import ECHO_TOOL, fast_policy
 
@@ -204,6 +205,7 @@ async def test_a_rollout_through_proxy_agent_and_env_gives_a_sample(trained: Pat
     assert record.reward == 1.0, record
     (sample,) = rollout_samples(record)
     assert sample.reward == 1.0 and not sample.masked
+    assert sample.policy_versions == (0, 0)  # both calls ran under the weights served at start
     tok = AutoTokenizer.from_pretrained(trained)
     # The sample's ids decode to the whole conversation as the chat template renders it.
     chat = responses_to_chat(echo_params(input=[

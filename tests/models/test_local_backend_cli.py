@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from rollgym.integrations.weights import LocalModelWeights
-from rollgym.models.local import POLICY_VERSION
 from rollgym.models.tiny import build_tiny_model
+from rollgym.wire import POLICY_VERSION
 
 pytestmark = pytest.mark.timeout(120)
 

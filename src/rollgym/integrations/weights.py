@@ -56,7 +56,8 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from rollgym.config import RetryPolicy
 from rollgym.errors import InvalidRequest, ProtocolError, RollgymError
 from rollgym.http import HttpClient, Target
-from rollgym.models.local import POLICY_VERSION, WEIGHTS_ENDPOINT
+from rollgym.models.local import WEIGHTS_ENDPOINT
+from rollgym.wire import POLICY_VERSION
 
 __all__ = ["LocalModelWeights", "VllmWeights", "WeightPush", "WeightSync"]
 

@@ -69,12 +69,13 @@ from rollgym.server.model import (
     json_object,
     model_list,
 )
+from rollgym.wire import POLICY_VERSION
 
-POLICY_VERSION = "rollgym_policy_version"
-"""The field of every completion and response naming the weights' version it ran under.
-TODO(wire): move to ``rollgym.wire`` (patch: notes/patches/cpu-wire.diff)."""
+__all__ = ["POLICY_VERSION", "WEIGHTS_ENDPOINT", "LocalModel"]
+
 WEIGHTS_ENDPOINT = "/rollgym/weights"
-"""``POST {"path", "version"}`` loads weights; ``GET`` says which are served."""
+"""``POST {"path", "version"}`` loads weights; ``GET`` says which are served.
+TODO(wire): move to ``rollgym.wire`` (patch: notes/patches/cpu-wire.diff)."""
 
 PING_ENDPOINT = "/ping"
 LOGPROB_FLOOR = -9999.0
