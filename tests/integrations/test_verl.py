@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from rollgym.collect.records import FailedRollout, ScoredRollout
-from rollgym.errors import HTTPStatusError, TransportError
+from rollgym.errors import HTTPStatusError, InputError, TransportError
 from rollgym.integrations.verl import (
     AGENT_NAME,
     dataset_row,
@@ -198,14 +198,14 @@ def test_a_dataset_row_carries_the_task_and_gives_it_back() -> None:
 
 @pytest.mark.parametrize("bad", [{}, {"rollgym_task": "{not json"}, {"rollgym_task": 3}])
 def test_a_row_without_a_task_says_what_it_needs(bad: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="rollgym_task"):
+    with pytest.raises(InputError, match="rollgym_task"):
         task_row(bad)
 
 
 def test_dataset_row_refuses_a_task_without_input() -> None:
-    with pytest.raises(ValueError, match="responses_create_params"):
+    with pytest.raises(InputError, match="responses_create_params"):
         dataset_row({"expected_answer": "x"}, 0)
-    with pytest.raises(ValueError, match="neither text nor a list"):
+    with pytest.raises(InputError, match="neither text nor a list"):
         dataset_row({"responses_create_params": {"input": 3}}, 0)
 
 
@@ -342,3 +342,17 @@ async def test_the_failing_row_fails_typed_through_rollgym() -> None:
     assert isinstance(record.error, HTTPStatusError)
     assert isinstance(fields(record).error, HTTPStatusError)
     assert not isinstance(record, ScoredRollout)
+
+
+def test_the_agent_url_comes_from_the_config_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rollgym.errors import ConfigError
+    from rollgym.integrations.verl import AGENT_URL_ENV, _agent_urls
+
+    assert _agent_urls(["http://a:1", "http://b:2"]) == ["http://a:1", "http://b:2"]
+    monkeypatch.setenv(AGENT_URL_ENV, " http://a:1, http://b:2 ,")
+    assert _agent_urls(None) == ["http://a:1", "http://b:2"]
+    monkeypatch.setenv(AGENT_URL_ENV, "")
+    with pytest.raises(ConfigError, match=AGENT_URL_ENV):
+        _agent_urls(None)

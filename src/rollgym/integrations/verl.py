@@ -41,7 +41,7 @@ from typing import Any, Literal
 import orjson
 
 from rollgym.collect.records import FailedRollout, RolloutRecord
-from rollgym.errors import RollgymError, TokenDataError
+from rollgym.errors import ConfigError, InputError, RollgymError, TokenDataError
 from rollgym.integrations.samples import Sample, placeholder, rollout_samples
 
 __all__ = [
@@ -194,7 +194,7 @@ def dataset_row(
     ``rollgym_task``, and ``extra_info.index`` (the row's task index)."""
     params = task.get("responses_create_params")
     if not isinstance(params, Mapping):
-        raise ValueError(f"task {index} has no responses_create_params")
+        raise InputError(f"task {index} has no responses_create_params")
     given = params.get("input")
     if isinstance(given, str):
         messages = [{"role": "user", "content": given}]
@@ -205,7 +205,7 @@ def dataset_row(
             if isinstance(m, Mapping) and m.get("type", "message") == "message"
         ]
     else:
-        raise ValueError(f"task {index}: responses_create_params.input is neither text nor a list")
+        raise InputError(f"task {index}: responses_create_params.input is neither text nor a list")
     return {
         "data_source": data_source,
         "prompt": messages,
@@ -217,7 +217,9 @@ def dataset_row(
 
 
 def task_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The rollgym task row inside verl's dataset row ``row`` (the agent loop's kwargs)."""
+    """The rollgym task row inside verl's dataset row ``row`` (the agent loop's kwargs).
+    A row without one is an ``InputError``: it stops verl's step, as a wrong dataset should,
+    rather than be a batch of masked rollouts that trains on nothing."""
     task = row.get(TASK_FIELD)
     if task is None and isinstance(row.get("extra_info"), Mapping):
         task = row["extra_info"].get(TASK_FIELD)
@@ -225,9 +227,9 @@ def task_row(row: Mapping[str, Any]) -> dict[str, Any]:
         try:
             task = orjson.loads(task)
         except orjson.JSONDecodeError as e:
-            raise ValueError(f"{TASK_FIELD} is not JSON: {e}") from e
+            raise InputError(f"{TASK_FIELD} is not JSON: {e}") from e
     if not isinstance(task, Mapping):
-        raise ValueError(
+        raise InputError(
             f"a verl row for the {AGENT_NAME!r} agent loop needs a {TASK_FIELD!r} column "
             f"(a rollgym task row, see dataset_row); got {type(task).__name__}"
         )
@@ -313,7 +315,7 @@ def _agent_urls(agent_url: str | Sequence[str] | None) -> list[str]:
     urls = agent_url.split(",") if isinstance(agent_url, str) else [str(u) for u in agent_url]
     urls = [u.strip() for u in urls if u.strip()]
     if not urls:
-        raise ValueError(
+        raise ConfigError(
             f"the {AGENT_NAME!r} agent loop needs rollgym's agent server: set agent_url in its "
             f"agent-loop config, or {AGENT_URL_ENV}"
         )
@@ -385,7 +387,7 @@ if importlib.util.find_spec("verl") is not None:  # pragma: no branch - decided 
             kwargs.pop("tools", None)  # verl's tools: rollgym's environment owns the tools
             super().__init__(*args, **kwargs)
             if on_drift not in ("mask", "first"):
-                raise ValueError(f"on_drift must be 'mask' or 'first', not {on_drift!r}")
+                raise ConfigError(f"on_drift must be 'mask' or 'first', not {on_drift!r}")
             urls = tuple(_agent_urls(agent_url))
             # One client per process and agent: verl makes a loop object per rollout.
             self.client = _CLIENTS.get(urls) or _CLIENTS.setdefault(urls, RolloutClient(urls))
