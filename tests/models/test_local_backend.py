@@ -275,6 +275,10 @@ async def test_pushed_weights_change_the_outputs_and_the_version(
 
 # -- bounds ----------------------------------------------------------------------------------
 
+DEEP: Any = {}
+for _ in range(900):  # under the JSON parser's 1024 levels, past what rendering can recurse
+    DEEP = {"a": DEEP}
+
 ADVERSARIAL: list[tuple[str, Any, str]] = [
     ("huge max_tokens", chat(max_tokens=10**12), "cap"),
     ("negative temperature", chat(temperature=-1), "temperature"),
@@ -301,6 +305,8 @@ ADVERSARIAL: list[tuple[str, Any, str]] = [
     ("prompt past the context", chat("hello " * 400), "context"),
     ("max_tokens past the context", chat(max_tokens=127), "context"),
     ("body not an object", [1, 2], "JSON object"),
+    ("deeply nested tool", chat(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": DEEP}}]), "nested"),
 ]  # fmt: skip
 
 

@@ -128,6 +128,8 @@ class LocalEngine:
             ) from None
         except TypeError as exc:  # a chat_template_kwargs key clashing with the template's own
             raise InvalidRequest(f"chat_template_kwargs: {exc}", status=400) from None
+        except RecursionError:  # tools or messages nested past what the template can render
+            raise InvalidRequest("the request is nested too deeply to render", status=400) from None
         return self.encode(str(text), add_special_tokens=False)
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:

@@ -19,7 +19,13 @@ from rollgym.models.tiny import TOOL_CALL_END, TOOL_CALL_START
 
 _BLOCK = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)" + re.escape(TOOL_CALL_END), re.S)
 _ARGS_KEY = re.compile(r'"arguments"\s*:\s*')
-_DECODER = json.JSONDecoder()
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")  # NaN / Infinity: no other parser would read them
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,8 @@ def parse_tool_calls(text: str) -> Parsed:
 
 def _call(block: str) -> ToolCall | None:
     try:
-        data = json.loads(block)
-    except ValueError:
+        data = _DECODER.decode(block)
+    except (ValueError, RecursionError):  # deep nesting: the model's output, not our bug
         return None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
@@ -81,7 +87,7 @@ def _raw_arguments(block: str, args: dict[str, object]) -> str:
     for key in _ARGS_KEY.finditer(block):
         try:
             value, end = _DECODER.raw_decode(block, key.end())
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if value == args:
             return block[key.end() : end]
