@@ -356,3 +356,15 @@ def test_the_agent_url_comes_from_the_config_or_the_environment(
     monkeypatch.setenv(AGENT_URL_ENV, "")
     with pytest.raises(ConfigError, match=AGENT_URL_ENV):
         _agent_urls(None)
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("verl") is not None, reason="verl is installed here"
+)
+def test_without_verl_the_agent_loop_says_what_it_needs() -> None:
+    import rollgym.integrations.verl as module
+
+    with pytest.raises(ImportError, match=r"needs verl \(pip install verl==0.9.1\)"):
+        _ = module.RollgymAgentLoop
+    with pytest.raises(AttributeError):
+        _ = module.nothing_here

@@ -458,3 +458,13 @@ def _tool_seconds(record: RolloutRecord) -> float:
             if isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s)
         )
     )
+
+
+def __getattr__(name: str) -> Any:
+    # Without verl the agent loop is not defined: say what it needs, not "no attribute".
+    if name == "RollgymAgentLoop":
+        raise ImportError(
+            "rollgym.integrations.verl.RollgymAgentLoop needs verl (pip install verl==0.9.1); "
+            "without it this module has the conversion only (loop_fields, dataset_row)"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
