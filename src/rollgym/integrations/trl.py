@@ -34,8 +34,8 @@ What TRL 1.16 does, read from ``trl/trainer/grpo_trainer.py``, and what this mod
    (``nan_to_num``): it is out of the baseline and trains on nothing, never a reward of 0. (A
    group left with one scored sample has a NaN std, so all its advantages are 0.) With several
    reward functions a sample is out only when *every* one returns None: rollgym's all do for a
-   masked sample; yours must too (read ``rollgym_masked``), or TRL's ``nansum`` counts the
-   others as 0. Loss types that average over sequences (``grpo``, ``sapo``, ``luspo``) count a
+   masked sample; yours must too (read ``rollgym_masked``), or TRL sums the others'
+   values (``nansum``) and scores the sample. Loss types that average over sequences (``grpo``, ``sapo``, ``luspo``) count a
    masked sample as a zero in that mean (the gradient is scaled by the scored share, as for
    TRL's own masked truncations); ``dapo`` (the default), ``bnpo`` and ``cispo`` divide by
    tokens and are unaffected.
@@ -46,6 +46,10 @@ What TRL 1.16 does, read from ``trl/trainer/grpo_trainer.py``, and what this mod
 6. **Counting.** Every call appends a ``StepReport`` to ``RolloutFunc.reports`` and logs one
    line (logger ``rollgym.integrations.trl``); ``rollgym_reward`` logs ``rollgym/masked`` and
    ``rollgym/failed`` through TRL's ``log_metric``, so they are in the trainer's logs.
+
+7. No ``environment_factory`` entry: with it TRL is the agent (it generates with its own model
+   and calls the environment's methods as tools), which would bypass rollgym's agent, model
+   server, retries, failure records and token path, what this bridge exists for.
 
 Sampling parameters come from each row's ``responses_create_params`` (``sampling=`` lays yours
 over every row). Keep their ``temperature`` equal to ``GRPOConfig.temperature``: TRL scores the
