@@ -13,6 +13,7 @@ from bokeh.resources import Resources
 
 import rollgym.report.plots as plots  # the module, not the package: it imports this one
 from rollgym import __version__
+from rollgym.health import report_section
 from rollgym.report.data import HOPS, RunData
 from rollgym.report.summary import deltas, hardest, headline
 
@@ -97,6 +98,8 @@ def render(runs: Sequence[RunData]) -> str:
         ]  # fmt: skip
         header = ("task", "scored", "passed", "failed", "masked", "pass rate", "reward mean")
         body.append(f"<h2>Hardest tasks: {html.escape(run.name)}</h2>" + _table(header, rows))
+    # The checks of `rollgym health` with their default thresholds (one more streaming pass).
+    body += [report_section(run.path, run.name) for run in runs]
     for other in runs[1:]:
         moved: list[tuple[object, ...]] = [
             (d.task_index, _rate(d.before), _rate(d.after), f"{d.change:+.2f}")
