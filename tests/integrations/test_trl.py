@@ -270,11 +270,10 @@ def test_the_policy_version_of_each_rollout_is_reported_where_the_server_names_i
     def versioned(t: int, r: int, row_: dict[str, Any]) -> RolloutRecord:
         if r == 2:
             return failed(t, r)
-        record = good(t, r, row_)
-        assert isinstance(record, ScoredRollout)
-        upstream = [{"rollgym_policy_version": 3 + r}, {"rollgym_policy_version": True}]
-        response = {**record.response, "rollgym_upstream": upstream}
-        return ScoredRollout(t, r, record.reward, 1, 0.1, {**record.verified, "response": response})
+        first = {**call([1, 2], [3], kind="function_call"), "rollgym_policy_version": 3 + r}
+        fed = {"type": "function_call_output", "call_id": "c", "output": "x"}
+        second = {**call([1, 2, 3, 4], [5]), "rollgym_policy_version": 4 + r}
+        return scored(t, r, [first, fed, second], reward=1.0)
 
     table = TaskTable([row("q")])
     func = RolloutFunc(FakeClient(versioned), table)

@@ -3,8 +3,8 @@ collects on 127.0.0.1: the tool agent, the echo environment, ``openai_proxy`` wi
 ``return_token_ids`` in front of rollgym's CPU backend (``rollgym.models.local``) serving a tiny
 model built here. Weights are pushed to the backend after every step.
 
-What could fail and is checked: the steps ran; the trainer's weights changed and the backend
-serves the last step's version; within one group a failed rollout and a verifier-masked one
+What could fail and is checked: the steps ran; the trainer's weights changed, the backend
+serves the last step's version and each step's rollouts ran on the previous step's weights; within one group a failed rollout and a verifier-masked one
 become masked samples whose reward TRL sees as NaN and whose advantage is 0, and the group's
 baseline is the mean of its scored rollouts only (a failure counted as 0 would move it); the
 counts per step.
@@ -154,7 +154,9 @@ def test_grpo_trainer_steps_on_rollouts_collected_by_rollgym(tmp_path: Path) -> 
 
     # Every step: the flaky row's rollout 1 failed and rollout 2 was masked; the rest scored.
     assert len(rollout_func.reports) == 3
-    for report in rollout_func.reports:
+    for step, report in enumerate(rollout_func.reports):
+        # Step n's rollouts came from the weights pushed after step n - 1 (0: the start).
+        assert report.policy_versions == (step,)
         assert (report.rollouts, report.scored, report.masked) == (3 * G, 3 * G - 2, 2)
         assert (report.failed, report.verifier_masked) == (1, 1)
         assert report.failure_types == {"HTTPStatusError": 1}

@@ -76,8 +76,6 @@ from rollgym.errors import TokenDataError
 from rollgym.http import Target
 from rollgym.integrations.samples import Sample, placeholder, rollout_samples
 from rollgym.integrations.weights import WeightPush, WeightSync
-from rollgym.models.local import POLICY_VERSION
-from rollgym.models.translate import UPSTREAM_KEY
 from rollgym.trainer import BatchOptions, RolloutClient, TaskGroup
 
 __all__ = [
@@ -301,10 +299,9 @@ class RolloutFunc:
         failure_types: Counter[str] = Counter()
         for group in groups:
             samples = [_one_sample(record, counts, failure_types) for record in group.rollouts]
-            versions = [_policy_version(record) for record in group.rollouts]
             prompt = next((s.prompt_ids for s in samples if not s.masked), [pad])
-            for sample, version in zip(samples, versions, strict=True):
-                out["rollgym_policy_version"].append(None if sample.masked else version)
+            for sample in samples:
+                out["rollgym_policy_version"].append(_policy_version(sample))
                 if sample.masked:
                     sample = placeholder(sample, prompt, pad)
                 out["prompt_ids"].append(sample.prompt_ids)
@@ -424,18 +421,10 @@ def _one_sample(record: RolloutRecord, counts: Counter[str], types: Counter[str]
     return sample
 
 
-def _policy_version(record: RolloutRecord) -> int | None:
-    """The oldest policy version among the rollout's model calls, if the server named it: on
-    the response (the CPU backend's own ``/v1/responses``) or per call under
-    ``rollgym_upstream`` (through ``openai_proxy``)."""
-    if isinstance(record, FailedRollout):
-        return None
-    response = record.response
-    found = [response.get(POLICY_VERSION)]
-    upstream = response.get(UPSTREAM_KEY)
-    if isinstance(upstream, list):
-        found += [u.get(POLICY_VERSION) for u in upstream if isinstance(u, dict)]
-    versions = [v for v in found if isinstance(v, int) and not isinstance(v, bool)]
+def _policy_version(sample: Sample) -> int | None:
+    """The oldest policy version among the sample's model calls, where the server named it
+    (the token path reads ``rollgym_policy_version`` off each call)."""
+    versions = [v for v in sample.policy_versions if v is not None]
     return min(versions) if versions else None
 
 
