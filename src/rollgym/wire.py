@@ -143,6 +143,9 @@ POLICY_VERSION = "rollgym_policy_version"
 """The version of the weights a model call ran under: on the completion of a model server that
 knows it (rollgym's CPU backend; a trainer's own server may add it), and on the call's token
 fields, so each trainer sample says which policy made its tokens."""
+WEIGHTS_ENDPOINT = "/rollgym/weights"
+"""rollgym's CPU backend's weight reload: ``POST {"path", "version"}``; ``GET`` names the
+version and path served (``rollgym.models.local``, ``rollgym.integrations.weights``)."""
 AGENT_OWN_FIELDS = ("num_steps", "truncated", "agent_seconds", "drifted_turns")
 """The numbers rollgym's agents add to a verify response (not the environment's metrics)."""
 NG_ROLLGYM_AGENT = "_rollgym_agent"
@@ -223,5 +226,6 @@ __all__ = [
     "TASK_INPUT",
     "TERMINAL",
     "TOKEN_CAPTURE_SEGMENT",
+    "WEIGHTS_ENDPOINT",
     "session_cookie",
 ]

@@ -69,13 +69,9 @@ from rollgym.server.model import (
     json_object,
     model_list,
 )
-from rollgym.wire import POLICY_VERSION
+from rollgym.wire import POLICY_VERSION, WEIGHTS_ENDPOINT
 
 __all__ = ["POLICY_VERSION", "WEIGHTS_ENDPOINT", "LocalModel"]
-
-WEIGHTS_ENDPOINT = "/rollgym/weights"
-"""``POST {"path", "version"}`` loads weights; ``GET`` says which are served.
-TODO(wire): move to ``rollgym.wire`` (patch: notes/patches/cpu-wire.diff)."""
 
 PING_ENDPOINT = "/ping"
 LOGPROB_FLOOR = -9999.0

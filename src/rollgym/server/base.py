@@ -20,6 +20,7 @@ from rollgym.http import HttpClient, Target
 BUILTIN_IMPLS: dict[str, str] = {
     "scripted": "rollgym.models.scripted:ScriptedModel",
     "openai_proxy": "rollgym.models.proxy:OpenAIProxy",
+    "local_model": "rollgym.models.local:LocalModel",
     "tool_agent": "rollgym.agents.tool_agent:ToolAgent",
     "gymnasium_agent": "rollgym.agents.gymnasium:GymnasiumAgent",
     "lookup": "rollgym.envs.lookup.server:LookupEnv",
