@@ -43,9 +43,8 @@ class CodeEnv(ResourcesServer):
     """Python solutions checked by running the row's unit tests under a sandbox's limits."""
 
     row_fields = frozenset({"verifier_metadata"})
-    reverify_mode = (
-        "stateless"  # verify reads the row's tests and the reply: nothing kept per session
-    )
+    # verify reads the row's tests and the reply: nothing is kept per session
+    reverify_mode = "stateless"
 
     class Options(ResourcesServer.Options):
         scoring: Literal["all", "fraction"] = "all"
