@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
-from rollgym.errors import HTTPStatusError
+from rollgym.errors import HTTPStatusError, InputError
 from rollgym.integrations.trl import (
     TASK_KEY,
     RolloutFunc,
@@ -142,7 +142,7 @@ def test_input_forms_become_text_messages_and_a_row_without_input_is_refused() -
         TASK_KEY: table.prompt(0)[0][TASK_KEY],
     }
     assert [m["content"] for m in table.prompt(1)] == ["s", "hello"]
-    with pytest.raises(ValueError, match="row 0 has no"):
+    with pytest.raises(InputError, match=r"task 0: .* has no message"):
         TaskTable([{"responses_create_params": {"input": []}}])
 
 

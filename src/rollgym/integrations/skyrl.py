@@ -72,6 +72,7 @@ import orjson
 
 from rollgym.collect.records import FailedRollout, RolloutRecord
 from rollgym.errors import InputError, TokenDataError
+from rollgym.integrations.rows import TASK_FIELD, message_text, task_messages
 from rollgym.integrations.samples import Sample, placeholder, rollout_samples
 from rollgym.trainer import DEFAULT_BUDGET, BudgetRules, RolloutClient, TaskGroup
 
@@ -88,7 +89,6 @@ __all__ = [
     "with_sampling",
 ]
 
-TASK_FIELD = "rollgym_task"
 """The dataset column (so the ``env_extras`` key) holding the rollgym task row, as JSON."""
 ENV_CLASS = "rollgym"
 """The ``env_class`` of ``dataset_row``'s rows (SkyRL reads it; rollgym's agent runs them)."""
@@ -118,35 +118,10 @@ def dataset_row(task: Mapping[str, Any], index: int) -> dict[str, Any]:
     }
 
 
-def task_messages(task: Mapping[str, Any], index: int) -> list[dict[str, str]]:
-    """The chat messages of ``task``'s ``responses_create_params.input`` (role and text)."""
-    params = task.get("responses_create_params")
-    if not isinstance(params, Mapping):
-        raise InputError(f"task {index} has no responses_create_params")
-    given = params.get("input")
-    if isinstance(given, str):
-        return [{"role": "user", "content": given}]
-    if isinstance(given, list):
-        return [
-            {"role": str(m.get("role", "user")), "content": _text(m.get("content"))}
-            for m in given
-            if isinstance(m, Mapping) and m.get("type", "message") == "message"
-        ]
-    raise InputError(f"task {index}: responses_create_params.input is neither text nor a list")
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return ""
-
-
 def _roles_and_texts(messages: Any) -> list[tuple[str, str]] | None:
     if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
         return None
-    return [(str(m.get("role")), _text(m.get("content"))) for m in messages]
+    return [(str(m.get("role")), message_text(m.get("content"))) for m in messages]
 
 
 # -- the batch plan: SkyRL's inputs as rollgym tasks and rollouts ------------------------------

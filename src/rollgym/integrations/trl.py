@@ -74,6 +74,7 @@ from transformers import TrainerCallback
 from rollgym.collect.records import FailedRollout, RolloutRecord
 from rollgym.errors import TokenDataError
 from rollgym.http import Target
+from rollgym.integrations.rows import TASK_FIELD, message_text, task_messages
 from rollgym.integrations.samples import Sample, placeholder, rollout_samples
 from rollgym.integrations.weights import WeightPush, WeightSync
 from rollgym.trainer import BatchOptions, RolloutClient, TaskGroup
@@ -91,7 +92,7 @@ __all__ = [
 log = logging.getLogger("rollgym.integrations.trl")
 
 
-TASK_KEY = "rollgym_task"
+TASK_KEY = TASK_FIELD
 """The field of a prompt's last message that names its row: ``"<index>:<digest>"``."""
 
 Messages = list[dict[str, Any]]
@@ -110,14 +111,14 @@ class TaskTable:
         self._digests = [_digest(row) for row in self.rows]
         self._by_text: dict[str, list[int]] = {}
         for index, row in enumerate(self.rows):
-            self._by_text.setdefault(_text_key(_messages(row, index)), []).append(index)
+            self._by_text.setdefault(_text_key(task_messages(row, index)), []).append(index)
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def prompt(self, index: int) -> Messages:
         """Row ``index``'s input as chat messages, the last stamped with ``TASK_KEY``."""
-        messages = _messages(self.rows[index], index)
+        messages = task_messages(self.rows[index], index)
         messages[-1] = {**messages[-1], TASK_KEY: f"{index}:{self._digests[index]}"}
         return messages
 
@@ -156,38 +157,11 @@ def _digest(row: Mapping[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(row, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
-def _messages(row: Mapping[str, Any], index: int) -> Messages:
-    """A row's ``responses_create_params.input`` as ``{"role", "content"}`` messages (text
-    only: the prompt is for TRL's logs and for matching; the agent sends the row itself)."""
-    params = row.get("responses_create_params")
-    given = params.get("input") if isinstance(params, dict) else None
-    if isinstance(given, str):
-        return [{"role": "user", "content": given}]
-    messages = [
-        {"role": item["role"], "content": _content(item.get("content"))}
-        for item in given or []
-        if isinstance(item, dict) and isinstance(item.get("role"), str)
-    ]
-    if not messages:
-        raise ValueError(f"row {index} has no responses_create_params.input message")
-    return messages
-
-
-def _content(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
-    return ""
-
-
 def _prompt_messages(prompt: Any) -> Messages:
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
-        return [{"role": m.get("role"), "content": _content(m.get("content"))} for m in prompt]
+        return [{"role": m.get("role"), "content": message_text(m.get("content"))} for m in prompt]
     raise ValueError(f"a TRL prompt is a string or a list of messages, not {_short(prompt)}")
 
 

@@ -42,6 +42,7 @@ import orjson
 
 from rollgym.collect.records import FailedRollout, RolloutRecord
 from rollgym.errors import ConfigError, InputError, RollgymError, TokenDataError
+from rollgym.integrations.rows import TASK_FIELD, task_messages
 from rollgym.integrations.samples import Sample, placeholder, rollout_samples
 
 __all__ = [
@@ -65,7 +66,6 @@ ESTIMATOR = "rollgym_grpo"
 AGENT_URL_ENV = "ROLLGYM_AGENT_URL"
 """Where the agent loop finds rollgym's agent server when its config names none (comma-separated
 replica URLs)."""
-TASK_FIELD = "rollgym_task"
 """The dataset column holding the rollgym task row (a JSON string, or a dict)."""
 
 OnDrift = Literal["mask", "first"]
@@ -192,20 +192,7 @@ def dataset_row(
     """A verl dataset row (one parquet record) for rollgym task row ``task``: ``prompt`` (the
     messages verl's dataset reads), ``agent_name`` (this loop), the task as JSON in
     ``rollgym_task``, and ``extra_info.index`` (the row's task index)."""
-    params = task.get("responses_create_params")
-    if not isinstance(params, Mapping):
-        raise InputError(f"task {index} has no responses_create_params")
-    given = params.get("input")
-    if isinstance(given, str):
-        messages = [{"role": "user", "content": given}]
-    elif isinstance(given, list):
-        messages = [
-            {"role": str(m.get("role", "user")), "content": _text(m.get("content"))}
-            for m in given
-            if isinstance(m, Mapping) and m.get("type", "message") == "message"
-        ]
-    else:
-        raise InputError(f"task {index}: responses_create_params.input is neither text nor a list")
+    messages = task_messages(task, index)
     return {
         "data_source": data_source,
         "prompt": messages,
@@ -234,14 +221,6 @@ def task_row(row: Mapping[str, Any]) -> dict[str, Any]:
             f"(a rollgym task row, see dataset_row); got {type(task).__name__}"
         )
     return dict(task)
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
-    return ""
 
 
 def with_sampling(task: dict[str, Any], sampling_params: Mapping[str, Any]) -> dict[str, Any]:
