@@ -439,6 +439,24 @@ def test_the_rollgym_config_may_come_from_a_file_named_in_the_dotenv(tmp_path: P
     assert not [w for w in caught if w.category is RollgymCompatWarning]
 
 
+def test_the_readmes_nemo_rl_config_gives_one_proxy_replica_per_rank(tmp_path: Path) -> None:
+    # examples/nemo_rl/train.yaml is the README's snippet, word for word.
+    config = Path(__file__).resolve().parents[2] / "examples" / "nemo_rl" / "train.yaml"
+    ranks = ["http://gpu0:8000/v1", "http://gpu1:8000/v1"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = plan_of(
+            {"rollgym_config": str(config), "policy_base_url": ranks, "policy_model_name": "m"},
+            tmp_path / "absent.yaml",
+        )
+    options = plan.config.servers["policy_model"].options
+    assert options["base_url"] == ranks and options["model"] == "m"
+    assert options["return_token_ids"] is True
+    assert plan.policy_urls == tuple(ranks) and plan.policy_model == "policy_model"
+    assert plan.config.collect.agent_aliases == {"mcqa_simple_agent": "agent"}
+    assert not [w for w in caught if w.category is RollgymCompatWarning]
+
+
 def test_a_list_inside_a_longer_string_is_refused(tmp_path: Path) -> None:
     config = rollgym_config()
     config["servers"]["policy_model"]["options"]["model"] = "x-${policy_base_url}"
