@@ -96,6 +96,7 @@ def test_drift_cuts_the_rollout_or_is_an_error() -> None:
         ([{**call([1], [2]), "prompt_token_ids": ["1"]}], "prompt_token_ids are not"),
         ([{"type": "message", "prompt_token_ids": [1]}], "lacks generation_token_ids"),
         (["a string"], "output item 0 is not an object"),
+        ([call([1], [])], r"output items 0\) generated no token"),
     ],
 )
 def test_missing_or_malformed_token_data_is_a_typed_error(output: list[Any], problem: str) -> None:

@@ -263,6 +263,15 @@ def test_a_batch_without_any_token_data_is_an_error_not_a_masked_batch() -> None
         output_of([[no_tokens, failed()]], [(0, 0), (0, 1)])
 
 
+def test_one_bad_token_item_beside_failed_siblings_is_masked_not_a_dead_step() -> None:
+    # Token fields are there (the server gives them) but one logprob is not a logprob: that
+    # rollout is masked; its failed siblings must not turn it into a batch-wide error.
+    bad = scored([{**call([1, 2], [5]), "generation_log_probs": [0.5]}], reward=1.0)
+    out = output_of([[bad, failed(), failed(), failed()]], [(0, 0), (0, 1), (0, 2), (0, 3)])
+    assert out["loss_masks"] == [[0], [0], [0], [0]]
+    assert out["rollout_metrics"]["rollgym/masked"] == 4
+
+
 def test_a_truncated_last_call_stops_for_length() -> None:
     record = two_calls(1.0)
     record.verified["response"]["status"] = "incomplete"

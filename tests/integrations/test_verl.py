@@ -240,6 +240,14 @@ def test_rollgym_grpo_leaves_masked_rows_out_of_the_baseline() -> None:
     assert torch.allclose(plain[0], torch.full((3,), 0.5))
     alone, _ = masked_grpo(rewards[:3], mask[:3], ["a", "b", "b"])  # group b: one trains
     assert torch.allclose(alone[0], torch.ones(3)) and torch.allclose(alone[1], torch.zeros(3))
+    # One scored row whose siblings all failed has no baseline: advantage 0, not the
+    # group-of-one rule's 1.0 (which would let failures change the gradient).
+    survivor = torch.zeros(4, 3)
+    survivor[0, -1] = 1.0
+    masks = torch.zeros(4, 3)
+    masks[0] = 1
+    lone, _ = masked_grpo(survivor, masks, ["a"] * 4)
+    assert torch.equal(lone, torch.zeros(4, 3))
 
 
 # -- verl itself (opt-in) ----------------------------------------------------------------------

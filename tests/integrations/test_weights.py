@@ -147,9 +147,10 @@ async def test_transient_failures_are_retried_and_4xx_never(status: int, attempt
 class FakeVllm:
     """vLLM 0.32's development endpoints, as far as a push uses them."""
 
-    def __init__(self, fail_rpc: int | None = None) -> None:
+    def __init__(self, fail_rpc: int | None = None, fail_pause: int | None = None) -> None:
         self.calls: list[tuple[str, str, Any]] = []
         self.fail_rpc = fail_rpc
+        self.fail_pause = fail_pause
         self.paused = False
         self.version: str | None = None
 
@@ -157,7 +158,9 @@ class FakeVllm:
         body = await request.json() if request.can_read_body else None
         self.calls.append((request.path, request.query_string, body))
         if request.path == "/pause":
-            self.paused = True
+            self.paused = True  # vLLM holds new requests before its answer is known
+            if self.fail_pause:
+                return web.json_response({"error": "pause failed"}, status=self.fail_pause)
             return web.json_response({"status": "paused"})
         if request.path == "/resume":
             self.paused = False
@@ -198,4 +201,15 @@ async def test_a_failed_vllm_reload_still_resumes_and_is_typed() -> None:
     assert failed.value.status == 400 and failed.value.attempts == 1
     assert isinstance(failed.value, RollgymError)
     assert [c[0] for c in vllm.calls] == ["/pause", "/collective_rpc", "/resume"]
+    assert not vllm.paused and sync.version is None
+
+
+async def test_a_pause_that_fails_is_still_resumed() -> None:
+    # vLLM may be paused although its /pause answer was an error (or never came): resume it.
+    vllm = FakeVllm(fail_pause=400)
+    async with double(vllm.handle) as url:
+        sync = VllmWeights(url, timeout=5)
+        with pytest.raises(HTTPStatusError):
+            await sync.push("/ckpt/x", 1)
+    assert [c[0] for c in vllm.calls] == ["/pause", "/resume"]
     assert not vllm.paused and sync.version is None

@@ -327,6 +327,11 @@ async def test_adversarial_requests_are_4xx(tiny: Path) -> None:
             assert status == 400, (push, answer)
         status, answer, _ = await post(url + "/tokenize", {"nothing": 1})
         assert status == 400
+        # Sampling values at the edge of what is valid sample, never a 500 (1e-300 / logits
+        # is infinite; a top_p whose mass underflows would drop every token).
+        for edge in ({"temperature": 1e-300}, {"temperature": 1e-45}, {"top_p": 1e-300}):
+            status, answer, _ = await post(url + "/v1/chat/completions", chat(max_tokens=2, **edge))
+            assert status == 200, (edge, answer)
         # Still serving.
         status, answer, _ = await post(url + "/v1/chat/completions", chat(max_tokens=3))
         assert status == 200 and answer["usage"]["completion_tokens"] <= 3

@@ -39,8 +39,18 @@ def test_calls_keep_the_arguments_as_written() -> None:
         "<tool_call><tool_call>{}</tool_call></tool_call>",
         '<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>',
         "<tool_call>" + "[" * 5000 + "</tool_call>",  # deep nesting: the JSON parser's limit
+        '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>',  # a lone surrogate
+        '<tool_call>{"name": "f", "arguments": {"t": "\\udfff"}}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": {"a": 1e999}}</tool_call>',  # Python's inf
     ],
 )
 def test_anything_malformed_is_text(text: str) -> None:
     parsed = parse_tool_calls(text)
     assert parsed.calls == () and parsed.content == text
+
+
+def test_a_decoy_arguments_key_inside_the_call_is_not_taken_for_its_own() -> None:
+    # Under ==, true == 1: a nested "arguments": {"flag": 1} would pass for the call's own.
+    text = '{"name":"f","note":{"arguments":{"flag":1}},"arguments":{"flag":true}}'
+    [call] = parse_tool_calls(f"<tool_call>{text}</tool_call>").calls
+    assert call.arguments == '{"flag":true}'

@@ -41,6 +41,7 @@ __all__ = [
     "OnDrift",
     "Sample",
     "TokenCall",
+    "carries_tokens",
     "group_samples",
     "placeholder",
     "rollout_calls",
@@ -134,6 +135,17 @@ def rollout_calls(record: ScoredRollout) -> list[TokenCall]:
     return calls
 
 
+def carries_tokens(record: RolloutRecord) -> bool:
+    """Whether any output item of ``record`` carries token fields (usable or not): a model
+    server without ``return_token_ids`` gives rollouts that carry none."""
+    if not isinstance(record, ScoredRollout):
+        return False
+    output = record.response.get("output")
+    return isinstance(output, list) and any(
+        isinstance(item, dict) and any(name in item for name in FIELDS) for item in output
+    )
+
+
 def rollout_samples(record: RolloutRecord, *, on_drift: OnDrift = "cut") -> list[Sample]:
     """``record`` as trainer samples: one, or one per contiguous run of calls when drift cut
     it (see the module docstring). A failed or masked rollout is one masked sample with no
@@ -201,6 +213,12 @@ def _joined(
         logprobs += [0.0] * len(fed) + call.logprobs
         mask += [0] * len(fed) + [1] * len(call.generation_ids)
         seen = call.prompt_ids + call.generation_ids
+    if not any(mask):
+        # Nothing to train on, and trainers index a completion's last token.
+        raise TokenDataError(
+            f"rollout {record.task_index}:{record.rollout_index}: its model calls (output items "
+            f"{', '.join(str(c.item) for c in run)}) generated no token"
+        )
     return Sample(
         record.task_index,
         record.rollout_index,

@@ -73,7 +73,7 @@ import orjson
 from rollgym.collect.records import FailedRollout, RolloutRecord
 from rollgym.errors import InputError, TokenDataError
 from rollgym.integrations.rows import TASK_FIELD, message_text, task_messages
-from rollgym.integrations.samples import Sample, placeholder, rollout_samples
+from rollgym.integrations.samples import Sample, carries_tokens, placeholder, rollout_samples
 from rollgym.trainer import DEFAULT_BUDGET, BudgetRules, RolloutClient, TaskGroup
 
 __all__ = [
@@ -262,8 +262,7 @@ def generator_output(
         if err is not None:
             token_errors.append(err)
         rows.append((sample, reason, record))
-    with_tokens = [s for s, reason, _ in rows if reason not in ("failed", "mask_sample")]
-    if token_errors and len(token_errors) == len(with_tokens):
+    if token_errors and not any(carries_tokens(record) for _, _, record in rows):
         # No rollout has token data: a misconfigured model server, not a batch to mask.
         raise TokenDataError(
             f"no rollout of the batch has token data to train on (serve the model through "

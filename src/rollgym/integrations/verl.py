@@ -33,7 +33,7 @@ import importlib.util
 import logging
 import math
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -253,7 +253,8 @@ def masked_grpo(
     """verl's GRPO outcome advantage (``compute_grpo_outcome_advantage``) where a group's mean
     and std are over its rows that train (``response_mask`` not all 0): a masked rollout's
     placeholder 0.0 is not in its siblings' baseline, and its own advantage is 0. A group with
-    one such row gets verl's rule for a group of one (mean 0, std 1)."""
+    one row in all gets verl's rule for a group of one (mean 0, std 1); one trained row whose
+    siblings were all masked gets 0 (no baseline to learn against)."""
     import torch
 
     if norm_adv_by_std_in_grpo is None:
@@ -262,12 +263,18 @@ def masked_grpo(
     trains = response_mask.sum(dim=-1) > 0
     advantages = torch.zeros_like(scores)
     groups: dict[Any, list[int]] = {}
+    sizes: Counter[Any] = Counter()
     for i in range(scores.shape[0]):
+        sizes[index[i]] += 1
         if bool(trains[i]):
             groups.setdefault(index[i], []).append(i)
     with torch.no_grad():
-        for rows in groups.values():
+        for uid, rows in groups.items():
             group = scores[rows]
+            if len(rows) == 1 and sizes[uid] > 1:
+                # Its siblings failed: no baseline to compare with, so nothing to learn (as
+                # TRL and SkyRL give it), not verl's group-of-one rule.
+                continue
             if len(rows) == 1:
                 mean, std = torch.tensor(0.0), torch.tensor(1.0)
             else:

@@ -221,9 +221,11 @@ class VllmWeights(_Weights):
 
     async def _send(self, client: HttpClient, path: str, version: int) -> int | None:
         target = self.target
-        await client.call_json(target, self.PAUSE, {})
         failure: BaseException | None = None
         try:
+            # Inside the try: a pause that timed out on our side may still take effect on
+            # vLLM's (it waits for in-flight requests), so /resume is sent whatever it answered.
+            await client.call_json(target, self.PAUSE, {})
             # vLLM passes only strings as RPC arguments ("for security reason").
             rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
             await client.call_json(target, self.RPC, rpc)

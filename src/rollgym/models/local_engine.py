@@ -211,13 +211,19 @@ class LocalEngine:
         self.weights_path = path
 
 
+SAMPLING_EPS = 1e-5
+"""vLLM's ``_SAMPLING_EPS``: a temperature below it samples greedily."""
+
+
 def _pick(
     logits: torch.Tensor, s: Sampling, job: Job, rng: torch.Generator
 ) -> tuple[int, float, list[tuple[int, float]]]:
     """One token, its logprob (see the module docstring) and its top alternatives."""
     import torch
 
-    if s.temperature == 0:
+    # Below vLLM's sampling epsilon, temperature is greedy (as in vLLM): logits / 1e-300 are
+    # infinite and no distribution is left to sample from.
+    if s.temperature < SAMPLING_EPS:
         logp = torch.log_softmax(logits, dim=-1)
         token = int(torch.argmax(logp))
     else:
@@ -230,6 +236,7 @@ def _pick(
             ordered, order = torch.sort(probs, descending=True)
             # Keep the smallest prefix whose mass reaches top_p (the first token always).
             drop = (torch.cumsum(ordered, dim=-1) - ordered) >= s.top_p * ordered.sum()
+            drop[0] = False  # a top_p so small that its mass underflows still keeps one token
             ordered = torch.where(drop, torch.zeros_like(ordered), ordered)
             probs = torch.zeros_like(probs).scatter(0, order, ordered)
         token = int(torch.multinomial(probs, 1, generator=rng))

@@ -11,9 +11,12 @@ the next turn (no re-tokenization drift from re-serialised JSON).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
+
+import orjson
 
 from rollgym.models.tiny import TOOL_CALL_END, TOOL_CALL_START
 
@@ -25,7 +28,14 @@ def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")  # NaN / Infinity: no other parser would read them
 
 
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: Python reads inf, no JSON encoder writes it back
+        raise ValueError(f"{text} is not a finite number")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,11 @@ def _call(block: str) -> ToolCall | None:
     args = data.get("arguments", {})
     if not isinstance(args, dict):
         return None
+    try:
+        # A lone surrogate (\ud800) decodes, but no answer can carry it: such a call is text.
+        orjson.dumps(data)
+    except TypeError:
+        return None
     return ToolCall(data["name"], _raw_arguments(block, args))
 
 
@@ -89,6 +104,10 @@ def _raw_arguments(block: str, args: dict[str, object]) -> str:
             value, end = _DECODER.raw_decode(block, key.end())
         except (ValueError, RecursionError):
             continue
-        if value == args:
+        # Compared as JSON, not with ==, under which true == 1 == 1.0: a decoy "arguments"
+        # deeper in the call must not pass for the call's own.
+        if orjson.dumps(value, option=orjson.OPT_SORT_KEYS) == orjson.dumps(
+            args, option=orjson.OPT_SORT_KEYS
+        ):
             return block[key.end() : end]
     return json.dumps(args, ensure_ascii=False)
