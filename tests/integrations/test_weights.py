@@ -65,6 +65,9 @@ async def test_local_pushes_are_confirmed_ordered_and_checked(
         # backend, which a blocking call in it would stall).
         assert (await asyncio.to_thread(sync.push_sync, a, 2)).version == 2
         assert server.health()[POLICY_VERSION] == 2
+        # On this thread a loop runs: blocking it for the push's deadline is refused.
+        with pytest.raises(RuntimeError, match="await push"):
+            sync.push_sync(a, 3)
         # Stale: refused here, before anything is sent.
         with pytest.raises(InvalidRequest) as stale:
             await sync.push(b, 2)

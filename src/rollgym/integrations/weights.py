@@ -46,12 +46,11 @@ is sent (``InvalidRequest``, status 409); the CPU backend checks it too (409).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import threading
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from rollgym.config import RetryPolicy
 from rollgym.errors import InvalidRequest, ProtocolError, RollgymError
@@ -126,6 +125,9 @@ class _Weights:
         self.target = Target.single(name, self.url, policy)
         self._version: int | None = None
         self._lock: asyncio.Lock | None = None
+        # push_sync runs each push on an event loop of its own: an asyncio lock cannot order
+        # pushes from two threads, this one does.
+        self._sync_lock = threading.Lock()
 
     @property
     def version(self) -> int | None:
@@ -157,9 +159,22 @@ class _Weights:
             )
 
     def push_sync(self, path: str | Path, version: int) -> WeightPush:
-        """``push`` for synchronous code; safe where an event loop is running (it then runs
-        on a thread of its own)."""
-        return _run(self.push(path, version))
+        """``push`` for synchronous code (a trainer's step callback). Pushes from several
+        threads go in order. Called on a thread whose event loop is running it is a
+        ``RuntimeError``: it would stall that loop for up to the push's deadline (await
+        ``push`` there instead)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError(
+                "push_sync() called from a running event loop: await push() instead "
+                "(blocking here would stall the loop for up to the push's deadline)"
+            )
+        with self._sync_lock:
+            self._lock = None  # each asyncio.run is a new loop: no lock of an earlier one
+            return asyncio.run(self.push(path, version))
 
     async def _send(self, client: HttpClient, path: str, version: int) -> int | None:
         raise NotImplementedError
@@ -243,11 +258,3 @@ class VllmWeights(_Weights):
                 # leaves vLLM paused, which the next push (or a /resume) undoes.
         return self._version
 
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
