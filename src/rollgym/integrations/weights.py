@@ -257,4 +257,3 @@ class VllmWeights(_Weights):
                 # The push's own failure is the one to report; a resume that failed too
                 # leaves vLLM paused, which the next push (or a /resume) undoes.
         return self._version
-
