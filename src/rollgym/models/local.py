@@ -258,8 +258,8 @@ class LocalModel(ModelServer):
         opts = self.options
         request = parse_chat(params, max_tokens_cap=opts.max_tokens_cap)
         deadline = time.monotonic() + opts.request_timeout
-        prompt = await self._off_loop(self.engine.render, request)
-        sampling = self._fit(request, len(prompt))
+        # Counted before the prompt is rendered: the queue bound holds renders too (200 big
+        # requests must not all wait on the tokenizer threads past max_queue).
         if self._pending > opts.max_queue:
             busy = HTTPStatusError(
                 f"busy: one generation runs and {opts.max_queue} wait (max_queue); retry "
@@ -269,19 +269,26 @@ class LocalModel(ModelServer):
             answer = error_response(self.name, busy)
             answer.headers["Retry-After"] = str(opts.retry_after)
             return answer
-        job = Job(prompt, sampling, request.top_logprobs, deadline)
         self._pending += 1
-        self._jobs.add(job)
+        job: Job | None = None
         try:
+            prompt = await self._off_loop(self.engine.render, request)
+            sampling = self._fit(request, len(prompt))
+            job = Job(prompt, sampling, request.top_logprobs, deadline)
+            self._jobs.add(job)
             future = self._worker.submit(self.engine.generate, job)
             generation = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            job.abandoned.set()  # the caller went away: stop at the next token
+            if job is not None:
+                job.abandoned.set()  # the caller went away: stop at the next token
             raise
         finally:
             self._pending -= 1
-            self._jobs.discard(job)
-        return self._completion(request, generation)
+            if job is not None:
+                self._jobs.discard(job)
+        # Off the loop: one decode per token and alternative adds up for long answers.
+        completion: dict[str, Any] = await self._off_loop(self._completion, request, generation)
+        return completion
 
     def _fit(self, request: ChatRequest, prompt_len: int) -> Sampling:
         """The sampling with ``max_tokens`` fitted to the context; 400 if it does not fit."""
