@@ -201,6 +201,23 @@ def test_token_count_mismatches(tmp_path: Path) -> None:
     assert "logprob" in notes[1] and "input_tokens 24" in notes[2]
 
 
+def test_token_data_a_trainer_would_refuse_is_a_mismatch(tmp_path: Path) -> None:
+    # The trainers' one reading (models.tokens.item_tokens): no prompt ids, a negative id or a
+    # positive logprob makes every bridge mask the rollout, so health does not pass it.
+    call, fed = tool_turn()
+    last = token_call(answer(), 15, 4)
+    no_prompt = {k: v for k, v in last.items() if k != "prompt_token_ids"}
+    negative = {**last, "generation_token_ids": [-1, *last["generation_token_ids"][1:]]}
+    positive = {**last, "generation_log_probs": [0.5] * len(last["generation_log_probs"])}
+    usage = {"input_tokens": 25, "output_tokens": 7}
+    records = {
+        (t, 0): rollout(t, 0, output=[token_call(call, 10, 3), fed, bad], usage=usage)
+        for t, bad in enumerate((no_prompt, negative, positive))
+    }
+    report = failed_only(clean_except(tmp_path / "run", 4, 3, records), "token_count_mismatch")
+    assert check(report, "token_count_mismatch").count == 3
+
+
 def test_token_drift(tmp_path: Path) -> None:
     records = {(t, r): rollout(t, r, drifted_turns=0) for t in range(4) for r in range(3)}
     records[(3, 0)] = rollout(3, 0, drifted_turns=2)

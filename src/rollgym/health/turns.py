@@ -14,7 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rollgym.models.tokens import DRIFTED_TURNS, GENERATION_IDS, GENERATION_LOGPROBS, PROMPT_IDS
+from rollgym.errors import TokenDataError
+from rollgym.models.tokens import (
+    DRIFTED_TURNS,
+    GENERATION_IDS,
+    PROMPT_IDS,
+    item_tokens,
+)
 
 TOOL_CALL_TYPES = frozenset(
     {
@@ -164,26 +170,18 @@ def _has_text(value: Any, depth: int = 0) -> bool:
 def _with_tokens(text: bool, tool: bool, item: dict[str, Any]) -> Turn:
     gen = item.get(GENERATION_IDS)
     prompt = item.get(PROMPT_IDS)
-    logprobs = item.get(GENERATION_LOGPROBS)
-    ok = (
-        isinstance(gen, list)
-        and _ints(gen)
-        and (prompt is None or _ints(prompt))
-        and isinstance(logprobs, list)
-        and len(logprobs) == len(gen)
-    )
+    try:
+        # The trainers' reading (rollgym.models.tokens): data they would mask is not ok here.
+        item_tokens(item, where="item")
+        ok = True
+    except TokenDataError:
+        ok = False
     return Turn(
         text,
         tool,
         generated=len(gen) if isinstance(gen, list) else 0,
         prompt=len(prompt) if isinstance(prompt, list) else None,
         token_data_ok=ok,
-    )
-
-
-def _ints(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
     )
 
 

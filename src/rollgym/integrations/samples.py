@@ -27,15 +27,13 @@ needs (``placeholder``), never a reward of 0 to learn from.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
 from rollgym.errors import RollgymError, TokenDataError
-from rollgym.models.tokens import FIELDS, GENERATION_IDS, GENERATION_LOGPROBS, PROMPT_IDS
-from rollgym.wire import POLICY_VERSION
+from rollgym.models.tokens import FIELDS, item_tokens
 
 __all__ = [
     "OnDrift",
@@ -116,9 +114,8 @@ def rollout_calls(record: ScoredRollout) -> list[TokenCall]:
     for index, item in enumerate(output):
         if not isinstance(item, dict):
             raise TokenDataError(f"{where}: output item {index} is not an object")
-        carried = [name for name in FIELDS if name in item]
-        if carried:
-            calls.append(_checked_call(item, index, where, carried))
+        if any(name in item for name in FIELDS):
+            calls.append(_checked_call(item, index, where))
             pending = None
         elif item.get("type") in MODEL_ITEMS:
             if pending is None:
@@ -242,43 +239,14 @@ def _masked(
     return Sample(task, rollout, [], [], [], [], None, True, error, 0, 0, metrics or {})
 
 
-def _checked_call(item: dict[str, Any], index: int, where: str, carried: list[str]) -> TokenCall:
-    if len(carried) != len(FIELDS):
-        missing = [name for name in FIELDS if name not in carried]
-        raise TokenDataError(f"{where}: output item {index} lacks {', '.join(missing)}")
-    prompt, ids, logprobs = item[PROMPT_IDS], item[GENERATION_IDS], item[GENERATION_LOGPROBS]
-    if not _ids(prompt) or not prompt:
-        raise TokenDataError(f"{where}: output item {index}: prompt_token_ids are not token ids")
-    if not _ids(ids):
-        raise TokenDataError(
-            f"{where}: output item {index}: generation_token_ids are not token ids"
-        )
-    if not isinstance(logprobs, list) or len(logprobs) != len(ids):
-        raise TokenDataError(
-            f"{where}: output item {index}: {len(ids)} generated ids but "
-            f"{len(logprobs) if isinstance(logprobs, list) else 'no'} logprobs"
-        )
-    values: list[float] = []
-    for value in logprobs:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TokenDataError(f"{where}: output item {index}: a logprob is {value!r}")
-        # A logprob is finite and at most 0 (a hair above, from float rounding, is kept).
-        if not math.isfinite(value) or value > 1e-4:
-            raise TokenDataError(f"{where}: output item {index}: a logprob is {value!r}")
-        values.append(float(value))
-    version = item.get(POLICY_VERSION)
-    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
-        raise TokenDataError(f"{where}: output item {index}: {POLICY_VERSION} is {version!r}")
-    return TokenCall(index, list(prompt), list(ids), values, version)
+def _checked_call(item: dict[str, Any], index: int, where: str) -> TokenCall:
+    t = item_tokens(item, where=f"{where}: output item {index}")
+    return TokenCall(
+        index, t.prompt_token_ids, t.generation_token_ids, t.generation_log_probs, t.policy_version
+    )
 
 
 def _missing(where: str, index: int) -> TokenDataError:
     return TokenDataError(
         f"{where}: output item {index} was produced by a model call that carries no token data"
-    )
-
-
-def _ids(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
     )

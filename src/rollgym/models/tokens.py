@@ -22,11 +22,12 @@ call's prompt and generation, or the trainer would train on a sequence the model
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from rollgym.errors import ProtocolError
+from rollgym.errors import ProtocolError, TokenDataError
 from rollgym.models.translate import unusable_answer
 from rollgym.wire import POLICY_VERSION
 
@@ -72,6 +73,46 @@ class CallTokens:
         if not isinstance(item, dict) or not all(isinstance(item.get(f), list) for f in FIELDS):
             return None
         return cls(item[PROMPT_IDS], item[GENERATION_IDS], item[GENERATION_LOGPROBS])
+
+
+def item_tokens(item: dict[str, Any], *, where: str) -> CallTokens:
+    """The token data output item ``item`` carries, checked as a trainer needs it: all three
+    fields, non-empty prompt ids and generated ids that are non-negative integers, one finite
+    logprob (at most 0) per generated id, an integer policy version if any. The one reading of
+    an item's token data (trainer samples and ``rollgym health`` both use it);
+    ``TokenDataError`` says what is wrong, after ``where``."""
+    missing = [name for name in FIELDS if name not in item]
+    if missing:
+        raise TokenDataError(f"{where} lacks {', '.join(missing)}")
+    prompt, ids, logprobs = item[PROMPT_IDS], item[GENERATION_IDS], item[GENERATION_LOGPROBS]
+    if not _token_ids(prompt) or not prompt:
+        raise TokenDataError(f"{where}: prompt_token_ids are not token ids")
+    if not _token_ids(ids):
+        raise TokenDataError(f"{where}: generation_token_ids are not token ids")
+    if not isinstance(logprobs, list) or len(logprobs) != len(ids):
+        count = len(logprobs) if isinstance(logprobs, list) else "no"
+        raise TokenDataError(f"{where}: {len(ids)} generated ids but {count} logprobs")
+    values: list[float] = []
+    for value in logprobs:
+        # A logprob is finite and at most 0 (a hair above, from float rounding, is kept).
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value > 1e-4
+        ):
+            raise TokenDataError(f"{where}: a logprob is {value!r}")
+        values.append(float(value))
+    version = item.get(POLICY_VERSION)
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        raise TokenDataError(f"{where}: {POLICY_VERSION} is {version!r}")
+    return CallTokens(list(prompt), list(ids), values, version)
+
+
+def _token_ids(value: Any) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    )
 
 
 def token_request(chat: dict[str, Any]) -> dict[str, Any]:
