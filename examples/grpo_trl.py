@@ -18,14 +18,10 @@ It prints the reward of every step and writes ``rewards.csv`` and ``rewards.svg`
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
 import os
 import shutil
 import sys
-import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +31,6 @@ sys.path.insert(0, str(Path(__file__).parent))  # letters.py, beside this file
 from letters import Letters, letter_row
 from plot import write_svg
 
-from rollgym.config import RetryPolicy, kind_defaults
-from rollgym.http import Target
 from rollgym.integrations.trl import (
     RolloutFunc,
     TaskTable,
@@ -46,7 +40,7 @@ from rollgym.integrations.trl import (
 )
 from rollgym.integrations.weights import LocalModelWeights
 from rollgym.models.tiny import build_tiny_model
-from rollgym.testing import serve_server
+from rollgym.testing import in_thread, rl_stack
 
 
 def options() -> argparse.Namespace:
@@ -60,58 +54,6 @@ def options() -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--out", type=Path, default=Path("out/grpo_trl"))
     return p.parse_args()
-
-
-def policy(kind: str) -> RetryPolicy:
-    return RetryPolicy.model_validate(kind_defaults(kind))  # type: ignore[arg-type]
-
-
-@asynccontextmanager
-async def rl_stack(model_dir: Path) -> AsyncIterator[tuple[str, str]]:
-    """Backend, proxy, environment and agent on 127.0.0.1: yields (agent URL, backend URL)."""
-    async with AsyncExitStack() as stack:
-        backend, _ = await stack.enter_async_context(
-            serve_server(
-                "rollgym.models.local:LocalModel",
-                name="policy",
-                options={"model_dir": str(model_dir), "max_queue": 256},
-            )
-        )
-        proxy, _ = await stack.enter_async_context(
-            serve_server(
-                "openai_proxy",
-                name="model",
-                options={"base_url": f"{backend}/v1", "return_token_ids": True},
-            )
-        )
-        env, _ = await stack.enter_async_context(serve_server(Letters, name="letters"))
-        peers = {
-            "model": Target.single("model", proxy, policy("model")),
-            "letters": Target.single("letters", env, policy("resources")),
-        }
-        agent, _ = await stack.enter_async_context(
-            serve_server(
-                "tool_agent",
-                name="agent",
-                options={"model": "model", "resources": "letters"},
-                peers=peers,
-            )
-        )
-        yield agent, backend
-
-
-@contextmanager
-def served(manager: Any) -> Iterator[Any]:
-    """Enter an async context manager on an event loop of its own thread."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="rl-stack", daemon=True)
-    thread.start()
-    try:
-        yield asyncio.run_coroutine_threadsafe(manager.__aenter__(), loop).result(60)
-        asyncio.run_coroutine_threadsafe(manager.__aexit__(None, None, None), loop).result(60)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(60)
 
 
 def corpus(letters: str) -> list[str]:
@@ -178,7 +120,10 @@ def train(args: argparse.Namespace) -> list[dict[str, float]]:
         # The reward is the letters reward; "exact" is logged beside it, weighing nothing.
         reward_weights=[1.0, 0.0],
     )
-    with served(rl_stack(model_dir)) as (agent_url, backend_url):
+    with in_thread(rl_stack(model_dir, Letters, env_name="letters", max_queue=256), 60) as (
+        agent_url,
+        backend_url,
+    ):
         rollout_func = RolloutFunc(agent_url, table, rollout_timeout=120)
         trainer = GRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(model_dir),

@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    contextmanager,
+)
+from pathlib import Path
+from typing import Any, TypeVar
 
 import uvicorn
 
-from rollgym.config import ServerConfig, ServerLimits
+from rollgym.config import RetryPolicy, ServerConfig, ServerLimits, kind_defaults
 from rollgym.http import Target
 from rollgym.launch.ports import bind_socket
 from rollgym.server.app import build_app
 from rollgym.server.base import BaseServer, ServerContext, resolve_impl
 from rollgym.server.headers import limited_http
 
-__all__ = ["bind_socket", "serve_asgi", "serve_server", "spin"]
+__all__ = ["bind_socket", "in_thread", "rl_stack", "serve_asgi", "serve_server", "spin"]
+
+T = TypeVar("T")
 
 
 @asynccontextmanager
@@ -79,6 +88,69 @@ async def serve_server(
     server = klass(ServerContext(name=name, config=cfg, peers=dict(peers or {})))
     async with serve_asgi(build_app(server), limits=cfg.limits, name=name) as url:
         yield url, server
+
+
+@asynccontextmanager
+async def rl_stack(
+    model_dir: Path, env: str | type[BaseServer], *, env_name: str = "env", max_queue: int = 64
+) -> AsyncIterator[tuple[str, str]]:
+    """A training stack on 127.0.0.1: the CPU backend serving ``model_dir``, ``openai_proxy``
+    with ``return_token_ids`` in front of it, environment ``env`` and rollgym's tool agent;
+    yields (agent URL, backend URL)."""
+
+    def policy(kind: str) -> RetryPolicy:
+        return RetryPolicy.model_validate(kind_defaults(kind))  # type: ignore[arg-type]
+
+    async with AsyncExitStack() as stack:
+        backend, _ = await stack.enter_async_context(
+            serve_server(
+                "rollgym.models.local:LocalModel",
+                name="policy",
+                options={"model_dir": str(model_dir), "max_queue": max_queue},
+            )
+        )
+        proxy, _ = await stack.enter_async_context(
+            serve_server(
+                "openai_proxy",
+                name="model",
+                options={"base_url": f"{backend}/v1", "return_token_ids": True},
+            )
+        )
+        env_url, _ = await stack.enter_async_context(serve_server(env, name=env_name))
+        peers = {
+            "model": Target.single("model", proxy, policy("model")),
+            env_name: Target.single(env_name, env_url, policy("resources")),
+        }
+        agent, _ = await stack.enter_async_context(
+            serve_server(
+                "tool_agent",
+                name="agent",
+                options={"model": "model", "resources": env_name},
+                peers=peers,
+            )
+        )
+        yield agent, backend
+
+
+@contextmanager
+def in_thread(manager: AbstractAsyncContextManager[T], timeout: float = 30.0) -> Iterator[T]:
+    """Enter ``manager`` on a new event loop in a daemon thread; yield what it yields. For
+    servers that keep serving while synchronous code (a trainer's step, a Ray ``get``) blocks
+    this thread; ``timeout`` bounds entering and leaving."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="rollgym-background", daemon=True)
+    thread.start()
+    try:
+        value = asyncio.run_coroutine_threadsafe(manager.__aenter__(), loop).result(timeout)
+        try:
+            yield value
+        finally:
+            exit_ = manager.__aexit__(None, None, None)
+            asyncio.run_coroutine_threadsafe(exit_, loop).result(timeout)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)
+        loop.close()
 
 
 def spin(seconds: float) -> float:

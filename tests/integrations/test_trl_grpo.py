@@ -16,8 +16,6 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.request import urlopen
@@ -25,16 +23,13 @@ from urllib.request import urlopen
 import orjson
 import pytest
 
-from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.envs.echo.server import EchoEnv
 from rollgym.errors import InvalidRequest
-from rollgym.http import Target
 from rollgym.integrations.trl import RolloutFunc, TaskTable, WeightSyncCallback, rollgym_reward
 from rollgym.integrations.weights import LocalModelWeights
 from rollgym.models.tiny import build_tiny_model
 from rollgym.server.resources import Session
-from rollgym.testing import serve_server
-from tests.support.background import in_thread
+from rollgym.testing import in_thread, rl_stack
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -57,44 +52,6 @@ class FlakyEcho(EchoEnv):
         if task.get("flaky") and task.get("rollout_index") == 2:
             return {"reward": 0.0, "mask_sample": True}
         return reward
-
-
-def policy(kind: str) -> RetryPolicy:
-    return RetryPolicy.model_validate(kind_defaults(kind))  # type: ignore[arg-type]
-
-
-@asynccontextmanager
-async def rl_stack(model_dir: Path) -> AsyncIterator[tuple[str, str]]:
-    """The CPU backend, the proxy, the env and the agent on 127.0.0.1: (agent URL, backend URL)."""
-    async with AsyncExitStack() as stack:
-        backend, _ = await stack.enter_async_context(
-            serve_server(
-                "rollgym.models.local:LocalModel",
-                name="policy",
-                options={"model_dir": str(model_dir), "max_queue": 64},
-            )
-        )
-        proxy, _ = await stack.enter_async_context(
-            serve_server(
-                "openai_proxy",
-                name="model",
-                options={"base_url": f"{backend}/v1", "return_token_ids": True},
-            )
-        )
-        env, _ = await stack.enter_async_context(serve_server(FlakyEcho, name="env"))
-        peers = {
-            "model": Target.single("model", proxy, policy("model")),
-            "env": Target.single("env", env, policy("resources")),
-        }
-        agent, _ = await stack.enter_async_context(
-            serve_server(
-                "tool_agent",
-                name="agent",
-                options={"model": "model", "resources": "env"},
-                peers=peers,
-            )
-        )
-        yield agent, backend
 
 
 def row(expected: str, **fields: Any) -> dict[str, Any]:
@@ -127,7 +84,7 @@ def test_grpo_trainer_steps_on_rollouts_collected_by_rollgym(tmp_path: Path) -> 
         disable_tqdm=True,
         seed=0,
     )
-    with in_thread(rl_stack(model_dir)) as (agent_url, backend_url):
+    with in_thread(rl_stack(model_dir, FlakyEcho)) as (agent_url, backend_url):
         weights = LocalModelWeights(backend_url)
         rollout_func = RolloutFunc(agent_url, table, rollout_timeout=300)
         sync = WeightSyncCallback(weights, tmp_path / "weights")
@@ -193,7 +150,7 @@ def test_the_readme_quickstart_trains_against_a_running_stack(tmp_path: Path) ->
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [row("s"), row("a", flaky=True)]))
     out = tmp_path / "out"
-    with in_thread(rl_stack(model_dir)) as (agent_url, backend_url):
+    with in_thread(rl_stack(model_dir, FlakyEcho)) as (agent_url, backend_url):
         argv = [agent_url, backend_url, str(model_dir), str(tasks), str(out), "1"]
         done = subprocess.run(
             [sys.executable, str(QUICKSTART), *argv],

@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from rollgym.errors import InputError
 
-__all__ = ["TASK_FIELD", "message_text", "task_messages"]
+__all__ = ["TASK_FIELD", "carried_task", "message_text", "task_messages"]
 
 TASK_FIELD = "rollgym_task"
 """The dataset column (or prompt stamp) that carries a rollgym task row to the bridge."""
@@ -47,3 +49,17 @@ def message_text(content: Any) -> str:
             p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)
         )
     return ""
+
+
+def carried_task(raw: Any, *, where: str, missing: str) -> dict[str, Any]:
+    """The task row a dataset column carries (``TASK_FIELD``: JSON text or a mapping).
+    ``InputError`` starting with ``where`` when it is not JSON; ``missing`` (the whole message)
+    when it is absent or no mapping."""
+    if isinstance(raw, (str, bytes)):
+        try:
+            raw = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise InputError(f"{where}{TASK_FIELD} is not JSON: {e}") from e
+    if not isinstance(raw, Mapping):
+        raise InputError(f"{missing}; got {type(raw).__name__}")
+    return dict(raw)

@@ -72,7 +72,7 @@ import orjson
 
 from rollgym.collect.records import FailedRollout, RolloutRecord
 from rollgym.errors import InputError, TokenDataError
-from rollgym.integrations.rows import TASK_FIELD, message_text, task_messages
+from rollgym.integrations.rows import TASK_FIELD, carried_task, message_text, task_messages
 from rollgym.integrations.samples import Sample, carries_tokens, placeholder, rollout_samples
 from rollgym.trainer import DEFAULT_BUDGET, BudgetRules, RolloutClient, TaskGroup
 
@@ -197,17 +197,12 @@ def plan_batch(input_batch: Mapping[str, Any]) -> BatchPlan:
 
 def _task(extra: Any, index: int) -> dict[str, Any]:
     raw = extra.get(TASK_FIELD) if isinstance(extra, Mapping) else None
-    if isinstance(raw, (str, bytes)):
-        try:
-            raw = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise InputError(f"input {index}: {TASK_FIELD} is not JSON: {e}") from e
-    if not isinstance(raw, Mapping):
-        raise InputError(
-            f"input {index}: env_extras has no {TASK_FIELD!r} (a rollgym task row: build the "
-            f"dataset with rollgym.integrations.skyrl.dataset_row); got {type(raw).__name__}"
-        )
-    return dict(raw)
+    return carried_task(
+        raw,
+        where=f"input {index}: ",
+        missing=f"input {index}: env_extras has no {TASK_FIELD!r} (a rollgym task row: build "
+        "the dataset with rollgym.integrations.skyrl.dataset_row)",
+    )
 
 
 def with_sampling(

@@ -41,8 +41,8 @@ from typing import Any, Literal
 import orjson
 
 from rollgym.collect.records import FailedRollout, RolloutRecord
-from rollgym.errors import ConfigError, InputError, RollgymError, TokenDataError
-from rollgym.integrations.rows import TASK_FIELD, task_messages
+from rollgym.errors import ConfigError, RollgymError, TokenDataError
+from rollgym.integrations.rows import TASK_FIELD, carried_task, task_messages
 from rollgym.integrations.samples import Sample, placeholder, rollout_samples
 
 __all__ = [
@@ -210,17 +210,12 @@ def task_row(row: Mapping[str, Any]) -> dict[str, Any]:
     task = row.get(TASK_FIELD)
     if task is None and isinstance(row.get("extra_info"), Mapping):
         task = row["extra_info"].get(TASK_FIELD)
-    if isinstance(task, (str, bytes)):
-        try:
-            task = orjson.loads(task)
-        except orjson.JSONDecodeError as e:
-            raise InputError(f"{TASK_FIELD} is not JSON: {e}") from e
-    if not isinstance(task, Mapping):
-        raise InputError(
-            f"a verl row for the {AGENT_NAME!r} agent loop needs a {TASK_FIELD!r} column "
-            f"(a rollgym task row, see dataset_row); got {type(task).__name__}"
-        )
-    return dict(task)
+    return carried_task(
+        task,
+        where="",
+        missing=f"a verl row for the {AGENT_NAME!r} agent loop needs a {TASK_FIELD!r} column "
+        "(a rollgym task row, see dataset_row)",
+    )
 
 
 def with_sampling(task: dict[str, Any], sampling_params: Mapping[str, Any]) -> dict[str, Any]:
