@@ -23,10 +23,14 @@ this one, as the same kind of record.
     │   ├── ReadTimeout        no answer within the per-attempt timeout
     │   ├── AnswerTooLarge     an answer past one of the caller's limits (never retried)
     │   └── DeadlineExceeded   the total deadline (across attempts, or of a rollout) ran out
-    │       └── WaitedTooLong  ... before the work began (waiting for a worker)
+    │       ├── WaitedTooLong  ... before the work began (waiting for a worker)
+    │       └── PausedTooLong  ... while model calls were paused for a weight update
     ├── BudgetExhausted        the retry budget of the called server refused another retry
     ├── CircuitOpen            the called server's circuit breaker is open
     ├── RolloutError           the rollout itself could not finish (e.g. too many steps)
+    ├── StaleRollout           the rollout's oldest model call is more than the allowed number
+    │                          of policy versions behind the live weights (an outcome of
+    │                          asynchronous training, not a server's failure)
     ├── EnvironmentFailure     an Environment Server (NeMo Gym 0.7) answered an episode with a
     │                          handled failure: terminal, stage, failure_kind, partial_response
     ├── InternalError          a bug or unexpected exception inside a rollgym server
@@ -495,6 +499,13 @@ class WaitedTooLong(DeadlineExceeded):
     server's load, never its input's doing. On the wire it is a ``deadline_exceeded``."""
 
 
+class PausedTooLong(DeadlineExceeded):
+    """A model call held by a pause (``/rollgym/pause``) that no resume released within the
+    pause's deadline: the trainer that paused never resumed."""
+
+    type = "paused_too_long"
+
+
 class BudgetExhausted(RollgymError):
     """The called server's retry budget refused another retry of a transient failure."""
 
@@ -511,6 +522,14 @@ class RolloutError(RollgymError):
     """The rollout could not finish for a reason of its own (e.g. it ran out of steps)."""
 
     type = "rollout_error"
+
+
+class StaleRollout(RollgymError):
+    """The rollout's oldest model call ran more than ``max_staleness`` policy versions behind
+    the live weights: cancelled in flight (its next model call is refused, 409) or discarded on
+    arrival. An outcome of asynchronous training, never counted against a failure budget."""
+
+    type = "stale_rollout"
 
 
 class InternalError(RollgymError):

@@ -146,6 +146,24 @@ fields, so each trainer sample says which policy made its tokens."""
 WEIGHTS_ENDPOINT = "/rollgym/weights"
 """rollgym's CPU backend's weight reload: ``POST {"path", "version"}``; ``GET`` names the
 version and path served (``rollgym.models.local``, ``rollgym.integrations.weights``)."""
+REPLICA = "rollgym_replica"
+"""Which upstream replica answered a model call (its index in the model server's ``base_url``
+list): on each ``rollgym_upstream`` entry beside ``POLICY_VERSION``."""
+ABORTED_VERSIONS = "rollgym_aborted_versions"
+"""The versions under which a model call was started and then aborted by a pause (it was
+re-issued after the resume, from the same conversation state): on its ``rollgym_upstream``
+entry; absent when the call was never aborted."""
+POLICY_ENDPOINT = "/rollgym/policy"
+"""A rollgym model server's policy state: ``GET`` answers ``{"version", "paused",
+"max_staleness", "in_flight", "held"}``."""
+PAUSE_ENDPOINT = "/rollgym/pause"
+"""``POST {"abort": bool, "timeout_s": float}``: hold new model calls (and, with ``abort``,
+abort the in-flight ones, to be re-issued after the resume) until ``/rollgym/resume`` or for at
+most ``timeout_s`` seconds; answers ``{"version", "paused": true, "aborted", "held"}`` once no
+call is running upstream."""
+RESUME_ENDPOINT = "/rollgym/resume"
+"""``POST {"version": int, "max_staleness": int | null}``: the weights now live, and the
+staleness bound; releases held and aborted calls. Versions never go back (409)."""
 AGENT_OWN_FIELDS = ("num_steps", "truncated", "agent_seconds", "drifted_turns")
 """The numbers rollgym's agents add to a verify response (not the environment's metrics)."""
 NG_ROLLGYM_AGENT = "_rollgym_agent"
@@ -161,6 +179,7 @@ def session_cookie(session_id: str) -> str:
 
 
 __all__ = [
+    "ABORTED_VERSIONS",
     "AGENT_OBSERVATIONS",
     "AGENT_OWN_FIELDS",
     "AGENT_SESSIONS_CLOSE_ENDPOINT",
@@ -201,12 +220,16 @@ __all__ = [
     "NG_TASK_ID",
     "NG_TASK_INDEX",
     "PARTIAL_RESPONSE",
+    "PAUSE_ENDPOINT",
+    "POLICY_ENDPOINT",
     "POLICY_VERSION",
+    "REPLICA",
     "RESERVED_ENDPOINTS",
     "RESOURCES_COOKIES",
     "RESOURCES_SESSION_ID",
     "RESOURCES_TOOLS",
     "RESULT",
+    "RESUME_ENDPOINT",
     "REVERIFY_MODE_ENDPOINT",
     "ROLLGYM_ATTEMPTS",
     "ROLLGYM_CONFIG",
