@@ -13,6 +13,11 @@ from __future__ import annotations
 HEADER_ROLLOUT = "x-rollgym-rollout"
 """Header carrying ``task_index:rollout_index`` on every call made for one rollout."""
 
+HEADER_OLDEST_VERSION = "x-rollgym-oldest-version"
+"""Header an agent sends on each model call of a rollout after its first: the oldest policy
+version its earlier calls ran under. A model server with ``max_staleness`` set refuses (409,
+``stale_rollout``) a call whose rollout is that many versions behind the live weights."""
+
 SESSION_HEADER = "x-rollgym-session"
 """Header carrying a resources server's session id (from ``/seed_session`` or ``/reset``)."""
 
@@ -194,6 +199,7 @@ __all__ = [
     "FAILURE",
     "FAILURE_KIND",
     "FAILURE_REASON",
+    "HEADER_OLDEST_VERSION",
     "HEADER_ROLLOUT",
     "INDEX_FIELDS",
     "INSTANCE_CONFIG",
