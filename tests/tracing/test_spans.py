@@ -182,15 +182,16 @@ async def test_no_credentials_headers_or_bodies_in_any_span(spans: InMemorySpanE
     async with serve_asgi(app) as url, HttpClient() as http:
         target = Target.single("upstream", f"{url}/{SECRET}", fast_policy())
         body = {"input": "the prompt text PRIVATE-PROMPT", "api_key": SECRET}
-        got = await http.call(
-            target, "/v1/responses", body, headers={"Authorization": f"Bearer {SECRET}"}
-        )
+        with tracing.span("caller"):  # a call is traced inside a trace (a rollout's, a request's)
+            got = await http.call(
+                target, "/v1/responses", body, headers={"Authorization": f"Bearer {SECRET}"}
+            )
     assert got["ok"] is True
     # The header went out with the trace context beside the caller's own headers.
     assert seen[0]["authorization"] == f"Bearer {SECRET}"
     assert seen[0]["traceparent"].startswith("00-")
     finished = spans.get_finished_spans()
-    assert {s.name for s in finished} == {"upstream /v1/responses", "POST /v1/responses"}
+    assert {s.name for s in finished} == {"caller", "upstream /v1/responses", "POST /v1/responses"}
     [call] = [s for s in finished if s.name == "upstream /v1/responses"]
     assert attr(call, n.POLICY_VERSION) == 7
     dumped = repr([(s.name, dict(s.attributes or {}), s.status.description) for s in finished])
@@ -262,6 +263,18 @@ async def test_a_circuit_hold_is_a_span_of_the_rollout(spans: InMemorySpanExport
     [root] = [s for s in spans.get_finished_spans() if s.name == n.ROLLOUT_SPAN]
     assert holds[0].parent is not None and root.context is not None
     assert holds[0].parent.span_id == root.context.span_id
+
+
+async def test_calls_outside_any_trace_and_probes_make_no_span(
+    spans: InMemorySpanExporter,
+) -> None:
+    async with running_stack() as stack, HttpClient() as http:
+        # What the launcher does at start-up and the run's end: health waits, /stats reads.
+        for name, urls in stack.urls.items():
+            target = Target.single(name, urls[0], fast_policy())
+            await http.call(target, "/health", {})
+            await http.call(target, "/stats", {})
+    assert spans.get_finished_spans() == ()
 
 
 def test_names_of_a_call_and_an_attempt() -> None:

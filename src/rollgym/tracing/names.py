@@ -26,6 +26,10 @@ JUDGE_SPAN = "judge.ask"
 """One question to the ``judge`` environment's judge model."""
 
 
+UNTRACED_PATHS = frozenset({"/health", "/stats", "/metrics"})
+"""Server paths that make no span: probes and scrapes, not a rollout's work."""
+
+
 def call_span(server: str, endpoint: str) -> str:
     """The name of an HTTP call's span (all its attempts): ``model /v1/responses``."""
     return f"{server} {endpoint}"

@@ -105,8 +105,17 @@ class Tracer:
 
     # -- the HTTP client -----------------------------------------------------------------------
 
-    async def call(self, work: Awaitable[T], target: Target, endpoint: str) -> T:
-        """``work`` (one call's retry loop) inside the call's span; its attempts are children."""
+    def call(
+        self, work: Coroutine[Any, Any, T], target: Target, endpoint: str
+    ) -> Coroutine[Any, Any, T]:
+        """``work`` (one call's retry loop) inside the call's span, its attempts children of
+        it; untraced outside any trace (start-up health waits, ``/stats`` reads): a trace is a
+        rollout's, or a request's that a server received."""
+        if not trace.get_current_span().get_span_context().is_valid:
+            return work
+        return self._call(work, target, endpoint)
+
+    async def _call(self, work: Awaitable[T], target: Target, endpoint: str) -> T:
         with self._tracer.start_as_current_span(
             n.call_span(target.name, endpoint),
             kind=SpanKind.INTERNAL,
@@ -130,9 +139,12 @@ class Tracer:
                     span.set_attribute(n.POLICY_VERSION, version)
             return value
 
-    def attempt(self, server: str, endpoint: str, url: str, attempt: int) -> Attempt:
-        """Start the client span of attempt number ``attempt`` of the current call."""
+    def attempt(self, server: str, endpoint: str, url: str, attempt: int) -> Attempt | None:
+        """Start the client span of attempt number ``attempt`` of the current call (``None``
+        outside any trace, as ``call``)."""
         call = trace.get_current_span()
+        if not call.get_span_context().is_valid:
+            return None
         call.set_attribute(n.ATTEMPTS, attempt)  # the last one started: the call's count
         span = self._tracer.start_span(
             n.attempt_span(endpoint),
@@ -149,11 +161,14 @@ class Tracer:
 
     # -- the server app ------------------------------------------------------------------------
 
-    def serving(self, server: BaseServer, request: Request) -> Serving:
+    def serving(self, server: BaseServer, request: Request) -> Serving | None:
         """Start the server span of ``request``, continuing the caller's trace (its
-        ``traceparent``), and make it current for the endpoint's own calls."""
-        parent = propagate.extract(request.headers)
+        ``traceparent``), and make it current for the endpoint's own calls; ``None`` for the
+        probes (``/health``, ``/stats``...: ``names.UNTRACED_PATHS``)."""
         path: str = request.scope["path"]
+        if path in n.UNTRACED_PATHS:
+            return None
+        parent = propagate.extract(request.headers)
         attributes: dict[str, Any] = {
             n.HTTP_METHOD: "POST",
             n.URL_PATH: path,
