@@ -69,7 +69,7 @@ def setup(service: str) -> bool:
     with _lock:
         if active is None:
             try:
-                from rollgym.tracing.exporting import provider_from_env
+                from rollgym.tracing.exporting import make_global, provider_from_env
                 from rollgym.tracing.spans import Tracer
             except ImportError as exc:
                 raise ConfigError(
@@ -77,7 +77,9 @@ def setup(service: str) -> bool:
                     f"OpenTelemetry is not installed ({exc}): pip install 'rollgym[trace]', or "
                     f"unset {TRACES_EXPORTER}"
                 ) from None
-            active = Tracer(provider_from_env(service))
+            provider = provider_from_env(service)
+            make_global(provider)
+            active = Tracer(provider)
     return True
 
 

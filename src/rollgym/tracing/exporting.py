@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from rollgym.errors import ConfigError
 
-__all__ = ["exporter_classes", "provider_from_env"]
+__all__ = ["exporter_classes", "make_global", "provider_from_env"]
 
 _GROUP = "opentelemetry_traces_exporter"
 _BY_PROTOCOL = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
@@ -70,14 +70,18 @@ def exporter_classes(environ: dict[str, str] | None = None) -> list[type[SpanExp
 
 def provider_from_env(service: str) -> TracerProvider:
     """A provider exporting (in batches) to every exporter the environment names, for
-    ``service`` unless the environment names the service; set as the global provider when none
-    is set yet (so libraries that trace too join the same traces)."""
+    ``service`` unless the environment names the service."""
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: service}))
     provider = TracerProvider(resource=resource)
     for cls in exporter_classes():
         provider.add_span_processor(BatchSpanProcessor(cls()))
+    return provider
+
+
+def make_global(provider: TracerProvider) -> None:
+    """Make ``provider`` OpenTelemetry's global one if the process has none yet, so libraries
+    that trace too (in a custom server's code) join the same traces."""
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider)
-    return provider
