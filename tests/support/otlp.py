@@ -143,12 +143,14 @@ def otlp_receiver() -> Iterator[Receiver]:
 
 
 def otlp_env(receiver: Receiver, **extra: str) -> dict[str, str]:
-    """The standard variables that send a process's spans to ``receiver``, in small batches."""
+    """The standard variables that send a process's spans to ``receiver``. The batch delay is
+    longer than any test run: a small run's spans leave each process only when it flushes
+    as it stops, so a process that loses its last spans fails the test every time."""
     return {
         "OTEL_TRACES_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
-        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "OTEL_BSP_SCHEDULE_DELAY": "60000",
         "OTEL_EXPORTER_OTLP_TIMEOUT": "10",
         **extra,
     }

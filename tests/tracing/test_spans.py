@@ -15,6 +15,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -280,3 +281,31 @@ async def test_calls_outside_any_trace_and_probes_make_no_span(
 def test_names_of_a_call_and_an_attempt() -> None:
     assert n.call_span("model", "/v1/responses") == "model /v1/responses"
     assert n.attempt_span("/run") == "POST /run"
+
+
+async def test_a_rollout_the_sampler_leaves_out_makes_no_span_in_any_server() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)  # as OTEL_TRACES_SAMPLER=always_off
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.enable(provider)
+    seen: list[str | None] = []
+
+    async def answer(request: Request) -> JSONResponse:
+        seen.append(request.headers.get("traceparent"))
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/v1/responses", answer, methods=["POST"])])
+    try:
+        async with running_stack() as stack:
+            [record] = await run_items(stack.urls, [item(0)])
+        async with serve_asgi(app) as url, HttpClient() as http:
+            with tracing.span("caller"):
+                await http.call(Target.single("up", url, fast_policy()), "/v1/responses", {})
+    finally:
+        tracing.disable()
+        provider.shutdown()
+    assert isinstance(record, ScoredRollout)
+    assert exporter.get_finished_spans() == ()
+    # The context still went on, flagged "not sampled", so downstream servers leave it out too.
+    [sent] = seen
+    assert sent is not None and sent.startswith("00-") and sent.endswith("-00")

@@ -123,6 +123,7 @@ class App:
             yield
         finally:
             await self.server.shutdown()
+            tracing.flush()  # the last spans, before uvicorn ends the process (rollgym.tracing)
 
     async def _on_error(self, request: Request, exc: Exception) -> Response:
         return error_response(self.server.name, as_rollgym_error(request, exc, self.server.name))

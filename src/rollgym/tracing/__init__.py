@@ -31,7 +31,16 @@ if TYPE_CHECKING:
 
     from rollgym.tracing.spans import Tracer
 
-__all__ = ["TRACES_EXPORTER", "active", "disable", "enable", "requested", "setup", "span"]
+__all__ = [
+    "TRACES_EXPORTER",
+    "active",
+    "disable",
+    "enable",
+    "flush",
+    "requested",
+    "setup",
+    "span",
+]
 
 TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 """The standard variable naming the span exporters; set (and not ``none``), tracing is on."""
@@ -92,6 +101,15 @@ def enable(provider: TracerProvider | None = None) -> Tracer:
     with _lock:
         active = Tracer(provider)
     return active
+
+
+def flush(timeout: float = 5.0) -> None:
+    """Export the spans this process still holds (at most ``timeout`` seconds); nothing when
+    off. A server calls it as it stops: uvicorn ends its process by re-raising the SIGTERM it
+    took, so the SDK's own exit hook never runs."""
+    tracer = active
+    if tracer is not None:
+        tracer.flush(timeout)
 
 
 def disable() -> None:

@@ -64,6 +64,13 @@ class Tracer:
         self.provider = provider
         self._tracer = trace.get_tracer(n.INSTRUMENTATION, __version__, provider)
 
+    def flush(self, timeout: float) -> None:
+        """Export what the provider's processors hold, waiting at most ``timeout`` seconds."""
+        provider = self.provider or trace.get_tracer_provider()
+        force_flush = getattr(provider, "force_flush", None)
+        if force_flush is not None:
+            force_flush(int(timeout * 1000))
+
     # -- the collector -------------------------------------------------------------------------
 
     async def rollout(
@@ -109,9 +116,10 @@ class Tracer:
         self, work: Coroutine[Any, Any, T], target: Target, endpoint: str
     ) -> Coroutine[Any, Any, T]:
         """``work`` (one call's retry loop) inside the call's span, its attempts children of
-        it; untraced outside any trace (start-up health waits, ``/stats`` reads): a trace is a
-        rollout's, or a request's that a server received."""
-        if not trace.get_current_span().get_span_context().is_valid:
+        it. Untraced outside any trace (start-up health waits, ``/stats`` reads: a trace is a
+        rollout's, or a request's that a server received), and in a trace the sampler left out
+        (``OTEL_TRACES_SAMPLER``), whose spans would record nothing anyway."""
+        if not trace.get_current_span().is_recording():
             return work
         return self._call(work, target, endpoint)
 
@@ -143,8 +151,12 @@ class Tracer:
         """Start the client span of attempt number ``attempt`` of the current call (``None``
         outside any trace, as ``call``)."""
         call = trace.get_current_span()
-        if not call.get_span_context().is_valid:
-            return None
+        if not call.is_recording():
+            # Sampled out: no span, but the trace context still goes on (flagged not sampled),
+            # so the servers downstream leave the rollout out too and make no trace of their own.
+            return (
+                Attempt(self._tracer, call, attempt) if call.get_span_context().is_valid else None
+            )
         call.set_attribute(n.ATTEMPTS, attempt)  # the last one started: the call's count
         span = self._tracer.start_span(
             n.attempt_span(endpoint),
@@ -169,6 +181,11 @@ class Tracer:
         if path in n.UNTRACED_PATHS:
             return None
         parent = propagate.extract(request.headers)
+        sent = trace.get_current_span(parent).get_span_context()
+        if sent.is_valid and not sent.trace_flags.sampled:
+            # The caller's sampler left this rollout out: carry its context on, make no span
+            # (rollgym's samplers are parent-based: a child of an unsampled span is unsampled).
+            return Serving(trace.get_current_span(parent), context.attach(parent))
         attributes: dict[str, Any] = {
             n.HTTP_METHOD: "POST",
             n.URL_PATH: path,
