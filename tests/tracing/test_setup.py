@@ -219,3 +219,15 @@ async def test_a_judge_call_is_a_span_around_the_judge_models_call(
     # The judge model's server span continues the same trace (its traceparent).
     [served] = [s for s in finished if s.kind == SpanKind.SERVER and s.name == "POST /v1/responses"]
     assert served.context is not None and judge.context.trace_id == served.context.trace_id
+
+
+async def test_off_the_block_spans_are_nothing_and_the_sandbox_runs_as_before() -> None:
+    assert tracing.active is None
+    with tracing.span(n.SANDBOX_SPAN, {n.SERVER: "code"}) as span:
+        assert span is None
+    sandbox = Sandbox(
+        Limits(wall_seconds=10.0, cpu_seconds=5), parallel=1, uid_base=60000,
+        isolation=probe_isolation(), server="code",
+    )  # fmt: skip
+    result = await sandbox.run("print(input())", "hi\n")
+    assert (result.exit_code, result.stdout) == (0, "hi\n")

@@ -119,7 +119,13 @@ def disable() -> None:
 
 
 class _NoSpan(AbstractContextManager[None]):
+    """The span of a block when tracing is off: nothing (``with span(...) as s``: ``s`` is
+    ``None``)."""
+
     __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
 
     def __exit__(self, *exc: object) -> None:
         return None
