@@ -207,7 +207,10 @@ async def test_a_server_reached_without_trace_context_starts_its_own_trace(
 ) -> None:
     row = {**task_row(5), "task_index": 5, "rollout_index": 0}
     # A caller that does not trace (another program calling /run): no traceparent.
-    async with running_stack() as stack, aiohttp.ClientSession() as session:
+    async with (
+        running_stack() as stack,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+    ):
         answer = await session.post(f"{stack.agent_url}/run", json=row)
         assert answer.status == 200
         answer.release()
