@@ -37,6 +37,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from rollgym import __version__
 from rollgym.errors import RollgymError, redact_url
+from rollgym.server.endpoint import SCOPE_ROLLOUT
 from rollgym.tracing import names as n
 from rollgym.wire import HEADER_ROLLOUT
 from rollgym.wire import POLICY_VERSION as POLICY_FIELD
@@ -193,7 +194,7 @@ class Tracer:
             n.SERVER: server.name,
             n.SERVER_KIND: server.kind,
         }
-        rollout = request.headers.get(HEADER_ROLLOUT) or request.scope.get("rollgym.rollout")
+        rollout = request.headers.get(HEADER_ROLLOUT) or request.scope.get(SCOPE_ROLLOUT)
         if rollout:
             attributes[n.ROLLOUT] = str(rollout)[:256]
         span = self._tracer.start_span(
