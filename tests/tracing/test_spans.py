@@ -313,3 +313,17 @@ async def test_a_rollout_the_sampler_leaves_out_makes_no_span_in_any_server() ->
     [sent] = seen
     assert sent is not None and sent.startswith("00-")
     assert int(sent.rsplit("-", 1)[1], 16) & 1 == 0  # the "sampled" flag is off
+
+
+async def test_a_nemo_gym_prefixed_path_names_the_rollout_and_the_endpoint(
+    spans: InMemorySpanExporter,
+) -> None:
+    row = task_row(4)
+    async with running_stack() as stack, HttpClient() as http:
+        env = Target.single("env", stack.urls["env"][0], fast_policy("resources"))
+        with tracing.span("caller"):
+            await http.call_with_cookies(env, "/ng-rollout/4-0/seed_session", row)
+    [served] = [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
+    # The span is the endpoint's (few names, whatever the ids), with 0.7's rollout id.
+    assert served.name == "POST /seed_session"
+    assert (attr(served, n.URL_PATH), attr(served, n.ROLLOUT)) == ("/seed_session", "4-0")
