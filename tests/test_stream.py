@@ -1,0 +1,398 @@
+"""The streaming trainer API (``rollgym.stream``) against real servers on 127.0.0.1: groups in
+completion order, back-pressure, the failure rules, staleness judged on arrival, the pause
+deadline, the run directory's ledger, and the sync form. Completion order is forced with gates
+the test opens (never with timing); waits are bounded polls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from starlette.responses import Response
+
+from rollgym.errors import InputError, PausedTooLong, RunAborted, StaleRollout
+from rollgym.server.endpoint import Call
+from rollgym.trainer import FailedRollout, RolloutClient, ScoredRollout, TaskGroup
+from rollgym.wire import POLICY_VERSION
+from tests.support.background import in_thread
+from tests.support.servers import FaultyModel
+from tests.support.stack import running_stack, task_row
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+HOLD = "HOLD"
+"""A row whose input carries ``HOLD<i>`` waits at each model call until gate ``i`` opens."""
+
+
+def held_row(index: int, gate: int | None = None, *, fail: bool = False) -> dict[str, Any]:
+    row = task_row(index, fail=fail)
+    if gate is not None:
+        params = row["responses_create_params"]
+        params["input"] = f"{params['input']} {HOLD}{gate}"
+    return row
+
+
+class GateModel(FaultyModel):
+    """The scripted model behind gates the test opens, stamping every answer with the policy
+    ``version`` it set (as a rollgym model server does on each call's upstream fields), and
+    failing the rollouts named in ``fail_once`` on their first model call."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.gates: dict[str, asyncio.Event] = {}
+        self.waiting: Counter[str] = Counter()
+        self.version = 0
+        self.fail_once: set[str] = set()
+
+    def gate(self, i: int) -> asyncio.Event:
+        return self.gates.setdefault(f"{HOLD}{i}", asyncio.Event())
+
+    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
+        if call.rollout in self.fail_once:
+            self.fail_once.discard(call.rollout)
+            return self._fault(500)
+        version = self.version  # the version the call runs under: the live one as it starts
+        text = orjson.dumps(params.get("input")).decode()
+        for marker, gate in list(self.gates.items()):
+            if marker in text:
+                self.waiting[marker] += 1
+                await gate.wait()
+        response = await super().respond(params, call)
+        assert isinstance(response, dict)
+        response["rollgym_upstream"] = {POLICY_VERSION: version}
+        return response
+
+
+def ledger_keys(path: Path) -> list[tuple[int, int]]:
+    if not path.exists():
+        return []
+    return [
+        (r["task_index"], r["rollout_index"])
+        for r in map(orjson.loads, path.read_bytes().splitlines())
+    ]
+
+
+def assert_ledger_exact(out: Path) -> dict[str, Any]:
+    """Every dispatched rollout of ``tasks.jsonl`` has exactly one record in the three record
+    files, and no record is of a rollout never dispatched."""
+    tasks = ledger_keys(out / "tasks.jsonl")
+    records = [
+        *ledger_keys(out / "rollouts.jsonl"),
+        *ledger_keys(out / "failures.jsonl"),
+        *ledger_keys(out / "stale.jsonl"),
+    ]
+    assert len(tasks) == len(set(tasks)), "a rollout dispatched twice under one index"
+    assert sorted(records) == sorted(tasks)
+    info: dict[str, Any] = orjson.loads((out / "run.json").read_bytes())
+    return info
+
+
+# -- completion order and back-pressure ---------------------------------------------------------
+
+
+async def test_groups_arrive_in_completion_order_not_input_order() -> None:
+    async with running_stack(model=GateModel) as stack, RolloutClient(stack.agent_url) as client:
+        model = stack.model
+        assert isinstance(model, GateModel)
+        for i in range(3):
+            model.gate(i)
+        rows = [held_row(0, 0), held_row(1, 1), held_row(2, 2), held_row(3)]
+        got: list[TaskGroup] = []
+        async with client.stream(rows, repeats=2, concurrency=8) as stream:
+            it = aiter(stream)
+            got.append(await anext(it))  # the row no gate holds finishes first
+            for i in (2, 0, 1):
+                model.gate(i).set()
+                got.append(await anext(it))
+            with pytest.raises(StopAsyncIteration):
+                await anext(it)
+    assert [g.task_index for g in got] == [3, 2, 0, 1]
+    assert [g.task for g in got] == [rows[3], rows[2], rows[0], rows[1]]
+    for g in got:
+        assert g.complete and g.rewards == [1.0, 1.0]
+        assert [r.rollout_index for r in g.rollouts] == [0, 1]
+    assert stream.stats.dispatched == stream.stats.scored == 8
+    assert stream.in_flight == 0
+
+
+async def test_rows_from_an_async_source_that_keeps_arriving() -> None:
+    """Rows come from a queue the consumer fills after each group: the stream waits for them
+    without ending, and ends when the source does."""
+    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        while (row := await queue.get()) is not None:
+            yield row
+
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        await queue.put(task_row(0))
+        seen = []
+        async with client.stream(source(), repeats=3, concurrency=4) as stream:
+            async for group in stream:
+                seen.append(group.task_index)
+                assert group.rewards == [1.0] * 3
+                await queue.put(task_row(len(seen)) if len(seen) < 4 else None)
+    assert seen == [0, 1, 2, 3]
+
+
+async def test_back_pressure_stops_dispatch_while_the_consumer_stalls() -> None:
+    pulled = 0
+
+    def rows() -> Iterator[dict[str, Any]]:
+        nonlocal pulled
+        for i in range(60):
+            pulled += 1
+            yield task_row(i)
+
+    repeats, concurrency, max_ready = 2, 4, 2
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        stream = client.stream(
+            rows(), repeats=repeats, concurrency=concurrency, max_ready=max_ready
+        )
+        async with stream:
+            # The consumer takes nothing: dispatch stops once max_ready groups wait.
+            await wait_until(
+                lambda: stream.ready >= max_ready and stream.in_flight == 0, what="a stall"
+            )
+            stalled_at = pulled
+            # Bounded: the waiting groups plus those open when the buffer filled.
+            bound = max_ready + concurrency // repeats + 1
+            assert stalled_at <= bound
+            assert stream.stats.dispatched == stalled_at * repeats
+            await asyncio.sleep(0.3)  # nothing moves while nobody consumes
+            assert pulled == stalled_at and stream.in_flight == 0
+            got = [g.task_index async for g in stream]
+    assert sorted(got) == list(range(60))
+    assert stream.stats.peak_ready <= bound
+    assert stream.stats.peak_open <= concurrency + 1
+
+
+async def test_a_consumer_that_stops_consuming_ends_the_stream_typed(tmp_path: Path) -> None:
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        rows = (task_row(i) for i in range(100))
+        stream = client.stream(
+            rows, repeats=2, concurrency=4, max_ready=1, consumer_timeout=0.5,
+            output=tmp_path / "run",
+        )  # fmt: skip
+        async with stream:
+            await anext(aiter(stream))
+            await wait_until(lambda: stream._feed.stopped, what="the consumer deadline")
+            with pytest.raises(RunAborted, match="consumer took no group"):
+                async for _ in stream:
+                    pass
+    info = assert_ledger_exact_or_unfinished(tmp_path / "run")
+    assert info["status"] == "aborted" and "consumer" in info["abort_reason"]
+
+
+def assert_ledger_exact_or_unfinished(out: Path) -> dict[str, Any]:
+    """An aborted stream: no record twice, none of a rollout never dispatched, and run.json
+    counts the dispatched rollouts left without one."""
+    tasks = ledger_keys(out / "tasks.jsonl")
+    records = [*ledger_keys(out / "rollouts.jsonl"), *ledger_keys(out / "failures.jsonl")]
+    records += ledger_keys(out / "stale.jsonl")
+    assert len(records) == len(set(records)) and set(records) <= set(tasks)
+    info: dict[str, Any] = orjson.loads((out / "run.json").read_bytes())
+    assert info["counts"]["unfinished"] == len(tasks) - len(records)
+    return info
+
+
+# -- failure rules --------------------------------------------------------------------------------
+
+
+def _failing_rows() -> list[dict[str, Any]]:
+    return [task_row(0), task_row(1, fail=True), task_row(2)]
+
+
+async def _collect(stack_options: dict[str, Any], rows: list[dict[str, Any]], **opts: Any) -> tuple[list[TaskGroup], Any]:
+    async with running_stack(**stack_options) as stack, RolloutClient(stack.agent_url) as client:
+        async with client.stream(rows, **opts) as stream:
+            groups = [g async for g in stream]
+    return groups, stream
+
+
+FAILING = {"model_options": {"fail_marker": "FAIL"}}
+
+
+async def test_rule_partial_yields_the_group_with_its_failures_typed() -> None:
+    groups, stream = await _collect(FAILING, _failing_rows(), repeats=2, on_failure="partial")
+    by_task = {g.task_index: g for g in groups}
+    assert sorted(by_task) == [0, 1, 2]
+    bad = by_task[1]
+    assert not bad.complete and bad.rewards == [] and len(bad.failed) == 2
+    for r in bad.failed:
+        assert r.error.root().status == 500 and r.error.root().server == "model"
+    assert by_task[0].complete and by_task[2].complete
+    assert stream.stats.failed == 2 and stream.stats.reruns == 0
+
+
+async def test_rule_drop_leaves_out_a_group_that_is_not_complete() -> None:
+    groups, stream = await _collect(FAILING, _failing_rows(), repeats=2, on_failure="drop")
+    assert sorted(g.task_index for g in groups) == [0, 2]
+    assert stream.stats.groups_dropped == 1 and stream.stats.failed == 2
+
+
+async def test_rule_rerun_replaces_a_failure_with_a_fresh_rollout_index(tmp_path: Path) -> None:
+    async with running_stack(model=GateModel) as stack, RolloutClient(stack.agent_url) as client:
+        assert isinstance(stack.model, GateModel)
+        stack.model.fail_once = {"0:1"}  # the model fails rollout 0:1's first call, once
+        rows = [task_row(0), task_row(1)]
+        async with client.stream(
+            rows, repeats=2, on_failure="rerun", output=tmp_path / "run",
+            budget=None,
+        ) as stream:  # fmt: skip
+            groups = {g.task_index: g async for g in stream}
+    first = groups[0]
+    assert first.complete and first.rewards == [1.0, 1.0]
+    assert [r.rollout_index for r in first.rollouts] == [0, 2]  # 2: the re-run of 1
+    assert [(r.rollout_index, r.ok) for r in first.replaced] == [(1, False)]
+    assert groups[1].complete and groups[1].replaced == ()
+    assert stream.stats.reruns == 1 and stream.stats.dispatched == 5
+    info = assert_ledger_exact(tmp_path / "run")
+    assert info["status"] == "completed" and info["counts"]["unfinished"] == 0
+
+
+async def test_rule_rerun_is_bounded_and_then_yields_the_failures() -> None:
+    groups, stream = await _collect(
+        FAILING, _failing_rows(), repeats=2, on_failure="rerun", max_reruns=3, budget=None
+    )
+    bad = next(g for g in groups if g.task_index == 1)
+    assert len(bad.failed) == 2 and len(bad.replaced) == 3
+    assert sorted(r.rollout_index for r in bad.rollouts + bad.replaced) == [0, 1, 2, 3, 4]
+    assert stream.stats.reruns == 3 and stream.stats.failed == 5
+
+
+async def test_a_row_that_is_no_dict_fails_the_stream_with_an_input_error() -> None:
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        rows: list[Any] = [task_row(0), "not a row"]
+        with pytest.raises(InputError, match="row 1 .* str"):
+            async with client.stream(rows, repeats=1) as stream:
+                async for _ in stream:
+                    pass
+
+
+# -- staleness ----------------------------------------------------------------------------------
+
+
+async def test_a_stale_rollout_is_discarded_on_arrival_recorded_and_rerun(tmp_path: Path) -> None:
+    """Row 0 runs under version 0 and is held; the trainer moves to version 2 (the model now
+    runs 2); with max_staleness 1 row 0's rollouts arrive stale: recorded as stale (not
+    failures, not counted by the failure budget) and re-run under version 2."""
+    async with running_stack(model=GateModel) as stack, RolloutClient(stack.agent_url) as client:
+        model = stack.model
+        assert isinstance(model, GateModel)
+        gate = model.gate(0)
+        rows = [held_row(0, 0), task_row(1)]
+        stream = client.stream(
+            rows, repeats=2, max_staleness=1, output=tmp_path / "run",
+            # One failure would abort: stale rollouts must not count as failures.
+            budget=_strict_budget(),
+        )  # fmt: skip
+        async with stream:
+            it = aiter(stream)
+            fresh = await anext(it)
+            assert fresh.task_index == 1 and fresh.stale == []
+            await wait_until(lambda: model.waiting[f"{HOLD}0"] >= 2, what="row 0 held")
+            await stream.resume(2)
+            model.version = 2
+            gate.set()
+            late = await anext(it)
+    assert late.task_index == 0 and late.complete and late.rewards == [1.0, 1.0]
+    assert sorted(r.rollout_index for r in late.rollouts) == [2, 3]
+    assert len(late.replaced) == 2
+    for r in late.replaced:
+        assert isinstance(r, FailedRollout) and isinstance(r.error, StaleRollout)
+        # its first call ran under 0 (held there), its second under 2: the oldest counts
+        assert orjson.loads(r.error.body or "")["versions"] == [0, 2]
+    assert stream.stats.stale == 2 and stream.stats.failed == 0
+    assert_ledger_exact(tmp_path / "run")
+    assert len(ledger_keys(tmp_path / "run" / "stale.jsonl")) == 2
+
+
+async def test_stale_rollouts_kept_in_the_group_when_no_rerun_is_asked() -> None:
+    async with running_stack(model=GateModel) as stack, RolloutClient(stack.agent_url) as client:
+        model = stack.model
+        assert isinstance(model, GateModel)
+        gate = model.gate(0)
+        stream = client.stream(
+            [held_row(0, 0)], repeats=2, max_staleness=0, rerun_stale=False,
+            on_failure="drop", budget=_strict_budget(),
+        )  # fmt: skip
+        async with stream:
+            await wait_until(lambda: model.waiting[f"{HOLD}0"] >= 2, what="row 0 held")
+            await stream.resume(1)
+            gate.set()
+            groups = [g async for g in stream]
+    # drop: a group with stale rollouts is not complete, so it is dropped (and counted)
+    assert groups == [] and stream.stats.groups_dropped == 1 and stream.stats.stale == 2
+
+
+async def test_staleness_of_rollouts_without_versions_is_never_guessed() -> None:
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        stream = client.stream([task_row(0)], repeats=2, max_staleness=0, version=5)
+        async with stream:
+            groups = [g async for g in stream]
+    assert groups[0].complete and stream.stats.unversioned == 2 and stream.stats.stale == 0
+
+
+def _strict_budget() -> Any:
+    from rollgym.trainer import BudgetRules
+
+    return BudgetRules(max_failures=1, max_failure_rate=None)
+
+
+# -- pause deadline -------------------------------------------------------------------------------
+
+
+async def test_a_pause_never_resumed_ends_the_stream_with_paused_too_long(tmp_path: Path) -> None:
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        rows = (task_row(i) for i in range(50))
+        stream = client.stream(rows, repeats=2, concurrency=4, output=tmp_path / "run")
+        async with stream:
+            await anext(aiter(stream))
+            await stream.pause(timeout_s=0.5)
+            with pytest.raises(PausedTooLong, match="without a resume"):
+                async for _ in stream:
+                    pass
+    info = assert_ledger_exact_or_unfinished(tmp_path / "run")
+    assert info["status"] == "aborted"
+
+
+async def test_pause_holds_new_rollouts_and_resume_releases_them() -> None:
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        stream = client.stream((task_row(i) for i in range(6)), repeats=2, concurrency=2)
+        async with stream:
+            first = await anext(aiter(stream))
+            await stream.pause(timeout_s=30)
+            calls = stack.env.calls
+            # The rollouts already running finish (no model server is paused here) ...
+            await wait_until(lambda: calls["seed_session"] == calls["verify"], what="drain")
+            await asyncio.sleep(0.2)
+            await wait_until(lambda: calls["seed_session"] == calls["verify"], what="drain")
+            started = calls["seed_session"]
+            # ... and no new one starts while the stream is paused.
+            await asyncio.sleep(0.3)
+            assert calls["seed_session"] == started < 12
+            await stream.resume(1)
+            rest = [g.task_index async for g in stream]
+    assert stream.version == 1
+    assert sorted([first.task_index, *rest]) == list(range(6))
+
+
+# -- the sync form --------------------------------------------------------------------------------
+
+
+def test_stream_sync_for_a_synchronous_trainer() -> None:
+    with (
+        in_thread(running_stack()) as stack,
+        RolloutClient(stack.agent_url) as client,
+        client.stream_sync([task_row(i) for i in range(4)], repeats=2) as stream,
+    ):
+        groups = list(stream)
+    assert sorted(g.task_index for g in groups) == [0, 1, 2, 3]
+    assert all(isinstance(r, ScoredRollout) for g in groups for r in g.rollouts)
