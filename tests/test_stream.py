@@ -15,9 +15,23 @@ import orjson
 import pytest
 from starlette.responses import Response
 
-from rollgym.errors import InputError, PausedTooLong, RunAborted, StaleRollout
+from rollgym.collect.failure_budget import BudgetRules, FailureBudget, is_stale
+from rollgym.collect.staleness import StalenessJudge
+from rollgym.errors import (
+    HTTPStatusError,
+    InputError,
+    PausedTooLong,
+    RunAborted,
+    StaleRollout,
+)
 from rollgym.server.endpoint import Call
-from rollgym.trainer import FailedRollout, RolloutClient, ScoredRollout, TaskGroup
+from rollgym.trainer import (
+    FailedRollout,
+    PolicyControl,
+    RolloutClient,
+    ScoredRollout,
+    TaskGroup,
+)
 from rollgym.wire import POLICY_VERSION
 from tests.support.background import in_thread
 from tests.support.servers import FaultyModel
@@ -39,15 +53,18 @@ def held_row(index: int, gate: int | None = None, *, fail: bool = False) -> dict
 
 
 class GateModel(FaultyModel):
-    """The scripted model behind gates the test opens, stamping every answer with the policy
-    ``version`` it set (as a rollgym model server does on each call's upstream fields), and
-    failing the rollouts named in ``fail_once`` on their first model call."""
+    """The scripted model (a rollgym model server: its policy gate stamps every answer with
+    the version it ran under) behind gates the test opens: a call of a row marked ``HOLD<i>``
+    waits for gate ``i`` (only its model call number ``gate_turn``, counted from 1, when that
+    is set), after the policy gate admitted it. Rollouts named in ``fail_once`` fail their
+    first model call with a 500."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.gates: dict[str, asyncio.Event] = {}
         self.waiting: Counter[str] = Counter()
-        self.version = 0
+        self.turns: Counter[str | None] = Counter()
+        self.gate_turn: int | None = None
         self.fail_once: set[str] = set()
 
     def gate(self, i: int) -> asyncio.Event:
@@ -57,16 +74,14 @@ class GateModel(FaultyModel):
         if call.rollout in self.fail_once:
             self.fail_once.discard(call.rollout)
             return self._fault(500)
-        version = self.version  # the version the call runs under: the live one as it starts
+        self.turns[call.rollout] += 1
         text = orjson.dumps(params.get("input")).decode()
-        for marker, gate in list(self.gates.items()):
-            if marker in text:
-                self.waiting[marker] += 1
-                await gate.wait()
-        response = await super().respond(params, call)
-        assert isinstance(response, dict)
-        response["rollgym_upstream"] = {POLICY_VERSION: version}
-        return response
+        if self.gate_turn is None or self.turns[call.rollout] == self.gate_turn:
+            for marker, gate in list(self.gates.items()):
+                if marker in text:
+                    self.waiting[marker] += 1
+                    await gate.wait()
+        return await super().respond(params, call)
 
 
 def ledger_keys(path: Path) -> list[tuple[int, int]]:
@@ -209,10 +224,15 @@ def _failing_rows() -> list[dict[str, Any]]:
     return [task_row(0), task_row(1, fail=True), task_row(2)]
 
 
-async def _collect(stack_options: dict[str, Any], rows: list[dict[str, Any]], **opts: Any) -> tuple[list[TaskGroup], Any]:
-    async with running_stack(**stack_options) as stack, RolloutClient(stack.agent_url) as client:
-        async with client.stream(rows, **opts) as stream:
-            groups = [g async for g in stream]
+async def _collect(
+    stack_options: dict[str, Any], rows: list[dict[str, Any]], **opts: Any
+) -> tuple[list[TaskGroup], Any]:
+    async with (
+        running_stack(**stack_options) as stack,
+        RolloutClient(stack.agent_url) as client,
+        client.stream(rows, **opts) as stream,
+    ):
+        groups = [g async for g in stream]
     return groups, stream
 
 
@@ -262,15 +282,16 @@ async def test_rule_rerun_is_bounded_and_then_yields_the_failures() -> None:
         FAILING, _failing_rows(), repeats=2, on_failure="rerun", max_reruns=3, budget=None
     )
     bad = next(g for g in groups if g.task_index == 1)
-    assert len(bad.failed) == 2 and len(bad.replaced) == 3
-    assert sorted(r.rollout_index for r in bad.rollouts + bad.replaced) == [0, 1, 2, 3, 4]
-    assert stream.stats.reruns == 3 and stream.stats.failed == 5
+    # each of the 2 repeats: its first run and 3 re-runs, all failed
+    assert len(bad.failed) == 2 and len(bad.replaced) == 6
+    assert sorted(r.rollout_index for r in bad.rollouts + bad.replaced) == list(range(8))
+    assert stream.stats.reruns == 6 and stream.stats.failed == 8
 
 
 async def test_a_row_that_is_no_dict_fails_the_stream_with_an_input_error() -> None:
     async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
         rows: list[Any] = [task_row(0), "not a row"]
-        with pytest.raises(InputError, match="row 1 .* str"):
+        with pytest.raises(InputError, match=r"row 1 .* str"):
             async with client.stream(rows, repeats=1) as stream:
                 async for _ in stream:
                     pass
@@ -280,16 +301,18 @@ async def test_a_row_that_is_no_dict_fails_the_stream_with_an_input_error() -> N
 
 
 async def test_a_stale_rollout_is_discarded_on_arrival_recorded_and_rerun(tmp_path: Path) -> None:
-    """Row 0 runs under version 0 and is held; the trainer moves to version 2 (the model now
-    runs 2); with max_staleness 1 row 0's rollouts arrive stale: recorded as stale (not
+    """Row 0's last model call is admitted under version 0 and held; the trainer makes version
+    2 live; with max_staleness 1 row 0's rollouts arrive stale: recorded as stale (not
     failures, not counted by the failure budget) and re-run under version 2."""
     async with running_stack(model=GateModel) as stack, RolloutClient(stack.agent_url) as client:
         model = stack.model
         assert isinstance(model, GateModel)
+        model.gate_turn = 2  # the rollout's last model call: nothing after it can refuse it
         gate = model.gate(0)
         rows = [held_row(0, 0), task_row(1)]
         stream = client.stream(
             rows, repeats=2, max_staleness=1, output=tmp_path / "run",
+            control=PolicyControl(stack.urls["model"]),
             # One failure would abort: stale rollouts must not count as failures.
             budget=_strict_budget(),
         )  # fmt: skip
@@ -297,52 +320,101 @@ async def test_a_stale_rollout_is_discarded_on_arrival_recorded_and_rerun(tmp_pa
             it = aiter(stream)
             fresh = await anext(it)
             assert fresh.task_index == 1 and fresh.stale == []
+            assert [r.policy_versions for r in fresh.scored] == [(0, 0), (0, 0)]
             await wait_until(lambda: model.waiting[f"{HOLD}0"] >= 2, what="row 0 held")
             await stream.resume(2)
-            model.version = 2
             gate.set()
             late = await anext(it)
     assert late.task_index == 0 and late.complete and late.rewards == [1.0, 1.0]
     assert sorted(r.rollout_index for r in late.rollouts) == [2, 3]
+    assert [r.policy_versions for r in late.scored] == [(2, 2), (2, 2)]
     assert len(late.replaced) == 2
     for r in late.replaced:
         assert isinstance(r, FailedRollout) and isinstance(r.error, StaleRollout)
-        # its first call ran under 0 (held there), its second under 2: the oldest counts
-        assert orjson.loads(r.error.body or "")["versions"] == [0, 2]
+        assert "discarded on arrival" in r.error.message
+        assert orjson.loads(r.error.body or "")["versions"] == [0, 0]
+    assert late.failed == [] and late.stale == []
     assert stream.stats.stale == 2 and stream.stats.failed == 0
     assert_ledger_exact(tmp_path / "run")
     assert len(ledger_keys(tmp_path / "run" / "stale.jsonl")) == 2
+
+
+async def test_a_stale_rollout_is_cancelled_in_flight_and_rerun(tmp_path: Path) -> None:
+    """Row 0's first call ran under version 0; after version 2 is live (max_staleness 1) the
+    model server refuses its next call (409 stale_rollout): the rollout ends at once, as a
+    stale outcome, and is re-run."""
+    async with running_stack(model=GateModel) as stack, RolloutClient(stack.agent_url) as client:
+        model = stack.model
+        assert isinstance(model, GateModel)
+        model.gate_turn = 1
+        gate = model.gate(0)
+        stream = client.stream(
+            [held_row(0, 0)], repeats=3, max_staleness=1, output=tmp_path / "run",
+            control=PolicyControl(stack.urls["model"]), budget=_strict_budget(),
+        )  # fmt: skip
+        async with stream:
+            await wait_until(lambda: model.waiting[f"{HOLD}0"] >= 3, what="row 0 held")
+            await stream.resume(2)
+            gate.set()
+            groups = [g async for g in stream]
+    (group,) = groups
+    assert group.complete and len(group.replaced) == 3
+    assert {r.policy_versions for r in group.scored} == {(2, 2)}
+    for r in group.replaced:
+        assert isinstance(r, FailedRollout)
+        root = r.error.root()
+        assert root.type == "stale_rollout" and root.status == 409 and root.server == "model"
+    assert stream.stats.stale == 3 and stream.stats.failed == 0
+    assert_ledger_exact(tmp_path / "run")
 
 
 async def test_stale_rollouts_kept_in_the_group_when_no_rerun_is_asked() -> None:
     async with running_stack(model=GateModel) as stack, RolloutClient(stack.agent_url) as client:
         model = stack.model
         assert isinstance(model, GateModel)
+        model.gate_turn = 2
         gate = model.gate(0)
         stream = client.stream(
-            [held_row(0, 0)], repeats=2, max_staleness=0, rerun_stale=False,
+            [held_row(0, 0), task_row(1)], repeats=2, max_staleness=0, rerun_stale=False,
             on_failure="drop", budget=_strict_budget(),
         )  # fmt: skip
         async with stream:
             await wait_until(lambda: model.waiting[f"{HOLD}0"] >= 2, what="row 0 held")
-            await stream.resume(1)
+            await stream.resume(1)  # no control: only the stream's judge knows the version
             gate.set()
             groups = [g async for g in stream]
-    # drop: a group with stale rollouts is not complete, so it is dropped (and counted)
-    assert groups == [] and stream.stats.groups_dropped == 1 and stream.stats.stale == 2
+    # drop: a group with stale rollouts is not complete, so it is dropped (and counted); row
+    # 1 finished under version 0 too, but before the resume: it was fresh when it arrived
+    assert [g.task_index for g in groups] == [1]
+    assert stream.stats.groups_dropped == 1 and stream.stats.stale == 2
 
 
-async def test_staleness_of_rollouts_without_versions_is_never_guessed() -> None:
-    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
-        stream = client.stream([task_row(0)], repeats=2, max_staleness=0, version=5)
-        async with stream:
-            groups = [g async for g in stream]
-    assert groups[0].complete and stream.stats.unversioned == 2 and stream.stats.stale == 0
+def test_the_staleness_of_a_rollout_without_versions_is_never_guessed() -> None:
+    judge = StalenessJudge(0, lambda: 5)
+    unversioned = ScoredRollout(0, 0, 1.0, 1, 0.1, {"reward": 1.0, "response": {"output": []}})
+    assert judge(unversioned) is unversioned and judge.unversioned == 1
+    upstream = [{POLICY_VERSION: 5}, {POLICY_VERSION: 4}]
+    old = ScoredRollout(
+        0, 1, 1.0, 1, 0.1, {"reward": 1.0, "response": {"rollgym_upstream": upstream}}
+    )
+    got = judge(old)
+    assert isinstance(got, FailedRollout) and isinstance(got.error, StaleRollout)
+    assert is_stale(got.error) and (got.task_index, got.rollout_index) == (0, 1)
+    assert StalenessJudge(1, lambda: 5)(old) is old
+
+
+def test_the_failure_budget_never_counts_a_stale_rollout() -> None:
+    budget = FailureBudget(BudgetRules(max_failures=1, min_failure_samples=1))
+    stale = StaleRollout("too old", server="collector")
+    refused = HTTPStatusError(
+        "stale", status=409, server="agent", origin=StaleRollout("x", status=409, server="model")
+    )
+    assert budget.observe(stale) is None and budget.observe(refused) is None
+    assert budget.finished == 0 and budget.failed == 0
+    assert budget.observe(HTTPStatusError("boom", status=500, server="model")) is not None
 
 
 def _strict_budget() -> Any:
-    from rollgym.trainer import BudgetRules
-
     return BudgetRules(max_failures=1, max_failure_rate=None)
 
 

@@ -27,14 +27,15 @@ A group's failed rollouts follow ``on_failure``:
 - ``"partial"`` (default): the group is yielded with its failures typed (``group.failed``);
 - ``"drop"``: a group that is not ``complete`` is not yielded (counted in ``stats``);
 - ``"rerun"``: a failed rollout is run again with a fresh ``rollout_index`` (``repeats`` and
-  up), at most ``max_reruns`` times per group; what still fails is yielded typed. The records
+  up), each repeat at most ``max_reruns`` times; what still fails is yielded typed. The records
   a re-run replaced are in ``group.replaced``.
 
 Bounded staleness (``max_staleness=k``; ``rollgym.collect.staleness``): a rollout whose oldest
 model call is more than ``k`` versions behind the live version is cancelled in flight (by the
 model servers, told ``k`` at each ``resume``) or discarded on arrival, and recorded as a stale
 outcome (``group.stale``; never counted by the failure budget). With ``rerun_stale`` (default)
-its row is run again with a fresh rollout index, at most ``max_stale_reruns`` times per group.
+the rollout is run again with a fresh rollout index, each repeat at most ``max_stale_reruns``
+times.
 
 Pause and resume (``control``: a ``PolicyControl`` for the model servers): ``pause`` holds new
 rollouts and every model call (``abort=True``: aborts the calls in flight, which the model
@@ -59,7 +60,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -127,8 +128,11 @@ class _Group:
     next_index: int
     settled: dict[int, RolloutRecord] = field(default_factory=dict)
     replaced: list[RolloutRecord] = field(default_factory=list)
-    reruns: int = 0
-    stale_reruns: int = 0
+    slot: dict[int, int] = field(default_factory=dict)
+    """A re-run's rollout index -> the repeat it stands for (absent: itself)."""
+    reruns: Counter[int] = field(default_factory=Counter)
+    stale_reruns: Counter[int] = field(default_factory=Counter)
+    """Re-runs so far of each repeat, after failures and after stale outcomes."""
 
 
 class _Feed:
@@ -263,17 +267,18 @@ class _Feed:
         if s.judge is not None:
             s.stats.unversioned = s.judge.unversioned
         stale = isinstance(record, FailedRollout) and is_stale(record.error)
+        slot = group.slot.get(record.rollout_index, record.rollout_index)
         if stale:
             s.stats.stale += 1
-            if s.rerun_stale and group.stale_reruns < s.max_stale_reruns:
-                group.stale_reruns += 1
-                self._rerun(group, record)
+            if s.rerun_stale and group.stale_reruns[slot] < s.max_stale_reruns:
+                group.stale_reruns[slot] += 1
+                self._rerun(group, record, slot)
                 return True
         elif isinstance(record, FailedRollout):
             s.stats.failed += 1
-            if s.on_failure == "rerun" and group.reruns < s.max_reruns:
-                group.reruns += 1
-                self._rerun(group, record)
+            if s.on_failure == "rerun" and group.reruns[slot] < s.max_reruns:
+                group.reruns[slot] += 1
+                self._rerun(group, record, slot)
                 return True
         else:
             s.stats.scored += 1
@@ -282,9 +287,10 @@ class _Feed:
             self._close(group)
         return True
 
-    def _rerun(self, group: _Group, replaced: RolloutRecord) -> None:
+    def _rerun(self, group: _Group, replaced: RolloutRecord, slot: int) -> None:
         index = group.next_index
         group.next_index += 1
+        group.slot[index] = slot
         group.outstanding.add(index)
         group.replaced.append(replaced)
         self.s.stats.reruns += 1

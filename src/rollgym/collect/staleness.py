@@ -12,7 +12,8 @@ one of two ways:
 Either way it is an outcome, not a failure: ``FailureBudget`` never counts it
 (``failure_budget.is_stale``), and ``TaskGroup.stale`` lists it apart from ``failed``.
 
-A scored rollout whose calls carry no version (a model server that does not know its weights'
+A rollout is as old as its oldest model call whose version is known; a scored rollout whose
+calls carry no version (a model server that does not know its weights'
 version) cannot be judged: it is kept, counted in ``unversioned`` and warned about once, never
 guessed stale or fresh in silence.
 """
@@ -26,31 +27,14 @@ import orjson
 
 from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
 from rollgym.errors import StaleRollout
-from rollgym.wire import POLICY_VERSION
 
 log = logging.getLogger("rollgym.collect")
 
-UPSTREAM = "rollgym_upstream"
-"""A response's per-call upstream fields (one entry per model call), where each call's
-``POLICY_VERSION`` is written (``rollgym.models.translate.UPSTREAM_KEY``)."""
-
 
 def record_versions(record: ScoredRollout) -> tuple[int, ...]:
-    """The policy versions of ``record``'s model calls, in call order (empty if none says)."""
-    own = getattr(record, "policy_versions", None)  # the record's own field, where it has one
-    if own is not None:
-        return tuple(v for v in own if _is_version(v))
-    upstream = record.response.get(UPSTREAM)
-    calls = upstream if isinstance(upstream, list) else [upstream]
-    return tuple(
-        c[POLICY_VERSION]
-        for c in calls
-        if isinstance(c, dict) and _is_version(c.get(POLICY_VERSION))
-    )
-
-
-def _is_version(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """The known policy versions of ``record``'s model calls, in call order (empty if none
+    says): ``ScoredRollout.policy_versions`` without its unknowns."""
+    return tuple(v for v in record.policy_versions if v is not None)
 
 
 class StalenessJudge:
