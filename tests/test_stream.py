@@ -331,7 +331,7 @@ async def test_a_stale_rollout_is_discarded_on_arrival_recorded_and_rerun(tmp_pa
     assert len(late.replaced) == 2
     for r in late.replaced:
         assert isinstance(r, FailedRollout) and isinstance(r.error, StaleRollout)
-        assert "discarded on arrival" in r.error.message
+        assert r.error.message.startswith("discarded")
         assert orjson.loads(r.error.body or "")["versions"] == [0, 0]
     assert late.failed == [] and late.stale == []
     assert stream.stats.stale == 2 and stream.stats.failed == 0
@@ -368,6 +368,30 @@ async def test_a_stale_rollout_is_cancelled_in_flight_and_rerun(tmp_path: Path) 
     assert_ledger_exact(tmp_path / "run")
 
 
+async def test_a_group_that_waited_across_a_resume_is_judged_again_as_it_leaves(
+    tmp_path: Path,
+) -> None:
+    """A finished group waits in the buffer while the trainer makes version 1 live: with
+    max_staleness 0 its rollouts (version 0) are no sample any more; they are re-run under
+    version 1 before the trainer gets the group, and each is written once to the ledger."""
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        stream = client.stream(
+            [task_row(0)], repeats=2, max_staleness=0, output=tmp_path / "run",
+            control=PolicyControl(stack.urls["model"]), budget=_strict_budget(),
+        )  # fmt: skip
+        async with stream:
+            await wait_until(lambda: stream.ready == 1, what="the group buffered")
+            await stream.resume(1)
+            groups = [g async for g in stream]
+    (group,) = groups
+    assert group.complete and [r.policy_versions for r in group.scored] == [(1, 1), (1, 1)]
+    assert sorted(r.rollout_index for r in group.rollouts) == [2, 3]
+    assert all(isinstance(r, FailedRollout) and is_stale(r.error) for r in group.replaced)
+    assert stream.stats.stale == 2 and stream.stats.scored == 2
+    assert_ledger_exact(tmp_path / "run")
+    assert len(ledger_keys(tmp_path / "run" / "rollouts.jsonl")) == 2
+
+
 async def test_stale_rollouts_kept_in_the_group_when_no_rerun_is_asked() -> None:
     async with running_stack(model=GateModel) as stack, RolloutClient(stack.agent_url) as client:
         model = stack.model
@@ -383,10 +407,11 @@ async def test_stale_rollouts_kept_in_the_group_when_no_rerun_is_asked() -> None
             await stream.resume(1)  # no control: only the stream's judge knows the version
             gate.set()
             groups = [g async for g in stream]
-    # drop: a group with stale rollouts is not complete, so it is dropped (and counted); row
-    # 1 finished under version 0 too, but before the resume: it was fresh when it arrived
-    assert [g.task_index for g in groups] == [1]
-    assert stream.stats.groups_dropped == 1 and stream.stats.stale == 2
+    # drop: a group with stale rollouts is not complete, so it is dropped (and counted). Row 1
+    # finished under version 0 before the resume (fresh on arrival), but waited in the buffer:
+    # as it leaves, version 1 is live, so it is stale too.
+    assert groups == [] and stream.stats.groups_dropped == 2 and stream.stats.stale == 4
+    assert stream.stats.reruns == 0
 
 
 def test_the_staleness_of_a_rollout_without_versions_is_never_guessed() -> None:

@@ -32,7 +32,9 @@ A group's failed rollouts follow ``on_failure``:
 
 Bounded staleness (``max_staleness=k``; ``rollgym.collect.staleness``): a rollout whose oldest
 model call is more than ``k`` versions behind the live version is cancelled in flight (by the
-model servers, told ``k`` at each ``resume``) or discarded on arrival, and recorded as a stale
+model servers, told ``k`` at each ``resume``), discarded on arrival, or discarded as its group
+leaves for the trainer (it may have waited in the buffer across a resume: every group the
+trainer gets is within ``k`` of the version live when it takes it), and recorded as a stale
 outcome (``group.stale``; never counted by the failure budget). With ``rerun_stale`` (default)
 the rollout is run again with a fresh rollout index, each repeat at most ``max_stale_reruns``
 times.
@@ -110,6 +112,8 @@ class StreamStats:
     """The most finished groups that waited for the consumer at once."""
     peak_open: int = 0
     """The most groups started and not yet finished at once."""
+    peak_in_flight: int = 0
+    """The most rollouts dispatched and not yet recorded at once."""
     unversioned: int = 0
     """Scored rollouts whose staleness could not be judged (no version on their calls)."""
 
@@ -134,6 +138,12 @@ class _Group:
     stale_reruns: Counter[int] = field(default_factory=Counter)
     """Re-runs so far of each repeat, after failures and after stale outcomes."""
 
+    def build(self) -> TaskGroup:
+        from rollgym.trainer import TaskGroup
+
+        rollouts = tuple(self.settled[i] for i in sorted(self.settled))
+        return TaskGroup(self.task_index, self.task, rollouts, tuple(self.replaced))
+
 
 class _Feed:
     """The stream's work (a ``Feed`` for the dispatcher) and its records' sink: it starts rows,
@@ -152,7 +162,7 @@ class _Feed:
         self._pending: deque[RolloutItem] = deque()
         self._requeued: deque[RolloutItem] = deque()
         self._open: dict[int, _Group] = {}
-        self.ready: deque[TaskGroup] = deque()
+        self.ready: deque[_Group] = deque()
         self._next_task = 0
         self.exhausted = False
         self.stopped = False
@@ -169,21 +179,27 @@ class _Feed:
                 return [self._requeued.popleft() for _ in range(min(n, len(self._requeued)))]
             if self._pending:
                 items = [self._pending.popleft() for _ in range(min(n, len(self._pending)))]
+                stats = self.s.stats
                 for item in items:
-                    self.s.stats.dispatched += 1
+                    stats.dispatched += 1
                     if self.s.ledger is not None:
                         self.s.ledger.dispatched(item)
+                stats.peak_in_flight = max(stats.peak_in_flight, self.s.in_flight)
                 return items
             if self._may_start_row():
                 if self._sync is not None:
                     self._next_sync_row()
                     continue
                 self._start_fetch()
-            if self.exhausted and not self._open and self._fetch is None:
+            if self.exhausted and not self._open and self._fetch is None and self._final():
                 self.stop()
                 return []
             self._changed.clear()
             await self._changed.wait()
+
+    def _final(self) -> bool:
+        """No finished group can open again: none waits to be judged as it leaves."""
+        return self.s.judge is None or not self.ready
 
     def requeue(self, items: list[RolloutItem]) -> None:
         self._requeued.extend(items)
@@ -261,31 +277,36 @@ class _Feed:
         if group is None or record.rollout_index not in group.outstanding:
             return False  # a late duplicate (a worker thought dead): already recorded
         group.outstanding.discard(record.rollout_index)
-        s = self.s
-        if s.ledger is not None:
-            s.ledger.add(record)
-        if s.judge is not None:
-            s.stats.unversioned = s.judge.unversioned
-        stale = isinstance(record, FailedRollout) and is_stale(record.error)
-        slot = group.slot.get(record.rollout_index, record.rollout_index)
-        if stale:
-            s.stats.stale += 1
-            if s.rerun_stale and group.stale_reruns[slot] < s.max_stale_reruns:
-                group.stale_reruns[slot] += 1
-                self._rerun(group, record, slot)
-                return True
-        elif isinstance(record, FailedRollout):
-            s.stats.failed += 1
-            if s.on_failure == "rerun" and group.reruns[slot] < s.max_reruns:
-                group.reruns[slot] += 1
-                self._rerun(group, record, slot)
-                return True
+        stats = self.s.stats
+        if isinstance(record, FailedRollout):
+            if is_stale(record.error):
+                stats.stale += 1
+            else:
+                stats.failed += 1
         else:
-            s.stats.scored += 1
-        group.settled[record.rollout_index] = record
-        if len(group.settled) == s.repeats:
+            stats.scored += 1
+        if self.s.judge is not None:
+            stats.unversioned = self.s.judge.unversioned
+        self._settle(group, record)
+        if not group.outstanding:
             self._close(group)
         return True
+
+    def _settle(self, group: _Group, record: RolloutRecord) -> None:
+        """``record`` counts for its group, or (the rule allows) is replaced by a re-run."""
+        s = self.s
+        slot = group.slot.get(record.rollout_index, record.rollout_index)
+        if isinstance(record, FailedRollout):
+            if is_stale(record.error):
+                if s.rerun_stale and group.stale_reruns[slot] < s.max_stale_reruns:
+                    group.stale_reruns[slot] += 1
+                    self._rerun(group, record, slot)
+                    return
+            elif s.on_failure == "rerun" and group.reruns[slot] < s.max_reruns:
+                group.reruns[slot] += 1
+                self._rerun(group, record, slot)
+                return
+        group.settled[record.rollout_index] = record
 
     def _rerun(self, group: _Group, replaced: RolloutRecord, slot: int) -> None:
         index = group.next_index
@@ -299,18 +320,39 @@ class _Feed:
         self._changed.set()
 
     def _close(self, group: _Group) -> None:
-        from rollgym.trainer import TaskGroup
-
         del self._open[group.task_index]
-        rollouts = tuple(group.settled[i] for i in sorted(group.settled))
-        done = TaskGroup(group.task_index, group.task, rollouts, tuple(group.replaced))
-        if self.s.on_failure == "drop" and not done.complete:
+        if self.s.on_failure == "drop" and not group.build().complete:
             self.s.stats.groups_dropped += 1
+            self.s.written(group)
         else:
-            self.ready.append(done)
+            self.ready.append(group)
             self.s.stats.peak_ready = max(self.s.stats.peak_ready, len(self.ready))
         self._changed.set()
         self.s.arrived.set()
+
+    def rejudge(self, group: _Group) -> bool:
+        """Judge a finished group's rollouts again as it leaves for the consumer (the live
+        version may have moved on while it waited): a rollout now too old becomes stale, its
+        repeat re-run if the rule allows. True if the group is open again."""
+        judge = self.s.judge
+        if judge is None:
+            return False
+        now_stale = []
+        for index, record in list(group.settled.items()):
+            judged = judge(record)
+            if judged is not record:
+                del group.settled[index]
+                now_stale.append(judged)
+        if not now_stale:
+            return False
+        self.s.stats.scored -= len(now_stale)
+        self.s.stats.stale += len(now_stale)
+        self._open[group.task_index] = group
+        for record in now_stale:
+            self._settle(group, record)
+        if not group.outstanding:
+            self._close(group)  # nothing to re-run: it is finished again, stale rollouts in it
+        return True
 
 
 class RolloutStream:
@@ -405,6 +447,14 @@ class RolloutStream:
     def in_flight(self) -> int:
         """Rollouts dispatched and not yet recorded."""
         return self.stats.dispatched - self.stats.recorded
+
+    def written(self, group: _Group) -> None:
+        """A group leaves the stream (to the consumer, or dropped): its records, and those
+        its re-runs replaced, go to the run directory now, judged for good."""
+        if self.ledger is None:
+            return
+        for record in (*group.replaced, *group.settled.values()):
+            self.ledger.add(record)
 
     def accepting(self) -> bool:
         return not self._closed and self._error is None
@@ -501,9 +551,11 @@ class RolloutStream:
             return
         ledger, self.ledger = self.ledger, None
         reason = self._recorder.abort_reason if self._recorder is not None else None
-        completed = self._feed.exhausted and self.in_flight == 0 and reason is None
+        completed = (
+            self._feed.exhausted and ledger.records == self.stats.dispatched and reason is None
+        )
         status = "completed" if completed else ("aborted" if reason else "closed")
-        counts = {**asdict(self.stats), "unfinished": self.in_flight}
+        counts = {**asdict(self.stats), "unfinished": self.stats.dispatched - ledger.records}
         ledger.close(status, counts, reason)
 
     async def __aenter__(self) -> RolloutStream:
@@ -524,10 +576,13 @@ class RolloutStream:
             self.arrived.clear()
             if self._feed.ready:
                 group = self._feed.ready.popleft()
+                self._feed.wake()  # back-pressure eased: a new row may start
+                if self._feed.rejudge(group):
+                    continue
                 self._last_take = time.monotonic()
                 self.stats.groups_yielded += 1
-                self._feed.wake()  # back-pressure eased: a new row may start
-                return group
+                self.written(group)
+                return group.build()
             if self._task is not None and self._task.done():
                 self._raise_if_ended()
                 self._close_ledger()

@@ -6,8 +6,10 @@ one of two ways:
 - cancelled in flight: a model server with ``max_staleness`` set refuses the rollout's next
   call (409 ``stale_rollout``, read from the ``x-rollgym-oldest-version`` header the agent
   sends); the agent's error carries it as its root;
-- discarded on arrival: ``StalenessJudge`` (the recorder's ``admit`` hook) reads the versions
-  of the record's model calls and turns a scored rollout that is too old into that failure.
+- discarded: ``StalenessJudge`` reads the versions of the record's model calls and turns a
+  scored rollout that is too old into that failure: on arrival (the recorder's ``admit``
+  hook), and again when its group leaves for the trainer (``rollgym.stream``: the live version
+  may have moved on while the group waited in the buffer).
 
 Either way it is an outcome, not a failure: ``FailureBudget`` never counts it
 (``failure_budget.is_stale``), and ``TaskGroup.stale`` lists it apart from ``failed``.
@@ -72,7 +74,7 @@ class StalenessJudge:
             "max_staleness": self.max_staleness,
         }
         err = StaleRollout(
-            f"discarded on arrival: its oldest model call ran under version {oldest}, "
+            f"discarded: its oldest model call ran under version {oldest}, "
             f"{live - oldest} behind the live version {live} (max_staleness {self.max_staleness})",
             server="collector", body=orjson.dumps(detail), retryable=False,
         )  # fmt: skip

@@ -6,14 +6,18 @@ as rollouts are dispatched and recorded, for a run whose rows keep arriving.
                          ``rollout_index`` (``repeats`` and up), never a second one of the same
     DIR/rollouts.jsonl   one line per scored rollout
     DIR/failures.jsonl   one line per failed rollout (re-run or not)
-    DIR/stale.jsonl      one line per stale rollout (discarded on arrival or cancelled in
-                         flight): an outcome, not a failure
+    DIR/stale.jsonl      one line per stale rollout (cancelled in flight, discarded on arrival,
+                         or found too old as its group left for the trainer): an outcome, not
+                         a failure
     DIR/run.json         the stream's counts, how it ended, and (aborted) why
 
+A group's records are written when it leaves the stream (yielded to the trainer, or dropped),
+judged for good: a rollout that waited in the buffer while the version moved on is written
+once, as what it finally was.
 The ledger invariant holds as for a run: after a stream that ended (``status: completed``),
 every ``(task_index, rollout_index)`` of ``tasks.jsonl`` has exactly one record in the other
-three files. A stream stopped early (``closed`` or ``aborted``) leaves the rollouts it had in
-flight with no record; ``run.json`` counts them (``unfinished``). A stream's run directory is
+three files. A stream stopped early (``closed`` or ``aborted``) leaves the rollouts of the groups it had
+not handed over with no record; ``run.json`` counts them (``unfinished``). A stream's run directory is
 not resumable: its rows came from a source the stream cannot read again.
 """
 
@@ -39,6 +43,7 @@ class StreamLedger:
         self.out_dir = Path(out_dir)
         self.started = now()
         self._files: dict[str, IO[bytes]] = {}
+        self.records = 0
 
     def open(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -55,6 +60,7 @@ class StreamLedger:
         self._write(TASKS, item.row)
 
     def add(self, record: RolloutRecord) -> None:
+        self.records += 1
         if isinstance(record, FailedRollout):
             self._write(STALE if is_stale(record.error) else FAILURES, record.to_json())
         else:
