@@ -10,18 +10,25 @@ a simulated training step of ``--train-s`` seconds (a sleep: the trainer holds n
 - ``sync``: ``collect`` one batch, train on it, repeat (the batch waits for its slowest rollout,
   and nothing is generated while the trainer trains);
 - ``stream k``: one ``RolloutStream`` with ``max_staleness=k``; the trainer takes the first
-  ``--rows`` groups to finish, trains while the stream keeps generating (at most one step of
-  groups waits: ``max_ready``), then pauses the model servers (aborting the calls in flight),
-  makes the next version live and resumes. Rollouts more than ``k`` versions old are cancelled
-  in flight or discarded and re-run (their count is printed: work thrown away).
+  ``--rows`` groups to finish (a row in the long tail does not hold the step), then
+  - ``k = 0`` (on-policy): pauses the model servers (aborting the calls in flight), trains,
+    makes the next version live and resumes: nothing generated under the old weights is used
+    after the step, so generating during it would only be thrown away;
+  - ``k >= 1``: trains while the stream keeps generating (at most one step of groups waits:
+    ``max_ready``), then pauses, makes the next version live and resumes.
+  Rollouts more than ``k`` versions old are cancelled in flight or discarded and re-run
+  (their count is printed: work thrown away).
 Reported: wall time, the trainer's idle time (wall minus the training steps), the generator's
 idle time (wall minus the rollout-seconds run / the concurrency: slots left empty, through the
 long tail and the training steps), stale rollouts, and the speedup of each stream over sync.
 
 **Part 2: rollouts in flight.** One collector (a ``RolloutStream`` in a child process run by
 ``bench/peak.py``, which records its peak RSS) with 256 and with ``--inflight`` rollouts in
-flight against a model whose calls each take ``--inflight-latency`` seconds: rate, the most
-rollouts seen in flight, and the collector's peak RSS, with the growth per rollout in flight.
+flight against a model whose calls each take ``--inflight-latency`` seconds. The model server
+is paused while the collector fills up, so all of them are in flight at once (checked), then
+resumed: the rate is taken from the resume to the last group; the collector's peak RSS, and
+its growth per rollout in flight. The agent runs as replicas (one per 6,000 in flight: each
+rollout holds two sockets in an agent, and one process may open 20,000 files here).
 
 The servers (scripted model, echo environment, tool agent) are real processes on 127.0.0.1,
 started by rollgym's ``Supervisor``. All of it shares the machine's cores with the collector,
@@ -38,13 +45,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import harness
 
-from rollgym.config import parse_config
+from rollgym.config import RetryPolicy, kind_defaults, parse_config
+from rollgym.http import Target
 from rollgym.launch import Supervisor
 from rollgym.trainer import PolicyControl, RolloutClient
 
@@ -62,14 +71,15 @@ def row(i: int) -> dict[str, Any]:
     }
 
 
-def config(model_options: dict[str, Any]) -> Any:
-    servers = {
+def config(model_options: dict[str, Any], agents: int = 1) -> Any:
+    servers: dict[str, dict[str, Any]] = {
         "model": {"kind": "model", "impl": "scripted", "options": model_options},
         "echo": {"kind": "resources", "impl": "echo"},
         "agent": {
             "kind": "agent",
             "impl": "tool_agent",
             "options": {"model": "model", "resources": "echo"},
+            "replicas": agents,
         },
     }
     return parse_config({"servers": servers, "collect": {"agent": "agent"}}, "<async_rl>")
@@ -126,9 +136,14 @@ async def run_stream(
             batch += 1
             if batch < args.rows:
                 continue
-            await asyncio.sleep(args.train_s)  # the training step; the stream generates on
+            if k == 0:
+                # On-policy: whatever is generated during the step would be stale after it.
+                await stream.pause(abort=True, timeout_s=60)
+                await asyncio.sleep(args.train_s)
+            else:
+                await asyncio.sleep(args.train_s)  # the stream generates on meanwhile
+                await stream.pause(abort=True, timeout_s=60)  # to swap the weights
             steps, batch = steps + 1, 0
-            await stream.pause(abort=True, timeout_s=60)  # swap the weights
             version += 1
             await stream.resume(version)
             if steps == args.steps:
@@ -183,43 +198,70 @@ def print_mode(m: Mode) -> None:
 
 async def inflight_child(args: argparse.Namespace) -> None:
     """In a child process (under peak.py): one stream of ``--total`` rollouts at concurrency
-    ``--concurrency``; prints its figures as one JSON line."""
+    ``--concurrency``. The model server is paused first, so every rollout dispatched waits at
+    its first model call: once ``--concurrency`` are in flight at once, the model resumes
+    (version ``--version``) and the rate is taken from there to the last group. Prints its
+    figures as one JSON line."""
     n_rows = args.total // args.repeats
-    async with RolloutClient(args.agent, connections=args.concurrency + 64) as client:
+    # Thousands of connections opened within seconds overflow the agent's listen backlog
+    # (4,096); the kernel's SYN retries then take longer than the default 5 s connect timeout.
+    policy = RetryPolicy.model_validate({**kind_defaults("agent"), "connect_timeout": 60.0})
+    agent = Target("agent", tuple(args.agent.split(",")), policy)
+    control = PolicyControl([args.model], version=args.version - 1)
+    await control.pause(timeout_s=600)
+    async with RolloutClient(agent, connections=args.concurrency + 64) as client:
         stream = client.stream(
             (row(i) for i in range(n_rows)), repeats=args.repeats,
             concurrency=args.concurrency, max_ready=max(1, args.concurrency // args.repeats),
             budget=None, rollout_timeout=900,
         )  # fmt: skip
         done, failed = 0, 0
+        why: Counter[str] = Counter()
         started = time.monotonic()
         async with stream:
+            want = min(args.concurrency, args.total)
+            while stream.in_flight < want and time.monotonic() - started < 600:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)  # a bounded poll of a counter: nothing to wait on
+            filled = time.monotonic() - started
+            held = stream.in_flight
+            released = time.monotonic()
+            await control.resume(args.version)
             async for group in stream:
                 done += len(group.rollouts)
                 failed += len(group.failed)
-            wall = time.monotonic() - started
-    print(json.dumps({"rate": done / wall, "wall": wall, "done": done, "failed": failed,
-                      "peak_in_flight": stream.stats.peak_in_flight}))  # fmt: skip
+                for r in group.failed:
+                    root = r.error.root()
+                    why[f"{root.server} {root.endpoint} {root.type} {root.status}"] += 1
+            wall = time.monotonic() - released
+    await control.aclose()
+    figures = {
+        "rate": done / wall, "wall": wall, "done": done, "failed": failed, "why": dict(why),
+        "held_in_flight": held, "fill_s": filled, "peak_in_flight": stream.stats.peak_in_flight,
+    }  # fmt: skip
+    print(json.dumps(figures))
 
 
 async def part2(args: argparse.Namespace) -> list[dict[str, Any]]:
+    # Each rollout in flight holds two sockets in an agent (the collector's and its model
+    # call): 16,384 in one agent process pass this machine's 20,000 open files, so the agent
+    # has replicas (the collector spreads over them); the collector holds all 16,384.
+    agents = max(1, -(-args.inflight // 6000))
     supervisor = Supervisor(
-        config({"latency": args.inflight_latency}),
+        config({"latency": args.inflight_latency}, agents=agents),
         log_dir=Path(tempfile.mkdtemp(prefix="async-rl-")),
     )
     urls = await supervisor.start()
     results = []
     try:
-        for concurrency, total in (
-            (256, args.inflight_baseline_total),
-            (args.inflight, args.inflight),
-        ):
+        runs = ((256, args.inflight_baseline_total), (args.inflight, args.inflight))
+        for version, (concurrency, total) in enumerate(runs, start=1):
             with tempfile.TemporaryDirectory() as tmp:
                 report = Path(tmp) / "peak.json"
                 cmd = [
                     sys.executable, str(PEAK), str(report), __file__, "--inflight-child",
-                    "--agent", urls["agent"][0], "--concurrency", str(concurrency),
-                    "--total", str(total), "--repeats", "16",
+                    "--agent", ",".join(urls["agent"]), "--concurrency", str(concurrency),
+                    "--total", str(total), "--repeats", "16", "--model", urls["model"][0],
+                    "--version", str(version),
                 ]  # fmt: skip
                 out = await asyncio.to_thread(
                     subprocess.run, cmd, capture_output=True, text=True, check=True, timeout=1200
@@ -229,12 +271,15 @@ async def part2(args: argparse.Namespace) -> list[dict[str, Any]]:
                 figures["concurrency"] = concurrency
                 results.append(figures)
                 print(
-                    f"  {concurrency:>6} in flight: {figures['rate']:7.0f} rollouts/s "
-                    f"({figures['done']} rollouts, {figures['failed']} failed, "
-                    f"{figures['wall']:.1f} s), most seen in flight {figures['peak_in_flight']}, "
-                    f"collector peak RSS {figures['peak_rss_mib']:.0f} MiB",
+                    f"  {concurrency:>6} in flight: {figures['held_in_flight']} held at once "
+                    f"(filled in {figures['fill_s']:.1f} s), then {figures['rate']:5.0f} "
+                    f"rollouts/s ({figures['done']} rollouts, {figures['failed']} failed, "
+                    f"{figures['wall']:.1f} s); collector peak RSS "
+                    f"{figures['peak_rss_mib']:.0f} MiB",
                     flush=True,
                 )
+                if figures["why"]:
+                    print(f"    failures: {figures['why']}")
     finally:
         await supervisor.stop()
     return results
@@ -250,13 +295,15 @@ def main() -> None:
     parser.add_argument("--median-ms", type=float, default=20.0)
     parser.add_argument("--train-s", type=float, default=2.0)
     parser.add_argument("--inflight", type=int, default=16384)
-    parser.add_argument("--inflight-latency", type=float, default=1.0)
-    parser.add_argument("--inflight-baseline-total", type=int, default=2048)
+    parser.add_argument("--inflight-latency", type=float, default=3.0)
+    parser.add_argument("--inflight-baseline-total", type=int, default=512)
     parser.add_argument("--skip", default="", help="part1 and/or part2, comma-separated")
     # the child of part 2
     parser.add_argument("--inflight-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--agent", help=argparse.SUPPRESS)
     parser.add_argument("--total", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--version", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     harness.raise_fd_limit()
     if args.inflight_child:

@@ -9,8 +9,8 @@
                 train(batch); batch = []
                 await stream.resume(version)    # the new weights are live
 
-``rows``: an iterable or an async iterable of task rows; rows may keep arriving (a queue the
-trainer fills). Row ``i`` (in arrival order) is task ``i``; its ``repeats`` rollouts are sent
+``rows``: an iterable (read on the event loop: it must not block) or an async iterable of task
+rows; rows may keep arriving (an async queue the trainer fills). Row ``i`` (in arrival order) is task ``i``; its ``repeats`` rollouts are sent
 together and its ``TaskGroup`` is yielded when every one of them has its record, whatever the
 order rows were given in.
 
@@ -172,30 +172,43 @@ class _Feed:
     # -- the Feed: work for the dispatcher ------------------------------------------------------
 
     async def take(self, n: int) -> list[RolloutItem]:
+        """Up to ``n`` items, as many as there are without waiting (a Ray lane sends them as
+        one chunk), waiting for the first; an empty list once the stream is over."""
         while True:
             if self.stopped:
                 return []
-            if self._requeued:
-                return [self._requeued.popleft() for _ in range(min(n, len(self._requeued)))]
-            if self._pending:
-                items = [self._pending.popleft() for _ in range(min(n, len(self._pending)))]
-                stats = self.s.stats
-                for item in items:
-                    stats.dispatched += 1
-                    if self.s.ledger is not None:
-                        self.s.ledger.dispatched(item)
-                stats.peak_in_flight = max(stats.peak_in_flight, self.s.in_flight)
+            items = self._take_ready(n)
+            if items:
                 return items
             if self._may_start_row():
-                if self._sync is not None:
-                    self._next_sync_row()
-                    continue
                 self._start_fetch()
             if self.exhausted and not self._open and self._fetch is None and self._final():
                 self.stop()
                 return []
             self._changed.clear()
             await self._changed.wait()
+
+    def _take_ready(self, n: int) -> list[RolloutItem]:
+        """What can be handed out now: rollouts given back first, then re-runs and the
+        repeats of rows already started, then new rows of a synchronous source (while
+        back-pressure allows)."""
+        items: list[RolloutItem] = []
+        while self._requeued and len(items) < n:
+            items.append(self._requeued.popleft())  # dispatched before: counted then
+        stats = self.s.stats
+        while len(items) < n:
+            if not self._pending:
+                if self._sync is None or not self._may_start_row():
+                    break
+                self._next_sync_row()
+                continue
+            item = self._pending.popleft()
+            stats.dispatched += 1
+            if self.s.ledger is not None:
+                self.s.ledger.dispatched(item)
+            items.append(item)
+        stats.peak_in_flight = max(stats.peak_in_flight, self.s.in_flight)
+        return items
 
     def _final(self) -> bool:
         """No finished group can open again: none waits to be judged as it leaves."""
@@ -224,7 +237,8 @@ class _Feed:
         self._open_group(row)
 
     def _start_fetch(self) -> None:
-        assert self._async is not None
+        if self._async is None:
+            return  # a synchronous source: read in ``_take_ready``
         self._fetch = asyncio.ensure_future(anext(self._async))
         self._fetch.add_done_callback(self._fetched)
 
