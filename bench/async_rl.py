@@ -15,7 +15,7 @@ a simulated training step of ``--train-s`` seconds (a sleep: the trainer holds n
     makes the next version live and resumes: nothing generated under the old weights is used
     after the step, so generating during it would only be thrown away;
   - ``k >= 1``: trains while the stream keeps generating (at most one step of groups waits:
-    ``max_ready``), then pauses, makes the next version live and resumes.
+    ``max_ahead``), then pauses, makes the next version live and resumes.
   Rollouts more than ``k`` versions old are cancelled in flight or discarded and re-run
   (their count is printed: work thrown away).
 Reported: wall time, the trainer's idle time (wall minus the training steps), the generator's
@@ -126,7 +126,7 @@ async def run_stream(
     rows = (row(i) for i in itertools.count())  # rows keep coming: the trainer stops the stream
     stream = client.stream(
         rows, repeats=args.repeats, concurrency=args.concurrency, max_staleness=k,
-        control=control, max_ready=args.rows, budget=None, max_stale_reruns=8,
+        control=control, max_ahead=args.rows, budget=None, max_stale_reruns=8,
     )  # fmt: skip
     steps, batch, busy = 0, 0, 0.0
     started = time.monotonic()
@@ -212,7 +212,7 @@ async def inflight_child(args: argparse.Namespace) -> None:
     async with RolloutClient(agent, connections=args.concurrency + 64) as client:
         stream = client.stream(
             (row(i) for i in range(n_rows)), repeats=args.repeats,
-            concurrency=args.concurrency, max_ready=max(1, args.concurrency // args.repeats),
+            concurrency=args.concurrency,
             budget=None, rollout_timeout=900,
         )  # fmt: skip
         done, failed = 0, 0

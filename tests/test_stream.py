@@ -165,34 +165,31 @@ async def test_back_pressure_stops_dispatch_while_the_consumer_stalls() -> None:
             pulled += 1
             yield task_row(i)
 
-    repeats, concurrency, max_ready = 2, 4, 2
+    repeats, concurrency, max_ahead = 2, 4, 3
     async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
         stream = client.stream(
-            rows(), repeats=repeats, concurrency=concurrency, max_ready=max_ready
+            rows(), repeats=repeats, concurrency=concurrency, max_ahead=max_ahead
         )
         async with stream:
-            # The consumer takes nothing: dispatch stops once max_ready groups wait.
+            # The consumer takes nothing: dispatch stops once max_ahead groups are started.
             await wait_until(
-                lambda: stream.ready >= max_ready and stream.in_flight == 0, what="a stall"
+                lambda: stream.ready == max_ahead and stream.in_flight == 0, what="a stall"
             )
-            stalled_at = pulled
-            # Bounded: the waiting groups plus those open when the buffer filled.
-            bound = max_ready + concurrency // repeats + 1
-            assert stalled_at <= bound
+            stalled_at = bound = max_ahead
+            assert pulled == stalled_at
             assert stream.stats.dispatched == stalled_at * repeats
             await asyncio.sleep(0.3)  # nothing moves while nobody consumes
             assert pulled == stalled_at and stream.in_flight == 0
             got = [g.task_index async for g in stream]
     assert sorted(got) == list(range(60))
-    assert stream.stats.peak_ready <= bound
-    assert stream.stats.peak_open <= concurrency + 1
+    assert stream.stats.peak_ready <= bound and stream.stats.peak_open <= bound
 
 
 async def test_a_consumer_that_stops_consuming_ends_the_stream_typed(tmp_path: Path) -> None:
     async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
         rows = (task_row(i) for i in range(100))
         stream = client.stream(
-            rows, repeats=2, concurrency=4, max_ready=1, consumer_timeout=0.5,
+            rows, repeats=2, concurrency=4, max_ahead=1, consumer_timeout=0.5,
             output=tmp_path / "run",
         )  # fmt: skip
         async with stream:

@@ -16,10 +16,13 @@ order rows were given in.
 
 Bounded at any run length (counts, not time):
 - at most ``concurrency`` rollouts in flight (the dispatcher's workers);
-- at most ``max_ready`` finished groups waiting for the consumer: when the consumer does not
-  take them, no new row is started (back-pressure); rollouts in flight finish, re-runs of
-  started groups still go, so the open groups can finish and nothing is half-done;
-- groups started and not finished: at most one per rollout in flight, plus one;
+- at most ``max_ahead`` groups started and not yet taken by the consumer (running, or finished
+  and waiting): when the consumer does not take them, no new row is started (back-pressure);
+  rollouts in flight finish, re-runs of started groups still go, so the open groups can finish
+  and nothing is half-done. So at most ``max_ahead`` finished groups ever wait, and a trainer
+  that takes a step's worth of groups per step is never more than ``max_ahead`` groups ahead of
+  itself (default: twice ``concurrency / repeats``, so groups held open by one slow rollout
+  leave room for new ones);
 - a consumer that takes no group for ``consumer_timeout`` seconds while the stream waits for it
   ends the stream: the next ``__anext__`` raises ``RunAborted`` saying so.
 
@@ -175,6 +178,8 @@ class _Feed:
         """Up to ``n`` items, as many as there are without waiting (a Ray lane sends them as
         one chunk), waiting for the first; an empty list once the stream is over."""
         while True:
+            # Cleared before looking, so that whatever changes from here on wakes the wait.
+            self._changed.clear()
             if self.stopped:
                 return []
             items = self._take_ready(n)
@@ -185,7 +190,6 @@ class _Feed:
             if self.exhausted and not self._open and self._fetch is None and self._final():
                 self.stop()
                 return []
-            self._changed.clear()
             await self._changed.wait()
 
     def _take_ready(self, n: int) -> list[RolloutItem]:
@@ -218,14 +222,14 @@ class _Feed:
         self._requeued.extend(items)
         self._changed.set()
 
+    def may_grow(self) -> bool:
+        """Whether back-pressure lets a new row start."""
+        return len(self.ready) + len(self._open) < self.s.max_ahead
+
     def _may_start_row(self) -> bool:
-        """Back-pressure: a new row only while fewer than ``max_ready`` groups wait."""
-        return (
-            not self.exhausted
-            and self._fetch is None
-            and len(self.ready) < self.s.max_ready
-            and self.s.accepting()
-        )
+        """Back-pressure: a new row only while fewer than ``max_ahead`` groups are started and
+        not taken."""
+        return not self.exhausted and self._fetch is None and self.may_grow() and self.s.accepting()
 
     def _next_sync_row(self) -> None:
         assert self._sync is not None
@@ -380,7 +384,7 @@ class RolloutStream:
         *,
         repeats: int = 1,
         concurrency: int = 256,
-        max_ready: int | None = None,
+        max_ahead: int | None = None,
         on_failure: OnFailure = "partial",
         max_reruns: int = 2,
         max_staleness: int | None = None,
@@ -407,9 +411,10 @@ class RolloutStream:
         self.client = client
         self.repeats = repeats
         self.concurrency = concurrency
-        self.max_ready = max_ready if max_ready is not None else max(1, concurrency // repeats)
-        if self.max_ready < 1:
-            raise ValueError("max_ready must be at least 1")
+        default_ahead = max(1, 2 * concurrency // repeats)
+        self.max_ahead = max_ahead if max_ahead is not None else default_ahead
+        if self.max_ahead < 1:
+            raise ValueError("max_ahead must be at least 1")
         self.on_failure: OnFailure = on_failure
         self.max_reruns = max_reruns
         self.max_staleness = max_staleness
@@ -531,7 +536,7 @@ class RolloutStream:
                     server="collector",
                 )
                 self.fail(err.message, err)
-            waiting = len(self._feed.ready) >= self.max_ready
+            waiting = bool(self._feed.ready) and not self._feed.may_grow()
             if (
                 self.consumer_timeout is not None
                 and waiting
