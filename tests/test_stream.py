@@ -423,6 +423,15 @@ def test_the_staleness_of_a_rollout_without_versions_is_never_guessed() -> None:
     assert isinstance(got, FailedRollout) and isinstance(got.error, StaleRollout)
     assert is_stale(got.error) and (got.task_index, got.rollout_index) == (0, 1)
     assert StalenessJudge(1, lambda: 5)(old) is old
+    # Versions from the future (weights swapped without a resume) are said, not hidden.
+    future = ScoredRollout(
+        0, 2, 1.0, 1, 0.1, {"response": {"rollgym_upstream": [{POLICY_VERSION: 7}]}}
+    )
+    assert judge(future) is future and judge.ahead == 1
+    # A version that is no version (a bool, a negative number) is none.
+    bogus = [{POLICY_VERSION: True}, {POLICY_VERSION: -3}, {POLICY_VERSION: "9"}]
+    odd = ScoredRollout(0, 3, 1.0, 1, 0.1, {"response": {"rollgym_upstream": bogus}})
+    assert judge(odd) is odd and judge.unversioned == 2
 
 
 def test_the_failure_budget_never_counts_a_stale_rollout() -> None:

@@ -4,6 +4,8 @@ middle of the run, then a resume; every rollout recorded exactly once, none fail
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +54,41 @@ async def test_a_stream_on_ray_workers_through_a_pause_and_resume(
     assert len(re_issued) == aborted
     info = assert_ledger_exact(tmp_path / "run")
     assert info["status"] == "completed"
+
+
+async def test_a_stream_survives_a_crashed_ray_worker(ray_cluster: Any, tmp_path: Path) -> None:
+    """The only worker's process is killed (SIGKILL) while its rollouts wait at a paused model:
+    Ray restarts it, the rollouts it had not reported go back to the stream's feed and run
+    again; every rollout is recorded exactly once."""
+    made: list[RayDispatcher] = []
+
+    def one_worker(policy: Any, concurrency: int) -> RayDispatcher:
+        made.append(RayDispatcher(policy, concurrency, workers=1))
+        return made[-1]
+
+    rows = [task_row(i) for i in range(12)]
+    async with (
+        running_stack() as stack,
+        RolloutClient(stack.agent_url) as client,
+    ):
+        gate = stack.model.policy
+        control = PolicyControl(stack.urls["model"])
+        stream = client.stream(
+            rows, repeats=2, concurrency=8, dispatcher=one_worker, control=control,
+            output=tmp_path / "run",
+        )  # fmt: skip
+        async with stream:
+            # The model server holds every call (the stream itself is not paused: it keeps
+            # dispatching, and the rollouts pile up at the model).
+            await control.pause(timeout_s=60)
+            await wait_until(lambda: gate.held >= 4, timeout=60, what="calls held")
+            (where,) = made[0].placements
+            os.kill(where["pid"], signal.SIGKILL)
+            await wait_until(lambda: made[0].placements[0]["pid"] != where["pid"], timeout=90,
+                             what="the worker restarted")  # fmt: skip
+            await control.resume(1)
+            groups = [g async for g in stream]
+    assert sorted(g.task_index for g in groups) == list(range(12))
+    assert all(g.complete for g in groups)
+    assert stream.stats.dispatched == 24 and stream.stats.failed == 0
+    assert_ledger_exact(tmp_path / "run")

@@ -14,7 +14,8 @@ one of two ways:
 Either way it is an outcome, not a failure: ``FailureBudget`` never counts it
 (``failure_budget.is_stale``), and ``TaskGroup.stale`` lists it apart from ``failed``.
 
-A rollout is as old as its oldest model call whose version is known; a scored rollout whose
+A rollout is as old as its oldest model call whose version is known (a call that says it ran
+under a version the trainer never made live is counted in ``ahead`` and warned about once); a scored rollout whose
 calls carry no version (a model server that does not know its weights'
 version) cannot be judged: it is kept, counted in ``unversioned`` and warned about once, never
 guessed stale or fresh in silence.
@@ -50,6 +51,7 @@ class StalenessJudge:
         self.live = live
         self.discarded = 0
         self.unversioned = 0
+        self.ahead = 0
 
     def __call__(self, record: RolloutRecord) -> RolloutRecord:
         if not isinstance(record, ScoredRollout):
@@ -65,6 +67,16 @@ class StalenessJudge:
             self.unversioned += 1
             return record
         live, oldest = self.live(), min(versions)
+        if max(versions) > live:
+            # A model server runs weights the trainer never made live (swapped without a
+            # resume?): the rollout is judged by its oldest call all the same, and said so.
+            if self.ahead == 0:
+                log.warning(
+                    "rollout %d:%d ran under policy version %d, ahead of the live version %d: "
+                    "were weights swapped without resume()?",
+                    record.task_index, record.rollout_index, max(versions), live,
+                )  # fmt: skip
+            self.ahead += 1
         if live - oldest <= self.max_staleness:
             return record
         self.discarded += 1
