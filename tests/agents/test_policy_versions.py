@@ -136,3 +136,19 @@ def test_a_records_policy_versions_are_read_from_its_upstream_entries(
 ) -> None:
     record = ScoredRollout(0, 0, 1.0, 1, 0.1, {"response": response, "reward": 1.0})
     assert record.policy_versions == versions
+
+
+async def test_a_pause_never_resumed_fails_the_rollout_as_paused_too_long_not_retried() -> None:
+    async with (
+        running_stack(model=HeldModel) as stack,
+        aiohttp.ClientSession(timeout=TIMEOUT) as session,
+    ):
+        await post(session, stack.urls["model"][0] + PAUSE_ENDPOINT, {"timeout_s": 0.3})
+        record = await RolloutClient(stack.agent_url).run(task_row(6), 6, 0, rollout_timeout=30)
+        model = stack.model
+        assert isinstance(model, HeldModel)
+    assert isinstance(record, FailedRollout), record
+    root = root_record(record.error.to_dict())
+    assert (root["type"], root["server"]) == ("paused_too_long", "model")
+    assert model.starts == []  # held, then failed: never sent again by the agent's retries
+    assert model.policy.paused is False

@@ -152,3 +152,33 @@ async def test_a_pause_with_abort_closes_the_upstream_request_and_reissues_it() 
     assert (entry[POLICY_VERSION], entry[REPLICA], entry[ABORTED_VERSIONS]) == (1, 0, [0])
     assert upstream.starts == [0, 1]
     assert upstream.requests_seen[0] == upstream.requests_seen[1]
+
+
+async def test_an_upstream_that_dies_during_a_pause_fails_the_reissued_call_as_its_own_error() -> (
+    None
+):
+    async with AsyncExitStack() as stack:
+        upstream_stack = AsyncExitStack()
+        up_url, upstream = await upstream_stack.enter_async_context(
+            serve_server(HeldModel, name="up")
+        )
+        assert isinstance(upstream, HeldModel)
+        retry = {**QUICK, "max_attempts": 2}
+        options = proxy_options([up_url + "/v1"], upstream_retry=retry)
+        url, _ = await stack.enter_async_context(
+            serve_server("openai_proxy", name="model", options=options)
+        )
+        session = await stack.enter_async_context(aiohttp.ClientSession(timeout=TIMEOUT))
+        upstream.go.clear()
+        call = asyncio.create_task(post(session, url + "/v1/responses", SAY))
+        await wait_until(lambda: upstream.starts == [0], what="the upstream generating")
+        status, paused = await post(session, url + PAUSE_ENDPOINT, {"abort": True})
+        assert (status, paused["aborted"]) == (200, 1)
+        await upstream_stack.aclose()  # the upstream dies while the proxy is paused
+        await post(session, url + RESUME_ENDPOINT, {"version": 1})
+        status, body = await call
+    assert status == 502, body
+    origin = body["error"]["origin"]
+    assert (origin["type"], origin["server"], origin["attempts"]) == (
+        "connect_error", "model.upstream", 2,
+    )  # fmt: skip

@@ -67,13 +67,14 @@ _FLIGHT: ContextVar[Flight | None] = ContextVar("rollgym_policy_flight", default
 
 def note_upstream(replica: int | None = None, version: Any = None) -> None:
     """Note, for the model call running in this task, the replica that answered it and the
-    policy version the upstream reports (ignored unless an integer). A no-op outside a gate."""
+    policy version the upstream reports (ignored unless a non-negative integer). A no-op
+    outside a gate."""
     flight = _FLIGHT.get()
     if flight is None:
         return
     if replica is not None:
         flight.replica = replica
-    if isinstance(version, int) and not isinstance(version, bool):
+    if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
         flight.upstream_version = version
 
 

@@ -72,6 +72,13 @@ Clients may stream too (``"stream": true`` on either endpoint): they get the ans
 server-sent events once it is complete (``rollgym.models.stream``), the upstream's whole answer
 unless ``upstream_stream`` is set.
 
+**Policy versions, pauses, staleness** (every rollgym model server: ``rollgym.server.model``):
+each answer's ``rollgym_upstream`` entry names the replica that answered (``rollgym_replica``, its
+index in ``base_url``) and the policy version (the upstream's own ``rollgym_policy_version`` if
+its completion has one, else this server's live version); a pause with ``abort`` closes the
+upstream requests in flight, and their calls are re-issued after the resume with a fresh
+deadline: the time a call is held is never counted against ``timeout`` or its retries.
+
 Calls to the upstream go through the shared ``HttpClient``, so retries, timeouts and error
 translation are those of every other rollgym call; a failure after retries propagates as the
 client's typed error, which the app answers 502/504 with the upstream's error as ``origin``.

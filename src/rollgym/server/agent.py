@@ -55,7 +55,7 @@ from rollgym.errors import (
     RollgymError,
 )
 from rollgym.http import HttpClient, Target
-from rollgym.models.policy import DEFAULT_PAUSE_S, MAX_PAUSE_S
+from rollgym.models.policy import MAX_PAUSE_S
 from rollgym.models.versions import call_version
 from rollgym.nemo_gym.failures import Stage
 from rollgym.protocol import TaskRow, rollout_key
@@ -79,6 +79,10 @@ from rollgym.wire import (
 )
 
 log = logging.getLogger("rollgym.server")
+
+MODEL_PAUSE_S = 600.0
+"""The default seconds a model call may be held by a pause beyond ``model_timeout``: the
+default pause of ``rollgym.policy_control`` (a server's own default, 300 s, fits too)."""
 
 TIMING_FIELD = "rollgym_timing"
 """The verify response's field that holds the rollout's ``Hops``."""
@@ -345,7 +349,7 @@ class AgentServer(BaseServer):
         resources: ResourcesPeer = "resources"
         model_timeout: float = Field(default=600.0, gt=0, description="seconds per model call")
         model_pause_s: float = Field(
-            default=DEFAULT_PAUSE_S,
+            default=MODEL_PAUSE_S,
             ge=0,
             le=MAX_PAUSE_S,
             description="seconds a model call may be held by its model server's pause (a "
