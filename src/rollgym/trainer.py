@@ -48,6 +48,7 @@ import orjson
 
 from rollgym.collect.dispatch import LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget, is_stale
+from rollgym.collect.feed import StreamStats
 from rollgym.collect.launchers import check_reachable
 from rollgym.collect.recorder import MemorySink, Recorder
 from rollgym.collect.records import (
@@ -62,7 +63,7 @@ from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.errors import RollgymError, RunAborted
 from rollgym.http import HttpClient, Target
 from rollgym.policy_control import PauseAnswer, PolicyControl
-from rollgym.stream import RolloutStream, StreamStats
+from rollgym.stream import RolloutStream
 
 T = TypeVar("T")
 
