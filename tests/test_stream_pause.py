@@ -57,6 +57,11 @@ async def test_a_pause_mid_run_with_512_in_flight_loses_and_fails_nothing(tmp_pa
     assert len(records) == 2 * IN_FLIGHT and all(isinstance(r, ScoredRollout) for r in records)
     assert stream.stats.failed == 0 and stream.stats.stale == 0 and stream.stats.reruns == 0
     assert all(g.complete and g.rewards == [1.0, 1.0] for g in groups)
+    # Every model call of every record says the version it ran under: 0 before the pause, 1
+    # after (a call aborted by the pause ran again under 1).
+    for r in records:
+        assert len(r.policy_versions) == 2 and set(r.policy_versions) <= {0, 1}
+        assert list(r.policy_versions) == sorted(r.policy_versions)
     # The aborted calls were re-issued under version 1 and their records say what happened.
     re_issued = [
         r for r in records
