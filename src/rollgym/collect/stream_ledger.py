@@ -28,12 +28,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from rollgym.collect.failure_budget import is_stale
-from rollgym.collect.layout import FAILURES, ROLLOUTS, RUN_JSON, TASKS
+from rollgym.collect.layout import FAILURES, ROLLOUTS, RUN_JSON, STALE, TASKS
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord
 from rollgym.collect.rundir import now, write_json
 from rollgym.errors import ConfigError
-
-STALE = "stale.jsonl"
 
 
 class StreamLedger:
