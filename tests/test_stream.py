@@ -471,16 +471,14 @@ async def test_pause_holds_new_rollouts_and_resume_releases_them() -> None:
         stream = client.stream((task_row(i) for i in range(6)), repeats=2, concurrency=2)
         async with stream:
             first = await anext(aiter(stream))
-            await stream.pause(timeout_s=30)
             calls = stack.env.calls
-            # The rollouts already running finish (no model server is paused here) ...
-            await wait_until(lambda: calls["seed_session"] == calls["verify"], what="drain")
-            await asyncio.sleep(0.2)
-            await wait_until(lambda: calls["seed_session"] == calls["verify"], what="drain")
-            started = calls["seed_session"]
-            # ... and no new one starts while the stream is paused.
-            await asyncio.sleep(0.3)
-            assert calls["seed_session"] == started < 12
+            seeded = calls["seed_session"]
+            await stream.pause(timeout_s=30)
+            # Only rollouts already past the gate when it closed may start now: at most the
+            # concurrency (no model server is paused here, so they finish).
+            await asyncio.sleep(0.5)
+            assert calls["seed_session"] - seeded <= 2
+            assert calls["seed_session"] < 12
             await stream.resume(1)
             rest = [g.task_index async for g in stream]
     assert stream.version == 1
