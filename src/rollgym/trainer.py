@@ -28,6 +28,9 @@ are cancelled. Raised from a Ray actor, the error reaches the driver as ``RayTas
 which Ray makes an instance of our class too, every field readable (``except HTTPStatusError as
 e: e.status, e.server, e.body``); ``plain_error(e)`` gives back the original error object.
 
+``client.stream(rows, repeats=16)`` is the asynchronous form: groups in the order they finish,
+with back-pressure, bounded staleness and pause/resume for weight updates (``rollgym.stream``).
+
 This module never imports Ray.
 """
 
@@ -37,14 +40,15 @@ import asyncio
 import contextlib
 import threading
 import weakref
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar, Unpack
 
 import orjson
 
 from rollgym.collect.dispatch import LocalDispatcher
-from rollgym.collect.failure_budget import BudgetRules, FailureBudget
+from rollgym.collect.failure_budget import BudgetRules, FailureBudget, is_stale
+from rollgym.collect.feed import StreamStats
 from rollgym.collect.launchers import check_reachable
 from rollgym.collect.recorder import MemorySink, Recorder
 from rollgym.collect.records import (
@@ -58,6 +62,8 @@ from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.errors import RollgymError, RunAborted
 from rollgym.http import HttpClient, Target
+from rollgym.policy_control import PauseAnswer, PolicyControl
+from rollgym.stream import RolloutStream
 
 T = TypeVar("T")
 
@@ -65,9 +71,13 @@ __all__ = [
     "BatchOptions",
     "BudgetRules",
     "FailedRollout",
+    "PolicyControl",
     "RolloutClient",
     "RolloutRecord",
+    "RolloutStream",
     "ScoredRollout",
+    "StreamStats",
+    "SyncStream",
     "TaskGroup",
     "collect_batch",
     "collect_batch_sync",
@@ -81,11 +91,14 @@ DEFAULT_BUDGET = BudgetRules()
 
 @dataclass(frozen=True, slots=True)
 class TaskGroup:
-    """All rollouts of one task row (its GRPO group), ordered by ``rollout_index``."""
+    """All rollouts of one task row (its GRPO group), ordered by ``rollout_index``.
+    ``replaced``: records a stream re-ran (failed or stale; ``rollgym.stream``), kept for the
+    accounting and never part of the group."""
 
     task_index: int
     task: dict[str, Any]
     rollouts: tuple[RolloutRecord, ...]
+    replaced: tuple[RolloutRecord, ...] = ()
 
     @property
     def scored(self) -> list[ScoredRollout]:
@@ -99,7 +112,14 @@ class TaskGroup:
 
     @property
     def failed(self) -> list[FailedRollout]:
-        return [r for r in self.rollouts if isinstance(r, FailedRollout)]
+        """The rollouts that failed (stale ones are not failures: see ``stale``)."""
+        return [r for r in self.rollouts if isinstance(r, FailedRollout) and not is_stale(r.error)]
+
+    @property
+    def stale(self) -> list[FailedRollout]:
+        """The rollouts discarded or cancelled as too many policy versions behind (their error
+        is a ``StaleRollout``): no sample, and no failure of any server."""
+        return [r for r in self.rollouts if isinstance(r, FailedRollout) and is_stale(r.error)]
 
     @property
     def rewards(self) -> list[float]:
@@ -257,6 +277,23 @@ class RolloutClient:
         await check_reachable(http, {self.target.name: list(self.target.urls)})
         self._checked.add(http)
 
+    def stream(
+        self, rows: Iterable[dict[str, Any]] | AsyncIterable[dict[str, Any]], **options: Any
+    ) -> RolloutStream:
+        """Groups as they finish, for asynchronous training: an async iterator over
+        ``TaskGroup``s in completion order, with back-pressure, a failure rule, bounded
+        staleness and pause/resume (``rollgym.stream.RolloutStream`` has the options)."""
+        return RolloutStream(self, rows, **options)
+
+    def stream_sync(self, rows: Iterable[dict[str, Any]], **options: Any) -> SyncStream:
+        """``stream`` for a synchronous trainer: iterate it in a ``with`` block; it runs on
+        the client's private event-loop thread."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = _LoopThread()
+            thread = self._thread
+        return SyncStream(thread, RolloutStream(self, rows, **options))
+
     def collect_sync(
         self, rows: Iterable[dict[str, Any]], **options: Unpack[BatchOptions]
     ) -> list[TaskGroup]:
@@ -338,6 +375,40 @@ class _LoopThread:
         if not self._thread.is_alive():
             with contextlib.suppress(RuntimeError):
                 self.loop.close()
+
+
+class SyncStream:
+    """A ``RolloutStream`` for synchronous code: an iterator of ``TaskGroup``s, with ``pause``
+    and ``resume``; ``close`` (or leaving the ``with`` block) stops it."""
+
+    def __init__(self, thread: _LoopThread, stream: RolloutStream) -> None:
+        self._thread = thread
+        self.stream = stream
+
+    def __iter__(self) -> SyncStream:
+        return self
+
+    def __next__(self) -> TaskGroup:
+        try:
+            return self._thread.run(self.stream.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def pause(self, *, abort: bool = False, timeout_s: float | None = None) -> list[PauseAnswer]:
+        return self._thread.run(self.stream.pause(abort=abort, timeout_s=timeout_s))
+
+    def resume(self, version: int) -> None:
+        self._thread.run(self.stream.resume(version))
+
+    def close(self) -> None:
+        self._thread.run(self.stream.aclose())
+
+    def __enter__(self) -> SyncStream:
+        self._thread.run(self.stream.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # -- one-call forms ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Dispatchers: who runs the rollout core. ``LocalDispatcher`` runs it in asyncio workers of
 this process; ``rollgym.ray.dispatch.RayDispatcher`` in worker actors across a cluster. Both take
-pending ``RolloutItem``s, run each through ``RolloutRunner`` and hand every record to the one
-``Recorder``; neither writes anything itself. ``LocalDispatcher`` may be given another runner
+pending ``RolloutItem``s (an iterator, or a ``Feed`` that may make them wait: the streaming API's
+rows arrive over time and stop under back-pressure), run each through ``RolloutRunner`` and hand
+every record to the one ``Recorder``; neither writes anything itself. ``LocalDispatcher`` may be given another runner
 (``runner=``): ``rollgym reverify`` runs ``/verify`` on recorded rollouts through the same path.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem, RolloutRecord
@@ -34,6 +35,21 @@ class DispatchReport:
     sections: dict[str, Any] = field(default_factory=dict)
 
 
+@runtime_checkable
+class Feed(Protocol):
+    """Work that arrives over time (``rollgym.stream``): ``take`` waits for it."""
+
+    async def take(self, n: int) -> list[RolloutItem]:
+        """1 to ``n`` items, waiting for the first; an empty list once no more will come."""
+
+    def requeue(self, items: list[RolloutItem]) -> None:
+        """Items handed out that must run again (their worker died before recording them)."""
+
+
+Work = Iterator[RolloutItem] | Feed
+"""What a dispatch runs: a fixed iterator of items (a run, a batch) or a ``Feed``."""
+
+
 class Dispatcher(Protocol):
     """Runs rollouts and hands their records to a recorder."""
 
@@ -52,6 +68,15 @@ class Dispatcher(Protocol):
 
     async def report(self) -> DispatchReport:
         """What the dispatch did, for ``metrics.json`` and ``run.json``."""
+
+
+class FeedDispatcher(Dispatcher, Protocol):
+    """A dispatcher that also runs a ``Feed`` (``LocalDispatcher``, ``RayDispatcher``): the
+    streaming API's."""
+
+    async def dispatch(self, work: Work, pending: int, recorder: Recorder) -> None:
+        """Run ``work`` (a ``Feed``: ``pending`` is the most to run at once) until each item
+        has a record, the feed ends, or the recorder aborts."""
 
 
 class Runner(Protocol):
@@ -102,7 +127,7 @@ class LocalDispatcher:
     async def start(self, http: HttpClient, agents: dict[str, Target]) -> None:
         self.runner = self.make_runner(http, agents, self.policy, lambda: self._cancelled)
 
-    async def dispatch(self, work: Iterator[RolloutItem], pending: int, recorder: Recorder) -> None:
+    async def dispatch(self, work: Work, pending: int, recorder: Recorder) -> None:
         assert self.runner is not None, "start() first"
         self.runner.on_hold = recorder.held
         n = min(self.concurrency, max(1, pending))
@@ -126,16 +151,29 @@ class LocalDispatcher:
             raise
         await asyncio.gather(*self._workers, return_exceptions=True)
 
-    async def _worker(self, work: Iterator[RolloutItem], recorder: Recorder) -> None:
+    async def _worker(self, work: Work, recorder: Recorder) -> None:
         assert self.runner is not None, "start() first"
         try:
+            if isinstance(work, Feed):
+                while items := await work.take(1):
+                    for item in items:
+                        if not await self._run(item, recorder):
+                            return
+                return
             for item in work:
-                await recorder.resumed.wait()
-                if recorder.aborted:
+                if not await self._run(item, recorder):
                     return
-                recorder.record(await self.runner.run(item))
         except Exception as exc:
             recorder.crashed("collector worker", exc)
+
+    async def _run(self, item: RolloutItem, recorder: Recorder) -> bool:
+        """Run ``item`` and record it; False once the run is aborted (nothing is run)."""
+        assert self.runner is not None, "start() first"
+        await recorder.resumed.wait()
+        if recorder.aborted:
+            return False
+        recorder.record(await self.runner.run(item))
+        return True
 
     def cancel(self) -> None:
         self._cancelled = True

@@ -12,6 +12,10 @@ Three rules, each independent of how long the run has been going:
   no outcome, so the rate alone would wait for their holds to run out.
 A 401/403/404 among the first ``config_error_window`` finished rollouts is a configuration
 error (wrong URL, key or route): abort at once.
+
+A stale rollout (``StaleRollout``: asynchronous training left it too many policy versions
+behind) is no failure of any server: it is not counted at all, neither as a failure nor as a
+finished rollout.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rollgym.config import CollectConfig
-from rollgym.errors import RollgymError
+from rollgym.errors import RollgymError, StaleRollout
 
 CONFIG_STATUSES = (401, 403, 404)
 CIRCUIT_ABORT_AFTER = 8.0
@@ -115,6 +119,8 @@ class FailureBudget:
 
     def observe(self, err: RollgymError | None) -> str | None:
         """Count one finished rollout; return the reason to abort, or None to go on."""
+        if err is not None and is_stale(err):
+            return None
         self.finished += 1
         failed = err is not None
         if len(self._recent) == self._recent.maxlen and self._recent[0]:
@@ -173,3 +179,9 @@ class FailureBudget:
             f"{root.server or 'a server'} stayed down: every rollout for "
             f"{now - self._held_since:.0f}s was refused by its open circuit ({root.message})"
         )
+
+
+def is_stale(err: RollgymError) -> bool:
+    """Whether ``err`` is a stale rollout's outcome (itself, or as the root of an agent's
+    error: a model server refused the rollout's next call)."""
+    return isinstance(err, StaleRollout) or err.root().type == StaleRollout.type

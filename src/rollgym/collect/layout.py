@@ -3,6 +3,7 @@
     OUT/
       tasks.jsonl                      the materialized inputs (repeats expanded, indices)
       rollouts.jsonl, failures.jsonl   the ledger: one record per rollout
+      stale.jsonl                      a stream's stale outcomes (``rollgym.stream``)
       failures.history.jsonl           failures superseded on --resume
       metrics.json, per_task.jsonl     the run's metrics
       rollouts_aggregate_metrics.json  the environment's /aggregate_metrics (NeMo Gym's file)
@@ -27,6 +28,7 @@ TASKS = "tasks.jsonl"
 ROLLOUTS = "rollouts.jsonl"
 FAILURES = "failures.jsonl"
 FAILURES_HISTORY = "failures.history.jsonl"
+STALE = "stale.jsonl"
 METRICS = "metrics.json"
 PER_TASK = "per_task.jsonl"
 AGGREGATE = "rollouts_aggregate_metrics.json"
@@ -58,6 +60,10 @@ class RunDir:
     @property
     def failures(self) -> Path:
         return self.root / FAILURES
+
+    @property
+    def stale(self) -> Path:
+        return self.root / STALE
 
     @property
     def failures_history(self) -> Path:

@@ -3,7 +3,8 @@
 It checks the record (a ``mask_sample`` that is no boolean makes it a failure: ``records.checked``),
 writes it to its sink (the run's ledger files, or memory for the trainer API), advances the
 progress bar (counting failed and masked rollouts), feeds the failure budget, and aborts the run
-when the budget says the servers are broken. A dispatcher (local asyncio workers, Ray worker actors) only runs
+when the budget says the servers are broken. ``admit`` (the streaming API's staleness judge) may
+turn a record into the outcome it is before anything else sees it. A dispatcher (local asyncio workers, Ray worker actors) only runs
 rollouts and hands their records over.
 """
 
@@ -54,8 +55,11 @@ class Recorder:
         sink: Sink,
         budget: FailureBudget | None = None,
         progress: RunProgress | None = None,
+        *,
+        admit: Callable[[RolloutRecord], RolloutRecord] | None = None,
     ) -> None:
         self.sink = sink
+        self.admit = admit
         self.budget = budget
         self.progress = progress
         self.recorded = 0
@@ -84,6 +88,8 @@ class Recorder:
 
     def record(self, record: RolloutRecord) -> None:
         record = checked(record)
+        if self.admit is not None:
+            record = self.admit(record)
         if not self.sink.add(record):
             return
         self.recorded += 1

@@ -30,7 +30,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, RayError
 
-from rollgym.collect.dispatch import DispatchReport, cancel_others
+from rollgym.collect.dispatch import DispatchReport, Feed, Work, cancel_others
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
 from rollgym.collect.rollout import RolloutPolicy
@@ -51,10 +51,13 @@ RESTART_WAIT_S = 60.0
 
 class _WorkQueue:
     """Pending rollouts: a stream from ``tasks.jsonl`` plus rollouts handed back by a worker
-    that died. ``take`` waits while work is out that may still come back."""
+    that died. ``take`` waits while work is out that may still come back. A ``Feed`` (the
+    streaming API's) is its own queue: it takes back what a dead worker did not finish, and
+    waits for work itself."""
 
-    def __init__(self, source: Iterator[RolloutItem]) -> None:
-        self._source = source
+    def __init__(self, source: Work) -> None:
+        self._feed = source if isinstance(source, Feed) else None
+        self._source: Iterator[RolloutItem] = iter(()) if isinstance(source, Feed) else source
         self._returned: deque[RolloutItem] = deque()
         self._out = 0
         self._changed = asyncio.Event()
@@ -62,6 +65,8 @@ class _WorkQueue:
 
     async def take(self, n: int) -> list[RolloutItem]:
         """Up to ``n`` items; an empty list once everything has been handed out for good."""
+        if self._feed is not None:
+            return await self._feed.take(n)
         while True:
             items: list[RolloutItem] = []
             while self._returned and len(items) < n:
@@ -80,6 +85,10 @@ class _WorkQueue:
         self._changed.set()
 
     def give_back(self, items: list[RolloutItem]) -> None:
+        if self._feed is not None:
+            self._feed.requeue(items)
+            self.requeued += len(items)
+            return
         self._returned.extend(items)
         self.requeued += len(items)
         self.finished(len(items))
@@ -158,7 +167,7 @@ class RayDispatcher:
             num_cpus=self.worker_cpus, scheduling_strategy=on_node(node, soft=False)
         ).remote(self._agents, concurrency=self._per_worker, policy=self.policy)
 
-    async def dispatch(self, work: Iterator[RolloutItem], pending: int, recorder: Recorder) -> None:
+    async def dispatch(self, work: Work, pending: int, recorder: Recorder) -> None:
         """Feed the workers until every item has a record, watching the replicas meanwhile."""
         self._queue = _WorkQueue(work)
         self._lanes = [

@@ -1,0 +1,174 @@
+"""Policy control: tell every rollgym model server which weights are live, and hold model calls
+while the trainer swaps them.
+
+    control = PolicyControl(["http://10.0.0.7:9000", "http://10.0.0.8:9000"])
+    await control.pause(abort=True, timeout_s=120)   # every server holds new model calls
+    ...                                              # swap the weights on the inference servers
+    await control.resume(3, max_staleness=1)         # version 3 is live; held calls go on
+
+Each call goes to every model server at once (``/rollgym/pause``, ``/rollgym/resume``: see
+``rollgym.wire``), bounded by ``call_timeout`` seconds, through rollgym's HTTP client (so its
+errors are the typed ones: a server that does not answer is a ``DeadlineExceeded`` or a
+``ConnectError`` naming it, never a hang). A pause is all or nothing: when any server fails to
+pause, the servers that did are resumed at the version they had, and the first server's error
+is raised (each one is logged). A resume that some server refuses raises the
+same way; the servers that took it run the new version (versions never go back, so a retried
+resume is safe).
+
+A server holds a pause for at most ``timeout_s`` (its own deadline): then its held calls fail as
+``PausedTooLong``. A trainer that dies mid-pause leaves no server held forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rollgym.errors import DeadlineExceeded, InternalError, RollgymError
+from rollgym.http import HttpClient, Target
+from rollgym.http.policy import RetryPolicy
+from rollgym.wire import PAUSE_ENDPOINT, RESUME_ENDPOINT
+
+log = logging.getLogger("rollgym.policy")
+
+CALL_TIMEOUT = 30.0
+"""Seconds a pause or resume may take on one server (a pause without ``abort`` waits there for
+the model calls in flight to finish)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PauseAnswer:
+    """One model server's answer to a pause: the version it runs, the model calls it aborted
+    (to re-issue after the resume) and the calls it holds."""
+
+    url: str
+    version: int | None
+    aborted: int
+    held: int
+
+
+class PolicyControl:
+    """Pause, resume and version for a set of rollgym model servers (their URLs)."""
+
+    def __init__(
+        self,
+        model_urls: str | Sequence[str],
+        *,
+        version: int = 0,
+        call_timeout: float = CALL_TIMEOUT,
+    ) -> None:
+        urls = (model_urls,) if isinstance(model_urls, str) else tuple(model_urls)
+        if not urls:
+            raise ValueError("PolicyControl needs at least one model server URL")
+        if call_timeout <= 0:
+            raise ValueError("call_timeout must be positive")
+        self.urls = tuple(u.rstrip("/") for u in urls)
+        self.call_timeout = call_timeout
+        self._version = version
+        self.paused = False
+        # Connection errors are retried (nothing was sent); a pause or resume that reached a
+        # server is not replayed: its answer is the outcome.
+        policy = RetryPolicy(
+            max_attempts=2, deadline=call_timeout, attempt_timeout=call_timeout,
+            connect_timeout=min(5.0, call_timeout), retry_statuses=(),
+        )  # fmt: skip
+        self._targets = [Target(f"model[{i}]", (u,), policy) for i, u in enumerate(self.urls)]
+        self._http: HttpClient | None = None
+
+    @property
+    def version(self) -> int:
+        """The live policy version (the last one resumed with)."""
+        return self._version
+
+    def _client(self) -> HttpClient:
+        if self._http is None:
+            self._http = HttpClient(limit=64)
+        return self._http
+
+    async def pause(self, *, abort: bool = False, timeout_s: float = 600.0) -> list[PauseAnswer]:
+        """Hold new model calls on every server (``abort``: abort the ones in flight too; they
+        are re-issued after the resume). Returns once every server holds; otherwise resumes
+        the ones that did at the old version and raises the first server's typed error."""
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        body = {"abort": abort, "timeout_s": timeout_s}
+        answers = await self._all(PAUSE_ENDPOINT, body)
+        failed = [(t, a) for t, a in zip(self._targets, answers, strict=True) if _failed(a)]
+        if failed:
+            paused = [t for t, a in zip(self._targets, answers, strict=True) if not _failed(a)]
+            await self._send(paused, RESUME_ENDPOINT, {"version": self._version})
+            raise _first_error("pause", failed)
+        self.paused = True
+        return [
+            PauseAnswer(t.urls[0], _int(a.get("version")), _int(a.get("aborted")) or 0,
+                        _int(a.get("held")) or 0)
+            for t, a in zip(self._targets, answers, strict=True)
+            if isinstance(a, dict)
+        ]  # fmt: skip
+
+    async def resume(self, version: int, *, max_staleness: int | None = None) -> None:
+        """Make ``version`` live on every server (with the staleness bound its calls are held
+        to) and release the held calls. Raises the first refusing server's typed error."""
+        if version < self._version:
+            raise ValueError(f"policy versions never go back ({version} < {self._version})")
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError("max_staleness must be >= 0")
+        answers = await self._all(
+            RESUME_ENDPOINT, {"version": version, "max_staleness": max_staleness}
+        )
+        failed = [(t, a) for t, a in zip(self._targets, answers, strict=True) if _failed(a)]
+        if len(failed) < len(self._targets):
+            self._version = version  # some run it now: the stream must judge by it
+        if failed:
+            raise _first_error("resume", failed)
+        self.paused = False
+
+    async def _all(
+        self, endpoint: str, body: dict[str, Any]
+    ) -> list[dict[str, Any] | BaseException]:
+        return await self._send(self._targets, endpoint, body)
+
+    async def _send(
+        self, targets: list[Target], endpoint: str, body: dict[str, Any]
+    ) -> list[dict[str, Any] | BaseException]:
+        http = self._client()
+        calls = [http.call(t, endpoint, body, deadline=self.call_timeout) for t in targets]
+        # The client's own deadline bounds each call; this one bounds a stuck connection pool.
+        bounded = [asyncio.wait_for(c, self.call_timeout + 5.0) for c in calls]
+        return list(await asyncio.gather(*bounded, return_exceptions=True))
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+
+def _failed(answer: object) -> bool:
+    if isinstance(answer, asyncio.CancelledError):
+        raise answer
+    return isinstance(answer, BaseException)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _first_error(what: str, failed: list[tuple[Target, Any]]) -> RollgymError:
+    """The typed error of the first server that failed ``what`` (each one is logged): a
+    ``DeadlineExceeded`` for a server that did not answer in time, a ``ConnectError`` for one
+    that is gone, the server's own error otherwise."""
+    errors: list[RollgymError] = []
+    for target, exc in failed:
+        url = target.urls[0]
+        if isinstance(exc, RollgymError):
+            err = exc
+        elif isinstance(exc, TimeoutError):
+            err = DeadlineExceeded(f"{what}: no answer within the deadline", server=url)
+        else:
+            err = InternalError(f"{what}: {type(exc).__name__}: {exc}", server=url)
+        log.error("model server %s did not take the %s: %s: %s", url, what, err.type, err.message)
+        errors.append(err)
+    return errors[0]
