@@ -129,10 +129,18 @@ class Sandbox:
         self.isolation = isolation
         self.server = server
         self.uid_base = uid_base
+        self.parallel = parallel
+        self.waiting = 0
+        """Runs waiting for a free slot (``/metrics``)."""
         self._slots: asyncio.Queue[int] = asyncio.Queue()
         self._busy: dict[int, float] = {}  # slot -> when its run started
         for slot in range(parallel):
             self._slots.put_nowait(slot)
+
+    @property
+    def in_use(self) -> int:
+        """Slots running a program now."""
+        return len(self._busy)
 
     def wedged(self) -> str | None:
         """Why this sandbox can no longer be trusted to run anything, or None: a run that
@@ -155,7 +163,11 @@ class Sandbox:
     ) -> RunResult:
         """Run ``program`` (Python source) with ``stdin``; raise ``SandboxError`` if the sandbox
         itself could not start it. The slot is given back however the run ends."""
-        slot = await self._slots.get()
+        self.waiting += 1
+        try:
+            slot = await self._slots.get()
+        finally:
+            self.waiting -= 1
         self._busy[slot] = time.monotonic()
         workdir: str | None = None
         try:

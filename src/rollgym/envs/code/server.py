@@ -32,6 +32,7 @@ from rollgym.envs.code.cases import Case, extract_code, outcome, row_tests
 from rollgym.envs.code.sandbox import Isolation, Limits, Sandbox, probe_isolation
 from rollgym.envs.rows import mean_field
 from rollgym.errors import SandboxError
+from rollgym.prometheus.samples import GaugeSample, Sample
 from rollgym.protocol import output_text
 from rollgym.runtime import owns_process
 from rollgym.server.resources import ResourcesServer, Session
@@ -99,6 +100,19 @@ class CodeEnv(ResourcesServer):
         if wedged:
             out.update(status="unhealthy", reason=f"sandbox wedged: {wedged}")
         return out
+
+    def exported(self) -> list[Sample]:
+        """The sandbox's slots for ``/metrics`` (``rollgym.prometheus.samples.Exported``)."""
+        sandbox = self._sandbox
+        if sandbox is None:
+            return []
+        return [
+            GaugeSample("sandbox_slots", "Sandbox slots (runs at once).", sandbox.parallel),
+            GaugeSample("sandbox_slots_in_use", "Sandbox slots running a program now.",
+                        sandbox.in_use),
+            GaugeSample("sandbox_runs_waiting", "Sandboxed runs waiting for a free slot.",
+                        sandbox.waiting),
+        ]  # fmt: skip
 
     async def _watch_wedge(self, sandbox: Sandbox, every: float = 5.0) -> None:
         while True:
