@@ -1,0 +1,196 @@
+"""What observability costs a run: Prometheus scrapes and the live progress line.
+
+    .venv/bin/python bench/metrics_cost.py [--rollouts 2000] [--concurrency 256] [--repeats 3]
+                                           [--variant scripted]
+
+Three figures, each against a baseline measured in the same invocation:
+
+1. one observation on the hot path: ``prometheus_client``'s ``Histogram`` (through
+   ``labels()``, and a cached child) against rollgym's ``Latency`` (what the client and the
+   agent use), in microseconds;
+2. rollouts/s with every process's ``/metrics`` scraped once a second (the collector's on its
+   ``--metrics-port``, the agent's, model's and environment's) against the same pipeline not
+   scraped; runs alternate, the ratio is the median of the paired runs;
+3. rollouts/s with the progress bar as ``rollgym run`` shows it on a terminal (redrawn into a
+   discarded buffer): the bar alone (the bar before the status line; the same code with the
+   status line never started) against the bar with the live status line (its ticker, the
+   per-hop timing of every record, the servers' ``/stats`` polled every 2 s).
+
+The servers are real processes (``harness.start_pipeline``); the collector runs here. Written
+to ``bench/results/metrics_cost.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import harness
+from harness import Pipeline
+from rich.console import Console
+
+from rollgym import runtime
+from rollgym.collect import Collector, prepare_run
+from rollgym.collect.progress import RunProgress
+from rollgym.http import HttpClient
+from rollgym.prometheus.latency import Latency
+from rollgym.prometheus.run import CollectorMetrics
+
+MODES = ("plain", "scraped", "bar", "bar+status")
+
+
+def micro(n: int = 200_000) -> dict[str, float]:
+    """Microseconds per observation."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    hist = Histogram("x_seconds", "x", ["server", "outcome"], registry=CollectorRegistry())
+    child = hist.labels("model", "ok")
+    ours = Latency()
+
+    def per(fn: Any) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(0.01)
+        return round((time.perf_counter() - t0) / n * 1e6, 3)
+
+    return {
+        "prometheus_client labels().observe": per(lambda v: hist.labels("model", "ok").observe(v)),
+        "prometheus_client child.observe": per(child.observe),
+        "rollgym Latency.observe": per(ours.observe),
+    }
+
+
+async def scraper(urls: list[str], stop: asyncio.Event, counts: dict[str, int]) -> None:
+    """GET every URL once a second until ``stop``."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        while not stop.is_set():
+            for url in urls:
+                async with session.get(url) as resp:
+                    await resp.read()
+                    counts[url] = counts.get(url, 0) + (resp.status == 200)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+
+async def one_run(
+    pipe: Pipeline, mode: str, tasks: Path, out: Path, concurrency: int
+) -> dict[str, Any]:
+    assert pipe.config is not None and isinstance(pipe.client, HttpClient)
+    collect = pipe.config.collect.model_copy(update={"concurrency": concurrency})
+    prepared = prepare_run(pipe.config, collect, tasks, out, resume=False)
+    urls = harness.rollgym_urls(pipe)
+    bar = mode.startswith("bar")
+    collector = Collector(prepared, urls, agent="agent", progress=bar, client=pipe.client)
+    if bar:
+        # A terminal's bar, drawn into a buffer nobody reads.
+        console = Console(file=io.StringIO(), force_terminal=True, width=200)
+        collector.progress = collector.recorder.progress = RunProgress(console=console)
+        if mode == "bar":
+            collector.watch.start_live = lambda *args: None  # type: ignore[method-assign]
+    metrics = CollectorMetrics("127.0.0.1", 0) if mode == "scraped" else None
+    stop = asyncio.Event()
+    scrapes: dict[str, int] = {}
+    task = None
+    if metrics is not None:
+        await metrics.server.start()
+        metrics.attach(collector)
+        targets = [metrics.url] + [u[0] + "/metrics" for u in urls.values()]
+        task = asyncio.create_task(scraper(targets, stop, scrapes))
+    try:
+        outcome = await collector.execute()
+    finally:
+        stop.set()
+        if task is not None:
+            await task
+        if metrics is not None:
+            await metrics.server.close()
+    timing = outcome.metrics["timing"]
+    return {
+        "rollouts_per_s": timing["rollouts_per_second"],
+        "failed": outcome.metrics["counts"]["failed"],
+        "collector_cpu_ms_per_rollout": round(1000 * timing["cpu_seconds"] / prepared.total, 3),
+        "scrapes": sum(scrapes.values()),
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    harness.raise_fd_limit()
+    out: dict[str, Any] = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "rollouts": args.rollouts,
+        "concurrency": args.concurrency,
+        "variant": args.variant,
+        "micro_us_per_observation": micro(),
+    }
+    print("one observation, us:", out["micro_us_per_observation"], flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory(prefix="rollgym-bench-metrics-") as tmp:
+        work = Path(tmp)
+        tasks = harness.write_tasks(work / "tasks.jsonl", args.rollouts)
+        warm = harness.write_tasks(work / "warm.jsonl", args.warmup)
+        pipe = await harness.start_pipeline("rollgym", args.variant, log_dir=work / "logs")
+        try:
+            await one_run(pipe, "plain", warm, work / "warm", args.concurrency)
+            for i in range(args.repeats):
+                order = MODES if i % 2 == 0 else tuple(reversed(MODES))
+                for mode in order:
+                    run = await one_run(pipe, mode, tasks, work / f"{mode}-{i}", args.concurrency)
+                    runs[mode].append(run)
+                    print(
+                        f"run {i + 1}/{args.repeats} {mode:<11}: {run['rollouts_per_s']:8.1f} "
+                        f"rollouts/s, collector CPU {run['collector_cpu_ms_per_rollout']:.3f} "
+                        f"ms/rollout, {run['failed']} failed, {run['scrapes']} scrapes",
+                        flush=True,
+                    )
+        finally:
+            await pipe.stop()
+
+    def paired(a: str, b: str) -> float:
+        ratios = sorted(
+            x["rollouts_per_s"] / y["rollouts_per_s"] for x, y in zip(runs[a], runs[b], strict=True)
+        )
+        return round(ratios[len(ratios) // 2], 3)
+
+    out["runs"] = runs
+    out["median_rollouts_per_s"] = {
+        m: round(statistics.median(r["rollouts_per_s"] for r in runs[m]), 1) for m in MODES
+    }
+    out["ratios"] = {
+        "scraped every second / not scraped": paired("scraped", "plain"),
+        "bar with status line / bar alone": paired("bar+status", "bar"),
+        "bar alone / no bar": paired("bar", "plain"),
+    }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--rollouts", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=512)
+    parser.add_argument("--variant", default="scripted", choices=harness.VARIANTS)
+    args = parser.parse_args()
+    results = runtime.run(main_async(args))
+    print(f"\n{args.rollouts} rollouts per run, concurrency {args.concurrency}, {args.variant}")
+    for mode, rate in results["median_rollouts_per_s"].items():
+        print(f"  {mode:<11} {rate:8.1f} rollouts/s (median of {args.repeats})")
+    for what, ratio in results["ratios"].items():
+        print(f"  {what}: x{ratio:.3f} (median of paired runs)")
+    path = harness.save_json("metrics_cost.json", results)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
