@@ -8,7 +8,7 @@ Three figures, each against a baseline measured in the same invocation:
 1. one observation on the hot path: ``prometheus_client``'s ``Histogram`` (through
    ``labels()``, and a cached child) against rollgym's ``Latency`` (what the client and the
    agent use), in microseconds;
-2. rollouts/s with every process's ``/metrics`` scraped once a second (the collector's on its
+2. rollouts/s (and CPU per rollout of every process) with every process's ``/metrics`` scraped once a second (the collector's on its
    ``--metrics-port``, the agent's, model's and environment's) against the same pipeline not
    scraped; runs alternate, the ratio is the median of the paired runs;
 3. rollouts/s with the progress bar as ``rollgym run`` shows it on a terminal (redrawn into a
@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import io
+import os
 import statistics
 import sys
 import tempfile
@@ -105,6 +106,8 @@ async def one_run(
         metrics.attach(collector)
         targets = [metrics.url] + [u[0] + "/metrics" for u in urls.values()]
         task = asyncio.create_task(scraper(targets, stop, scrapes))
+    pids = {"collector": os.getpid(), **pipe.pids}
+    cpu_before = {name: harness.cpu_seconds(pid) for name, pid in pids.items()}
     try:
         outcome = await collector.execute()
     finally:
@@ -114,7 +117,9 @@ async def one_run(
         if metrics is not None:
             await metrics.server.close()
     timing = outcome.metrics["timing"]
+    cpu = {name: harness.cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
     return {
+        "cpu_ms_per_rollout": round(1000 * sum(cpu.values()) / prepared.total, 3),
         "rollouts_per_s": timing["rollouts_per_second"],
         "failed": outcome.metrics["counts"]["failed"],
         "collector_cpu_ms_per_rollout": round(1000 * timing["cpu_seconds"] / prepared.total, 3),
@@ -147,28 +152,32 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     runs[mode].append(run)
                     print(
                         f"run {i + 1}/{args.repeats} {mode:<11}: {run['rollouts_per_s']:8.1f} "
-                        f"rollouts/s, collector CPU {run['collector_cpu_ms_per_rollout']:.3f} "
-                        f"ms/rollout, {run['failed']} failed, {run['scrapes']} scrapes",
+                        f"rollouts/s, CPU ms/rollout: all {run['cpu_ms_per_rollout']:.3f}, "
+                        f"collector {run['collector_cpu_ms_per_rollout']:.3f}; "
+                        f"{run['failed']} failed, {run['scrapes']} scrapes",
                         flush=True,
                     )
         finally:
             await pipe.stop()
 
-    def paired(a: str, b: str) -> float:
-        ratios = sorted(
-            x["rollouts_per_s"] / y["rollouts_per_s"] for x, y in zip(runs[a], runs[b], strict=True)
-        )
+    def paired(a: str, b: str, key: str = "rollouts_per_s") -> float:
+        ratios = sorted(x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True))
         return round(ratios[len(ratios) // 2], 3)
 
     out["runs"] = runs
     out["median_rollouts_per_s"] = {
         m: round(statistics.median(r["rollouts_per_s"] for r in runs[m]), 1) for m in MODES
     }
-    out["ratios"] = {
-        "scraped every second / not scraped": paired("scraped", "plain"),
-        "bar with status line / bar alone": paired("bar+status", "bar"),
-        "bar alone / no bar": paired("bar", "plain"),
+    out["median_cpu_ms_per_rollout"] = {
+        m: round(statistics.median(r["cpu_ms_per_rollout"] for r in runs[m]), 3) for m in MODES
     }
+    pairs = {
+        "scraped every second / not scraped": ("scraped", "plain"),
+        "bar with status line / bar alone": ("bar+status", "bar"),
+        "bar alone / no bar": ("bar", "plain"),
+    }
+    out["ratios"] = {what: paired(a, b) for what, (a, b) in pairs.items()}
+    out["cpu_ratios"] = {what: paired(a, b, "cpu_ms_per_rollout") for what, (a, b) in pairs.items()}
     return out
 
 
@@ -185,9 +194,14 @@ def main() -> None:
     results = runtime.run(main_async(args))
     print(f"\n{args.rollouts} rollouts per run, concurrency {args.concurrency}, {args.variant}")
     for mode, rate in results["median_rollouts_per_s"].items():
-        print(f"  {mode:<11} {rate:8.1f} rollouts/s (median of {args.repeats})")
+        cpu = results["median_cpu_ms_per_rollout"][mode]
+        print(
+            f"  {mode:<11} {rate:8.1f} rollouts/s, {cpu:.3f} CPU ms per rollout (every "
+            f"process; medians of {args.repeats})"
+        )
     for what, ratio in results["ratios"].items():
-        print(f"  {what}: x{ratio:.3f} (median of paired runs)")
+        cpu = results["cpu_ratios"][what]
+        print(f"  {what}: rollouts/s x{ratio:.3f}, CPU per rollout x{cpu:.3f} (paired medians)")
     path = harness.save_json("metrics_cost.json", results)
     print(f"\nwrote {path}")
 
