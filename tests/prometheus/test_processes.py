@@ -3,15 +3,22 @@ and ``rollgym collect --metrics-port 0``."""
 
 from __future__ import annotations
 
+import subprocess
 import urllib.error
 from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
+from rollgym.http import HttpClient, Target
+from rollgym.launch.ports import bind_socket
+from rollgym.server.episode import Episode, ResourcesClient
+from rollgym.testing import serve_server
+from tests.support.stack import stack_data, task_row, write_tasks
 from tests.support.waiting import wait_for
 
-from .held_run import CONCURRENCY, ROLLOUTS, held_run
+from .held_run import CONCURRENCY, ENV, ROLLGYM, ROLLOUTS, held_run
 from .scrape import scrape_sync, value
 
 pytestmark = pytest.mark.timeout(120)
@@ -44,3 +51,33 @@ def test_every_process_of_a_live_run_is_scraped(tmp_path: Path) -> None:
         assert value(agent, "rollgym_calls_total", server="model") == 2 * ROLLOUTS
         assert value(agent, "rollgym_agent_hop_seconds_count", hop="verify") == ROLLOUTS
         assert value(agent, "rollgym_replica_in_flight", server="model", replica="0") == 0
+
+
+def test_a_metrics_port_in_use_fails_the_run_before_anything_is_written(tmp_path: Path) -> None:
+    busy = bind_socket()
+    port = busy.getsockname()[1]
+    try:
+        cfg = tmp_path / "cfg.yaml"
+        cfg.write_text(yaml.safe_dump(stack_data()))
+        tasks = write_tasks(tmp_path / "tasks.jsonl", 2)
+        out = tmp_path / "out"
+        done = subprocess.run(
+            [ROLLGYM, "run", str(cfg), "-i", str(tasks), "-o", str(out), "--metrics-port",
+             str(port)],
+            env=ENV, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        busy.close()
+    assert done.returncode == 2, done.stderr
+    assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+async def test_an_agent_never_calls_a_tool_named_metrics() -> None:
+    async with serve_server("echo", name="env") as (url, _), HttpClient() as client:
+        resources = ResourcesClient(client, Target.single("env", url))
+        episode = Episode(resources, "r1")
+        await episode.seed(task_row(0))
+        answer = await episode.call_tool("metrics", {})
+    assert "unknown tool 'metrics'" in answer
