@@ -44,3 +44,9 @@ def value(samples: Samples, name: str, **labels: str) -> float:
         near = sorted(str(dict(k[1])) for k in samples if k[0] == name)
         raise KeyError(f"no {name}{labels}; there are: {near}")
     return samples[key]
+
+
+def maybe(samples: Samples, name: str, **labels: str) -> float | None:
+    """The sample ``name`` with exactly ``labels``, or ``None`` (not there yet: the collector
+    serves no families until its run has started)."""
+    return samples.get((name, frozenset(labels.items())))

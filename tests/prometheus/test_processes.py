@@ -19,7 +19,7 @@ from tests.support.stack import stack_data, task_row, write_tasks
 from tests.support.waiting import wait_for
 
 from .held_run import CONCURRENCY, ENV, ROLLGYM, ROLLOUTS, held_run
-from .scrape import scrape_sync, value
+from .scrape import maybe, scrape_sync, value
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,7 +28,7 @@ def test_every_process_of_a_live_run_is_scraped(tmp_path: Path) -> None:
     with held_run(tmp_path) as run:
         # Every model call is held: the collector has `concurrency` rollouts in flight.
         def all_held() -> bool:
-            return value(scrape_sync(run.collector), "rollgym_rollouts_in_flight") == CONCURRENCY
+            return maybe(scrape_sync(run.collector), "rollgym_rollouts_in_flight") == CONCURRENCY
 
         wait_for(all_held, 30, "the rollouts to be in flight")
         ours = scrape_sync(run.collector)
