@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from rollgym.server.agent import TIMING_FIELD
 
 if TYPE_CHECKING:
     from rollgym.collect.progress import RunProgress
+
+log = logging.getLogger("rollgym.collect")
 
 POLL_SECONDS = 2.0
 """Seconds between two polls of the servers' ``/stats`` (live progress only)."""
@@ -187,7 +190,10 @@ class RunWatch:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                try:
+                    await task
+                except Exception:  # the polling broke: logged, never the run's failure
+                    log.exception("polling the servers' /stats failed")
 
     async def _showing(
         self,
@@ -196,7 +202,11 @@ class RunWatch:
         in_flight: Callable[[], int | None],
     ) -> None:
         while True:
-            progress.set_status(self.status_line(client, in_flight()))
+            try:
+                progress.set_status(self.status_line(client, in_flight()))
+            except Exception:  # the status line informs; it must never stop a run
+                log.exception("the progress bar's status line failed")
+                return
             await asyncio.sleep(STATUS_SECONDS)
 
     async def _polling(self, urls: dict[str, list[str]]) -> None:
