@@ -8,9 +8,10 @@ Three figures, each against a baseline measured in the same invocation:
 1. one observation on the hot path: ``prometheus_client``'s ``Histogram`` (through
    ``labels()``, and a cached child) against rollgym's ``Latency`` (what the client and the
    agent use), in microseconds;
-2. rollouts/s (and CPU per rollout of every process) with every process's ``/metrics`` scraped once a second (the collector's on its
-   ``--metrics-port``, the agent's, model's and environment's) against the same pipeline not
-   scraped; runs alternate, the ratio is the median of the paired runs;
+2. rollouts/s, and the CPU per rollout of every rollgym process, with every process's
+   ``/metrics`` scraped once a second by another process (as Prometheus would: the collector's
+   on its ``--metrics-port``, the agent's, model's and environment's) against the same
+   pipeline not scraped; runs alternate, the ratio is the median of the paired runs;
 3. rollouts/s with the progress bar as ``rollgym run`` shows it on a terminal (redrawn into a
    discarded buffer): the bar alone (the bar before the status line; the same code with the
    status line never started) against the bar with the live status line (its ticker, the
@@ -24,17 +25,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import io
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import harness
 from harness import Pipeline
 from rich.console import Console
@@ -70,16 +71,33 @@ def micro(n: int = 200_000) -> dict[str, float]:
     }
 
 
-async def scraper(urls: list[str], stop: asyncio.Event, counts: dict[str, int]) -> None:
-    """GET every URL once a second until ``stop``."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        while not stop.is_set():
-            for url in urls:
-                async with session.get(url) as resp:
-                    await resp.read()
-                    counts[url] = counts.get(url, 0) + (resp.status == 200)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
+SCRAPER = """
+import sys, time, urllib.request
+ok = 0
+try:
+    while True:
+        for url in sys.argv[1:]:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                resp.read()
+                ok += resp.status == 200
+        time.sleep(1.0)
+except KeyboardInterrupt:
+    print(ok, flush=True)
+"""
+"""A scraper as Prometheus is one: another process (its CPU is not the run's), every URL once a
+second, until interrupted; prints the good scrapes."""
+
+
+def start_scraper(urls: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", SCRAPER, *urls], stdout=subprocess.PIPE, text=True
+    )
+
+
+def stop_scraper(proc: subprocess.Popen[str]) -> int:
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=10)
+    return int(out.strip() or 0)
 
 
 async def one_run(
@@ -98,22 +116,19 @@ async def one_run(
         if mode == "bar":
             collector.watch.start_live = lambda *args: None  # type: ignore[method-assign]
     metrics = CollectorMetrics("127.0.0.1", 0) if mode == "scraped" else None
-    stop = asyncio.Event()
-    scrapes: dict[str, int] = {}
-    task = None
+    scraper = None
     if metrics is not None:
         await metrics.server.start()
         metrics.attach(collector)
-        targets = [metrics.url] + [u[0] + "/metrics" for u in urls.values()]
-        task = asyncio.create_task(scraper(targets, stop, scrapes))
+        scraper = start_scraper([metrics.url] + [u[0] + "/metrics" for u in urls.values()])
     pids = {"collector": os.getpid(), **pipe.pids}
     cpu_before = {name: harness.cpu_seconds(pid) for name, pid in pids.items()}
+    scrapes = 0
     try:
         outcome = await collector.execute()
     finally:
-        stop.set()
-        if task is not None:
-            await task
+        if scraper is not None:
+            scrapes = await asyncio.to_thread(stop_scraper, scraper)
         if metrics is not None:
             await metrics.server.close()
     timing = outcome.metrics["timing"]
@@ -123,7 +138,7 @@ async def one_run(
         "rollouts_per_s": timing["rollouts_per_second"],
         "failed": outcome.metrics["counts"]["failed"],
         "collector_cpu_ms_per_rollout": round(1000 * timing["cpu_seconds"] / prepared.total, 3),
-        "scrapes": sum(scrapes.values()),
+        "scrapes": scrapes,
     }
 
 

@@ -16,7 +16,7 @@ import socket
 
 from rollgym.errors import RollgymError
 from rollgym.launch.ports import bind_socket, socket_url
-from rollgym.prometheus.exposition import Exposition
+from rollgym.prometheus.exposition import Exposition, load
 from rollgym.wire import METRICS_ENDPOINT
 
 log = logging.getLogger("rollgym.prometheus")
@@ -64,6 +64,7 @@ class MetricsServer:
         try:
             async with asyncio.timeout(READ_TIMEOUT):
                 head = await reader.readuntil(b"\r\n\r\n")
+            await load()
             status, content_type, body = self._answer(head)
             writer.write(
                 b"HTTP/1.1 %b\r\ncontent-type: %b\r\ncontent-length: %d\r\n"

@@ -9,6 +9,10 @@ start-up (``pip install 'rollgym[metrics]'``; without it ``/metrics`` answers 50
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import importlib
+import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +30,17 @@ Families = Callable[[], Iterable["Metric"]]
 """Builds the metric families of one scrape."""
 
 INSTALL_HINT = "Prometheus metrics need prometheus_client: pip install 'rollgym[metrics]'"
+_MODULES = ("prometheus_client.exposition", "rollgym.prometheus.families")
+
+
+async def load() -> None:
+    """Import ``prometheus_client`` (and the families built with it) in a thread, once: cold,
+    it takes a third of a second, which the first scrape must not take from the event loop
+    that serves rollouts. Missing, nothing happens here (``render`` says so)."""
+    for name in _MODULES:
+        if name not in sys.modules:
+            with contextlib.suppress(ImportError):
+                await asyncio.to_thread(importlib.import_module, name)
 
 
 class Exposition:
@@ -73,6 +88,7 @@ def metrics_endpoint(server: BaseServer) -> Callable[[Request], Any]:
     exposition = Exposition(families)
 
     async def metrics(request: Request) -> Response:
+        await load()
         body, content_type = exposition.render(request.headers.get("accept"))
         return Response(body, media_type=None, headers={"content-type": content_type})
 
