@@ -64,15 +64,15 @@ async def run_collection(
     """Run (or ``resume``) one collection into ``out_dir`` with servers from ``launcher``.
     ``agents``: the run's agents as the caller resolved them (default: from ``agent`` and
     ``collect``). With ``collect.agent_in_process`` the agents run here (``InProcessAgents``);
-    ``launcher`` must then leave them out (``local_launcher`` does). ``metrics_port``: serve
-    the collector's Prometheus metrics there (0: a port the OS picks), its URL printed and
-    recorded in ``run.json`` as ``metrics_url``."""
+    ``launcher`` must then leave them out (``local_launcher`` does)."""
     # Pre-flight, before anything is written: the agent, and whether it runs here.
     agents = agents or RunAgents.of(config, collect, agent, dispatcher)
     in_process: InProcessAgents | None = None
     if agents.in_process:
         launcher = in_process = InProcessAgents(launcher, config, agents.in_process)
-    # Bound before anything is written: a port in use fails the run at once.
+    # ``metrics_port``: the collector's Prometheus metrics there (0: a port the OS picks), its
+    # URL printed and recorded in run.json as ``metrics_url``. Bound before anything is
+    # written: a port in use fails the run at once.
     metrics = _collector_metrics(metrics_host, metrics_port) if metrics_port is not None else None
     try:
         prepared = prepare_run(config, collect, input_path, out_dir, resume=resume, lock=True)

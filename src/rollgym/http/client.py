@@ -357,10 +357,10 @@ class HttpClient:
                 breaker.release()
                 raise
             else:
+                state.latency.ok.observe(time.monotonic() - start)
                 # Every answered attempt reports to the breaker: successes reset its count of
                 # failures in a row, and a successful half-open probe closes it.
                 breaker.record(True)
-                state.latency.ok.observe(time.monotonic() - start)
                 return (value, raw.cookies) if with_cookies else value
             err = scrubbed(failure.error, header_secrets(headers))
             if isinstance(err, ConnectError) and len(target.urls) > 1:

@@ -130,8 +130,6 @@ class Sandbox:
         self.server = server
         self.uid_base = uid_base
         self.parallel = parallel
-        self.waiting = 0
-        """Runs waiting for a free slot (``/metrics``)."""
         self._slots: asyncio.Queue[int] = asyncio.Queue()
         self._busy: dict[int, float] = {}  # slot -> when its run started
         for slot in range(parallel):
@@ -163,11 +161,7 @@ class Sandbox:
     ) -> RunResult:
         """Run ``program`` (Python source) with ``stdin``; raise ``SandboxError`` if the sandbox
         itself could not start it. The slot is given back however the run ends."""
-        self.waiting += 1
-        try:
-            slot = await self._slots.get()
-        finally:
-            self.waiting -= 1
+        slot = await self._slots.get()
         self._busy[slot] = time.monotonic()
         workdir: str | None = None
         try:

@@ -72,6 +72,7 @@ class CodeEnv(ResourcesServer):
         super().__init__(*args, **kwargs)
         self._sandbox: Sandbox | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._runs = 0  # sandboxed runs asked for and not done: running or waiting for a slot
 
     async def startup(self) -> None:
         await super().startup()
@@ -111,7 +112,7 @@ class CodeEnv(ResourcesServer):
             GaugeSample("sandbox_slots_in_use", "Sandbox slots running a program now.",
                         sandbox.in_use),
             GaugeSample("sandbox_runs_waiting", "Sandboxed runs waiting for a free slot.",
-                        sandbox.waiting),
+                        max(0, self._runs - sandbox.in_use)),
         ]  # fmt: skip
 
     async def _watch_wedge(self, sandbox: Sandbox, every: float = 5.0) -> None:
@@ -163,9 +164,13 @@ class CodeEnv(ResourcesServer):
     async def _run(
         self, sandbox: Sandbox, code: str, case: Case, fn_name: str | None
     ) -> tuple[str, str | None]:
-        run = await sandbox.run(
-            code, case.stdin, mode=case.mode, fn_name=fn_name, probes=case.probes
-        )
+        self._runs += 1
+        try:
+            run = await sandbox.run(
+                code, case.stdin, mode=case.mode, fn_name=fn_name, probes=case.probes
+            )
+        finally:
+            self._runs -= 1
         # Off the event loop: a large report takes a while to judge, and the server's other
         # rollouts (and /health) must not wait for it.
         return await asyncio.to_thread(outcome, case, run)
