@@ -197,3 +197,28 @@ def test_without_prometheus_client_metrics_answer_501(monkeypatch: pytest.Monkey
     with pytest.raises(HTTPStatusError, match=r"rollgym\[metrics\]") as caught:
         Exposition(lambda: []).render(None)
     assert caught.value.status == 501
+
+
+async def test_a_scraper_that_asks_for_openmetrics_gets_it() -> None:
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    async with running_stack() as stack:
+        await post(stack.agent_url + "/run", task_row(0))
+
+        def fetch() -> tuple[str, str]:
+            import urllib.request
+
+            accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+            req = urllib.request.Request(stack.agent_url + "/metrics", headers={"accept": accept})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.headers["content-type"], resp.read().decode()
+
+        content_type, text = await asyncio.to_thread(fetch)
+    assert content_type.startswith("application/openmetrics-text")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    calls = families["rollgym_calls"]
+    assert calls.type == "counter"
+    assert {s.labels["server"]: s.value for s in calls.samples if s.name.endswith("_total")} == {
+        "model": 2,
+        "env": 3,
+    }
