@@ -39,10 +39,15 @@ RESERVED_ENDPOINTS = frozenset(
         "tools",
         "health",
         "stats",
+        "metrics",
     }
 )
 """Endpoints of a resources server that are never tools: a tool may not be named like one,
 and an agent never calls one for a model, whatever it asks for."""
+
+METRICS_ENDPOINT = "/metrics"
+"""``GET``: every rollgym server's Prometheus metrics (and the collector's, on
+``--metrics-port``), in the text exposition format (OpenMetrics when the scraper asks for it)."""
 
 # -- NeMo Gym's field names -------------------------------------------------------------------
 
@@ -212,6 +217,7 @@ __all__ = [
     "MASK_REASON",
     "MASK_SAMPLE",
     "MCP",
+    "METRICS_ENDPOINT",
     "NG_ATTEMPT_INDEX",
     "NG_DISPATCH_DRAINED",
     "NG_ENVIRONMENT_SERVER",

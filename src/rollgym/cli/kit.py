@@ -104,7 +104,26 @@ AttemptsOpt = Annotated[
 ThresholdOpt = Annotated[
     float | None, typer.Option(help="Reward at which a rollout passes (pass@k). Default: 1.0.")
 ]
-ProgressOpt = Annotated[bool, typer.Option(help="Show a progress bar.")]
+ProgressOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Show a progress bar (on a terminal, with a status line under it: rollouts in "
+        "flight, failures by type, open circuits, the slowest hops)."
+    ),
+]
+MetricsPortOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        max=65535,
+        help="Serve the collector's Prometheus metrics at http://HOST:PORT/metrics (0: a free "
+        "port, its URL printed and recorded in run.json as metrics_url). Default: off (every "
+        "server serves its own /metrics anyway).",
+    ),
+]
+MetricsHostOpt = Annotated[
+    str, typer.Option(help="Address --metrics-port listens on (0.0.0.0: every interface).")
+]
 LogOpt = Annotated[str, typer.Option(help="Log level (DEBUG shows every retry decision).")]
 InProcessOpt = Annotated[
     bool | None,
@@ -139,10 +158,12 @@ class CollectOptions:
     agent_in_process: InProcessOpt = None
     progress: ProgressOpt = True
     log_level: LogOpt = "WARNING"
+    metrics_port: MetricsPortOpt = None
+    metrics_host: MetricsHostOpt = "127.0.0.1"
 
     def overrides(self) -> dict[str, Any]:
         """The options that stand in for keys of the config's collect section."""
-        skip = {"input", "resume", "progress", "log_level"}
+        skip = {"input", "resume", "progress", "log_level", "metrics_port", "metrics_host"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 

@@ -86,7 +86,8 @@ async def _run(
     )
     return await run_collection(
         cfg, collect, input_path, output, launcher, resume=options.resume, agents=agents,
-        progress=options.progress,
+        progress=options.progress, metrics_port=options.metrics_port,
+        metrics_host=options.metrics_host,
     )  # fmt: skip
 
 
@@ -167,7 +168,8 @@ def register(app: typer.Typer) -> None:
             on_ray = run_on_ray(
                 cfg, collect, input_path, output, resume=options.resume, agent=options.agent,
                 address=ray_address, workers=ray_workers, progress=options.progress,
-                log_level=options.log_level,
+                log_level=options.log_level, metrics_port=options.metrics_port,
+                metrics_host=options.metrics_host,
             )  # fmt: skip
             finish(guarded(on_ray, output, collects_here=False))
             return

@@ -25,13 +25,14 @@ from rollgym.collect.dispatch import Dispatcher, LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.launchers import RunAgents
 from rollgym.collect.ledger import Ledger
+from rollgym.collect.live import RunWatch
 from rollgym.collect.materialized import task_item
 from rollgym.collect.metrics import compute_metrics
 from rollgym.collect.peers import resources_of
 from rollgym.collect.progress import RunProgress
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
-from rollgym.collect.rollout import RolloutPolicy
+from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.collect.rundir import (
     EXIT_ABORTED,
     EXIT_OK,
@@ -107,6 +108,9 @@ class Collector:
         self.recorder = Recorder(self.ledger, FailureBudget(BudgetRules.from_collect(self.cfg)),
                                  self.progress)  # fmt: skip
         self.recorder.on_abort(self.dispatcher.cancel)
+        self.watch = RunWatch()
+        """What the run shows while it runs (``/metrics``, the progress bar's status line)."""
+        self.recorder.listeners.append(self.watch)
         self.sections: Callable[[], dict[str, Any]] = dict
         """More sections for ``metrics.json`` (the launcher's report: restarts...)."""
         self._started = False
@@ -118,6 +122,13 @@ class Collector:
     def abort(self, reason: str) -> None:
         """Stop dispatching and cancel in-flight rollouts (they stay pending for --resume)."""
         self.recorder.abort(reason)
+
+    def in_flight(self) -> int | None:
+        """The rollouts being run now (``None``: the dispatcher runs them elsewhere: Ray)."""
+        dispatcher = self.dispatcher
+        if isinstance(dispatcher, LocalDispatcher) and isinstance(dispatcher.runner, RolloutRunner):
+            return dispatcher.runner.in_flight
+        return None
 
     async def start(self) -> None:
         """Get the dispatcher ready (Ray: start the worker actors). A failure here means the
@@ -176,6 +187,9 @@ class Collector:
                     self.progress.start(
                         self.run.total, done=self.ledger.succeeded + self.ledger.failed
                     )
+                    # The status line under the bar, while someone watches it (a terminal).
+                    self.watch.watch_hops = self.progress.watched
+                    self.watch.start_live(self.progress, self.client, self.urls, self.in_flight)
                     if self.ledger.pending:
                         await self.dispatcher.dispatch(
                             self.pending(), self.ledger.pending, self.recorder
@@ -184,6 +198,7 @@ class Collector:
                             self.abort("rollouts were left without a record (every worker "
                                        "died?); finish the run with --resume")  # fmt: skip
                 finally:
+                    await self.watch.stop_live()
                     self.progress.stop()
                     self.ledger.close()
             cpu = time.process_time() - cpu_started

@@ -19,9 +19,11 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rollgym import tracing
 from rollgym.collect.collector import Collector
@@ -33,10 +35,14 @@ from rollgym.collect.rundir import (
     mark_aborted,
     mark_failed_to_start,
     prepare_run,
+    write_json,
 )
 from rollgym.config import CollectConfig, Config
-from rollgym.errors import RollgymError, RunAborted
+from rollgym.errors import ConfigError, RollgymError, RunAborted
 from rollgym.http import HttpClient
+
+if TYPE_CHECKING:
+    from rollgym.prometheus.run import CollectorMetrics
 
 log = logging.getLogger("rollgym.collect")
 
@@ -53,6 +59,8 @@ async def run_collection(
     agent: str | None = None,
     agents: RunAgents | None = None,
     progress: bool = True,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> RunOutcome:
     """Run (or ``resume``) one collection into ``out_dir`` with servers from ``launcher``.
     ``agents``: the run's agents as the caller resolved them (default: from ``agent`` and
@@ -65,11 +73,27 @@ async def run_collection(
     in_process: InProcessAgents | None = None
     if agents.in_process:
         launcher = in_process = InProcessAgents(launcher, config, agents.in_process)
-    prepared = prepare_run(config, collect, input_path, out_dir, resume=resume, lock=True)
+    # ``metrics_port``: the collector's Prometheus metrics there (0: a port the OS picks), its
+    # URL printed and recorded in run.json as ``metrics_url``. Bound before anything is
+    # written: a port in use fails the run at once.
+    metrics = _collector_metrics(metrics_host, metrics_port) if metrics_port is not None else None
+    try:
+        prepared = prepare_run(config, collect, input_path, out_dir, resume=resume, lock=True)
+    except BaseException:
+        if metrics is not None:
+            await metrics.server.close()
+        raise
     try:
         try:
+            if metrics is not None:
+                await metrics.server.start()
+                print(f"collector metrics: {metrics.url}", file=sys.stderr, flush=True)
+                prepared.run_info["metrics_url"] = metrics.url
+                write_json(prepared.files.run_json, prepared.run_info)
             client = None if in_process is None else HttpClient(transport=in_process.transport)
             collector = await _start(prepared, launcher, dispatcher, agents, client, progress)
+            if metrics is not None:
+                metrics.attach(collector)
             collector.sections = launcher.report
             watch = asyncio.create_task(launcher.watch(collector.abort, collector.recorder.pause))
             watch.add_done_callback(lambda task: _watch_ended(task, collector))
@@ -86,7 +110,20 @@ async def run_collection(
         finally:
             await launcher.stop()
     finally:
+        if metrics is not None:
+            await metrics.server.close()
         prepared.release()
+
+
+def _collector_metrics(host: str, port: int) -> CollectorMetrics:
+    """The collector's metrics server, bound (not yet serving)."""
+    try:
+        from rollgym.prometheus.run import CollectorMetrics
+    except ImportError as exc:
+        raise ConfigError(
+            f"--metrics-port needs prometheus_client (pip install 'rollgym[metrics]'): {exc}"
+        ) from None
+    return CollectorMetrics(host, port)
 
 
 def _why_stopped(exc: BaseException) -> str:

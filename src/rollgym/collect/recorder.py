@@ -63,6 +63,8 @@ class Recorder:
         self.budget = budget
         self.progress = progress
         self.recorded = 0
+        self.listeners: list[Callable[[RolloutRecord], None]] = []
+        """Told of every record taken (``collect.live.RunWatch``: metrics, live progress)."""
         self.abort_reason: str | None = None
         self._on_abort: list[Callable[[], None]] = []
         self.resumed = asyncio.Event()
@@ -93,6 +95,8 @@ class Recorder:
         if not self.sink.add(record):
             return
         self.recorded += 1
+        for listener in self.listeners:
+            listener(record)
         error = record.error if isinstance(record, FailedRollout) else None
         if self.progress is not None:
             masked = isinstance(record, ScoredRollout) and record.masked

@@ -92,7 +92,8 @@ class RolloutRunner:
     """Runs rollouts against ``agents`` (name -> target) through ``http``. ``stopping()`` says
     the run is being aborted: no more holds or re-runs, the record is made at once;
     ``on_hold(err)`` hears of every rollout held by an open circuit (the run's failure budget
-    watches). ``circuit_holds`` and ``failovers`` count what it did."""
+    watches). ``circuit_holds`` and ``failovers`` count what it did; ``in_flight`` is the
+    rollouts it is running now (``/metrics``, the live progress)."""
 
     http: HttpClient
     agents: dict[str, Target]
@@ -101,6 +102,7 @@ class RolloutRunner:
     on_hold: Callable[[RollgymError], None] | None = field(default=None, kw_only=True)
     circuit_holds: int = field(default=0, init=False)
     failovers: int = field(default=0, init=False)
+    in_flight: int = field(default=0, init=False)
 
     def run(self, item: RolloutItem) -> Coroutine[Any, Any, RolloutRecord]:
         """Run ``item`` to its record; never raises but ``CancelledError``."""
@@ -113,6 +115,7 @@ class RolloutRunner:
     async def _run(self, item: RolloutItem) -> RolloutRecord:
         started = time.monotonic()
         task_id = item.task_id if isinstance(item, TaskItem) else None
+        self.in_flight += 1
         try:
             target = self.agents[item.agent]
             key = item.key
@@ -181,6 +184,8 @@ class RolloutRunner:
             log.exception("unexpected error in rollout %s", item.key)
             bug = InternalError(f"collector: {type(exc).__name__}: {exc}", server="collector")
             return self._failed(item, bug, item.prior_attempts + 1, started)
+        finally:
+            self.in_flight -= 1
 
     async def _hold(self, err: RollgymError, seconds: float) -> None:
         """Wait ``seconds`` before re-sending a rollout refused by an open circuit, telling

@@ -46,6 +46,7 @@ from rollgym.http.policy import RetryPolicy
 from rollgym.http.replicas import ReplicaSet
 from rollgym.http.scrub import header_secrets, scrubbed
 from rollgym.http.transport import RawAnswer, Request, Transport
+from rollgym.prometheus.latency import CallLatency
 
 __all__ = [
     "REPLICA_DOWN_SECONDS",
@@ -99,6 +100,7 @@ class _TargetState:
     replicas: ReplicaSet
     stats: TargetStats
     caps: answer_limits.Caps  # the policy's answer limits, for the transport
+    latency: CallLatency = field(default_factory=CallLatency)  # read by /metrics
 
 
 class HttpClient:
@@ -158,6 +160,7 @@ class HttpClient:
                 replicas=ReplicaSet(target.urls),
                 stats=state.stats if state else TargetStats(),
                 caps=answer_limits.Caps(policy.answer_limits),
+                latency=state.latency if state else CallLatency(),
             )
             self._targets[target.name] = state
         if state.policy is not policy:
@@ -167,6 +170,16 @@ class HttpClient:
 
     def stats(self) -> dict[str, TargetStats]:
         return {name: s.stats for name, s in self._targets.items()}
+
+    def latency(self, name: str) -> CallLatency | None:
+        """The seconds of the calls to target ``name`` (``None`` before its first call)."""
+        state = self._targets.get(name)
+        return state.latency if state else None
+
+    def replicas(self, name: str) -> ReplicaSet | None:
+        """The replica set of target ``name`` (``None`` before its first call)."""
+        state = self._targets.get(name)
+        return state.replicas if state else None
 
     def mark_down(self, target: Target, url: str, seconds: float | None = None) -> None:
         """Send no new calls to replica ``url`` of ``target`` (for ``seconds``, or for good),
@@ -356,6 +369,7 @@ class HttpClient:
                     span.cancelled()
                 raise
             else:
+                state.latency.ok.observe(time.monotonic() - start)
                 # Every answered attempt reports to the breaker: successes reset its count of
                 # failures in a row, and a successful half-open probe closes it.
                 breaker.record(True)
@@ -387,6 +401,7 @@ class HttpClient:
                 if refused:
                     stats.budget_refused += 1
                     final = budget_exhausted(final)
+                state.latency.failed.observe(time.monotonic() - start)
                 log.debug(
                     "%s %s: giving up after %d attempt(s): %s", target.name, endpoint, attempt,
                     final,

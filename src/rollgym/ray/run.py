@@ -26,6 +26,8 @@ async def run_on_ray(
     workers: int | None = None,
     progress: bool = True,
     log_level: str = "WARNING",
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
     startup_timeout: float = 120.0,
 ) -> RunOutcome:
     """Check the config's servers, validate the input, start the servers on the Ray cluster at
@@ -41,5 +43,5 @@ async def run_on_ray(
     )  # fmt: skip
     return await run_collection(
         config, collect, input_path, out_dir, launcher, dispatcher=dispatcher, resume=resume,
-        agent=agent, progress=progress,
+        agent=agent, progress=progress, metrics_port=metrics_port, metrics_host=metrics_host,
     )  # fmt: skip

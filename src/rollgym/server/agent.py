@@ -58,6 +58,8 @@ from rollgym.http import HttpClient, Target
 from rollgym.models.policy import MAX_PAUSE_S
 from rollgym.models.versions import call_version
 from rollgym.nemo_gym.failures import Stage
+from rollgym.prometheus.latency import LatencyByName
+from rollgym.prometheus.samples import HistogramSample, Sample
 from rollgym.protocol import TaskRow, rollout_key
 from rollgym.server.agent_episodes import (
     MAX_ID_CHARS,
@@ -383,6 +385,24 @@ class AgentServer(BaseServer):
         self._models: dict[str, ModelClient] = {}
         self._resources: dict[str, ResourcesClient] = {}
         self.sessions = AgentSessions(self)
+        self.hop_seconds = LatencyByName()
+        """The seconds of every hop of every rollout run here, by hop (``/metrics``)."""
+
+    def exported(self) -> list[Sample]:
+        """The per-hop latency for ``/metrics`` (``rollgym.prometheus.samples.Exported``)."""
+        return [
+            HistogramSample(
+                "agent_hop_seconds", "Seconds of an agent's hops (seed, model, tool, verify, "
+                "...), retries included, by hop.", "hop", self.hop_seconds,
+            )
+        ]  # fmt: skip
+
+    def observe_hops(self, hops: Hops) -> None:
+        """Count a finished rollout's hops (failed ones too) in ``hop_seconds``."""
+        observe = self.hop_seconds.observe
+        for hop, seconds in hops.seconds.items():
+            for took in seconds:
+                observe(hop, took)
 
     async def startup(self) -> None:
         # Fail at start, not at the first rollout, when a peer is not in the run.
@@ -439,7 +459,10 @@ class AgentServer(BaseServer):
             )
         rollout = rollout or os.urandom(16).hex()
         ctx = RunContext(rollout, self, grant=grant, token_capture=token_capture)
-        return await self.turn(params, ctx)
+        try:
+            return await self.turn(params, ctx)
+        finally:
+            self.observe_hops(ctx.hops)
 
     async def _aggregate(self, body: Any, call: Call) -> Any:
         # NeMo Gym's collector asks each agent; the metrics are the environment's to compute
@@ -455,7 +478,10 @@ class AgentServer(BaseServer):
         row = task_row(body)
         rollout = call.rollout or _rollout_id(row)
         ctx = RunContext(rollout, self)
-        verified = await self.run(row, ctx)
+        try:
+            verified = await self.run(row, ctx)
+        finally:
+            self.observe_hops(ctx.hops)
         if isinstance(verified, dict):
             verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())
         return JSONResponse(verified, headers={HEADER_ROLLOUT: rollout})
@@ -482,6 +508,8 @@ class AgentServer(BaseServer):
         else:
             verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())
             answer = episode_result(request, verified)
+        finally:
+            self.observe_hops(ctx.hops)
         return JSONResponse(answer, headers={HEADER_ROLLOUT: rollout})
 
 

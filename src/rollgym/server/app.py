@@ -35,6 +35,7 @@ from starlette.types import Receive, Scope, Send
 
 from rollgym import tracing
 from rollgym.errors import HTTPStatusError, InternalError, InvalidRequest, RollgymError
+from rollgym.prometheus.exposition import metrics_endpoint
 from rollgym.server.endpoint import (
     MAX_BODY_BYTES,
     SCOPE_ROLLOUT,
@@ -43,7 +44,12 @@ from rollgym.server.endpoint import (
     JSONResponse,
     error_response,
 )
-from rollgym.wire import ROLLOUT_ID_PATTERN, ROLLOUT_PREFIX, TOKEN_CAPTURE_SEGMENT
+from rollgym.wire import (
+    METRICS_ENDPOINT,
+    ROLLOUT_ID_PATTERN,
+    ROLLOUT_PREFIX,
+    TOKEN_CAPTURE_SEGMENT,
+)
 
 if TYPE_CHECKING:
     from rollgym.server.base import BaseServer
@@ -179,7 +185,8 @@ def as_rollgym_error(request: Request, exc: Exception, server: str) -> RollgymEr
 
 
 def build_app(server: BaseServer) -> App:
-    """The ASGI app of ``server``: health, stats, error handlers and its own routes."""
+    """The ASGI app of ``server``: health, stats, metrics, error handlers and its own
+    routes."""
 
     async def health(request: Request) -> Response:
         answer = server.health()  # a server that knows itself broken says so with a 503
@@ -198,6 +205,8 @@ def build_app(server: BaseServer) -> App:
     routes: list[BaseRoute] = [
         Route("/health", health, methods=["GET", "POST"]),
         Route("/stats", stats, methods=["GET", "POST"]),
+        # Prometheus metrics (rollgym.prometheus): what /stats says, and more, for a scraper.
+        Route(METRICS_ENDPOINT, metrics_endpoint(server), methods=["GET"]),
         *server.routes(),
     ]
     return App(server, routes)

@@ -138,10 +138,16 @@ class Sandbox:
         self.isolation = isolation
         self.server = server
         self.uid_base = uid_base
+        self.parallel = parallel
         self._slots: asyncio.Queue[int] = asyncio.Queue()
         self._busy: dict[int, float] = {}  # slot -> when its run started
         for slot in range(parallel):
             self._slots.put_nowait(slot)
+
+    @property
+    def in_use(self) -> int:
+        """Slots running a program now."""
+        return len(self._busy)
 
     def wedged(self) -> str | None:
         """Why this sandbox can no longer be trusted to run anything, or None: a run that

@@ -32,6 +32,7 @@ from rollgym.envs.code.cases import Case, extract_code, outcome, row_tests
 from rollgym.envs.code.sandbox import Isolation, Limits, Sandbox, probe_isolation
 from rollgym.envs.rows import mean_field
 from rollgym.errors import SandboxError
+from rollgym.prometheus.samples import GaugeSample, Sample
 from rollgym.protocol import output_text
 from rollgym.runtime import owns_process
 from rollgym.server.resources import ResourcesServer, Session
@@ -71,6 +72,7 @@ class CodeEnv(ResourcesServer):
         super().__init__(*args, **kwargs)
         self._sandbox: Sandbox | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._runs = 0  # sandboxed runs asked for and not done: running or waiting for a slot
 
     async def startup(self) -> None:
         await super().startup()
@@ -99,6 +101,19 @@ class CodeEnv(ResourcesServer):
         if wedged:
             out.update(status="unhealthy", reason=f"sandbox wedged: {wedged}")
         return out
+
+    def exported(self) -> list[Sample]:
+        """The sandbox's slots for ``/metrics`` (``rollgym.prometheus.samples.Exported``)."""
+        sandbox = self._sandbox
+        if sandbox is None:
+            return []
+        return [
+            GaugeSample("sandbox_slots", "Sandbox slots (runs at once).", sandbox.parallel),
+            GaugeSample("sandbox_slots_in_use", "Sandbox slots running a program now.",
+                        sandbox.in_use),
+            GaugeSample("sandbox_runs_waiting", "Sandboxed runs waiting for a free slot.",
+                        max(0, self._runs - sandbox.in_use)),
+        ]  # fmt: skip
 
     async def _watch_wedge(self, sandbox: Sandbox, every: float = 5.0) -> None:
         while True:
@@ -149,9 +164,13 @@ class CodeEnv(ResourcesServer):
     async def _run(
         self, sandbox: Sandbox, code: str, case: Case, fn_name: str | None
     ) -> tuple[str, str | None]:
-        run = await sandbox.run(
-            code, case.stdin, mode=case.mode, fn_name=fn_name, probes=case.probes
-        )
+        self._runs += 1
+        try:
+            run = await sandbox.run(
+                code, case.stdin, mode=case.mode, fn_name=fn_name, probes=case.probes
+            )
+        finally:
+            self._runs -= 1
         # Off the event loop: a large report takes a while to judge, and the server's other
         # rollouts (and /health) must not wait for it.
         return await asyncio.to_thread(outcome, case, run)
