@@ -12,6 +12,8 @@ this one, as the same kind of record.
     ├── InvalidRequest         a request to a rollgym server is malformed (answered 4xx)
     │   └── RequestTooLarge    a request past one of the server's limits (413, 431)
     ├── HTTPStatusError        a server answered with a non-2xx status
+    │   └── CapacityReached    a server with a session limit is full (OpenEnv's
+    │                          ``max_concurrent_envs``): 503, retried per its policy
     ├── ProtocolError          a server answered 2xx with a body we cannot use (bad JSON, shape)
     │   ├── UnparseableVerdict a judge model answered, but no verdict could be read from it
     │   └── TokenDataError     a rollout's token data cannot make a trainer sample (missing,
@@ -426,6 +428,14 @@ class HTTPStatusError(RollgymError):
     """A server answered with a non-2xx status."""
 
     type = "http_status"
+
+
+class CapacityReached(HTTPStatusError):
+    """A server that holds a bounded number of sessions (OpenEnv's ``max_concurrent_envs``)
+    refused a new one: it is full, not broken. Status 503, so the called server's policy
+    (``retry_statuses``) decides whether and how often it is tried again."""
+
+    type = "capacity_reached"
 
 
 class ProtocolError(RollgymError):

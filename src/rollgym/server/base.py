@@ -23,6 +23,8 @@ BUILTIN_IMPLS: dict[str, str] = {
     "local_model": "rollgym.models.local:LocalModel",
     "tool_agent": "rollgym.agents.tool_agent:ToolAgent",
     "gymnasium_agent": "rollgym.agents.gymnasium:GymnasiumAgent",
+    "openenv_agent": "rollgym.openenv.agent:OpenEnvAgent",
+    "openenv": "rollgym.openenv.host:OpenEnvHost",
     "lookup": "rollgym.envs.lookup.server:LookupEnv",
     "mcqa": "rollgym.envs.mcqa.server:MCQAEnv",
     "math": "rollgym.envs.math.server:MathEnv",
