@@ -43,6 +43,9 @@ from rollgym.wire import (
     OPENENV_WS_PATH,
 )
 
+_ABORT_S = 0.2
+"""Seconds a closing socket waits for the server's close frame before it is dropped."""
+
 RESET_ENDPOINT = "/reset"
 STEP_ENDPOINT = "/step"
 """The names under which the server's ``retry.endpoints`` set a reset's or a step's timeout."""
@@ -110,14 +113,14 @@ class OpenEnvSession:
                 self.attempts = attempt
                 return answer
             except TimeoutError as exc:
-                await self.close()
+                await self.close(polite=False)
                 raise DeadlineExceeded(
                     f"{self.server}: no session within retry.deadline {policy.deadline:g}s",
                     server=self.server, endpoint=RESET_ENDPOINT, url=self.url,
                     attempts=attempt, retryable=True,
                 ) from exc  # fmt: skip
             except RollgymError as err:
-                await self.close()
+                await self.close(polite=False)
                 # Each attempt is a new socket, so a new environment: replaying is safe.
                 decision = classify(
                     err, policy, idempotent=True, max_attempts=max_attempts, attempt=attempt,
@@ -136,25 +139,31 @@ class OpenEnvSession:
         try:
             return await self._exchange(OPENENV_STEP, action, STEP_ENDPOINT)
         except RollgymError as err:
-            await self.close()
+            await self.close(polite=False)
             if err.type in ("connection_lost", "read_timeout"):
                 raise err.with_fields(
                     message=f"{err.message}; {translate.AFTER_STEP}", retryable=True
                 ) from None
             raise
 
-    async def close(self) -> None:
-        """Say ``close`` and close the socket (best effort, bounded): the server then destroys
-        the environment. Safe to call twice."""
+    async def close(self, *, polite: bool = True) -> None:
+        """End the session: the server then destroys the environment. ``polite``: say
+        ``close`` and wait (``retry.connect_timeout``) for the server to close first; else (a
+        failed session: the server may be stuck in a step) drop the socket at once. Safe to
+        call twice."""
         ws, self._ws = self._ws, None
         if ws is None or ws.closed:
             return
         try:
-            async with asyncio.timeout(self.target.policy.connect_timeout):
-                await ws.send_str(orjson.dumps({"type": OPENENV_CLOSE}).decode())
-                # The server closes first once it has destroyed the environment; closing
-                # before that makes openenv-core's handler log a disconnect as a crash.
-                await ws.receive()
+            if polite:
+                async with asyncio.timeout(self.target.policy.connect_timeout):
+                    await ws.send_str(orjson.dumps({"type": OPENENV_CLOSE}).decode())
+                    # The server closes first once it has destroyed the environment; closing
+                    # before that makes openenv-core's handler log a disconnect as a crash.
+                    await ws.receive()
+            # A close that is not answered at once is cut short: aiohttp then drops the
+            # connection (a cancelled close aborts it).
+            async with asyncio.timeout(_ABORT_S):
                 await ws.close()
         except (TimeoutError, aiohttp.ClientError, ConnectionError, RuntimeError):
             pass  # the session is over either way: the socket goes with this object
