@@ -31,24 +31,20 @@ import orjson
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from rollgym.http import HttpClient, Target
 from rollgym.server.episode import Episode, ResourcesClient
 
 
 class RollgymAction(Action):  # type: ignore[misc]
-    """Call a tool (``tool`` + ``arguments``) or answer (``answer``): exactly one."""
+    """Call a tool (``tool`` + ``arguments``) or answer (``answer``): exactly one (checked in
+    the step: openenv-core 0.3.0 cannot report a validator's own error and ends the session)."""
 
     tool: str | None = Field(default=None, description="a tool the task offers")
     arguments: dict[str, Any] = Field(default_factory=dict, description="the tool's arguments")
     answer: str | None = Field(default=None, description="the final answer: ends the episode")
 
-    @model_validator(mode="after")
-    def _one(self) -> RollgymAction:
-        if (self.tool is None) == (self.answer is None):
-            raise ValueError("give either 'tool' (with 'arguments') or 'answer'")
-        return self
 
 
 class RollgymObservation(Observation):  # type: ignore[misc]
@@ -121,6 +117,8 @@ class RollgymEnvironment(Environment):  # type: ignore[misc]
     ) -> RollgymObservation:
         if self._episode is None or self._done:
             raise RuntimeError("no episode: reset first (an answered episode is over)")
+        if (action.tool is None) == (action.answer is None):
+            return RollgymObservation(output=_error("give either 'tool' or 'answer'"))
         self._state.step_count += 1
         if action.answer is not None:
             return await self._answer(self._episode, action.answer)
