@@ -47,7 +47,17 @@ def _root(
 
 
 def _register() -> None:
-    from rollgym.cli import chaos, check, health, report, reverify, run, serve, serve_model
+    from rollgym.cli import (
+        chaos,
+        check,
+        health,
+        report,
+        reverify,
+        run,
+        serve,
+        serve_model,
+        tasks,
+    )
 
     serve.register(app)
     run.register(app)
@@ -57,6 +67,7 @@ def _register() -> None:
     reverify.register(app)
     serve_model.register(app)
     health.register(app)
+    tasks.register(app)
 
 
 def main() -> None:
