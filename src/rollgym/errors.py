@@ -36,7 +36,9 @@ this one, as the same kind of record.
     ├── EnvironmentFailure     an Environment Server (NeMo Gym 0.7) answered an episode with a
     │                          handled failure: terminal, stage, failure_kind, partial_response
     ├── InternalError          a bug or unexpected exception inside a rollgym server
-    │   └── SandboxError       an environment's sandbox could not run the code (not the code)
+    │   ├── SandboxError       an environment's sandbox could not run the code (not the code)
+    │   └── ScorerError        an environment's scorer cannot score a row (it fails on the
+    │                          row's own reference answer, or kills its worker)
     ├── LaunchError            a server could not be started or never became healthy
     └── RunAborted             the run-level failure budget stopped the run
 
@@ -552,6 +554,13 @@ class SandboxError(InternalError):
     """An environment's sandbox could not run the program (not the program's own failure)."""
 
     type = "sandbox_error"
+
+
+class ScorerError(InternalError):
+    """An environment's scorer (a dataset's own code) cannot score a row: it raises on the
+    row's own reference answer too, or its worker died on it. Not the answer's doing."""
+
+    type = "scorer_error"
 
 
 class EnvironmentFailure(RollgymError):

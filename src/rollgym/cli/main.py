@@ -57,6 +57,7 @@ def _register() -> None:
         serve,
         serve_model,
         serve_openenv,
+        tasks,
     )
 
     serve.register(app)
@@ -68,6 +69,7 @@ def _register() -> None:
     serve_model.register(app)
     serve_openenv.register(app)
     health.register(app)
+    tasks.register(app)
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ BUILTIN_IMPLS: dict[str, str] = {
     "guess": "rollgym.envs.guess.server:GuessEnv",
     "code": "rollgym.envs.code.server:CodeEnv",
     "judge": "rollgym.envs.judge.server:JudgeEnv",
+    "reasoning_gym": "rollgym.envs.reasoning_gym.server:ReasoningGymEnv",
     "stand_in_judge": "rollgym.envs.judge.stand_in:StandInJudge",
 }
 
