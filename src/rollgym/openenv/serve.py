@@ -46,7 +46,6 @@ class RollgymAction(Action):  # type: ignore[misc]
     answer: str | None = Field(default=None, description="the final answer: ends the episode")
 
 
-
 class RollgymObservation(Observation):  # type: ignore[misc]
     prompt: Any = Field(default=None, description="reset: the task's input")
     tools: list[dict[str, Any]] = Field(default_factory=list, description="reset: its tools")
