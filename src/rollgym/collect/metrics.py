@@ -46,7 +46,9 @@ from rollgym.nemo_gym.failures import failure_kind
 from rollgym.nemo_gym.mask import is_masked
 from rollgym.wire import FAILURE_KIND, INDEX_FIELDS
 
-AGENT_FIELDS = frozenset({"num_steps", "agent_seconds", DRIFTED_TURNS})
+AGENT_FIELDS = frozenset(
+    {"num_steps", "agent_seconds", DRIFTED_TURNS, "env_steps", "session_attempts"}
+)
 """Numbers the agents add to a verified rollout about their own loop, not the environment's."""
 
 _NOT_METRICS = INDEX_FIELDS | {"reward", "attempts", "duration_s", "finished_at"}
