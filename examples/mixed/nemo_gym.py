@@ -27,10 +27,18 @@ SERVER = "example_single_tool_call"
 
 @contextmanager
 def nemo_gym_server(port: int, workspace: Path) -> Iterator[str]:
-    """NeMo Gym's ``example_single_tool_call`` on 127.0.0.1:``port``; yields its URL."""
+    """NeMo Gym's ``example_single_tool_call`` on 127.0.0.1:``port``; yields its URL once it
+    answers ``/seed_session`` (a port taken by another process meanwhile fails here, clearly)."""
     config = nemo.server_entry(nemo.RESOURCES, SERVER, port, domain="agent")
     with nemo.gym_stack(nemo.Workspace(workspace), {SERVER: config}, relays=False):
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        try:
+            status, _ = nemo.http_json(url + "/seed_session", {}, timeout=30)
+        except OSError as exc:
+            status = exc
+        if status != 200:
+            raise RuntimeError(f"{url} is not NeMo Gym's {SERVER} (/seed_session: {status})")
+        yield url
 
 
 def main() -> None:

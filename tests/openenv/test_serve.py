@@ -15,12 +15,12 @@ import pytest
 
 pytest.importorskip("openenv.core", reason="needs openenv-core (the dev extra)")
 
-from openenv.core import GenericEnvClient  # noqa: E402
-from websockets.exceptions import ConnectionClosed  # noqa: E402
+from openenv.core import GenericEnvClient
+from websockets.exceptions import ConnectionClosed
 
-from rollgym.http import Target  # noqa: E402
-from rollgym.openenv.serve import openenv_app  # noqa: E402
-from rollgym.testing import serve_asgi, serve_server  # noqa: E402
+from rollgym.http import Target
+from rollgym.openenv.serve import openenv_app
+from rollgym.testing import serve_asgi, serve_server
 
 pytestmark = pytest.mark.timeout(60)
 
