@@ -18,7 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # the interop package: NeMo Gym's launcher, as the interop suite runs it
+sys.path.insert(
+    0, str(ROOT)
+)  # the interop package: NeMo Gym's launcher, as the interop suite runs it
 
 from interop import nemo  # noqa: E402
 
@@ -48,10 +50,12 @@ def main() -> None:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with tempfile.TemporaryDirectory(prefix="nemo-gym-") as tmp:
-        with nemo_gym_server(args.port, Path(tmp)) as url:
-            print(f"NeMo Gym {SERVER} at {url} (Ctrl-C stops it)", flush=True)
-            stop.wait()
+    with (
+        tempfile.TemporaryDirectory(prefix="nemo-gym-") as tmp,
+        nemo_gym_server(args.port, Path(tmp)) as url,
+    ):
+        print(f"NeMo Gym {SERVER} at {url} (Ctrl-C stops it)", flush=True)
+        stop.wait()
 
 
 if __name__ == "__main__":

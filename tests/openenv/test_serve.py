@@ -73,7 +73,7 @@ async def test_an_openenv_client_cannot_reach_endpoints_that_are_not_tools() -> 
             await env.step({"tool": "lookup", "arguments": {}, "smuggled": 1})
         done = await env.step({"answer": "no idea"})
         assert done.done and done.reward == 0.0
-        with pytest.raises(RuntimeError, match="reset first.*EXECUTION_ERROR"):
+        with pytest.raises(RuntimeError, match=r"reset first.*EXECUTION_ERROR"):
             await env.step({"answer": "again, to score twice"})
 
 
