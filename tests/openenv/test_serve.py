@@ -109,3 +109,39 @@ def test_the_sync_client_works_too() -> None:
             assert env.step({"answer": rows()[0]["expected_answer"]}).reward == 1.0
 
     asyncio.run(main())
+
+
+def test_the_serve_openenv_command_serves_a_configs_environment(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    config = LOOKUP_ROWS.parents[1] / "config.yaml"
+    url_file = tmp_path / "url"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollgym", "serve-openenv", str(config), "--env", "lookup",
+         "--port", "0", "--max-sessions", "2", "--write-url", str(url_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not url_file.exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "serve-openenv did not come up within 60 s"
+            time.sleep(0.1)
+        url = url_file.read_text()
+
+        def play() -> float:
+            with client(url).sync() as env:
+                first = env.reset(task_index=0)  # collect.input of the config: lookup's rows
+                assert "Brackenholt" in str(first.observation["prompt"])
+                env.step({"tool": "lookup", "arguments": {"key": "Brackenholt"}})
+                return float(env.step({"answer": rows()[0]["expected_answer"]}).reward)
+
+        assert play() == 1.0
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, out
+    assert b"OpenEnv environment 'lookup' (" in out
+    assert not url_file.exists()  # removed on the way out: no stale URL
