@@ -187,6 +187,8 @@ def session_cookie(session_id: str) -> str:
 # Its names, as its server (``openenv.core.env_server.http_server``) and client (``EnvClient``)
 # use them: a session is one WebSocket on ``/ws``; each message is ``{"type", "data"}``.
 
+OPENENV_FEATURE = "openenv"
+"""What ``impl: openenv`` (``rollgym.openenv.host``) lists among its ``/health`` features."""
 OPENENV_WS_PATH = "/ws"
 OPENENV_SCHEMA_PATH = "/schema"
 OPENENV_RESET = "reset"
@@ -250,6 +252,7 @@ __all__ = [
     "OPENENV_ERROR",
     "OPENENV_EXECUTION_ERROR",
     "OPENENV_FACTORY_ERROR",
+    "OPENENV_FEATURE",
     "OPENENV_OBSERVATION",
     "OPENENV_RESET",
     "OPENENV_SCHEMA_PATH",

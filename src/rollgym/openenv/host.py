@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 from typing import Any
 
 from pydantic import Field
 from starlette.routing import BaseRoute, Mount
+from starlette.types import Message, Receive, Scope, Send
 
 from rollgym.errors import ConfigError
 from rollgym.server.base import BaseServer, ServerContext
+from rollgym.wire import OPENENV_FEATURE
+
+log = logging.getLogger("rollgym.server")
 
 
 class OpenEnvHost(BaseServer):
@@ -44,7 +49,10 @@ class OpenEnvHost(BaseServer):
         self.app = load_app(self.options.app, where=f"servers.{self.name}.options.app")
 
     def routes(self) -> list[BaseRoute]:
-        return [Mount("/", app=self.app)]
+        return [Mount("/", app=_Guard(self.app, self.name))]
+
+    def features(self) -> list[str]:
+        return [OPENENV_FEATURE]
 
     async def startup(self) -> None:
         for hook in getattr(getattr(self.app, "router", None), "on_startup", ()):
@@ -54,6 +62,35 @@ class OpenEnvHost(BaseServer):
         for hook in getattr(getattr(self.app, "router", None), "on_shutdown", ()):
             await _call(hook)
         await super().shutdown()
+
+
+class _Guard:
+    """The mounted app, except that an exception it raises after it has answered (FastAPI
+    answers 500 and then raises again) stops there: rollgym's own error handler would start a
+    second answer on the same connection, and the client would see the connection reset."""
+
+    def __init__(self, app: Any, server: str) -> None:
+        self.app, self.server = app, server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] in ("http.response.start", "websocket.accept")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            if not started:
+                raise  # nothing answered yet: rollgym's uniform error body (500)
+            log.warning(
+                "%s: the OpenEnv app failed after answering %s",
+                self.server,
+                scope.get("path"),
+                exc_info=True,
+            )
 
 
 def load_app(path: str, *, where: str) -> Any:
