@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("openenv.core", reason="needs openenv-core (the dev extra)")
 
-from rollgym.check import check_env  # noqa: E402
-from rollgym.config import load_config  # noqa: E402
-from rollgym.errors import ConfigError  # noqa: E402
-from rollgym.openenv.host import OpenEnvHost  # noqa: E402
-from rollgym.testing import serve_server  # noqa: E402
+from rollgym.check import check_env
+from rollgym.config import load_config
+from rollgym.errors import ConfigError
+from rollgym.openenv.host import OpenEnvHost
+from rollgym.testing import serve_server
 
 pytestmark = pytest.mark.timeout(120)
 
