@@ -34,7 +34,8 @@ def echo_classes() -> tuple[Any, Any, Any]:
 
 
 def faulty_echo() -> Any:
-    """The echo environment, except that the message ``boom`` raises and ``hang`` blocks."""
+    """The echo environment, except that the message ``boom`` raises, ``hang`` blocks, and
+    ``count`` is rewarded with the number of steps of its own session so far."""
     env_cls, _, _ = echo_classes()
 
     class FaultyEcho(env_cls):  # type: ignore[misc,valid-type]
@@ -43,7 +44,10 @@ def faulty_echo() -> Any:
                 raise RuntimeError("the echo environment broke on purpose")
             if action.message == "hang":
                 RELEASE.wait(30)  # bounded: a test's teardown sets it
-            return super().step(action)
+            result = super().step(action)
+            if action.message == "count":
+                result.reward = float(self._state.step_count)
+            return result
 
     return FaultyEcho
 

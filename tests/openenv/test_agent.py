@@ -161,6 +161,14 @@ async def test_max_sessions_queues_rollouts_instead_of_overfilling_the_server() 
     ]
 
 
+async def test_concurrent_rollouts_never_share_a_session() -> None:
+    # "count" is rewarded with the steps of its own session: shared sessions would count higher.
+    rows = [script_row(acts("count", "count", "count"), task_index=i) for i in range(6)]
+    async with agent_stack(echo_app(max_concurrent_envs=6, env=faulty_echo())) as stack:
+        answers = await asyncio.gather(*(stack.run(row) for row in rows))
+    assert [body.get("step_rewards") for _, body in answers] == [[1.0, 2.0, 3.0]] * 6, answers
+
+
 async def test_a_crashing_step_is_the_environment_servers_failure() -> None:
     async with agent_stack(echo_app(env=faulty_echo())) as stack:
         status, body = await stack.run(script_row(acts("fine", "boom")))
