@@ -90,7 +90,9 @@ class OpenEnvAgent(AgentServer):
         self._tool: dict[str, Any] | None = None
 
     async def shutdown(self) -> None:
-        await self._http.close()
+        http = getattr(self, "_http", None)  # None: the server never started
+        if http is not None:
+            await http.close()
         await super().shutdown()
 
     async def run(self, row: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
