@@ -106,6 +106,7 @@ async def test_a_socket_dropped_before_the_first_step_reconnects_to_a_new_sessio
     assert status == 200, body
     assert r.dropped == 1 and r.connections == 2
     assert body["session_attempts"] == 2
+    assert body["rollgym_timing"]["retries"] == {"seed": 1}  # in the report's retry counts
     assert body["step_rewards"] == echo_rewards(messages)  # a fresh episode, played whole
 
 

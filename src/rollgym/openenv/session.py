@@ -33,6 +33,7 @@ from rollgym.errors import ConnectError, DeadlineExceeded, ProtocolError, Rollgy
 from rollgym.http import Target
 from rollgym.http.classify import classify
 from rollgym.openenv import translate
+from rollgym.server.agent import count_attempt
 from rollgym.wire import (
     OPENENV_CLOSE,
     OPENENV_ERROR,
@@ -100,11 +101,17 @@ class OpenEnvSession:
         attempt = 0
         while True:
             attempt += 1
-            left = policy.deadline - (time.monotonic() - started)
+            sent = time.monotonic()
+            left = policy.deadline - (sent - started)
             try:
                 async with asyncio.timeout(max(left, 0.0)):
-                    await self._connect()
-                    answer = await self._exchange(OPENENV_RESET, reset, RESET_ENDPOINT)
+                    try:
+                        await self._connect()
+                        answer = await self._exchange(OPENENV_RESET, reset, RESET_ENDPOINT)
+                    finally:
+                        # Each socket is one attempt of the hop timing it (the rollout's
+                        # ``rollgym_timing``: its retries and its wait between them).
+                        count_attempt(time.monotonic() - sent)
                 if isinstance(answer, Refused):
                     raise ProtocolError(
                         f"{self.server} refused the reset: {answer.message}",
