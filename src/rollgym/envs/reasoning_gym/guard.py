@@ -54,6 +54,13 @@ EVAL_NOT_ON_ANSWER = {
 }
 """Modules that evaluate code, but never the model's answer (read from 0.1.25's source)."""
 
+BROKEN = {
+    "game_of_life_halting": "its score_answer compares bool(answer) with bool(entry['answer']), "
+    "and both are non-empty strings: every non-empty answer scores 1.0",
+}
+"""Datasets whose scorer gives rewards that measure nothing: no row of theirs is made, and a
+row of theirs is refused by verify (a wrong reward is worse than none)."""
+
 FUNCTIONS = frozenset(
     {"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "acot", "sinh", "cosh",
      "tanh", "asinh", "acosh", "atanh", "exp", "log", "ln", "sqrt", "pi", "oo"}

@@ -78,6 +78,8 @@ def _problem(value: Any) -> str | None:
     """Why ``value`` is no score (None if it is one)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return f"score_answer returned {type(value).__name__} {value!r:.60}, not a number"
+    # Not even 1.0000000000000002 is clamped: spell_backward sums 1/len per matching letter,
+    # so the reference followed by junk comes out there, missing the penalty it meant to take.
     if not math.isfinite(float(value)) or not 0.0 <= float(value) <= 1.0:
         return f"score_answer returned {value!r}, outside [0, 1]"
     return None

@@ -158,6 +158,11 @@ class ReasoningGymEnv(ResourcesServer):
                 + (f" (did you mean {near[0]!r}?)" if near else ""),
                 status=422,
             )
+        if dataset in guard.BROKEN:
+            raise InvalidRequest(
+                f"reasoning_gym task: {dataset} is not scored: {guard.BROKEN[dataset]}",
+                status=422,
+            )
         config = carried.get("config", {})
         if not isinstance(config, dict) or not isinstance(task.get("question"), str):
             raise InvalidRequest(
