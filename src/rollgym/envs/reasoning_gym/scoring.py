@@ -2,7 +2,8 @@
 entry. Kept apart from the server so a worker imports only this (and reasoning-gym, which the
 server's own process never needs).
 
-A dataset's scorer is built once per worker for each (dataset, config): some read data files
+reasoning-gym is imported, and ``guard.install`` run, when a worker imports this module. A
+dataset's scorer is built once per worker for each (dataset, config): some read data files
 when built (codeio, arc_agi). Its ``score_answer`` is called on the answer; if that raises,
 once more on the entry's reference answer (None when it has none), to say whose fault it was:
 an entry whose reference makes the scorer raise too is broken, an answer that alone does is
@@ -18,8 +19,14 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import reasoning_gym
+
 from rollgym.envs.reasoning_gym import guard
 from rollgym.envs.reasoning_gym.carry import restore
+
+# On import: the pool's warm-up imports this module in each worker before its first score, so
+# neither reasoning-gym's import (a second or more) nor the guard counts against a deadline.
+guard.install()
 
 ERROR_CHARS = 300
 
@@ -37,14 +44,7 @@ class Scored:
 
 
 @cache
-def _guarded() -> None:
-    guard.install()
-
-
-@cache
 def _scorer(dataset: str, config_json: str) -> Any:
-    import reasoning_gym
-
     config: dict[str, Any] = json.loads(config_json)
     # size and seed choose which entries a dataset makes; a score reads only its entry.
     return reasoning_gym.create_dataset(dataset, **{"size": 1, "seed": 0, **config})
@@ -54,7 +54,6 @@ def score_entry(
     dataset: str, config_json: str, plain: dict[str, Any], patches: list[Any], answer: str
 ) -> Scored:
     """``dataset``'s score of ``answer`` for the entry ``plain`` + ``patches`` describe."""
-    _guarded()
     scorer = _scorer(dataset, config_json)
     entry = restore(plain, patches)
     try:
