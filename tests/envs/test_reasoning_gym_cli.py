@@ -39,7 +39,8 @@ def test_the_same_arguments_write_the_same_bytes(tmp_path: Path) -> None:
     a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
     assert rollgym("tasks", "reasoning-gym", *args, "--seed", "5", "-o", a).returncode == 0
     assert rollgym("tasks", "reasoning-gym", *args, "--seed", "5", "-o", b).returncode == 0
-    assert rollgym("tasks", "reasoning-gym", *args, "--seed", "6", "-o", c).returncode == 0
+    done = rollgym("tasks", "reasoning-gym", *args, "--seed", "6", "--agent", "rg", "-o", c)
+    assert done.returncode == 0
     assert a.read_bytes() == b.read_bytes() != c.read_bytes()
     rows = [json.loads(line) for line in a.read_text().splitlines()]
     names = [r["reasoning_gym"]["dataset"] for r in rows]
@@ -49,6 +50,8 @@ def test_the_same_arguments_write_the_same_bytes(tmp_path: Path) -> None:
     prompt = first["responses_create_params"]["input"]
     assert "<answer>" in prompt[0]["content"] and prompt[1]["content"] == first["question"]
     assert not list(tmp_path.glob("*.partial"))
+    assert "agent_ref" not in first
+    assert all(json.loads(line)["agent_ref"] == {"name": "rg"} for line in c.open())
 
 
 def test_the_bundled_example_is_what_the_command_makes(tmp_path: Path) -> None:

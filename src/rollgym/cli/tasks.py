@@ -77,6 +77,13 @@ def register(app: typer.Typer) -> None:
                 "with impl: scripted, which is no language model.",
             ),
         ] = False,
+        agent: Annotated[
+            str | None,
+            typer.Option(
+                help="Set each row's agent_ref.name: a run with several agents (and "
+                "environments) routes each row to the agent it names."
+            ),
+        ] = None,
         list_: Annotated[
             bool, typer.Option("--list", help="List the registered datasets and exit.")
         ] = False,
@@ -94,7 +101,9 @@ def register(app: typer.Typer) -> None:
             raise ConfigError("--output: name the task file to write")
         choices = _choices(dataset, config or [])
         prompt = rg.PROMPT if system_prompt else None
-        written = rg.write_rows(output, choices, size, seed, prompt=prompt, scripted=scripted)
+        written = rg.write_rows(
+            output, choices, size, seed, prompt=prompt, scripted=scripted, agent=agent
+        )
         mix = ", ".join(
             f"{c.name} {n}" for c, n in zip(choices, rg.counts(choices, size), strict=True)
         )

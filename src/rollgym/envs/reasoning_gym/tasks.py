@@ -129,9 +129,11 @@ def make_rows(
     *,
     prompt: str | None = PROMPT,
     scripted: bool = False,
+    agent: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """``size`` rows of ``choices``; ``scripted`` adds a scripted-model script (the reference
-    answer and a wrong one) and ``rollgym_check`` answers, for demos and tests."""
+    answer and a wrong one) and ``rollgym_check`` answers, for demos and tests; ``agent`` sets
+    each row's ``agent_ref`` (a run of several agents routes rows by it)."""
     import reasoning_gym
 
     made = version()
@@ -152,7 +154,8 @@ def make_rows(
             raise ConfigError(
                 f"{choice.name} entry {i} cannot be carried in a row: {exc}"
             ) from None
-        yield row_of(choice, plain, patches, made, prompt=prompt, scripted=scripted)
+        row = row_of(choice, plain, patches, made, prompt=prompt, scripted=scripted)
+        yield {"agent_ref": {"name": agent}, **row} if agent else row
 
 
 def row_of(
@@ -191,10 +194,11 @@ def write_rows(
     *,
     prompt: str | None = PROMPT,
     scripted: bool = False,
+    agent: str | None = None,
 ) -> int:
     """Write ``make_rows`` to ``output`` (whole or not at all) from a process whose string
     hashes are seeded by ``HASH_SEED``; the number of rows."""
-    args = (output, choices, size, seed, prompt, scripted)
+    args = (output, choices, size, seed, prompt, scripted, agent)
     if os.environ.get("PYTHONHASHSEED") == HASH_SEED:
         return _write(*args)
     before = os.environ.get("PYTHONHASHSEED")
@@ -219,12 +223,13 @@ def _write(
     seed: int,
     prompt: str | None,
     scripted: bool,
+    agent: str | None,
 ) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")
     count = 0
     with partial.open("w", encoding="utf-8") as fh:
-        for row in make_rows(choices, size, seed, prompt=prompt, scripted=scripted):
+        for row in make_rows(choices, size, seed, prompt=prompt, scripted=scripted, agent=agent):
             fh.write(dump_row(row) + "\n")
             count += 1
     os.replace(partial, output)  # a reader never sees half a file
