@@ -2,7 +2,7 @@
 rows made by ``make_rows`` (so carried through JSON), scored over HTTP by a served
 ``ReasoningGymEnv`` with its CPU pool. For each: the reference answer scores 1.0, a wrong one
 less, and adversarial answers (the question itself, the reference twice, nested tags, a
-zero-width character) less, except where listed below with the reason. Three rows a dataset:
+zero-width character, a hedge of a wrong answer and the reference) less, except where listed below with the reason. Three rows a dataset:
 about 5 s to make them and 12 s to verify them on an idle 2-core machine.
 """
 
@@ -69,6 +69,14 @@ LENIENT: dict[tuple[str, str], str] = {
     ("sokoban", "zero_width"): "keeps only the move letters",
     ("time_intervals", "twice"): "reads the first duration",
     ("tower_of_hanoi", "nested"): "reads the move lines, ignores others",
+    # "I do not know, or <reference>": the same leniency; none of these takes a list of every
+    # option (knights_knaves scores "A is a knight, A is a knave, ..." 0).
+    ("gsm_symbolic", "hedge"): "reads the number",
+    ("kakurasu", "hedge"): "reads the grid's digits",
+    ("knights_knaves", "hedge"): "reads each person's verdict",
+    ("quantum_lock", "hedge"): "keeps only the button letters",
+    ("sokoban", "hedge"): "keeps only the move letters",
+    ("survo", "hedge"): "reads the grid's numbers",
 }
 
 MASKED: dict[tuple[str, str], str] = {
@@ -78,6 +86,7 @@ MASKED: dict[tuple[str, str], str] = {
     ("prime_factorization", "twice"): "int() of '433 2' (factors split on ' x ')",
     ("prime_factorization", "nested"): "int() of '<answer>2'",
     ("prime_factorization", "zero_width"): "int() of a factor with U+200B in it",
+    ("prime_factorization", "hedge"): "int() of 'I do not know, or 2'",
     # The reference followed by junk sums 1/len per matching letter to 1.0000000000000002,
     # which misses the scorer's `== 1.0` penalty: out of [0, 1], no measurement.
     ("spell_backward", "twice"): "score 1.0000000000000002, outside [0, 1]",
@@ -90,6 +99,8 @@ def _adversarial(row: dict[str, Any], reference: str | None) -> dict[str, str]:
         out["twice"] = f"<answer>{reference} {reference}x</answer>"
         out["nested"] = f"<answer><answer>{reference}</answer></answer>"
         out["zero_width"] = f"<answer>{reference[:1]}\u200b{reference[1:]}</answer>"
+        # every option at once: a wrong one, then the reference
+        out["hedge"] = f"<answer>I do not know, or {reference}</answer>"
     return out
 
 
@@ -174,8 +185,8 @@ async def test_reference_scores_one_and_wrong_answers_less(
                 elif body["reward"] >= 1.0:
                     found_lenient.add((name, kind))
     assert not problems, "\n".join(problems)
-    assert found_lenient == set(LENIENT), "lenient scorers changed"
-    assert found_masked == set(MASKED), "scorers that raise changed"
+    assert found_lenient == set(LENIENT), sorted(found_lenient ^ set(LENIENT))
+    assert found_masked == set(MASKED), sorted(found_masked ^ set(MASKED))
 
 
 async def test_arc_boards_score_one_only_with_their_types_restored(
