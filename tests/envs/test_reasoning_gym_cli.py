@@ -112,7 +112,7 @@ async def test_rollgym_check_passes_on_the_bundled_config() -> None:
     assert report.ok, [f for f in report.findings if not f.ok]
 
 
-def test_rollgym_run_and_report_on_the_bundled_config(tmp_path: Path) -> None:
+def test_rollgym_run_report_and_reverify_on_the_bundled_config(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = rollgym("run", CONFIG, "--output", out)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -128,3 +128,8 @@ def test_rollgym_run_and_report_on_the_bundled_config(tmp_path: Path) -> None:
     done = rollgym("report", out)
     assert done.returncode == 0, done.stderr
     assert (out / "report.html").stat().st_size > 0
+    again = tmp_path / "again"
+    done = rollgym("reverify", out, "--config", CONFIG, "--output", again)
+    assert done.returncode == 0, done.stderr[-2000:]
+    diff = json.loads((again / "reverify_diff.json").read_text())
+    assert json.loads((again / "metrics.json").read_text())["env_metrics"] == env, diff
