@@ -303,3 +303,20 @@ async def test_a_scorer_that_kills_its_worker_alone_is_a_scorer_error(misbehavin
     assert status == 500 and body["error"]["type"] == "scorer_error"
     status, body = await _verify(misbehaving, row, f"<answer>{row['answer']}</answer>")
     assert (status, body["reward"]) == (200, 1.0)
+
+
+async def test_nemo_gym_extraction_falls_back_as_nemo_gym_does() -> None:
+    row = _row("chain_sum")
+    timeout = aiohttp.ClientTimeout(total=60, connect=5)
+    options = {"extraction": "nemo_gym"}
+    async with (
+        serve_server("reasoning_gym", name="rg", options=options) as (url, _),
+        aiohttp.ClientSession(timeout=timeout) as http,
+    ):
+        env = (url, http)
+        status, body = await _verify(env, row, f"So: \\boxed{{{row['answer']}}}")
+        assert (status, body["reward"]) == (200, 1.0)
+        status, body = await _verify(env, row, f" {row['answer']} ")
+        assert (status, body["reward"]) == (200, 1.0)  # the whole reply
+        status, body = await _verify(env, row, f"<answer>{row['answer']}x</answer> \\boxed{{1}}")
+        assert body["reward"] < 1.0  # a block, when there is one, is the answer

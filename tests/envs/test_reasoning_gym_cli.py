@@ -133,3 +133,24 @@ def test_rollgym_run_report_and_reverify_on_the_bundled_config(tmp_path: Path) -
     assert done.returncode == 0, done.stderr[-2000:]
     diff = json.loads((again / "reverify_diff.json").read_text())
     assert json.loads((again / "metrics.json").read_text())["env_metrics"] == env, diff
+
+
+def test_a_run_with_answers_the_scorer_cannot_read_masks_them(tmp_path: Path) -> None:
+    """prime_factorization's scorer raises on the scripted wrong answer (words, no factors):
+    those rollouts are recorded and masked, out of the reward mean and the dataset's mean."""
+    rows = tmp_path / "rows.jsonl"
+    made = rollgym("tasks", "reasoning-gym", "--dataset", "prime_factorization", "--size", "3",
+                   "--scripted", "--output", rows)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG.read_text().replace("data/example.jsonl", str(rows)))
+    out = tmp_path / "out"
+    done = rollgym("run", config, "--output", out)
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["counts"]["failed"] == 0
+    coverage = metrics["coverage"]
+    assert coverage["masked_rollouts"] > 0 and coverage["measured_rollouts"] > 0
+    assert coverage["masked_rollouts"] + coverage["measured_rollouts"] == 12
+    assert metrics["reward"]["mean"] == 1.0  # the measured ones are the references
+    assert metrics["env_metrics"]["prime_factorization/reward"] == 1.0
