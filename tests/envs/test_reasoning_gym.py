@@ -261,6 +261,11 @@ async def test_a_huge_answer_is_refused_before_the_scorer(env: Any) -> None:
         ({"reasoning_gym": {"dataset": "game_of_life_halting"}}, "every non-empty answer"),
         ({"reasoning_gym": {"dataset": "chain_sum", "restore": [[["nope"], "tuple"]]}}, "nope"),
         ({"reasoning_gym": {"dataset": "chain_sum", "config": []}}, "config"),
+        ({"reasoning_gym": {"dataset": "chain_sum", "config": {"min_term": 2}}}, "'min_terms'"),
+        (
+            {"reasoning_gym": {"dataset": "chain_sum", "config": {"min_terms": 9, "max_terms": 1}}},
+            "refuses config",
+        ),
         ({"reasoning_gym": "chain_sum"}, "metadata"),
         ({"metadata": None}, "metadata"),
         ({"reasoning_gym": {}, "metadata": {}}, "names no dataset"),

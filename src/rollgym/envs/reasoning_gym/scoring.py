@@ -53,8 +53,14 @@ def _scorer(dataset: str, config_json: str) -> Any:
 def score_entry(
     dataset: str, config_json: str, plain: dict[str, Any], patches: list[Any], answer: str
 ) -> Scored:
-    """``dataset``'s score of ``answer`` for the entry ``plain`` + ``patches`` describe."""
-    scorer = _scorer(dataset, config_json)
+    """``dataset``'s score of ``answer`` for the entry ``plain`` + ``patches`` describe. A
+    scorer that cannot be built is the row's problem (``entry_error``), as one that raises on
+    the row's own reference."""
+    try:
+        scorer = _scorer(dataset, config_json)
+    except Exception as exc:  # the server checked the config; its __init__ may still refuse
+        unbuilt = f"building {dataset}'s scorer: {_describe(exc)}"
+        return Scored(score=None, error=unbuilt, entry_error=unbuilt)
     entry = restore(plain, patches)
     try:
         value = scorer.score_answer(answer, entry)

@@ -69,6 +69,7 @@ def registry() -> dict[str, tuple[type, type]]:
     return {name: pair for name, pair in DATASETS.items() if name != "composite"}
 
 
+@cache
 def version() -> str:
     from importlib.metadata import version as installed
 
