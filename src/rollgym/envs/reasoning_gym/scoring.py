@@ -16,7 +16,7 @@ import json
 import math
 import numbers
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 from typing import Any
 
 import reasoning_gym
@@ -43,7 +43,7 @@ class Scored:
     lost: bool = False  # no score because its worker died (set by the server)
 
 
-@cache
+@lru_cache(maxsize=64)  # rows choose the configs: bounded, whatever a task file holds
 def _scorer(dataset: str, config_json: str) -> Any:
     config: dict[str, Any] = json.loads(config_json)
     # size and seed choose which entries a dataset makes; a score reads only its entry.
