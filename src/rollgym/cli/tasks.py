@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -78,6 +77,13 @@ def register(app: typer.Typer) -> None:
                 "with impl: scripted, which is no language model.",
             ),
         ] = False,
+        agent: Annotated[
+            str | None,
+            typer.Option(
+                help="Set each row's agent_ref.name: a run with several agents (and "
+                "environments) routes each row to the agent it names."
+            ),
+        ] = None,
         list_: Annotated[
             bool, typer.Option("--list", help="List the registered datasets and exit.")
         ] = False,
@@ -95,17 +101,13 @@ def register(app: typer.Typer) -> None:
             raise ConfigError("--output: name the task file to write")
         choices = _choices(dataset, config or [])
         prompt = rg.PROMPT if system_prompt else None
-        rows = list(rg.make_rows(choices, size, seed, prompt=prompt, scripted=scripted))
-        output.parent.mkdir(parents=True, exist_ok=True)
-        partial = output.with_name(output.name + ".partial")
-        with partial.open("w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(rg.dump_row(row) + "\n")
-        os.replace(partial, output)  # a reader never sees half a file
+        written = rg.write_rows(
+            output, choices, size, seed, prompt=prompt, scripted=scripted, agent=agent
+        )
         mix = ", ".join(
             f"{c.name} {n}" for c, n in zip(choices, rg.counts(choices, size), strict=True)
         )
-        print(f"wrote {len(rows)} rows to {output} ({mix})", file=sys.stderr)
+        print(f"wrote {written} rows to {output} ({mix})", file=sys.stderr)
 
 
 def _choices(datasets: list[str], configs: list[str]) -> list[DatasetChoice]:

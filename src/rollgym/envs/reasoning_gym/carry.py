@@ -21,6 +21,7 @@ value). A value JSON cannot hold at all (a float NaN, a set, an object) is refus
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 Path = list[str | int]
@@ -75,9 +76,9 @@ def _plain(value: Any, path: Path, patches: list[Patch]) -> Any:
         return value
     if isinstance(value, str):
         return str(value)  # numpy.str_ too
-    if isinstance(value, int):
+    if isinstance(value, numbers.Integral):  # numpy's integers too
         return int(value)
-    if isinstance(value, float):
+    if isinstance(value, numbers.Real):
         if not math.isfinite(value):
             raise NotCarried(f"{_where(path)}: {value!r} has no JSON form")
         return float(value)

@@ -11,8 +11,10 @@ patch the scorer so that every later answer it scores earns 1.0. An answer
 - ``eval`` is replaced, in those four modules only, by ``ast.literal_eval``: a Python literal is
   all the scorers meant to read (``"['a', 'b']"``), and a literal runs no code.
 - A sympy-parsed answer must be an arithmetic expression: digits, letters, ``+-*/^().,=`` and
-  spaces, names only single letters or functions of ``FUNCTIONS``, and no ``.`` before a letter
-  (attribute access). Any other answer is refused before the scorer sees it (``screen``).
+  spaces, names only single letters or functions of ``FUNCTIONS``, no ``.`` before a letter
+  (attribute access), and every exponent a number of at most 3 digits or such a fraction in
+  parentheses, not itself raised to a power (``9**9**9`` would hang sympy). Any other answer
+  is refused before the scorer sees it (``screen``).
 
 ``tests/envs/test_reasoning_gym_sweep.py`` fails when a dataset module of the installed version
 calls ``eval``/``exec``/``parse_expr`` and is not listed here or in ``EVAL_NOT_ON_ANSWER``: a
@@ -54,6 +56,13 @@ EVAL_NOT_ON_ANSWER = {
 }
 """Modules that evaluate code, but never the model's answer (read from 0.1.25's source)."""
 
+BROKEN = {
+    "game_of_life_halting": "its score_answer compares bool(answer) with bool(entry['answer']), "
+    "and both are non-empty strings: every non-empty answer scores 1.0",
+}
+"""Datasets whose scorer gives rewards that measure nothing: no row of theirs is made, and a
+row of theirs is refused by verify (a wrong reward is worse than none)."""
+
 FUNCTIONS = frozenset(
     {"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "acot", "sinh", "cosh",
      "tanh", "asinh", "acosh", "atanh", "exp", "log", "ln", "sqrt", "pi", "oo"}
@@ -61,6 +70,10 @@ FUNCTIONS = frozenset(
 _ALLOWED_CHARS = re.compile(r"[A-Za-z0-9\s+\-*/^().,=]*")
 _NAME = re.compile(r"[A-Za-z]+")
 _ATTRIBUTE = re.compile(r"\.\s*[A-Za-z]")
+_POWER = re.compile(r"\*\*|\^")
+_SMALL_EXPONENT = re.compile(
+    r"\s*(\d{1,3}(?![\d.])|\(\s*-?\d{1,3}\s*(/\s*\d{1,3}\s*)?\))(?!\s*(\*\*|\^))"
+)
 
 
 def screen(dataset: str, answer: str) -> bool:
@@ -69,6 +82,11 @@ def screen(dataset: str, answer: str) -> bool:
     if dataset not in SYMPY_PARSED:
         return True
     if not _ALLOWED_CHARS.fullmatch(answer) or _ATTRIBUTE.search(answer):
+        return False
+    # sympy computes a power of numbers exactly: 9**9**9 would run past any deadline (and a
+    # failed score counts toward the run's failure budget). References use exponents like
+    # 3 and (3/2).
+    if any(not _SMALL_EXPONENT.match(answer, m.end()) for m in _POWER.finditer(answer)):
         return False
     return all(len(name) == 1 or name in FUNCTIONS for name in _NAME.findall(answer))
 

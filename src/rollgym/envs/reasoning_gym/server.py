@@ -43,9 +43,9 @@ from rollgym.envs.reasoning_gym import guard
 from rollgym.envs.reasoning_gym.carry import restore
 from rollgym.envs.reasoning_gym.extract import Extraction, extract
 from rollgym.envs.reasoning_gym.scoring import Scored, score_entry
-from rollgym.envs.reasoning_gym.tasks import ROW_FIELD, registry, version
+from rollgym.envs.reasoning_gym.tasks import ROW_FIELD, check_config, registry, version
 from rollgym.envs.rows import mean_field
-from rollgym.errors import InvalidRequest, ScorerError
+from rollgym.errors import ConfigError, InvalidRequest, ScorerError
 from rollgym.protocol import output_text
 from rollgym.server.resources import ResourcesServer, Session
 from rollgym.wire import MASK_SAMPLE
@@ -158,12 +158,21 @@ class ReasoningGymEnv(ResourcesServer):
                 + (f" (did you mean {near[0]!r}?)" if near else ""),
                 status=422,
             )
+        if dataset in guard.BROKEN:
+            raise InvalidRequest(
+                f"reasoning_gym task: {dataset} is not scored: {guard.BROKEN[dataset]}",
+                status=422,
+            )
         config = carried.get("config", {})
         if not isinstance(config, dict) or not isinstance(task.get("question"), str):
             raise InvalidRequest(
                 f"reasoning_gym task: {ROW_FIELD}.config must be an object and 'question' text",
                 status=422,
             )
+        try:
+            check_config(dataset, config, f"reasoning_gym task: {ROW_FIELD}.config")
+        except ConfigError as exc:
+            raise InvalidRequest(exc.message, status=422) from None
         plain: dict[str, Any] = {
             k: task[k] for k in ("question", "answer", "metadata") if k in task
         }

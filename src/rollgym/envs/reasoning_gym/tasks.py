@@ -3,7 +3,11 @@
 ``make_rows`` draws ``size`` rows from several datasets in proportion to their weights
 (largest remainders, so the counts are exact and do not depend on chance), each dataset made
 by reasoning-gym with the run's seed, then shuffles them with that seed. The same arguments on
-the same installed version give the same rows, byte for byte (``dump_row``).
+the same installed version give the same rows, byte for byte (``dump_row``), in one process.
+Across processes five datasets of 0.1.25 differ (isomorphic_strings, knight_swap,
+polynomial_multiplication, ransom_note, word_ladder: they iterate sets of strings, whose order
+follows the process's hash seed), so ``write_rows`` makes a file in a child process whose
+``PYTHONHASHSEED`` is ``HASH_SEED``.
 
 A row is NeMo Gym-shaped (``responses_create_params`` with the prompt) and carries the entry as
 NeMo Gym's reasoning_gym rows do (``question``, ``answer``, ``metadata``), plus ``reasoning_gym``:
@@ -16,12 +20,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import multiprocessing
+import os
 import random
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
+from rollgym.envs.reasoning_gym import guard
 from rollgym.envs.reasoning_gym.carry import NotCarried, carry
 from rollgym.errors import ConfigError
 
@@ -60,6 +69,7 @@ def registry() -> dict[str, tuple[type, type]]:
     return {name: pair for name, pair in DATASETS.items() if name != "composite"}
 
 
+@cache
 def version() -> str:
     from importlib.metadata import version as installed
 
@@ -69,6 +79,8 @@ def version() -> str:
 def check_name(name: str, where: str) -> None:
     """``name`` is a registered dataset; else a ``ConfigError`` suggesting the nearest."""
     names = registry()
+    if name in guard.BROKEN:
+        raise ConfigError(f"{where}: {name} is not offered: {guard.BROKEN[name]}")
     if name in names:
         return
     near = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
@@ -118,9 +130,11 @@ def make_rows(
     *,
     prompt: str | None = PROMPT,
     scripted: bool = False,
+    agent: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """``size`` rows of ``choices``; ``scripted`` adds a scripted-model script (the reference
-    answer and a wrong one) and ``rollgym_check`` answers, for demos and tests."""
+    answer and a wrong one) and ``rollgym_check`` answers, for demos and tests; ``agent`` sets
+    each row's ``agent_ref`` (a run of several agents routes rows by it)."""
     import reasoning_gym
 
     made = version()
@@ -141,7 +155,8 @@ def make_rows(
             raise ConfigError(
                 f"{choice.name} entry {i} cannot be carried in a row: {exc}"
             ) from None
-        yield row_of(choice, plain, patches, made, prompt=prompt, scripted=scripted)
+        row = row_of(choice, plain, patches, made, prompt=prompt, scripted=scripted)
+        yield {"agent_ref": {"name": agent}, **row} if agent else row
 
 
 def row_of(
@@ -167,6 +182,59 @@ def row_of(
         params["metadata"] = {"rollgym_script": json.dumps([{"say": say}])}
         row["rollgym_check"] = {"reference": good, "wrong": WRONG_ANSWER}
     return row
+
+
+HASH_SEED = "0"
+
+
+def write_rows(
+    output: Path,
+    choices: list[DatasetChoice],
+    size: int,
+    seed: int,
+    *,
+    prompt: str | None = PROMPT,
+    scripted: bool = False,
+    agent: str | None = None,
+) -> int:
+    """Write ``make_rows`` to ``output`` (whole or not at all) from a process whose string
+    hashes are seeded by ``HASH_SEED``; the number of rows."""
+    args = (output, choices, size, seed, prompt, scripted, agent)
+    if os.environ.get("PYTHONHASHSEED") == HASH_SEED:
+        return _write(*args)
+    before = os.environ.get("PYTHONHASHSEED")
+    # A spawned child starts a new interpreter with this process's environment.
+    os.environ["PYTHONHASHSEED"] = HASH_SEED
+    try:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            written: int = pool.submit(_write, *args).result()
+    finally:
+        if before is None:
+            del os.environ["PYTHONHASHSEED"]
+        else:
+            os.environ["PYTHONHASHSEED"] = before
+    return written
+
+
+def _write(
+    output: Path,
+    choices: list[DatasetChoice],
+    size: int,
+    seed: int,
+    prompt: str | None,
+    scripted: bool,
+    agent: str | None,
+) -> int:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(output.name + ".partial")
+    count = 0
+    with partial.open("w", encoding="utf-8") as fh:
+        for row in make_rows(choices, size, seed, prompt=prompt, scripted=scripted, agent=agent):
+            fh.write(dump_row(row) + "\n")
+            count += 1
+    os.replace(partial, output)  # a reader never sees half a file
+    return count
 
 
 def dump_row(row: dict[str, Any]) -> str:
