@@ -92,6 +92,12 @@ async def test_hostile_actions_are_refused_to_the_model_and_never_applied() -> N
     assert "real" in outputs[3]
 
 
+async def test_a_row_whose_reset_is_not_an_object_is_refused() -> None:
+    async with agent_stack(echo_app()) as stack:
+        status, body = await stack.run(script_row(acts("x"), openenv_reset=["seed", 1]))
+    assert status == 422 and "openenv_reset" in body["error"]["message"], body
+
+
 async def test_a_socket_dropped_before_the_first_step_reconnects_to_a_new_session() -> None:
     messages = ["one", "two"]
     async with (
