@@ -9,6 +9,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
 pytest.importorskip("openenv.core", reason="needs openenv-core (the dev extra)")
 
@@ -60,15 +61,39 @@ def test_a_bad_app_option_names_the_key() -> None:
 async def test_rollgym_check_on_a_mixed_config_checks_each_environments_own_rows(
     tmp_path: Path,
 ) -> None:
+    # The example without NeMo Gym's server, and without reasoning-gym's (whose scorer pool
+    # takes seconds to start): lookup and the OpenEnv environment, each with its agent.
+    data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    for name in ("nemo_tool_call", "nemo_agent", "reasoning_gym", "rg_agent"):
+        del data["servers"][name]
+    data["collect"]["agent"] = "lookup_agent"
     config = tmp_path / "config.yaml"
-    text = (EXAMPLE / "config.yaml").read_text()
-    kept = [line for line in text.splitlines() if "nemo_" not in line]
-    config.write_text("\n".join(kept) + "\n")
-    for name in ("reverse_env.py", "tasks.jsonl"):
-        (tmp_path / name).write_bytes((EXAMPLE / name).read_bytes())
+    config.write_text(yaml.safe_dump(data))
+    (tmp_path / "reverse_env.py").write_bytes((EXAMPLE / "reverse_env.py").read_bytes())
+    rows = [
+        line
+        for line in (EXAMPLE / "tasks.jsonl").read_text().splitlines()
+        if '"agent_ref"' in line and "nemo_agent" not in line
+    ]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(rows) + "\n")
     cfg = load_config(config)
     report = await check_env(cfg, "lookup", log_dir=tmp_path / "logs")
     assert report.ok, report.findings
     assert "verifier discriminates" in [f.check for f in report.findings]
-    report = await check_env(cfg, "reverse", log_dir=tmp_path / "logs2")
+
+
+async def test_rollgym_check_says_an_openenv_server_is_not_its_to_check(
+    beside_example: None,
+) -> None:
+    from rollgym.check import CheckReport, _check, _Env
+    from rollgym.config import parse_config
+
+    cfg = parse_config({"servers": {"reverse": {"kind": "resources", "impl": "openenv"}}})
+    async with (
+        serve_server(OpenEnvHost, name="reverse", options={"app": "reverse_env:app"}) as (url, _),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http,
+    ):
+        report = CheckReport("reverse")
+        await _check(_Env(http, url), "reverse", [], cfg, report)
     assert report.ok and [f.check for f in report.findings] == ["health", "openenv"]
+    assert "not checked" in report.findings[1].detail
