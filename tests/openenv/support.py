@@ -106,17 +106,19 @@ async def agent_stack(
     *,
     env_url: str | None = None,
     retry: dict[str, Any] | None = None,
+    replicas: tuple[str, ...] = (),
     **options: Any,
 ) -> AsyncIterator[Stack]:
     """The scripted model and ``openenv_agent`` playing ``app`` (served here on a real socket),
-    or the OpenEnv server at ``env_url`` (a relay in front of one)."""
+    or the OpenEnv server at ``env_url`` (a relay in front of one); ``replicas``: more URLs of
+    the same server (other OpenEnv servers)."""
     async with AsyncExitStack() as stack:
         model_url, _ = await stack.enter_async_context(serve_server("scripted", name="model"))
         url = env_url or await stack.enter_async_context(serve_asgi(app))
         policy = fast_policy("resources", **(retry or {}))
         peers = {
             "model": Target.single("model", model_url, fast_policy("model")),
-            "echo": Target.single("echo", url, policy),
+            "echo": Target("echo", (url, *replicas), policy),
         }
         opts = {"model": "model", "resources": "echo", "max_steps": 5, **options}
         agent_url, _ = await stack.enter_async_context(

@@ -164,6 +164,25 @@ async def test_a_full_server_is_capacity_reached_after_the_policys_attempts() ->
                 await asyncio.sleep(0.05)
 
 
+async def test_a_full_replica_sends_the_session_to_another() -> None:
+    from openenv.core import GenericEnvClient
+
+    async with serve_asgi(echo_app(max_concurrent_envs=1)) as second:
+        app = echo_app(max_concurrent_envs=1)
+        async with (
+            agent_stack(app, replicas=(second,), retry={"max_attempts": 2}) as stack,
+            GenericEnvClient(base_url=stack.env_url, message_timeout_s=10) as holder,
+        ):
+            await holder.reset()  # the first replica is full
+            # Rollouts 0:0 and 2:0 try the second replica first, 1:0 and 3:0 the full one.
+            for i in range(4):
+                row = script_row(acts("abc"), task_index=i, rollout_index=0)
+                status, body = await stack.run(row)
+                assert status == 200, body
+                assert body["step_rewards"] == echo_rewards(["abc"])
+                assert body["session_attempts"] == (2 if i % 2 else 1)
+
+
 async def test_max_sessions_queues_rollouts_instead_of_overfilling_the_server() -> None:
     rows = [script_row(acts("a" * (i + 1)), task_index=i) for i in range(4)]
     retry = {"max_attempts": 1}  # a refusal would fail at once: none may happen

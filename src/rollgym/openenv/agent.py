@@ -103,7 +103,7 @@ class OpenEnvAgent(AgentServer):
         tools = [] if self.options.text_action else [await self._action_tool(target)]
         started = time.monotonic()
         async with self._slot(target):
-            session = OpenEnvSession(self._http, target)
+            session = OpenEnvSession(self._http, target, ctx.rollout)
             try:
                 first = await ctx.hops.timed("seed", session.open(reset))
                 episode = await self._play(row, ctx, session, first, tools)

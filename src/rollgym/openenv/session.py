@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,11 +80,15 @@ def ws_url(base: str) -> str:
 
 
 class OpenEnvSession:
-    """A session on the OpenEnv server ``target``, over ``http`` (an aiohttp session)."""
+    """A session of rollout ``rollout`` on the OpenEnv server ``target``, over ``http`` (an
+    aiohttp session). With several replicas (each its own OpenEnv server, its own
+    ``max_concurrent_envs``), the rollout's id picks the first one to try and each new socket
+    tries the next: a full or unreachable replica sends the session to another."""
 
-    def __init__(self, http: aiohttp.ClientSession, target: Target) -> None:
+    def __init__(self, http: aiohttp.ClientSession, target: Target, rollout: str = "") -> None:
         self.http, self.target = http, target
-        self.url = ws_url(target.urls[0])
+        self._first = zlib.crc32(rollout.encode()) % len(target.urls)
+        self.url = ws_url(target.urls[self._first])
         self.attempts = 0
         """Sockets opened so far (more than one: it reconnected before its first step)."""
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -101,6 +106,7 @@ class OpenEnvSession:
         attempt = 0
         while True:
             attempt += 1
+            self.url = ws_url(self.target.urls[(self._first + attempt - 1) % len(self.target.urls)])
             sent = time.monotonic()
             left = policy.deadline - (sent - started)
             try:
