@@ -32,9 +32,10 @@ def rows() -> list[dict[str, Any]]:
 
 
 @asynccontextmanager
-async def served(max_envs: int = 4) -> AsyncIterator[str]:
+async def served(max_envs: int = 4, *, rows_too: bool = True) -> AsyncIterator[str]:
     async with serve_server("lookup", name="lookup") as (url, _):
-        app = openenv_app(Target.single("lookup", url), tasks=rows(), max_concurrent_envs=max_envs)
+        target = Target.single("lookup", url)
+        app = openenv_app(target, tasks=rows(), max_concurrent_envs=max_envs, rows=rows_too)
         async with serve_asgi(app) as openenv_url:
             yield openenv_url
 
@@ -75,6 +76,17 @@ async def test_an_openenv_client_cannot_reach_endpoints_that_are_not_tools() -> 
         assert done.done and done.reward == 0.0
         with pytest.raises(RuntimeError, match=r"reset first.*EXECUTION_ERROR"):
             await env.step({"answer": "again, to score twice"})
+
+
+async def test_tasks_only_refuses_a_callers_row_with_its_own_answer_key() -> None:
+    forged = {**rows()[0], "expected_answer": "7"}  # the caller's own answer key
+    async with served(rows_too=False) as url, client(url) as env:
+        with pytest.raises(RuntimeError, match="own tasks only"):
+            await env.reset(**forged)
+    async with served(rows_too=False) as url, client(url) as env:
+        await env.reset(task_index=0)  # a served task: its answer key is the server's
+        await env.step({"tool": "lookup", "arguments": {"key": "Brackenholt"}})
+        assert (await env.step({"answer": "7"})).reward == 0.0
 
 
 async def test_sessions_are_separate_and_capacity_is_openenvs() -> None:

@@ -26,6 +26,14 @@ def register(app: typer.Typer) -> None:
         max_sessions: Annotated[
             int, typer.Option(help="OpenEnv's max_concurrent_envs: sessions at once.")
         ] = 64,
+        tasks_only: Annotated[
+            bool,
+            typer.Option(
+                "--tasks-only",
+                help="reset takes task_index/seed only, no row of the caller's (a row names "
+                "its own expected answer).",
+            ),
+        ] = False,
         write_url: Annotated[
             Path | None, typer.Option(help="Write the OpenEnv server's URL here once it is up.")
         ] = None,
@@ -48,7 +56,9 @@ def register(app: typer.Typer) -> None:
         if server is None or server.kind != "resources":
             known = [n for n, s in cfg.servers.items() if s.kind == "resources"]
             raise ConfigError(f"{config}: --env {env!r} is not a resources server ({known})")
-        runtime.run(_serve(cfg, env, host, port, max_sessions, write_url, startup_timeout))
+        runtime.run(
+            _serve(cfg, env, host, port, max_sessions, tasks_only, write_url, startup_timeout)
+        )
 
 
 def _tasks(cfg: Config) -> list[dict[str, object]]:
@@ -65,6 +75,7 @@ async def _serve(
     host: str,
     port: int,
     max_sessions: int,
+    tasks_only: bool,
     write_url: Path | None,
     timeout: float,
 ) -> None:
@@ -93,7 +104,9 @@ async def _serve(
     try:
         urls = await supervisor.start()
         target = Target(env, tuple(urls[env]), cfg.servers[env].retry)
-        app = openenv_app(target, tasks=tasks, max_concurrent_envs=max_sessions)
+        app = openenv_app(
+            target, tasks=tasks, max_concurrent_envs=max_sessions, rows=not tasks_only
+        )
         sock = bind_socket(host, port)
         url = f"http://{host}:{sock.getsockname()[1]}"
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))

@@ -6,7 +6,8 @@ One OpenEnv session is one rollgym session (``/seed_session``) of its own:
 
 - ``reset(**row)`` with a task row (``responses_create_params`` and the environment's fields),
   or ``reset(task_index=i)`` / ``reset(seed=s)`` picking row ``i`` / ``s mod n`` of the tasks
-  served (``rollgym serve-openenv``'s ``collect.input``). The observation carries the task's
+  served (``rollgym serve-openenv``'s ``collect.input``). A row carries its own answer key, so
+  it is trusted as the trainer's dataset is; ``--tasks-only`` refuses rows. The observation carries the task's
   ``prompt`` (its ``input``) and ``tools`` (the row's, else the server's ``/tools``).
 - ``step({"tool": NAME, "arguments": {...}})`` calls one of those tools in the session; the
   observation's ``output`` is its answer (a tool not offered is refused, never sent: a client
@@ -56,8 +57,10 @@ class RollgymObservation(Observation):  # type: ignore[misc]
 class Link:
     """What every session of one app shares: the rollgym server and its client, the tasks."""
 
-    def __init__(self, target: Target, tasks: list[dict[str, Any]], timeout: float) -> None:
-        self.target, self.tasks, self.timeout = target, tasks, timeout
+    def __init__(
+        self, target: Target, tasks: list[dict[str, Any]], timeout: float, rows: bool = True
+    ) -> None:
+        self.target, self.tasks, self.timeout, self.rows = target, tasks, timeout, rows
         self._client: ResourcesClient | None = None
 
     async def close(self) -> None:
@@ -163,6 +166,9 @@ class RollgymEnvironment(Environment):  # type: ignore[misc]
 
     def _task(self, seed: int | None, row: dict[str, Any]) -> dict[str, Any]:
         if "responses_create_params" in row:
+            if not self.link.rows:
+                # The caller's row carries its own expected answer: served tasks only.
+                raise ValueError("this server scores its own tasks only: reset(task_index=i)")
             return row
         tasks = self.link.tasks
         index = row.pop("task_index", None)
@@ -185,10 +191,14 @@ def openenv_app(
     tasks: list[dict[str, Any]] | None = None,
     max_concurrent_envs: int = 64,
     timeout: float = 300.0,
+    rows: bool = True,
 ) -> Any:
     """openenv-core's app serving rollgym resources server ``target`` (its tools' and verify's
-    calls each within ``timeout`` seconds, retried per ``target.policy``)."""
-    link = Link(target, list(tasks or []), timeout)
+    calls each within ``timeout`` seconds, retried per ``target.policy``). ``rows=False``:
+    ``reset`` takes no task row of the caller's, only ``task_index``/``seed`` into ``tasks``
+    (a row names its own expected answer: a caller who may not choose the answer key must
+    not send one)."""
+    link = Link(target, list(tasks or []), timeout, rows)
     factory: Callable[[], RollgymEnvironment] = lambda: RollgymEnvironment(link)  # noqa: E731
     app = create_app(
         factory, RollgymAction, RollgymObservation, env_name=target.name,
