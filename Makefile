@@ -46,7 +46,8 @@ interop: interop04 interop07
 
 interop04: install
 	interop/setup.sh $(INTEROP_VENV)
-	INTEROP_VENV=$(abspath $(INTEROP_VENV)) $(BIN)/pytest -q interop --ignore-glob='interop/test_ng07_*'
+	INTEROP_VENV=$(abspath $(INTEROP_VENV)) $(BIN)/pytest -q interop --ignore-glob='interop/test_ng07_*' \
+	  tests/openenv/test_mixed_run.py
 
 interop07: install
 	interop/setup.sh --nemo 0.7 $(INTEROP07_VENV)

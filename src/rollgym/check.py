@@ -26,7 +26,7 @@ from rollgym.errors import ConfigError, ProtocolError
 from rollgym.launch.supervisor import Supervisor
 from rollgym.models.scripted import build_response
 from rollgym.protocol import FunctionTool
-from rollgym.wire import SESSION_COOKIE, SESSION_HEADER
+from rollgym.wire import OPENENV_FEATURE, SESSION_COOKIE, SESSION_HEADER
 
 CHECK_FIELD = "rollgym_check"
 _ERROR_KEYS = {"type", "message", "status", "server", "retryable"}
@@ -104,11 +104,29 @@ def pick_env(config: Config, name: str | None) -> str:
     return envs[0]
 
 
-def load_rows(config: Config, limit: int) -> list[dict[str, Any]]:
+def load_rows(config: Config, limit: int, env: str | None = None) -> list[dict[str, Any]]:
+    """The first ``limit`` example rows; with ``env``, only the rows run against that
+    environment (a config of several, such as a mixed run: a row goes to the agent its
+    ``agent_ref`` names, else to the run's default one, and that agent verifies with its
+    ``resources``)."""
     if not config.collect.input:
         raise ConfigError(f"{config.source}: collect.input names no example rows to check with")
     path = config.base_dir() / config.collect.input
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    agents = [n for n, s in config.servers.items() if s.kind == "agent"]
+    if env is not None and len(agents) > 1:
+        from rollgym.collect.peers import resources_of  # the run's own reading of the options
+
+        default = config.default_dispatcher()
+        serving = {a for a in agents if resources_of(config, a) == env}
+
+        def agent_of(row: dict[str, Any]) -> str | None:
+            ref = row.get("agent_ref")
+            name = ref.get("name") if isinstance(ref, dict) else None
+            name = config.collect.agent_aliases.get(name, name) if name else None
+            return name if name in config.servers else default
+
+        rows = [r for r in rows if agent_of(r) in serving]
     return rows[:limit]
 
 
@@ -137,7 +155,7 @@ async def check_env(
     """Start ``config``'s servers, check environment ``env``, stop them; the report."""
     name = pick_env(config, env)
     report = CheckReport(name)
-    rows = load_rows(config, limit)
+    rows = load_rows(config, limit, name)
     supervisor = Supervisor(config, log_dir=log_dir)
     try:
         urls = await supervisor.start()
@@ -156,6 +174,14 @@ async def _check(
 ) -> None:
     status, health = await env.get("/health")
     report.add("health", status == 200 and health.get("kind") == "resources", f"{status} {health}")
+    if OPENENV_FEATURE in (health.get("features") or ()):
+        # A foreign OpenEnv app (impl: openenv) speaks OpenEnv's protocol, not rollgym's: none
+        # of the checks below applies (its own /reset is OpenEnv's, not NeMo Gym's).
+        report.add(
+            "openenv", True, "an OpenEnv environment (impl: openenv): not checked by rollgym "
+            "check; openenv_agent plays it (tests/openenv) and its reward is its own",
+        )  # fmt: skip
+        return
     gym = (await env.post("/reset", {}))[0] != 404
     if not gym:
         await _check_tools(env, report)

@@ -12,6 +12,8 @@ this one, as the same kind of record.
     ├── InvalidRequest         a request to a rollgym server is malformed (answered 4xx)
     │   └── RequestTooLarge    a request past one of the server's limits (413, 431)
     ├── HTTPStatusError        a server answered with a non-2xx status
+    │   └── CapacityReached    a server with a session limit is full (OpenEnv's
+    │                          ``max_concurrent_envs``): 503, retried per its policy
     ├── ProtocolError          a server answered 2xx with a body we cannot use (bad JSON, shape)
     │   ├── UnparseableVerdict a judge model answered, but no verdict could be read from it
     │   └── TokenDataError     a rollout's token data cannot make a trainer sample (missing,
@@ -34,7 +36,9 @@ this one, as the same kind of record.
     ├── EnvironmentFailure     an Environment Server (NeMo Gym 0.7) answered an episode with a
     │                          handled failure: terminal, stage, failure_kind, partial_response
     ├── InternalError          a bug or unexpected exception inside a rollgym server
-    │   └── SandboxError       an environment's sandbox could not run the code (not the code)
+    │   ├── SandboxError       an environment's sandbox could not run the code (not the code)
+    │   └── ScorerError        an environment's scorer cannot score a row (it fails on the
+    │                          row's own reference answer, or kills its worker)
     ├── LaunchError            a server could not be started or never became healthy
     └── RunAborted             the run-level failure budget stopped the run
 
@@ -428,6 +432,14 @@ class HTTPStatusError(RollgymError):
     type = "http_status"
 
 
+class CapacityReached(HTTPStatusError):
+    """A server that holds a bounded number of sessions (OpenEnv's ``max_concurrent_envs``)
+    refused a new one: it is full, not broken. Status 503, so the called server's policy
+    (``retry_statuses``) decides whether and how often it is tried again."""
+
+    type = "capacity_reached"
+
+
 class ProtocolError(RollgymError):
     """A server answered 2xx but the body is not what the protocol promises."""
 
@@ -542,6 +554,13 @@ class SandboxError(InternalError):
     """An environment's sandbox could not run the program (not the program's own failure)."""
 
     type = "sandbox_error"
+
+
+class ScorerError(InternalError):
+    """An environment's scorer (a dataset's own code) cannot score a row: it raises on the
+    row's own reference answer too, or its worker died on it. Not the answer's doing."""
+
+    type = "scorer_error"
 
 
 class EnvironmentFailure(RollgymError):

@@ -193,6 +193,28 @@ def session_cookie(session_id: str) -> str:
     return f"{SESSION_COOKIE}={session_id}; Path=/; HttpOnly; SameSite=lax"
 
 
+# -- OpenEnv (openenv-core 0.3.0) ------------------------------------------------------------
+# Its names, as its server (``openenv.core.env_server.http_server``) and client (``EnvClient``)
+# use them: a session is one WebSocket on ``/ws``; each message is ``{"type", "data"}``.
+
+OPENENV_FEATURE = "openenv"
+"""What ``impl: openenv`` (``rollgym.openenv.host``) lists among its ``/health`` features."""
+OPENENV_WS_PATH = "/ws"
+OPENENV_SCHEMA_PATH = "/schema"
+OPENENV_RESET = "reset"
+OPENENV_STEP = "step"
+OPENENV_STATE = "state"
+OPENENV_CLOSE = "close"
+OPENENV_OBSERVATION = "observation"
+"""The answer type of a reset or a step: ``data`` is ``{"observation", "reward", "done"}``."""
+OPENENV_ERROR = "error"
+"""The answer type of a failure: ``data`` is ``{"message", "code", ...}``."""
+OPENENV_CAPACITY_REACHED = "CAPACITY_REACHED"
+OPENENV_EXECUTION_ERROR = "EXECUTION_ERROR"
+OPENENV_VALIDATION_ERROR = "VALIDATION_ERROR"
+OPENENV_FACTORY_ERROR = "FACTORY_ERROR"
+OPENENV_SESSION_ERROR = "SESSION_ERROR"
+
 __all__ = [
     "ABORTED_VERSIONS",
     "AGENT_OBSERVATIONS",
@@ -236,6 +258,20 @@ __all__ = [
     "NG_ROLLOUT_INDEX",
     "NG_TASK_ID",
     "NG_TASK_INDEX",
+    "OPENENV_CAPACITY_REACHED",
+    "OPENENV_CLOSE",
+    "OPENENV_ERROR",
+    "OPENENV_EXECUTION_ERROR",
+    "OPENENV_FACTORY_ERROR",
+    "OPENENV_FEATURE",
+    "OPENENV_OBSERVATION",
+    "OPENENV_RESET",
+    "OPENENV_SCHEMA_PATH",
+    "OPENENV_SESSION_ERROR",
+    "OPENENV_STATE",
+    "OPENENV_STEP",
+    "OPENENV_VALIDATION_ERROR",
+    "OPENENV_WS_PATH",
     "PARTIAL_RESPONSE",
     "PAUSE_ENDPOINT",
     "POLICY_ENDPOINT",

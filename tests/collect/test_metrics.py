@@ -92,6 +92,31 @@ def test_compute_metrics_on_a_hand_written_run(tmp_path: Path) -> None:
     ]
 
 
+def test_by_environment_splits_the_same_run_by_each_tasks_environment(tmp_path: Path) -> None:
+    rewards = {0: [1, 0, 0, 0], 1: [1, 1, 0, 0], 2: [0, 0, 0]}  # as above: task 2 failed once
+    _write(
+        tmp_path / "rollouts.jsonl",
+        [_rollout(t, i, float(r)) for t, rs in rewards.items() for i, r in enumerate(rs)],
+    )
+    _write(tmp_path / "failures.jsonl", [_failure(2, 3)])
+
+    m = compute_metrics(tmp_path, total=12, repeats=4, groups=["env_a", "env_b", "env_b"])
+
+    a, b = m.by_environment["env_a"], m.by_environment["env_b"]
+    assert (a["tasks"], a["succeeded"], a["failed"]) == (1, 4, 0)
+    assert (b["tasks"], b["succeeded"], b["failed"]) == (2, 7, 1)
+    assert a["reward"]["mean"] == pytest.approx(1 / 4)
+    assert b["reward"]["mean"] == pytest.approx(2 / 7)  # the failure is not a reward of 0
+    assert b["reward"]["std"] == pytest.approx(math.sqrt(2 / 7 * (1 - 2 / 7)))
+    assert a["pass_at_k"]["pass@1"] == pytest.approx(0.25)
+    assert b["pass_at_k"]["pass@1"] == pytest.approx(0.25)  # tasks 1 (.5) and 2 (0)
+    assert b["failures_by_type"] == {"http_status": 1} and a["failures_by_type"] == {}
+    assert m.to_dict()["by_environment"] == m.by_environment
+    # One environment (or none named): nothing to break down, metrics.json as before.
+    assert "by_environment" not in compute_metrics(tmp_path, 12, 4, groups=["x"] * 3).to_dict()
+    assert "by_environment" not in compute_metrics(tmp_path, 12, 4).to_dict()
+
+
 def test_pass_threshold_decides_what_passes(tmp_path: Path) -> None:
     _write(tmp_path / "rollouts.jsonl", [_rollout(0, 0, 0.5), _rollout(0, 1, 0.2)])
     assert compute_metrics(tmp_path, 2, 2, threshold=1.0).pass_at_k == {

@@ -47,7 +47,18 @@ def _root(
 
 
 def _register() -> None:
-    from rollgym.cli import chaos, check, health, report, reverify, run, serve, serve_model
+    from rollgym.cli import (
+        chaos,
+        check,
+        health,
+        report,
+        reverify,
+        run,
+        serve,
+        serve_model,
+        serve_openenv,
+        tasks,
+    )
 
     serve.register(app)
     run.register(app)
@@ -56,7 +67,9 @@ def _register() -> None:
     report.register(app)
     reverify.register(app)
     serve_model.register(app)
+    serve_openenv.register(app)
     health.register(app)
+    tasks.register(app)
 
 
 def main() -> None:

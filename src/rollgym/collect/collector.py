@@ -168,6 +168,29 @@ class Collector:
             raise ConfigError("a task row names no agent, and the run has no default agent")
         return default
 
+    def _environments(self) -> list[str] | None:
+        """Each task's environment, by task index (``metrics.json``'s ``by_environment``): the
+        resources server its agent verifies with (an environment server stands for itself).
+        None when one server runs every row (nothing to break down)."""
+        if len(self.targets) < 2:
+            return None
+        envs: dict[str, str] = {}
+        out: list[str] = []
+        for task_index, rollout_index, raw in iter_rollouts(self.run.files.tasks):
+            if rollout_index != 0:
+                continue
+            row = orjson.loads(raw) if b'"task_input"' in raw else None
+            if row is not None and is_materialized_row(row):
+                server = self._server_for(row[TASK_ID][TASKSET])
+            else:
+                server = self._agent_for(raw)
+            if server not in envs:
+                kind = self.run.config.servers[server].kind
+                envs[server] = server if kind != "agent" else resources_of(self.run.config, server)
+            out.extend([""] * (task_index + 1 - len(out)))
+            out[task_index] = envs[server]
+        return out
+
     def _server_for(self, taskset: str) -> str:
         server = self.route.server_for_taskset(taskset)
         if server is None:  # refused when the run was prepared: the file changed since
@@ -220,7 +243,10 @@ class Collector:
         # gathered (the watchdog seeing a server die under /aggregate_metrics) must not turn a
         # run with every rollout recorded into an aborted one.
         aborted, reason = self.recorder.aborted, self.abort_reason
-        metrics = compute_metrics(run.out_dir, run.total, self.cfg.repeats, self.cfg.pass_threshold)
+        metrics = compute_metrics(
+            run.out_dir, run.total, self.cfg.repeats, self.cfg.pass_threshold,
+            groups=self._environments(),
+        )  # fmt: skip
         data = metrics.to_dict()
         data["pass_threshold"] = self.cfg.pass_threshold
         done = self.recorder.recorded

@@ -16,6 +16,11 @@ Agent fields: the numbers an agent adds to the verified rollout about its own lo
 (``AGENT_FIELDS``: steps, seconds, re-tokenisation drift) are averaged apart from the
 environment's metrics, in ``agent_fields``: they describe the agent, not the environment.
 
+Per environment: with ``groups`` (each task's environment, from the collector, which knows
+which agent runs each row and which resources server that agent verifies with), a run that
+covers more than one environment also gets ``by_environment``: each one's counts, reward
+mean/std, pass@k and failures by type, computed from the same records in the same pass.
+
 Sub-scores: a verify response may carry ``scores``, an object of named numbers besides the
 reward (``{"tests": 0.5, "style": 1.0}``); each is aggregated as its mean and its pass rate
 (the share of rollouts where it reaches the run's pass threshold), over the rollouts that
@@ -27,7 +32,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +46,9 @@ from rollgym.nemo_gym.failures import failure_kind
 from rollgym.nemo_gym.mask import is_masked
 from rollgym.wire import FAILURE_KIND, INDEX_FIELDS
 
-AGENT_FIELDS = frozenset({"num_steps", "agent_seconds", DRIFTED_TURNS})
+AGENT_FIELDS = frozenset(
+    {"num_steps", "agent_seconds", DRIFTED_TURNS, "env_steps", "session_attempts"}
+)
 """Numbers the agents add to a verified rollout about their own loop, not the environment's."""
 
 _NOT_METRICS = INDEX_FIELDS | {"reward", "attempts", "duration_s", "finished_at"}
@@ -146,6 +153,36 @@ class Coverage:
     fully_masked_tasks: int = 0
 
 
+class _Group:
+    """One environment's share of a run (``by_environment``)."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0
+        self.masked = 0
+        self.failed: Counter[str] = Counter()
+
+    def add(self, reward: float) -> None:
+        self.count += 1
+        delta = reward - self.mean
+        self.mean += delta / self.count
+        self.m2 += delta * (reward - self.mean)
+
+    def to_dict(self, tasks: _TaskTable, members: list[int], repeats: int) -> dict[str, Any]:
+        curve = pass_at_ks(((tasks.n[i], tasks.passed[i]) for i in members), repeats)
+        return {
+            "tasks": len(members),
+            "succeeded": self.count + self.masked,
+            "failed": sum(self.failed.values()),
+            "masked": self.masked,
+            "reward": {
+                "mean": self.mean if self.count else None,
+                "std": math.sqrt(self.m2 / self.count) if self.count else None,
+            },
+            "pass_at_k": {f"pass@{k}": v for k, v in curve.items()},
+            "failures_by_type": dict(self.failed),
+        }
+
+
 @dataclass
 class RunMetrics:
     total: int
@@ -167,8 +204,11 @@ class RunMetrics:
     scores: dict[str, ScoreStats] = field(default_factory=dict)
     token_drift: TokenDrift | None = None
     coverage: Coverage = field(default_factory=Coverage)
+    by_environment: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per environment, when the run covers more than one (see the module docstring)."""
 
     def to_dict(self) -> dict[str, Any]:
+        extra = {"by_environment": self.by_environment} if self.by_environment else {}
         return {
             "counts": {
                 "total": self.total,
@@ -189,6 +229,7 @@ class RunMetrics:
             "agent_fields": self.agent_fields,
             "scores": {name: vars(stats) for name, stats in self.scores.items()},
             "token_drift": vars(self.token_drift) if self.token_drift else None,
+            **extra,
         }
 
 
@@ -205,10 +246,24 @@ def _row_keys(tasks: Path) -> frozenset[str]:
     return frozenset(keys)
 
 
-def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 1.0) -> RunMetrics:
-    """Metrics over ``rollouts.jsonl`` and ``failures.jsonl``; writes ``per_task.jsonl``."""
+def compute_metrics(
+    out_dir: Path,
+    total: int,
+    repeats: int,
+    threshold: float = 1.0,
+    groups: Sequence[str] | None = None,
+) -> RunMetrics:
+    """Metrics over ``rollouts.jsonl`` and ``failures.jsonl``; writes ``per_task.jsonl``.
+    ``groups``: the environment of each task (by task index), for ``by_environment``."""
     tasks = _TaskTable(total // max(1, repeats))
     m = RunMetrics(total=total)
+    names = sorted(set(groups or ()))
+    split = len(names) > 1
+    per_env: dict[str, _Group] = {g: _Group() for g in names} if split else {}
+
+    def group(index: int) -> _Group | None:
+        return per_env[groups[index]] if split and groups and index < len(groups) else None
+
     count, mean, m2 = 0, 0.0, 0.0  # Welford: numerically stable streaming mean/variance
     metric_sums: dict[str, float] = {}
     metric_counts: Counter[str] = Counter()
@@ -239,11 +294,16 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
             elif not masked:
                 metric_sums[key] = metric_sums.get(key, 0.0) + value
                 metric_counts[key] += 1
+        env = group(i)
         if masked:
             m.masked += 1
             tasks.masked[i] += 1
+            if env is not None:
+                env.masked += 1
             continue
         reward = float(rec["reward"])
+        if env is not None:
+            env.add(reward)
         tasks.n[i] += 1
         tasks.reward_sum[i] += reward
         tasks.passed[i] += reward >= threshold
@@ -280,6 +340,9 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
         by_server[str(err.get("server"))] += 1
         by_status[str(err.get("status") if err.get("status") is not None else err.get("type"))] += 1
         by_kind[_kind(rec)] += 1
+        env = group(rec["task_index"])
+        if env is not None:
+            env.failed[str(err.get("type"))] += 1
     m.failures_by_type = dict(by_type)
     m.failures_by_kind = dict(by_kind)
     m.failures_by_server = dict(by_server)
@@ -290,6 +353,14 @@ def compute_metrics(out_dir: Path, total: int, repeats: int, threshold: float = 
     m.agent_fields = {k: agent_sums[k] / agent_counts[k] for k in sorted(agent_sums)}
     m.scores = sub_scores.stats()
     m.token_drift = drift if drift.checked_rollouts else None
+    if split and groups is not None:
+        members: dict[str, list[int]] = {g: [] for g in per_env}
+        for index, name in enumerate(groups):
+            members[name].append(index)
+        m.by_environment = {
+            name: env.to_dict(tasks, [i for i in members[name] if i < len(tasks)], repeats)
+            for name, env in per_env.items()
+        }
     with files.per_task.open("wb") as fh:
         for index in range(len(tasks)):
             n, passed, failed = tasks.n[index], tasks.passed[index], tasks.failed[index]

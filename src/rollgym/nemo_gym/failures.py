@@ -20,6 +20,7 @@ input_error            agent_request_failed      (a)(b)(c)
 invalid_request        agent_request_failed      (a)(b)(c)
 request_too_large      agent_request_failed      (a)(b)(c)
 http_status            agent_run_error           (a)(b)(c)(d)
+capacity_reached       transport_unreachable     (a)(b)
 protocol_error         agent_run_error           (a)(b)(c)
 unparseable_verdict    judge_unparseable         -
 token_data             agent_run_error           (a)(b)(c)
@@ -181,6 +182,7 @@ KIND_BY_TYPE: dict[str, str] = {
     "invalid_request": AGENT_REQUEST_FAILED,
     "request_too_large": AGENT_REQUEST_FAILED,
     "http_status": AGENT_RUN_ERROR,
+    "capacity_reached": TRANSPORT_UNREACHABLE,  # a full server: it could not take the session
     "protocol_error": AGENT_RUN_ERROR,
     "unparseable_verdict": JUDGE_UNPARSEABLE,
     "token_data": AGENT_RUN_ERROR,

@@ -15,7 +15,7 @@ import rollgym.report.plots as plots  # the module, not the package: it imports 
 from rollgym import __version__
 from rollgym.health import report_section
 from rollgym.report.data import HOPS, RunData
-from rollgym.report.summary import deltas, hardest, headline
+from rollgym.report.summary import ENV_HEADER, deltas, environments, hardest, headline
 
 # Bokeh's core bundle only, inlined: the plots need none of its widgets, tables, WebGL or MathJax
 # bundles (INLINE would add them all: 4 MB instead of 1.3).
@@ -90,6 +90,12 @@ def render(runs: Sequence[RunData]) -> str:
     for title, keys_ in sections:
         cells = "".join(f'<div class="plot">{divs[k]}</div>' for k in keys_)
         body.append(f'<h2>{title}</h2><div class="grid">{cells}</div>')
+    for run in runs:
+        envs = environments(run)
+        if envs:
+            body.append(
+                f"<h2>Per environment: {html.escape(run.name)}</h2>" + _table(ENV_HEADER, envs)
+            )
     for run in runs:
         rows: list[tuple[object, ...]] = [
             (r.task_index, r.scored, r.passed, r.failed, r.masked, _rate(r.pass_rate),

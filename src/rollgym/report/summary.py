@@ -75,6 +75,35 @@ def headline(run: RunData) -> dict[str, str]:
     }
 
 
+ENV_HEADER = ("environment", "ok", "failed", "reward mean", "pass@1", "failures")
+
+
+def environments(run: RunData) -> list[tuple[str, ...]]:
+    """One row per environment of a run that covers several (``metrics.json``'s
+    ``by_environment``, written by the collector, which knows each row's environment)."""
+    by_env = run.metrics.get("by_environment")
+    if not isinstance(by_env, dict):
+        return []
+    rows: list[tuple[str, ...]] = []
+    for name, env in sorted(by_env.items()):
+        if not isinstance(env, dict):
+            continue
+        mean = (env.get("reward") or {}).get("mean")
+        p1 = (env.get("pass_at_k") or {}).get("pass@1")
+        failures = env.get("failures_by_type") or {}
+        rows.append(
+            (
+                str(name),
+                str(env.get("succeeded", 0)),
+                str(env.get("failed", 0)),
+                "-" if mean is None else f"{mean:.4f}",
+                "-" if p1 is None else f"{p1:.4f}",
+                ", ".join(f"{k} {v}" for k, v in sorted(failures.items())) or "none",
+            )
+        )
+    return rows
+
+
 def _median(values: object) -> float:
     ordered = sorted(values)  # type: ignore[call-overload]
     return float(ordered[len(ordered) // 2]) if ordered else 0.0
@@ -86,6 +115,10 @@ def terminal(runs: list[RunData]) -> str:
     for run in runs:
         lines.append(f"{run.name} ({run.path})")
         lines.extend(f"  {k}: {v}" for k, v in headline(run).items() if v != "-")
+        for env in environments(run):
+            lines.append(
+                "  " + " | ".join(f"{h}: {v}" for h, v in zip(ENV_HEADER, env, strict=True))
+            )
         worst = [r for r in hardest(run, 5) if r.pass_rate is not None]
         if worst:
             shown = ", ".join(f"{r.task_index} ({r.pass_rate:.2f})" for r in worst)

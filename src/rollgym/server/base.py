@@ -23,6 +23,8 @@ BUILTIN_IMPLS: dict[str, str] = {
     "local_model": "rollgym.models.local:LocalModel",
     "tool_agent": "rollgym.agents.tool_agent:ToolAgent",
     "gymnasium_agent": "rollgym.agents.gymnasium:GymnasiumAgent",
+    "openenv_agent": "rollgym.openenv.agent:OpenEnvAgent",
+    "openenv": "rollgym.openenv.host:OpenEnvHost",
     "lookup": "rollgym.envs.lookup.server:LookupEnv",
     "mcqa": "rollgym.envs.mcqa.server:MCQAEnv",
     "math": "rollgym.envs.math.server:MathEnv",
@@ -30,6 +32,7 @@ BUILTIN_IMPLS: dict[str, str] = {
     "guess": "rollgym.envs.guess.server:GuessEnv",
     "code": "rollgym.envs.code.server:CodeEnv",
     "judge": "rollgym.envs.judge.server:JudgeEnv",
+    "reasoning_gym": "rollgym.envs.reasoning_gym.server:ReasoningGymEnv",
     "stand_in_judge": "rollgym.envs.judge.stand_in:StandInJudge",
 }
 

@@ -1,0 +1,118 @@
+"""``impl: openenv``: an OpenEnv environment's own app, started by rollgym as a server of the run.
+
+    openenv_echo:
+      kind: resources
+      impl: openenv
+      options: {app: "echo_env.server.app:app"}    # or a module:function returning the app
+
+The app (openenv-core's ``create_app(...)``, with its ``/ws``, ``/reset``, ``/step``,
+``/schema``) is served unchanged behind rollgym's ``/health`` and ``/stats``, so the launcher
+starts it, waits for it and stops it like any other server, and ``openenv_agent`` drives it. Its
+``max_concurrent_envs`` is the app's own. A module is found beside the config as for ``impl:``.
+An OpenEnv server already running elsewhere needs none of this: give it as ``url:``.
+
+The app's own startup hooks (openenv-core's idle-session reaper) run with the server's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from typing import Any
+
+from pydantic import Field
+from starlette.routing import BaseRoute, Mount
+from starlette.types import Message, Receive, Scope, Send
+
+from rollgym.errors import ConfigError
+from rollgym.server.base import BaseServer, ServerContext
+from rollgym.wire import OPENENV_FEATURE
+
+log = logging.getLogger("rollgym.server")
+
+
+class OpenEnvHost(BaseServer):
+    """Serves the OpenEnv app named by option ``app`` (``module:attribute``)."""
+
+    kind = "resources"
+
+    class Options(BaseServer.Options):
+        app: str = Field(
+            pattern=r"^[\w.]+:\w+$", description="module:attribute of the app, or of a factory"
+        )
+
+    options: Options
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self.app = load_app(self.options.app, where=f"servers.{self.name}.options.app")
+
+    def routes(self) -> list[BaseRoute]:
+        return [Mount("/", app=_Guard(self.app, self.name))]
+
+    def features(self) -> list[str]:
+        return [OPENENV_FEATURE]
+
+    async def startup(self) -> None:
+        for hook in getattr(getattr(self.app, "router", None), "on_startup", ()):
+            await _call(hook)
+
+    async def shutdown(self) -> None:
+        for hook in getattr(getattr(self.app, "router", None), "on_shutdown", ()):
+            await _call(hook)
+        await super().shutdown()
+
+
+class _Guard:
+    """The mounted app, except that an exception it raises after it has answered (FastAPI
+    answers 500 and then raises again) stops there: rollgym's own error handler would start a
+    second answer on the same connection, and the client would see the connection reset."""
+
+    def __init__(self, app: Any, server: str) -> None:
+        self.app, self.server = app, server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] in ("http.response.start", "websocket.accept")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            if not started:
+                raise  # nothing answered yet: rollgym's uniform error body (500)
+            log.warning(
+                "%s: the OpenEnv app failed after answering %s",
+                self.server,
+                scope.get("path"),
+                exc_info=True,
+            )
+
+
+def load_app(path: str, *, where: str) -> Any:
+    """The ASGI app at ``module:attribute`` (called first if it is a function)."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(
+            f"{where}: importing {module_name} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    app = getattr(module, attr, None)
+    if app is None:
+        raise ConfigError(f"{where}: {module_name} has no {attr!r}")
+    if inspect.isfunction(app):
+        app = app()
+    if not callable(app):
+        raise ConfigError(f"{where}: {path} is not an ASGI app")
+    return app
+
+
+async def _call(hook: Any) -> None:
+    result = hook()
+    if inspect.isawaitable(result):
+        await result

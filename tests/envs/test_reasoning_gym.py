@@ -1,0 +1,327 @@
+"""ReasoningGymEnv: entries carried exactly, answers read as reasoning-gym reads them, scorers
+run in the CPU pool where a slow, crashing or code-running answer cannot hurt the server."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from reasoning_gym.utils import extract_answer
+
+from rollgym.envs.reasoning_gym.carry import NotCarried, carry, restore
+from rollgym.envs.reasoning_gym.extract import answer_block, extract
+from rollgym.envs.reasoning_gym.guard import screen
+from rollgym.envs.reasoning_gym.server import ReasoningGymEnv
+from rollgym.envs.reasoning_gym.tasks import DatasetChoice, make_rows
+from rollgym.testing import serve_server
+
+from .env_client import reply
+from .rg_hanging import DIE, HANG, misbehaving_score
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _row(dataset: str, index: int = 0, **config: Any) -> dict[str, Any]:
+    rows = list(make_rows([DatasetChoice(dataset, config=config)], index + 1, seed=0))
+    return rows[index]
+
+
+# -- carrying an entry through JSON ---------------------------------------------------------
+
+
+def test_carry_restores_tuples_int_keys_and_numpy_values() -> None:
+    entry = {
+        "question": "q",
+        "answer": "a",
+        "metadata": {
+            "board": ((1, 2), (3, 4)),
+            "mixed": ((1, [2, (3,)]), "x"),
+            "colors": {0: 1, 7: (2, 3)},
+            "np": [np.float64(0.5), np.str_("s"), np.int64(3)],
+        },
+    }
+    plain, patches = carry(entry)
+    back = restore(json.loads(json.dumps(plain)), json.loads(json.dumps(patches)))
+    assert back == entry
+    assert back["metadata"]["board"] == ((1, 2), (3, 4))
+    assert isinstance(back["metadata"]["mixed"][0][1][1], tuple)
+    assert isinstance(back["metadata"]["mixed"][0][1], list)
+    assert list(back["metadata"]["colors"]) == [0, 7]
+    assert type(back["metadata"]["np"][0]) is float
+    # one patch for a board of tuples, not one per row
+    assert [["metadata", "board"], "tuples"] in patches
+    assert not any(p[0][:2] == ["metadata", "board"] and len(p[0]) > 2 for p in patches)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [math.nan, math.inf, {1, 2}, object(), {(1, 2): "tuple key"}, {1: "a", "1": "b"}],
+)
+def test_a_value_json_cannot_hold_is_refused_with_its_path(value: Any) -> None:
+    with pytest.raises(NotCarried, match=r"entry\['metadata'\]\['v'\]"):
+        carry({"question": "q", "answer": "a", "metadata": {"v": value}})
+
+
+@pytest.mark.parametrize(
+    "patches",
+    [
+        "not a list",
+        [["metadata", "tuple"]],
+        [[["metadata", "nope"], "tuple"]],
+        [[["metadata", "x"], "frozenset"]],
+        [[["metadata", "x"], "int_keys"]],
+        [[["metadata", "d"], "int_keys"]],
+        [[["metadata", "x"], "tuple"], [["metadata", "x", 0], "tuple"]],
+    ],
+)
+def test_a_patch_that_does_not_fit_is_a_value_error(patches: Any) -> None:
+    plain = {"metadata": {"x": [[1], [2]], "d": {"a": 1}}}
+    with pytest.raises(ValueError, match="restore"):
+        restore(plain, patches)
+
+
+# -- reading the answer ---------------------------------------------------------------------
+
+TOKENS = ["<answer>", "</answer>", " ", "\n", "x", "42", "<answer", "answer>", "\t", "\u2003"]
+
+
+def test_answer_block_agrees_with_reasoning_gyms_regex() -> None:
+    rng = random.Random(7)
+    for _ in range(5000):
+        text = "".join(rng.choice(TOKENS) for _ in range(rng.randint(0, 14)))
+        assert answer_block(text) == extract_answer(text), repr(text)
+
+
+def test_the_last_block_counts_and_a_nested_tag_is_text() -> None:
+    assert answer_block("<answer>1</answer> then <answer> 2 </answer>") == "2"
+    assert answer_block("<answer><answer>4</answer></answer>") == "<answer>4"
+    assert answer_block("no tags: 42") is None
+    assert extract("no tags: \\boxed{42}", "answer_tag") is None
+    assert extract("no tags: \\boxed{42}", "nemo_gym") == "42"
+    assert extract("just 42 ", "nemo_gym") == "just 42"
+    assert extract("  ", "nemo_gym") is None
+
+
+def test_many_openings_without_a_closing_are_read_in_one_pass() -> None:
+    # reasoning-gym's regex scans the rest of the text from each opening: quadratic, minutes
+    # on this; one pass finds no block. (pytest-timeout bounds it; no timed assertion.)
+    assert answer_block("<answer>" * 1_000_000) is None
+    assert answer_block("<answer>" * 1_000_000 + "7</answer>") == "<answer>" * 999_999 + "7"
+
+
+@pytest.mark.parametrize(
+    ("dataset", "answer", "allowed"),
+    [
+        ("simple_integration", "x**2/2 + 3*sin(x) + C", True),
+        ("countdown", "(25 + 75) * 3 - 8", True),
+        ("puzzle24", "(3 + 3) * 4", True),
+        ("simple_integration", "integrate(2*x, x) + C", False),  # sympy would do the work
+        ("countdown", "__import__('os').getpid()", False),
+        ("countdown", "x.__class__", False),
+        ("puzzle24", "(1).real", False),
+        ("puzzle24", "[1][0]", False),
+        ("puzzle24", "eval(chr(49))", False),
+        ("intermediate_integration", "2*x**(3/2)/3 + x^2 + C", True),
+        ("puzzle24", "9**9**9**9", False),  # sympy would compute it, past any deadline
+        ("puzzle24", "9^(9)^9", False),
+        ("countdown", "2**100000", False),
+        ("countdown", "2**(10**9)", False),
+        ("word_sorting", "__import__('os') anything", True),  # not parsed by sympy
+    ],
+)
+def test_screen(dataset: str, answer: str, allowed: bool) -> None:
+    assert screen(dataset, answer) is allowed
+
+
+# -- the served environment -----------------------------------------------------------------
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
+    timeout = aiohttp.ClientTimeout(total=60, connect=5)
+    async with (
+        serve_server("reasoning_gym", name="rg") as (url, _),
+        aiohttp.ClientSession(timeout=timeout) as http,
+    ):
+        yield url, http
+
+
+async def _verify(
+    env: tuple[str, aiohttp.ClientSession], row: dict[str, Any], text: str
+) -> tuple[int, dict[str, Any]]:
+    url, http = env
+    async with http.post(url + "/verify", json={**row, "response": reply(text)}) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_reference_scores_with_per_dataset_metric(env: Any) -> None:
+    row = _row("chain_sum")
+    status, body = await _verify(env, row, f"Sum it up. <answer>{row['answer']}</answer>")
+    assert status == 200
+    assert body["reward"] == 1.0 and body["answer_found"] == 1
+    assert body["chain_sum/reward"] == 1.0
+    assert body["task_name"] == "chain_sum" and body["extracted_answer"] == row["answer"]
+
+
+async def test_no_answer_tag_scores_zero_without_the_scorer(env: Any) -> None:
+    row = _row("chain_sum")
+    status, body = await _verify(env, row, f"The answer is {row['answer']}.")
+    assert (status, body["reward"], body["answer_found"], body["reason"]) == (
+        200, 0.0, 0, "no_answer",
+    )  # fmt: skip
+
+
+async def test_a_nemo_gym_row_is_scored_by_its_source_dataset(env: Any) -> None:
+    row = _row("leg_counting")
+    nemo = {k: row[k] for k in ("responses_create_params", "question", "answer", "metadata")}
+    status, body = await _verify(env, nemo, f"<answer>{row['answer']}</answer>")
+    assert (status, body["reward"]) == (200, 1.0)
+
+
+async def test_config_overrides_reach_the_scorer(env: Any) -> None:
+    row = _row("chain_sum", min_terms=5, max_terms=5)
+    assert row["reasoning_gym"]["config"] == {"min_terms": 5, "max_terms": 5}
+    assert row["question"].count("+") + row["question"].count("-") >= 4
+    status, body = await _verify(env, row, f"<answer>{row['answer']}</answer>")
+    assert (status, body["reward"]) == (200, 1.0)
+
+
+async def test_an_eval_scorer_runs_no_code_from_the_answer(env: Any, tmp_path: Path) -> None:
+    """string_insertion's scorer evals the answer: guarded, it reads a literal only."""
+    row = _row("string_insertion")
+    marker = tmp_path / "ran"
+    attacks = [
+        f"__import__('pathlib').Path({str(marker)!r}).write_text('x')",
+        "list(oracle_answer)",  # the scorer's own local, the reference: 0.1 if eval ran
+        "setattr(type(self), 'score_answer', lambda *a, **k: 1.0)",
+    ]
+    for attack in attacks:
+        status, body = await _verify(env, row, f"<answer>{attack}</answer>")
+        assert (status, body["reward"]) == (200, 0.0), body
+    assert not marker.exists()
+    # the scorer was not patched: a wrong answer still scores 0, the literal form 0.1
+    status, body = await _verify(env, row, "<answer>wrong</answer>")
+    assert body["reward"] == 0.0
+    status, body = await _verify(env, row, f"<answer>{list(row['answer'])!r}</answer>")
+    assert body["reward"] == 0.1
+
+
+async def test_a_sympy_scorer_never_sees_code(env: Any, tmp_path: Path) -> None:
+    row = _row("simple_integration")
+    marker = tmp_path / "ran"
+    for attack in [
+        f"__import__('pathlib').Path({str(marker)!r}).write_text('x')",
+        f"integrate({row['metadata']['integrand']}, {row['metadata']['variable']}) + C",
+    ]:
+        status, body = await _verify(env, row, f"<answer>{attack}</answer>")
+        assert (status, body["reward"], body["reason"]) == (200, 0.0, "answer_refused")
+    assert not marker.exists()
+
+
+async def test_a_scorer_that_raises_on_the_answer_masks_it(env: Any) -> None:
+    row = _row("prime_factorization")
+    status, body = await _verify(env, row, "<answer>two times three</answer>")
+    assert status == 200
+    assert body["mask_sample"] is True and body["reason"] == "scorer_raised"
+    assert "ValueError" in body["scorer_error"]
+    assert "prime_factorization/reward" not in body  # no measurement, not in the mean
+
+
+async def test_a_row_whose_reference_breaks_the_scorer_is_a_scorer_error(env: Any) -> None:
+    row = {**_row("prime_factorization"), "answer": "not a factorization"}
+    status, body = await _verify(env, row, "<answer>two times three</answer>")
+    assert status == 500
+    assert body["error"]["type"] == "scorer_error" and body["error"]["server"] == "rg"
+    assert "reference" in body["error"]["message"]
+
+
+async def test_a_huge_answer_is_refused_before_the_scorer(env: Any) -> None:
+    row = _row("word_sorting")
+    huge = "<answer>" + row["answer"] * (10_000_000 // max(1, len(row["answer"]))) + "</answer>"
+    status, body = await _verify(env, row, huge)
+    assert (status, body["reward"], body["reason"]) == (200, 0.0, "answer_too_long")
+    assert len(body["extracted_answer"]) == 200
+    status, body = await _verify(env, row, "<answer>" * 1_000_000)
+    assert (status, body["reason"]) == (200, "no_answer")
+    status, body = await _verify(env, row, f"<answer>{row['answer']}</answer>")
+    assert body["reward"] == 1.0  # and the server goes on scoring
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"reasoning_gym": {"dataset": "chain_sun"}}, "did you mean 'chain_sum'"),
+        ({"reasoning_gym": {"dataset": "game_of_life_halting"}}, "every non-empty answer"),
+        ({"reasoning_gym": {"dataset": "chain_sum", "restore": [[["nope"], "tuple"]]}}, "nope"),
+        ({"reasoning_gym": {"dataset": "chain_sum", "config": []}}, "config"),
+        ({"reasoning_gym": {"dataset": "chain_sum", "config": {"min_term": 2}}}, "'min_terms'"),
+        (
+            {"reasoning_gym": {"dataset": "chain_sum", "config": {"min_terms": 9, "max_terms": 1}}},
+            "refuses config",
+        ),
+        ({"reasoning_gym": "chain_sum"}, "metadata"),
+        ({"metadata": None}, "metadata"),
+        ({"reasoning_gym": {}, "metadata": {}}, "names no dataset"),
+    ],
+)
+async def test_a_bad_row_is_a_422_naming_the_problem(
+    env: Any, change: dict[str, Any], message: str
+) -> None:
+    row = {**_row("chain_sum"), **change}
+    status, body = await _verify(env, row, "<answer>1</answer>")
+    assert status == 422, body
+    assert message in body["error"]["message"]
+
+
+class MisbehavingEnv(ReasoningGymEnv):
+    scorer = staticmethod(misbehaving_score)
+
+
+@pytest.fixture
+async def misbehaving() -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
+    timeout = aiohttp.ClientTimeout(total=60, connect=5)
+    async with (
+        serve_server(MisbehavingEnv, name="rg", options={"verify_timeout": 2}) as (url, _),
+        aiohttp.ClientSession(timeout=timeout) as http,
+    ):
+        yield url, http
+
+
+async def test_a_slow_scorer_is_a_deadline_failure_never_a_zero(misbehaving: Any) -> None:
+    row = _row("chain_sum")
+    status, body = await _verify(misbehaving, row, f"<answer>{HANG}</answer>")
+    assert status == 504 and body["error"]["type"] == "deadline_exceeded"
+    status, body = await _verify(misbehaving, row, f"<answer>{row['answer']}</answer>")
+    assert (status, body["reward"]) == (200, 1.0)  # on a fresh pool
+
+
+async def test_a_scorer_that_kills_its_worker_alone_is_a_scorer_error(misbehaving: Any) -> None:
+    row = _row("chain_sum")
+    status, body = await _verify(misbehaving, row, f"<answer>{DIE}</answer>")
+    assert status == 500 and body["error"]["type"] == "scorer_error"
+    status, body = await _verify(misbehaving, row, f"<answer>{row['answer']}</answer>")
+    assert (status, body["reward"]) == (200, 1.0)
+
+
+async def test_nemo_gym_extraction_falls_back_as_nemo_gym_does() -> None:
+    row = _row("chain_sum")
+    timeout = aiohttp.ClientTimeout(total=60, connect=5)
+    options = {"extraction": "nemo_gym"}
+    async with (
+        serve_server("reasoning_gym", name="rg", options=options) as (url, _),
+        aiohttp.ClientSession(timeout=timeout) as http,
+    ):
+        env = (url, http)
+        status, body = await _verify(env, row, f"So: \\boxed{{{row['answer']}}}")
+        assert (status, body["reward"]) == (200, 1.0)
+        status, body = await _verify(env, row, f" {row['answer']} ")
+        assert (status, body["reward"]) == (200, 1.0)  # the whole reply
+        status, body = await _verify(env, row, f"<answer>{row['answer']}x</answer> \\boxed{{1}}")
+        assert body["reward"] < 1.0  # a block, when there is one, is the answer

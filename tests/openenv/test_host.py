@@ -1,0 +1,99 @@
+"""``impl: openenv``: an OpenEnv app (examples/mixed/reverse_env.py, on openenv-core's own
+``create_app``) served as a server of a run, and ``rollgym check`` on a mixed config."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+pytest.importorskip("openenv.core", reason="needs openenv-core (the dev extra)")
+
+from rollgym.check import check_env
+from rollgym.config import load_config
+from rollgym.errors import ConfigError
+from rollgym.openenv.host import OpenEnvHost
+from rollgym.testing import serve_server
+
+pytestmark = pytest.mark.timeout(120)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mixed"
+
+
+@pytest.fixture
+def beside_example() -> Iterator[None]:
+    sys.path.insert(0, str(EXAMPLE))
+    yield
+    sys.path.remove(str(EXAMPLE))
+
+
+async def test_the_host_serves_the_app_behind_rollgyms_health(beside_example: None) -> None:
+    async with (
+        serve_server(OpenEnvHost, name="reverse", options={"app": "reverse_env:app"}) as (url, _),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http,
+    ):
+        async with http.get(url + "/health") as resp:
+            health = await resp.json()
+        assert health["kind"] == "resources" and health["features"] == ["openenv"]
+        async with http.get(url + "/schema") as resp:  # OpenEnv's own endpoint, unchanged
+            assert (await resp.json())["action"]["required"] == ["message"]
+        # The app raises (no word): FastAPI answers 500 and raises again; the connection
+        # survives and the next request on it is answered.
+        async with http.post(url + "/reset", json={}) as resp:
+            assert resp.status == 500
+        async with http.post(url + "/reset", json={"word": "abc"}) as resp:
+            assert (await resp.json())["observation"]["word"] == "abc"
+
+
+def test_a_bad_app_option_names_the_key() -> None:
+    from rollgym.openenv.host import load_app
+
+    with pytest.raises(ConfigError, match=r"servers\.x\.options\.app: importing no_such_module"):
+        load_app("no_such_module:app", where="servers.x.options.app")
+    with pytest.raises(ConfigError, match="has no 'nope'"):
+        load_app("rollgym.wire:nope", where="servers.x.options.app")
+
+
+async def test_rollgym_check_on_a_mixed_config_checks_each_environments_own_rows(
+    tmp_path: Path,
+) -> None:
+    # The example without NeMo Gym's server, and without reasoning-gym's (whose scorer pool
+    # takes seconds to start): lookup and the OpenEnv environment, each with its agent.
+    data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    for name in ("nemo_tool_call", "nemo_agent", "reasoning_gym", "rg_agent"):
+        del data["servers"][name]
+    data["collect"]["agent"] = "lookup_agent"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(data))
+    (tmp_path / "reverse_env.py").write_bytes((EXAMPLE / "reverse_env.py").read_bytes())
+    rows = [
+        line
+        for line in (EXAMPLE / "tasks.jsonl").read_text().splitlines()
+        if '"agent_ref"' in line and "nemo_agent" not in line
+    ]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(rows) + "\n")
+    cfg = load_config(config)
+    report = await check_env(cfg, "lookup", log_dir=tmp_path / "logs")
+    assert report.ok, report.findings
+    assert "verifier discriminates" in [f.check for f in report.findings]
+
+
+async def test_rollgym_check_says_an_openenv_server_is_not_its_to_check(
+    beside_example: None,
+) -> None:
+    from rollgym.check import CheckReport, _check, _Env
+    from rollgym.config import parse_config
+
+    cfg = parse_config({"servers": {"reverse": {"kind": "resources", "impl": "openenv"}}})
+    async with (
+        serve_server(OpenEnvHost, name="reverse", options={"app": "reverse_env:app"}) as (url, _),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http,
+    ):
+        report = CheckReport("reverse")
+        await _check(_Env(http, url), "reverse", [], cfg, report)
+    assert report.ok and [f.check for f in report.findings] == ["health", "openenv"]
+    assert "not checked" in report.findings[1].detail

@@ -1,0 +1,159 @@
+"""A rollgym environment served as an OpenEnv environment (``rollgym.openenv.serve``), driven by
+OpenEnv's own client classes (openenv-core 0.3.0's ``GenericEnvClient``, async and sync): the
+bundled ``lookup`` environment's tools and verifier, unchanged behind openenv-core's server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("openenv.core", reason="needs openenv-core (the dev extra)")
+
+from openenv.core import GenericEnvClient
+from websockets.exceptions import ConnectionClosed
+
+from rollgym.http import Target
+from rollgym.openenv.serve import openenv_app
+from rollgym.testing import serve_asgi, serve_server
+
+pytestmark = pytest.mark.timeout(60)
+
+LOOKUP_ROWS = Path(__file__).parents[2] / "src/rollgym/envs/lookup/data/example.jsonl"
+
+
+def rows() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in LOOKUP_ROWS.read_text().splitlines() if line.strip()]
+
+
+@asynccontextmanager
+async def served(max_envs: int = 4, *, rows_too: bool = True) -> AsyncIterator[str]:
+    async with serve_server("lookup", name="lookup") as (url, _):
+        target = Target.single("lookup", url)
+        app = openenv_app(target, tasks=rows(), max_concurrent_envs=max_envs, rows=rows_too)
+        async with serve_asgi(app) as openenv_url:
+            yield openenv_url
+
+
+def client(url: str) -> Any:
+    return GenericEnvClient(base_url=url, message_timeout_s=15, connect_timeout_s=5)
+
+
+async def test_a_rollgym_environment_played_by_openenvs_client_scores_as_its_verifier() -> None:
+    row = rows()[0]
+    expected = row["expected_answer"]
+    async with served() as url, client(url) as env:
+        first = await env.reset(task_index=0)
+        assert first.done is False and first.reward is None
+        assert first.observation["prompt"] == row["responses_create_params"]["input"]
+        assert [t["name"] for t in first.observation["tools"]] == ["lookup"]
+        looked = await env.step({"tool": "lookup", "arguments": {"key": "Brackenholt"}})
+        assert expected in looked.observation["output"].replace(",", "")
+        right = await env.step({"answer": f"The population is {expected}."})
+        assert (right.done, right.reward) == (True, 1.0)
+        # A new episode on the same socket: a wrong answer scores what the verifier says.
+        await env.reset(**row)  # the row itself, as TRL passes a dataset row's columns
+        wrong = await env.step({"answer": "About 12."})
+        assert (wrong.done, wrong.reward) == (True, 0.0)
+
+
+async def test_an_openenv_client_cannot_reach_endpoints_that_are_not_tools() -> None:
+    async with served() as url, client(url) as env:
+        await env.reset(seed=7)  # seed picks a row: 7 mod n
+        for name in ("verify", "seed_session", "../verify", "nonexistent"):
+            refused = await env.step({"tool": name, "arguments": {}})
+            assert "unknown tool" in refused.observation["output"] and refused.reward is None
+        both = await env.step({"tool": "lookup", "answer": "both"})  # exactly one of the two
+        assert "either" in both.observation["output"] and not both.done
+        with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
+            await env.step({"tool": "lookup", "arguments": {}, "smuggled": 1})
+        done = await env.step({"answer": "no idea"})
+        assert done.done and done.reward == 0.0
+        with pytest.raises(RuntimeError, match=r"reset first.*EXECUTION_ERROR"):
+            await env.step({"answer": "again, to score twice"})
+
+
+async def test_tasks_only_refuses_a_callers_row_with_its_own_answer_key() -> None:
+    forged = {**rows()[0], "expected_answer": "7"}  # the caller's own answer key
+    async with served(rows_too=False) as url, client(url) as env:
+        with pytest.raises(RuntimeError, match="own tasks only"):
+            await env.reset(**forged)
+    async with served(rows_too=False) as url, client(url) as env:
+        await env.reset(task_index=0)  # a served task: its answer key is the server's
+        await env.step({"tool": "lookup", "arguments": {"key": "Brackenholt"}})
+        assert (await env.step({"answer": "7"})).reward == 0.0
+
+
+async def test_sessions_are_separate_and_capacity_is_openenvs() -> None:
+    async with served(max_envs=2) as url:
+        a, b, c = client(url), client(url), client(url)
+        async with a, b:
+            await asyncio.gather(a.reset(task_index=0), b.reset(task_index=1))
+            # lookup pays only an answer found with its tool; each session calls it once
+            for env in (a, b):
+                await env.step({"tool": "lookup", "arguments": {"key": "Brackenholt"}})
+            ra = await a.step({"answer": rows()[0]["expected_answer"]})
+            rb = await b.step({"answer": rows()[0]["expected_answer"]})  # row 1's answer differs
+            assert (ra.reward, rb.reward) == (1.0, 0.0)
+            # openenv-core refuses the third: its client reads the CAPACITY_REACHED answer,
+            # or (when the server's close overtakes its reset) fails to send on a closed socket
+            with pytest.raises((RuntimeError, ConnectionClosed)) as refused:
+                await c.reset(task_index=0)
+            if isinstance(refused.value, RuntimeError):
+                assert "CAPACITY_REACHED" in str(refused.value)
+            await c.close()
+
+
+def test_the_sync_client_works_too() -> None:
+    async def main() -> None:
+        async with served() as url:
+            await asyncio.to_thread(play, url)
+
+    def play(url: str) -> None:
+        with client(url).sync() as env:
+            env.reset(task_index=0)
+            env.step({"tool": "lookup", "arguments": {"key": "Brackenholt"}})
+            assert env.step({"answer": rows()[0]["expected_answer"]}).reward == 1.0
+
+    asyncio.run(main())
+
+
+def test_the_serve_openenv_command_serves_a_configs_environment(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    config = LOOKUP_ROWS.parents[1] / "config.yaml"
+    url_file = tmp_path / "url"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollgym", "serve-openenv", str(config), "--env", "lookup",
+         "--port", "0", "--max-sessions", "2", "--write-url", str(url_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not url_file.exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "serve-openenv did not come up within 60 s"
+            time.sleep(0.1)
+        url = url_file.read_text()
+
+        def play() -> float:
+            with client(url).sync() as env:
+                first = env.reset(task_index=0)  # collect.input of the config: lookup's rows
+                assert "Brackenholt" in str(first.observation["prompt"])
+                env.step({"tool": "lookup", "arguments": {"key": "Brackenholt"}})
+                return float(env.step({"answer": rows()[0]["expected_answer"]}).reward)
+
+        assert play() == 1.0
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, out
+    assert b"OpenEnv environment 'lookup' (" in out
+    assert not url_file.exists()  # removed on the way out: no stale URL
