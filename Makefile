@@ -22,12 +22,12 @@ lint: install
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy src
 	$(BIN)/python scripts/gen_reference.py --check
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The docs site (mkdocs.yml) into out/site: plain HTML files that open offline.
 docs: install
 	$(BIN)/python scripts/gen_reference.py
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 test: lint
 	$(BIN)/pytest -q
