@@ -66,6 +66,7 @@ def cli_page() -> str:
         out.append(f"## `rollgym {name}`\n\n")
         args = [p for p in command.params if p.param_type_name == "argument"]
         usage = " ".join(["[OPTIONS]", *(a.name.upper() for a in args)])
+        out.append("<!-- not-run: a usage synopsis, read from the command -->\n")
         out.append(f"```text\nrollgym {name} {usage}\n```\n\n")
         out.append(f"{clean(command.help or '')}\n\n")
         opts = [p for p in command.params if p.param_type_name == "option" and not p.hidden]

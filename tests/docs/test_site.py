@@ -23,7 +23,10 @@ EXTERNAL = re.compile(
 def test_the_generated_reference_is_current() -> None:
     done = subprocess.run(
         [sys.executable, "scripts/gen_reference.py", "--check"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
 
@@ -32,7 +35,10 @@ def test_the_site_builds_strictly_and_works_offline(tmp_path: Path) -> None:
     site = tmp_path / "site"
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     pages = list(site.rglob("*.html"))
