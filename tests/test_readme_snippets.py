@@ -24,7 +24,8 @@ def snippets() -> list[tuple[str, str, str]]:
 
 
 def test_the_docs_have_snippets_and_every_marker_is_followed_by_a_block() -> None:
-    markers = sum(p.read_text(encoding="utf-8").count("<!-- snippet: ") for p in pages())
+    marker = re.compile(r"^<!-- snippet: ", re.MULTILINE)
+    markers = sum(len(marker.findall(p.read_text(encoding="utf-8"))) for p in pages())
     assert markers == len(snippets()) > 0
 
 

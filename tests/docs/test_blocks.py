@@ -3,6 +3,7 @@ markers. An unmarked block fails here, so a doc cannot drift from the code."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -122,10 +123,8 @@ def _run(block: Block, cwd: Path, env: dict[str, str]) -> None:
         except subprocess.TimeoutExpired:
             pass
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             proc.wait(timeout=30)
     out = log.read_text(encoding="utf-8", errors="replace")
     assert proc.returncode == want, (
