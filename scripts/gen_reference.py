@@ -225,10 +225,8 @@ def annotation(tp: Any) -> str:
 def field_default(field: FieldInfo) -> str:
     if field.is_required():
         return "required"
-    if field.default_factory is not None:
-        value = field.default_factory()  # type: ignore[call-arg]
-    else:
-        value = field.default
+    factory = field.default_factory
+    value = factory() if factory is not None else field.default  # type: ignore[call-arg]
     if value is PydanticUndefined:
         return "required"
     return inline(value)
