@@ -49,5 +49,8 @@ def test_the_site_builds_strictly_and_works_offline(tmp_path: Path) -> None:
         for m in EXTERNAL.finditer(page.read_text(encoding="utf-8"))
     ]
     assert not loads, "the site loads from other hosts:\n" + "\n".join(loads[:20])
+    for svg in site.rglob("*.svg"):
+        urls = set(re.findall(r"https?://[^\s\"')<]+", svg.read_text(encoding="utf-8")))
+        assert urls <= {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}, (svg, urls)
     assert (site / "quickstart.html").is_file()
     assert (site / "images" / "grpo-trl-rewards.svg").is_file()
