@@ -24,7 +24,9 @@ VARYING = [
 def shape(text: str) -> list[str]:
     for pattern, stand_in in VARYING:
         text = pattern.sub(stand_in, text)
-    return [line.rstrip() for line in text.strip().splitlines()]
+    # A rate of another width pads the table's cells differently: compare the words alone.
+    text = re.sub(r"─+", "─", re.sub(r" +", " ", text))
+    return [line.strip() for line in text.strip().splitlines()]
 
 
 def test_the_readme_shows_the_demo_output() -> None:
