@@ -116,7 +116,13 @@ async def test_a_batch_comes_back_as_groups_of_scored_records_in_input_order() -
             assert kinds == ["function_call", "function_call_output", "message"]
             # Every turn's usage and token-level fields, not the last turn's only.
             assert response["usage"]["output_tokens"] == 20
-            assert response["rollgym_upstream"] == [{"token_ids": [1, 1]}, {"token_ids": [2, 2]}]
+            # Each call's entry, with the policy version and replica the model server adds.
+            stamp = {"rollgym_policy_version": 0, "rollgym_replica": 0}
+            assert response["rollgym_upstream"] == [
+                {"token_ids": [1, 1], **stamp},
+                {"token_ids": [2, 2], **stamp},
+            ]
+            assert record.policy_versions == (0, 0)
     assert f"v{groups[1].task_index}" in output_text(groups[1].scored[0].response)
     assert pickle.loads(pickle.dumps(groups)) == groups  # dataclass equality: types included
 

@@ -15,8 +15,9 @@ HEADER_ROLLOUT = "x-rollgym-rollout"
 
 HEADER_OLDEST_VERSION = "x-rollgym-oldest-version"
 """Header an agent sends on each model call of a rollout after its first: the oldest policy
-version its earlier calls ran under. A model server with ``max_staleness`` set refuses (409,
-``stale_rollout``) a call whose rollout is that many versions behind the live weights."""
+version its earlier calls ran under (a non-negative decimal integer; anything else is a 400). A
+model server with ``max_staleness = k`` set refuses (409, ``stale_rollout``) a call with
+``live - oldest > k``, checked when the call is admitted (after a pause, at its re-issue)."""
 
 SESSION_HEADER = "x-rollgym-session"
 """Header carrying a resources server's session id (from ``/seed_session`` or ``/reset``)."""
@@ -162,13 +163,17 @@ POLICY_ENDPOINT = "/rollgym/policy"
 """A rollgym model server's policy state: ``GET`` answers ``{"version", "paused",
 "max_staleness", "in_flight", "held"}``."""
 PAUSE_ENDPOINT = "/rollgym/pause"
-"""``POST {"abort": bool, "timeout_s": float}``: hold new model calls (and, with ``abort``,
-abort the in-flight ones, to be re-issued after the resume) until ``/rollgym/resume`` or for at
-most ``timeout_s`` seconds; answers ``{"version", "paused": true, "aborted", "held"}`` once no
-call is running upstream."""
+"""``POST {"abort": bool, "timeout_s": float}`` (defaults: false, 300; ``timeout_s`` in (0,
+3600]): hold new model calls (and, with ``abort``, abort the in-flight ones, to be re-issued
+after the resume) until ``/rollgym/resume`` or for at most ``timeout_s`` seconds (then the held
+calls fail as ``paused_too_long`` and the server unpauses itself); a pause while paused moves
+the deadline. Answers ``{"version", "paused", "aborted", "held", "in_flight"}`` once no call is
+running upstream (``in_flight`` 0), or at the deadline."""
 RESUME_ENDPOINT = "/rollgym/resume"
 """``POST {"version": int, "max_staleness": int | null}``: the weights now live, and the
-staleness bound; releases held and aborted calls. Versions never go back (409)."""
+staleness bound (null: none; left out: unchanged); releases held and aborted calls. Versions
+never go back (409); the live version again is allowed. Answers ``{"version", "paused": false,
+"max_staleness", "released"}``. Also valid while not paused (a version bump alone)."""
 AGENT_OWN_FIELDS = ("num_steps", "truncated", "agent_seconds", "drifted_turns")
 """The numbers rollgym's agents add to a verify response (not the environment's metrics)."""
 NG_ROLLGYM_AGENT = "_rollgym_agent"

@@ -202,5 +202,10 @@ async def test_every_turns_token_data_reaches_the_verified_rollout() -> None:
         status, body = await post_run(agent_url, task_row(0))
     assert status == 200, body
     response = body["response"]
-    assert response["rollgym_upstream"] == [{"token_ids": [1, 1, 1]}, {"token_ids": [2, 2, 2]}]
+    # Each call's entry, with the policy version and replica the model server adds to it.
+    stamp = {"rollgym_policy_version": 0, "rollgym_replica": 0}
+    assert response["rollgym_upstream"] == [
+        {"token_ids": [1, 1, 1], **stamp},
+        {"token_ids": [2, 2, 2], **stamp},
+    ]
     assert response["usage"]["output_tokens"] == 20  # both turns, not the last one only

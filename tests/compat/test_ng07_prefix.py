@@ -158,13 +158,15 @@ async def test_the_longest_id_taken_is_served(env: Client) -> None:
 async def test_the_prefix_names_the_rollout_unless_the_header_does(model: Client) -> None:
     params = {"input": "hi"}
     plain = await model.post("/v1/responses", params)
-    assert plain.body == {"rollout": None, "token_capture": False}
+    # Every model server's answer records its call's policy version (here the only addition).
+    stamp = {"rollgym_upstream": {"rollgym_policy_version": 0, "rollgym_replica": None}}
+    assert plain.body == {"rollout": None, "token_capture": False, **stamp}
     prefixed = await model.post("/ng-rollout/7-2-a1/v1/responses", params)
-    assert prefixed.body == {"rollout": "7-2-a1", "token_capture": False}
+    assert prefixed.body == {"rollout": "7-2-a1", "token_capture": False, **stamp}
     header = await model.post("/ng-rollout/7-2/v1/responses", params, headers={HEADER_ROLLOUT: "h"})
-    assert header.body == {"rollout": "h", "token_capture": False}
+    assert header.body == {"rollout": "h", "token_capture": False, **stamp}
     capture = await model.post("/ng-rollout/7-2/training-token-capture/v1/responses", params)
-    assert capture.body == {"rollout": "7-2", "token_capture": True}
+    assert capture.body == {"rollout": "7-2", "token_capture": True, **stamp}
     # The segment without a rest names no endpoint; after the rest it is part of the path.
     assert (await model.post("/ng-rollout/7-2/training-token-capture", params)).status == 404
     odd = await model.post("/ng-rollout/7-2/v1/training-token-capture/responses", params)

@@ -42,6 +42,7 @@ from rollgym.server.episode import Episode
 class ToolAgent(AgentServer):
     """Options: ``model`` and ``resources`` (server names), ``max_steps`` (default 10),
     ``model_timeout``, ``tool_timeout``, ``verify_timeout`` (seconds, per call),
+    ``model_pause_s`` (seconds a model call may be held by a pause, beyond its timeout),
     ``tools_from_server`` (default false)."""
 
     class Options(AgentServer.Options):

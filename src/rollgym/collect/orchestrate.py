@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from rollgym import tracing
 from rollgym.collect.collector import Collector
 from rollgym.collect.dispatch import Dispatcher
 from rollgym.collect.launchers import InProcessAgents, Launcher, RunAgents
@@ -57,7 +58,9 @@ async def run_collection(
     ``agents``: the run's agents as the caller resolved them (default: from ``agent`` and
     ``collect``). With ``collect.agent_in_process`` the agents run here (``InProcessAgents``);
     ``launcher`` must then leave them out (``local_launcher`` does)."""
-    # Pre-flight, before anything is written: the agent, and whether it runs here.
+    # Pre-flight, before anything is written: traces if asked for (rollgym.tracing), the agent,
+    # and whether it runs here.
+    tracing.setup("rollgym-collector")
     agents = agents or RunAgents.of(config, collect, agent, dispatcher)
     in_process: InProcessAgents | None = None
     if agents.in_process:

@@ -32,12 +32,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from rollgym import tracing
 from rollgym.collect.materialized import TaskFailedRollout, TaskItem
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
 from rollgym.config import CollectConfig
@@ -47,6 +48,13 @@ from rollgym.http.policy import backoff
 from rollgym.http.replicas import resends_elsewhere
 from rollgym.nemo_gym.environment_client import Episode, flat_failure
 from rollgym.protocol import check_verified
+from rollgym.tracing.names import (
+    ATTEMPT,
+    CIRCUIT_HOLD_SPAN,
+    DELAY,
+    ERROR_SERVER,
+    ROLLOUT_RETRY_SPAN,
+)
 from rollgym.wire import HEADER_ROLLOUT, NG_TASK_ID
 
 log = logging.getLogger("rollgym.collect")
@@ -94,10 +102,15 @@ class RolloutRunner:
     circuit_holds: int = field(default=0, init=False)
     failovers: int = field(default=0, init=False)
 
-    async def run(self, item: RolloutItem) -> RolloutRecord:
+    def run(self, item: RolloutItem) -> Coroutine[Any, Any, RolloutRecord]:
         """Run ``item`` to its record; never raises but ``CancelledError``."""
-        # One coroutine for the whole rollout, not a wrapper around a second: a collector
-        # holds thousands of these in flight, each with its frames.
+        # Not ``async`` itself: untraced, the rollout is one coroutine (``_run``), not a wrapper
+        # around a second; a collector holds thousands of these in flight, each with its frames.
+        # Traced (rollgym.tracing), it runs inside the root span of its own trace.
+        running = self._run(item)
+        return running if tracing.active is None else tracing.active.rollout(running, item)
+
+    async def _run(self, item: RolloutItem) -> RolloutRecord:
         started = time.monotonic()
         task_id = item.task_id if isinstance(item, TaskItem) else None
         try:
@@ -151,7 +164,11 @@ class RolloutRunner:
                         return self._failed(item, err, attempts - 1, started)
                     if err.retryable and attempts < max_attempts:
                         if episode is not None:
-                            await asyncio.sleep(backoff(target.policy, attempts))
+                            delay = backoff(target.policy, attempts)
+                            with tracing.span(
+                                ROLLOUT_RETRY_SPAN, {DELAY: delay, ATTEMPT: attempts}
+                            ):
+                                await asyncio.sleep(delay)
                         continue
                     return self._failed(item, err, attempts, started)
                 return ScoredRollout(
@@ -170,14 +187,15 @@ class RolloutRunner:
         ``on_hold`` every second that it is still held: the run's budget must see a circuit
         that stays open as it happens, not only when a held rollout is re-sent."""
         end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            if self.on_hold is not None:
-                self.on_hold(err)
-                if self.stopping():
-                    # The hold ended the run: like every rollout in flight at an abort, this
-                    # one stays unrecorded (``--resume`` runs it).
-                    raise asyncio.CancelledError
-            await asyncio.sleep(min(HOLD_TICK, left))
+        with tracing.span(CIRCUIT_HOLD_SPAN, {DELAY: seconds, ERROR_SERVER: err.server or ""}):
+            while (left := end - time.monotonic()) > 0:
+                if self.on_hold is not None:
+                    self.on_hold(err)
+                    if self.stopping():
+                        # The hold ended the run: like every rollout in flight at an abort, this
+                        # one stays unrecorded (``--resume`` runs it).
+                        raise asyncio.CancelledError
+                await asyncio.sleep(min(HOLD_TICK, left))
 
     @staticmethod
     def _failed(

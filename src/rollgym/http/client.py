@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 import rollgym.http.limits as answer_limits
+from rollgym import tracing
 from rollgym.errors import ConnectError, RollgymError
 from rollgym.http.answer import (
     AttemptFailed,
@@ -212,7 +213,8 @@ class HttpClient:
         coroutine, one frame less for each of the thousands of calls a collector holds.
         """
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
-        return self._send(target, endpoint, body, headers, deadline, sticky, pin, read_object)
+        sent = self._send(target, endpoint, body, headers, deadline, sticky, pin, read_object)
+        return sent if tracing.active is None else tracing.active.call(sent, target, endpoint)
 
     def call_stream(
         self,
@@ -232,10 +234,11 @@ class HttpClient:
         under the target's policy, while one that keeps sending may run for the whole attempt
         timeout. A cut stream, or an error event in it, is a failed attempt too."""
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
-        return self._send(
+        sent = self._send(
             target, endpoint, body, headers, deadline, None, False, read_stream,
             idle_timeout=idle_timeout,
         )  # fmt: skip
+        return sent if tracing.active is None else tracing.active.call(sent, target, endpoint)
 
     def call_json(
         self,
@@ -250,7 +253,8 @@ class HttpClient:
     ) -> Coroutine[Any, Any, JsonValue]:
         """``call`` for an endpoint that may answer any JSON value (a list, a string, ...)."""
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
-        return self._send(target, endpoint, body, headers, deadline, sticky, pin, read_value)
+        sent = self._send(target, endpoint, body, headers, deadline, sticky, pin, read_value)
+        return sent if tracing.active is None else tracing.active.call(sent, target, endpoint)
 
     async def call_with_cookies(
         self,
@@ -266,9 +270,12 @@ class HttpClient:
         """``call_json``, plus the cookies the answer set (name -> value). The client keeps no
         cookie jar: a caller that holds a session in a cookie sends it back itself."""
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
-        value, cookies = await self._send(
+        sent = self._send(
             target, endpoint, body, headers, deadline, sticky, pin, read_value, with_cookies=True
         )
+        if tracing.active is not None:
+            sent = tracing.active.call(sent, target, endpoint)
+        value, cookies = await sent
         return value, dict(cookies)
 
     async def _send(
@@ -306,6 +313,9 @@ class HttpClient:
                 state.budget.record_request()
             left = total - (time.monotonic() - start)
             url = target.urls[replica] + endpoint
+            # Traced (rollgym.tracing): the attempt's client span, sent as ``traceparent``.
+            tracer = tracing.active
+            span = None if tracer is None else tracer.attempt(target.name, endpoint, url, attempt)
             state.replicas.begin(replica)
             try:
                 # One attempt, inline rather than a method of its own: a call in flight holds
@@ -320,7 +330,7 @@ class HttpClient:
                         Request(
                             url,
                             body,
-                            headers,
+                            headers if span is None else span.headers(headers),
                             min(attempt_timeout, left),
                             policy.connect_timeout,
                             target.name,
@@ -342,11 +352,15 @@ class HttpClient:
                 # Cancelled mid-attempt: there is no outcome to report, but a half-open probe
                 # that never reports would keep the circuit shut for good.
                 breaker.release()
+                if span is not None:
+                    span.cancelled()
                 raise
             else:
                 # Every answered attempt reports to the breaker: successes reset its count of
                 # failures in a row, and a successful half-open probe closes it.
                 breaker.record(True)
+                if span is not None:
+                    span.answered(raw.status)
                 return (value, raw.cookies) if with_cookies else value
             err = scrubbed(failure.error, header_secrets(headers))
             if isinstance(err, ConnectError) and len(target.urls) > 1:
@@ -365,6 +379,8 @@ class HttpClient:
             refused = decision.retry and not state.budget.try_retry()
             ends = refused or not decision.retry
             _report(breaker, decision.blame, ends)
+            if span is not None:
+                span.failed(err, not ends)
             if ends:
                 stats.failures += 1
                 final = decision.error
@@ -382,7 +398,10 @@ class HttpClient:
                 target.name, endpoint, attempt, max_attempts, decision.error, decision.delay,
             )  # fmt: skip
             last = decision.error
-            await asyncio.sleep(decision.delay)
+            if span is None:
+                await asyncio.sleep(decision.delay)
+            else:  # traced: the wait is a span of its own
+                await span.wait(decision.delay)
 
     def _admit(
         self,

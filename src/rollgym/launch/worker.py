@@ -16,6 +16,7 @@ import sys
 
 import uvicorn
 
+from rollgym import tracing
 from rollgym.config import ChaosSpec, Config
 from rollgym.credentials import MaskedStream, remember_secret, remember_urls_in
 from rollgym.errors import redact_text
@@ -52,6 +53,7 @@ def main() -> None:
     )
     config = Config.model_validate(spec["config"])
     server_cfg = config.servers[name]
+    tracing.setup(f"rollgym-{name}")  # on only if OTEL_TRACES_EXPORTER asks (rollgym.tracing)
     # ``impl: module:Class`` may name a module beside the config file (see resolve_impl).
     klass = resolve_impl(
         server_cfg.impl, server_cfg.kind, config_dir=config.base_dir(),

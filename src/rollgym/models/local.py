@@ -16,6 +16,8 @@ trainer samples, weight sync) runs on a laptop or in CI with no vLLM::
     GET  /v1/models, /health
     POST /rollgym/weights       ``{"path": DIR, "version": N}``: load a trainer's safetensors
     GET  /rollgym/weights       the policy version served and where its weights came from
+    GET  /rollgym/policy, POST /rollgym/pause, /rollgym/resume   the policy gate of every
+                                rollgym model server (``rollgym.server.model``)
 
 Every completion carries ``rollgym_policy_version``: the version of the weights it was generated
 with from its first token to its last. ``openai_proxy`` with ``return_token_ids: true`` in front
@@ -56,18 +58,20 @@ from rollgym.errors import HTTPStatusError, InvalidRequest
 from rollgym.models.local_engine import Generation, Job, LocalEngine
 from rollgym.models.local_request import ChatRequest, Sampling, messages, parse_chat
 from rollgym.models.local_tools import Parsed, parse_tool_calls
-from rollgym.models.stream import chat_stream, response_stream
+from rollgym.models.policy import note_upstream
+from rollgym.models.stream import chat_stream
 from rollgym.models.tokens import attach, call_tokens, token_request
 from rollgym.models.translate import chat_to_response, responses_to_chat
 from rollgym.server.endpoint import BodyLimit, Call, error_response, json_endpoint
 from rollgym.server.model import (
     CHAT_ENDPOINT,
     MODELS_ENDPOINT,
-    RESPONSES_ENDPOINT,
     TOKENIZE_ENDPOINT,
     ModelServer,
+    gated_chat,
     json_object,
     model_list,
+    policy_routes,
 )
 from rollgym.wire import POLICY_VERSION, WEIGHTS_ENDPOINT
 
@@ -83,6 +87,8 @@ T = TypeVar("T")
 
 class LocalModel(ModelServer):
     """A local model directory served on the CPU (see the module docstring)."""
+
+    own_upstream = True
 
     class Options(ModelServer.Options):
         model_dir: str = Field(description="a directory from save_pretrained (model, tokenizer)")
@@ -123,6 +129,7 @@ class LocalModel(ModelServer):
         self._pending = 0
         self._jobs: set[Job] = set()
         self._push_lock = asyncio.Lock()
+        self.policy.raise_version(opts.policy_version)
 
     async def shutdown(self) -> None:
         for job in self._jobs:
@@ -136,14 +143,19 @@ class LocalModel(ModelServer):
             self.options.max_body_bytes, f"servers.{self.name}.options.max_body_bytes"
         )
         return [
-            Route(RESPONSES_ENDPOINT, json_endpoint(self._respond, limit), methods=["POST"]),
-            Route(CHAT_ENDPOINT, json_endpoint(self._chat, limit), methods=["POST"]),
+            self.responses_route(limit),
+            Route(
+                CHAT_ENDPOINT,
+                json_endpoint(gated_chat(self.policy, self._chat), limit),
+                methods=["POST"],
+            ),
             Route(MODELS_ENDPOINT, json_endpoint(self._models), methods=["GET"]),
             Route(TOKENIZE_ENDPOINT, json_endpoint(self._tokenize, limit), methods=["POST"]),
             Route(WEIGHTS_ENDPOINT, json_endpoint(self._push, limit), methods=["POST"]),
             Route(WEIGHTS_ENDPOINT, json_endpoint(self._weights), methods=["GET"]),
             # vLLM's liveness path, which openai_proxy probes when a call is slow.
             Route(PING_ENDPOINT, json_endpoint(self._ping), methods=["GET", "POST"]),
+            *policy_routes(self.policy),
         ]
 
     def features(self) -> list[str]:
@@ -168,9 +180,6 @@ class LocalModel(ModelServer):
         listed["data"][0]["max_model_len"] = self.engine.max_model_len
         return listed
 
-    async def _respond(self, body: Any, call: Call) -> Any:
-        return await self.respond(json_object(body), call)
-
     async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
         chat = token_request(responses_to_chat(params, model=self.served_name))
         chat.pop("stream", None)
@@ -180,7 +189,7 @@ class LocalModel(ModelServer):
         response = chat_to_response(completion, params, upstream=self.name, model=self.served_name)
         attach(response["output"], call_tokens(completion, upstream=self.name))
         response[POLICY_VERSION] = completion[POLICY_VERSION]
-        return response_stream(response) if params.get("stream") else response
+        return response  # streamed, if asked, by the base
 
     async def _chat(self, body: Any, call: Call) -> Any:
         params = json_object(body)
@@ -243,6 +252,7 @@ class LocalModel(ModelServer):
             await loop.run_in_executor(
                 self._worker, self.engine.swap_weights, loaded, path, version
             )
+            self.policy.raise_version(version)  # the live version is at least the one served
         return {POLICY_VERSION: version, "previous_version": served, "path": path,
                 "tensors": len(loaded), "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
 
@@ -286,6 +296,8 @@ class LocalModel(ModelServer):
             self._pending -= 1
             if job is not None:
                 self._jobs.discard(job)
+        # The version these weights were, for the call's record (``rollgym.models.versions``).
+        note_upstream(0, generation.policy_version)
         # Off the loop: one decode per token and alternative adds up for long answers.
         completion: dict[str, Any] = await self._off_loop(self._completion, request, generation)
         return completion

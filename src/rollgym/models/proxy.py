@@ -72,6 +72,13 @@ Clients may stream too (``"stream": true`` on either endpoint): they get the ans
 server-sent events once it is complete (``rollgym.models.stream``), the upstream's whole answer
 unless ``upstream_stream`` is set.
 
+**Policy versions, pauses, staleness** (every rollgym model server: ``rollgym.server.model``):
+each answer's ``rollgym_upstream`` entry names the replica that answered (``rollgym_replica``, its
+index in ``base_url``) and the policy version (the upstream's own ``rollgym_policy_version`` if
+its completion has one, else this server's live version); a pause with ``abort`` closes the
+upstream requests in flight, and their calls are re-issued after the resume with a fresh
+deadline: the time a call is held is never counted against ``timeout`` or its retries.
+
 Calls to the upstream go through the shared ``HttpClient``, so retries, timeouts and error
 translation are those of every other rollgym call; a failure after retries propagates as the
 client's typed error, which the app answers 502/504 with the upstream's error as ``origin``.
@@ -100,12 +107,9 @@ from rollgym.http.default import default_transport
 from rollgym.http.sse import encode_events
 from rollgym.models.assemble import assemble_chat
 from rollgym.models.liveness import PROBE_TIMEOUT_S, LivenessTransport, Watch, watching
+from rollgym.models.policy import note_upstream
 from rollgym.models.replicas import Replica, Replicas, replica_targets
-from rollgym.models.stream import (
-    EventStreamResponse,
-    chat_stream,
-    response_stream,
-)
+from rollgym.models.stream import EventStreamResponse, chat_stream
 from rollgym.models.tokens import (
     attach,
     call_tokens,
@@ -124,6 +128,7 @@ from rollgym.server.model import (
     model_list,
     openai_routes,
 )
+from rollgym.wire import POLICY_VERSION
 
 _REDACTED = "REDACTED"
 _MIN_SCRUB_LEN = 6  # a shorter "key" would blank out ordinary words in error messages
@@ -281,7 +286,10 @@ class OpenAIProxy(ModelServer):
         await self._transport.close()
 
     def routes(self) -> list[BaseRoute]:
-        return [*super().routes(), *openai_routes(self._chat, self._models, self._tokenize)]
+        return [
+            *super().routes(),
+            *openai_routes(self.policy, self._chat, self._models, self._tokenize),
+        ]
 
     async def _models(self, body: Any, call: Call) -> Any:
         if self.options.model is None:
@@ -334,7 +342,7 @@ class OpenAIProxy(ModelServer):
         if with_tokens:
             tokens = call_tokens(answer.completion, upstream=upstream, tokenized=answer.tokenized)
             attach(response["output"], tokens)
-        return response_stream(response) if params.get("stream") else response
+        return response  # streamed, if asked, by the base
 
     async def _chat(self, raw: Any, call: Call) -> Any:
         body = json_object(raw)
@@ -355,6 +363,7 @@ class OpenAIProxy(ModelServer):
 
         async def stream(replica: Replica, deadline: float | None) -> Streamed:
             # The client's own stream request, passed on as it is; its chunks go back unchanged.
+            note_upstream(replica.index)
             return await self.client.call_stream(
                 replica.chat, CHAT_ENDPOINT, self._with_extras(body), idle_timeout=idle,
                 headers=self._auth(), deadline=deadline,
@@ -376,9 +385,11 @@ class OpenAIProxy(ModelServer):
         target = replica.chat
         if not self.options.upstream_stream:
             if self._watches is None:
-                return await self.client.call(
+                whole = await self.client.call(
                     target, CHAT_ENDPOINT, payload, headers=self._auth(), deadline=deadline
                 )
+                note_upstream(replica.index, whole.get(POLICY_VERSION))
+                return whole
             # call_stream for its idle_timeout: the client then knows that a watched attempt
             # may fail before its own timeout, and retries it rather than blame the deadline.
             # The answer is the upstream's JSON (``whole``): nothing here asks it to stream.
@@ -395,9 +406,15 @@ class OpenAIProxy(ModelServer):
                 target, CHAT_ENDPOINT, payload, idle_timeout=idle, headers=self._auth(),
                 deadline=deadline,
             )  # fmt: skip
-        if answer.whole is not None:
-            return answer.whole
-        return assemble_chat(answer.events, upstream=target.name)
+        completion = (
+            answer.whole
+            if answer.whole is not None
+            else assemble_chat(answer.events, upstream=target.name)
+        )
+        # The answering replica, and the version the upstream reports (if any), for the
+        # call's record (``rollgym.models.versions``).
+        note_upstream(replica.index, completion.get(POLICY_VERSION))
+        return completion
 
     def _with_extras(self, payload: dict[str, Any]) -> dict[str, Any]:
         return {**self.options.extra_body, **payload} if self.options.extra_body else payload

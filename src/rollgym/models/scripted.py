@@ -11,7 +11,10 @@ It is NOT a language model. It answers OpenAI-compatible ``/v1/responses`` and
 
 Without a script it calls the first declared tool once (string arguments filled from the last
 user message) and then says the tool's output; with no tools it says a fixed sentence.
-Option ``latency`` (seconds) delays every answer, to stand in for model time in benchmarks.
+Option ``latency`` (seconds) delays every answer, to stand in for model time in benchmarks;
+``latency_dist: {lognormal: {median_s: 0.05, p99_over_median: 30}, seed: 0}`` adds a
+long-tailed delay drawn per call, the same for the same rollout and turn in every run
+(``rollgym.models.latency``).
 With ``"stream": true`` (either endpoint) the answer comes as server-sent events, as the
 ``openai`` SDK's streaming calls expect (``rollgym.models.stream``).
 
@@ -38,7 +41,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from rollgym.errors import InvalidRequest
-from rollgym.models.stream import chat_stream, response_stream
+from rollgym.models.latency import LatencyDist
+from rollgym.models.stream import chat_stream
 from rollgym.server.endpoint import Call
 from rollgym.server.model import (
     ModelServer,
@@ -55,13 +59,21 @@ BOS_ID = 1
 
 
 class ScriptedModel(ModelServer):
+    own_upstream = True
+
     class Options(ModelServer.Options):
         latency: float = Field(default=0.0, ge=0, description="seconds added to every answer")
+        latency_dist: LatencyDist | None = Field(
+            default=None, description="seconds added to every answer, drawn per call (seeded)"
+        )
 
     options: Options
 
     def routes(self) -> list[BaseRoute]:
-        return [*super().routes(), *openai_routes(self._chat, self._models, self._tokenize)]
+        return [
+            *super().routes(),
+            *openai_routes(self.policy, self._chat, self._models, self._tokenize),
+        ]
 
     async def _models(self, body: Any, call: Call) -> Any:
         return model_list(MODEL_ID)
@@ -69,9 +81,12 @@ class ScriptedModel(ModelServer):
     async def _tokenize(self, body: Any, call: Call) -> Any:
         return tokenize(json_object(body))
 
-    async def _delay(self) -> None:
-        if self.options.latency > 0:
-            await asyncio.sleep(self.options.latency)
+    async def _delay(self, rollout: str | None, turn: int) -> None:
+        # Inside the model call's policy gate: a pause's abort cancels the sleep.
+        dist = self.options.latency_dist
+        seconds = self.options.latency + (dist.draw(rollout, turn) if dist is not None else 0.0)
+        if seconds > 0:
+            await asyncio.sleep(seconds)
 
     async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
         if "input" not in params:
@@ -79,9 +94,8 @@ class ScriptedModel(ModelServer):
         items = _input_items(params["input"])
         turn, tool_output, user_text = _history(items)
         action = decide(params, turn, tool_output, user_text, call.rollout)
-        await self._delay()
-        response = build_response(params, action)
-        return response_stream(response) if params.get("stream") else response
+        await self._delay(call.rollout, turn)
+        return build_response(params, action)  # streamed, if asked, by the base
 
     async def _chat(self, body: Any, call: Call) -> Any:
         params = json_object(body)
@@ -103,7 +117,7 @@ class ScriptedModel(ModelServer):
             user_text,
             call.rollout,
         )
-        await self._delay()
+        await self._delay(call.rollout, turn)
         completion = build_chat_completion(params, action)
         return chat_stream(completion, params) if params.get("stream") else completion
 

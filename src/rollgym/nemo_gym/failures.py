@@ -30,12 +30,15 @@ connection_lost        transport_peer_drop       (a)(b)
 read_timeout           transport_timeout         (a)(b)
 answer_too_large       transport_local_resource  (a)(b)
 deadline_exceeded      transport_timeout         (a)(b)(e)
+paused_too_long        transport_timeout         (a)(b)
 budget_exhausted       transport_unreachable     the kind of the failure it stopped, if any
 circuit_open           transport_unreachable     the kind of the failure it stopped, if any
 rollout_error          agent_run_error           (a)(b)(c)
+stale_rollout          cancelled                 -
 environment_failure    agent_run_error           its own failure_kind when it has one
 internal_error         agent_run_error           (a)(b)(c)
 sandbox_error          provider_unavailable      -
+scorer_error           agent_run_error           (a)(b)(c)
 launch_error           transport_unreachable     (a)(b)
 run_aborted            cancelled                 -
 =====================  ========================  ============================================
@@ -189,12 +192,18 @@ KIND_BY_TYPE: dict[str, str] = {
     "read_timeout": TRANSPORT_TIMEOUT,
     "answer_too_large": TRANSPORT_LOCAL_RESOURCE,
     "deadline_exceeded": TRANSPORT_TIMEOUT,
+    # A pause for a weight update that no resume ended: the model call's time ran out.
+    "paused_too_long": TRANSPORT_TIMEOUT,
     "budget_exhausted": TRANSPORT_UNREACHABLE,
     "circuit_open": TRANSPORT_UNREACHABLE,
     "rollout_error": AGENT_RUN_ERROR,
+    # Cancelled in flight by the trainer's staleness bound: no server failed.
+    "stale_rollout": CANCELLED,
     "environment_failure": AGENT_RUN_ERROR,
     "internal_error": AGENT_RUN_ERROR,
     "sandbox_error": PROVIDER_UNAVAILABLE,
+    # A dataset's own scorer that cannot score a row: at verification, a verifier_error.
+    "scorer_error": AGENT_RUN_ERROR,
     "launch_error": TRANSPORT_UNREACHABLE,
     "run_aborted": CANCELLED,
 }

@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 
+from rollgym import tracing
 from rollgym.collect.records import RolloutItem, RolloutRecord
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.errors import RollgymError
@@ -58,6 +59,7 @@ class CollectWorker:
         self._aborted = False
         self._held: RollgymError | None = None
         self.finished = 0
+        tracing.setup("rollgym-collect-worker")  # if OTEL_TRACES_EXPORTER asks (rollgym.tracing)
 
     async def ready(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()

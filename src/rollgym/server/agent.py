@@ -18,6 +18,12 @@ agent is a 0.7 Environment Server itself, and an agent that implements ``turn`` 
 sessions (``rollgym.server.agent_sessions``: ``/v1/agent_sessions``, ``/v1/responses``, close),
 so a 0.7 Environment Server (``single_agent_turn``) can front it.
 
+Each model call sends the oldest policy version of the rollout's earlier calls
+(``x-rollgym-oldest-version``, learnt from each answer: ``rollgym.models.versions``), so a model
+server with a staleness bound can refuse the next call of a stale rollout (409,
+``stale_rollout``): that error ends the rollout, as the root of its failure. A model call may
+be held by a pause of its model server for ``model_pause_s`` seconds beyond ``model_timeout``.
+
 Every verified rollout also carries ``rollgym_timing`` (``Hops.to_dict``): the seconds of each
 hop the rollout made through its context (seed, model calls, tool calls, verify), the retries
 inside them and the time they spent waiting between attempts, for ``rollgym report``.
@@ -49,6 +55,8 @@ from rollgym.errors import (
     RollgymError,
 )
 from rollgym.http import HttpClient, Target
+from rollgym.models.policy import MAX_PAUSE_S
+from rollgym.models.versions import call_version
 from rollgym.nemo_gym.failures import Stage
 from rollgym.protocol import TaskRow, rollout_key
 from rollgym.server.agent_episodes import (
@@ -63,9 +71,18 @@ from rollgym.server.base import BaseServer, ModelPeer, ResourcesPeer, ServerCont
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
 from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
-from rollgym.wire import HEADER_ROLLOUT, ROLLOUT_PREFIX, TOKEN_CAPTURE_SEGMENT
+from rollgym.wire import (
+    HEADER_OLDEST_VERSION,
+    HEADER_ROLLOUT,
+    ROLLOUT_PREFIX,
+    TOKEN_CAPTURE_SEGMENT,
+)
 
 log = logging.getLogger("rollgym.server")
+
+MODEL_PAUSE_S = 600.0
+"""The default seconds a model call may be held by a pause beyond ``model_timeout``: the
+default pause of ``rollgym.policy_control`` (a server's own default, 300 s, fits too)."""
 
 TIMING_FIELD = "rollgym_timing"
 """The verify response's field that holds the rollout's ``Hops``."""
@@ -180,26 +197,43 @@ class TimedEpisode(Episode):
 
 
 class ModelClient:
-    """Calls to one model server's ``/v1/responses`` on behalf of rollouts."""
+    """Calls to one model server's ``/v1/responses`` on behalf of rollouts.
 
-    def __init__(self, http: HttpClient, target: Target, *, timeout: float = 600.0) -> None:
-        self.http, self.target, self.timeout = http, target, timeout
+    ``pause_s``: the seconds a call may be held by a pause of its model server (a weight
+    update, ``/rollgym/pause``) on top of ``timeout``: the call's deadline and the per-attempt
+    timeout of ``target``'s policy are both raised by it, so a call held by a pause of
+    legitimate length is not timed out and sent again."""
+
+    def __init__(
+        self, http: HttpClient, target: Target, *, timeout: float = 600.0, pause_s: float = 0.0
+    ) -> None:
+        self.http, self.target, self.timeout = http, with_pause(target, pause_s), timeout + pause_s
 
     async def respond(
-        self, params: dict[str, Any], rollout: str, *, token_capture: bool = False
+        self,
+        params: dict[str, Any],
+        rollout: str,
+        *,
+        token_capture: bool = False,
+        oldest_version: int | None = None,
     ) -> dict[str, Any]:
         """The model's Responses API response to ``params``, for rollout ``rollout``;
         ``token_capture``: asked for with training token ids, at 0.7's
         ``/ng-rollout/<id>/training-token-capture/v1/responses`` (where rollgym's proxy and
-        0.7's model servers answer them)."""
+        0.7's model servers answer them); ``oldest_version``: the oldest policy version of the
+        rollout's earlier model calls, sent as ``x-rollgym-oldest-version`` (the model server
+        refuses the call, ``stale_rollout``, if that is too far behind its live version)."""
         if params.get("stream"):
             # A row asking for a stream would get server-sent events back: the agent needs the
             # whole response (the model server still streams from its upstream itself).
             params = {**params, "stream": False}
         endpoint = capture_endpoint(rollout) if token_capture else RESPONSES_ENDPOINT
+        headers = {HEADER_ROLLOUT: rollout}
+        if oldest_version is not None:
+            headers[HEADER_OLDEST_VERSION] = str(oldest_version)
         response = await self.http.call(
-            self.target, endpoint, params, headers={HEADER_ROLLOUT: rollout},
-            deadline=self.timeout, sticky=rollout,
+            self.target, endpoint, params, headers=headers, deadline=self.timeout,
+            sticky=rollout,
         )  # fmt: skip
         if not (isinstance(response, dict) and isinstance(response.get("output"), list)):
             raise ProtocolError(
@@ -207,6 +241,44 @@ class ModelClient:
                 endpoint=endpoint, body=orjson.dumps(response),
             )  # fmt: skip
         return response
+
+
+def with_pause(target: Target, pause_s: float) -> Target:
+    """``target`` with ``pause_s`` more seconds per attempt (its endpoints' own attempt
+    timeouts too) and in total: room for a model call held by a pause."""
+    if pause_s <= 0:
+        return target
+    policy = target.policy
+    endpoints = {
+        path: override
+        if override.attempt_timeout is None
+        else override.model_copy(update={"attempt_timeout": override.attempt_timeout + pause_s})
+        for path, override in policy.endpoints.items()
+    }
+    longer = policy.model_copy(
+        update={
+            "attempt_timeout": policy.attempt_timeout + pause_s,
+            "deadline": policy.deadline + pause_s,
+            "endpoints": endpoints,
+        }
+    )
+    return Target(target.name, target.urls, longer)
+
+
+class CallVersions:
+    """The policy versions a rollout's model calls ran under, as their answers said: the
+    oldest is sent with each next call (``x-rollgym-oldest-version``)."""
+
+    __slots__ = ("oldest",)
+
+    def __init__(self) -> None:
+        self.oldest: int | None = None
+
+    def saw(self, response: Any) -> None:
+        """Count the version of one model call's answer (if it names one)."""
+        version = call_version(response)
+        if version is not None and (self.oldest is None or version < self.oldest):
+            self.oldest = version
 
 
 def capture_endpoint(rollout: str) -> str:
@@ -234,6 +306,9 @@ class RunContext:
     token_capture: bool = False
     """The caller asked for training token ids (0.7's ``training-token-capture`` path): the
     model calls ask for them too."""
+    versions: CallVersions = field(default_factory=CallVersions)
+    """The policy versions of this rollout's model calls so far (the oldest is sent on each
+    next call, so a model server can refuse a stale rollout)."""
 
     def episode(self, resources: str | None = None) -> Episode:
         """A session of this rollout on resources server ``resources`` (default: the
@@ -255,9 +330,12 @@ class RunContext:
     async def respond(self, params: dict[str, Any], model: str | None = None) -> dict[str, Any]:
         """The response of model server ``model`` (default: the ``model`` option)."""
         client = self.agent.model_client(model)
-        response: dict[str, Any] = await self.hops.timed(
-            "model", client.respond(params, self.rollout, token_capture=self.token_capture)
-        )
+        call = client.respond(
+            params, self.rollout, token_capture=self.token_capture,
+            oldest_version=self.versions.oldest,
+        )  # fmt: skip
+        response: dict[str, Any] = await self.hops.timed("model", call)
+        self.versions.saw(response)
         return response
 
 
@@ -270,6 +348,13 @@ class AgentServer(BaseServer):
         model: ModelPeer = "model"
         resources: ResourcesPeer = "resources"
         model_timeout: float = Field(default=600.0, gt=0, description="seconds per model call")
+        model_pause_s: float = Field(
+            default=MODEL_PAUSE_S,
+            ge=0,
+            le=MAX_PAUSE_S,
+            description="seconds a model call may be held by its model server's pause (a "
+            "weight update), on top of model_timeout and the per-attempt timeout",
+        )
         tool_timeout: float = Field(default=120.0, gt=0, description="seconds per tool call")
         verify_timeout: float = Field(default=300.0, gt=0, description="seconds per verify")
 
@@ -308,8 +393,9 @@ class AgentServer(BaseServer):
         name = name or self.options.model
         if name not in self._models:
             self._models[name] = ModelClient(
-                self.client, self.peer(name), timeout=self.options.model_timeout
-            )
+                self.client, self.peer(name), timeout=self.options.model_timeout,
+                pause_s=self.options.model_pause_s,
+            )  # fmt: skip
         return self._models[name]
 
     def resources_client(self, name: str | None = None) -> ResourcesClient:

@@ -33,6 +33,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
+from rollgym import tracing
 from rollgym.errors import HTTPStatusError, InternalError, InvalidRequest, RollgymError
 from rollgym.server.endpoint import (
     MAX_BODY_BYTES,
@@ -97,10 +98,20 @@ class App:
             endpoint = self.posts.get(scope["path"])
             if endpoint is not None:
                 request = Request(scope, receive)
+                # Traced (rollgym.tracing): the caller's trace goes on in this server's span.
+                span = (
+                    None if tracing.active is None else tracing.active.serving(self.server, request)
+                )
                 try:
                     response = await endpoint(request)
                 except Exception as exc:  # every error becomes the uniform body
                     response = await self._on_error(request, exc)
+                except BaseException:
+                    if span is not None:
+                        span.cancelled()
+                    raise
+                if span is not None:
+                    span.answered(response)
                 await response(scope, receive, send)
                 return
         await self.starlette(scope, receive, send)
@@ -112,6 +123,7 @@ class App:
             yield
         finally:
             await self.server.shutdown()
+            tracing.flush()  # the last spans, before uvicorn ends the process (rollgym.tracing)
 
     async def _on_error(self, request: Request, exc: Exception) -> Response:
         return error_response(self.server.name, as_rollgym_error(request, exc, self.server.name))

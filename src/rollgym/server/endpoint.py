@@ -20,6 +20,7 @@ from rollgym.errors import (
     ReadTimeout,
     RequestTooLarge,
     RollgymError,
+    StaleRollout,
     TransportError,
 )
 from rollgym.wire import HEADER_ROLLOUT
@@ -162,6 +163,10 @@ def error_response(server: str, err: RollgymError) -> JSONResponse:
     """The uniform error body for ``err`` raised while serving a request on ``server``."""
     if isinstance(err, InvalidRequest):
         status, payload = err.status or 400, err.to_dict()
+        payload.update(status=status, server=server)
+    elif isinstance(err, StaleRollout) and err.server in (None, server):
+        # The caller's rollout is too old for the live weights: a conflict, not a failure here.
+        status, payload = 409, err.to_dict()
         payload.update(status=status, server=server)
     elif isinstance(err, ConfigError):
         status, payload = 400, err.to_dict()

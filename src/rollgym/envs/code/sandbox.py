@@ -31,8 +31,17 @@ from typing import Any, Literal
 
 import orjson
 
+from rollgym import tracing
 from rollgym.envs.code.launcher import READY, WORK_DIR
 from rollgym.errors import SandboxError
+from rollgym.tracing.names import (
+    SANDBOX_EXIT,
+    SANDBOX_MODE,
+    SANDBOX_OUTPUT_EXCEEDED,
+    SANDBOX_SPAN,
+    SANDBOX_TIMED_OUT,
+    SERVER,
+)
 
 log = logging.getLogger("rollgym.envs.code")
 
@@ -155,6 +164,18 @@ class Sandbox:
     ) -> RunResult:
         """Run ``program`` (Python source) with ``stdin``; raise ``SandboxError`` if the sandbox
         itself could not start it. The slot is given back however the run ends."""
+        with tracing.span(SANDBOX_SPAN, {SANDBOX_MODE: mode, SERVER: self.server}) as span:
+            result = await self._in_slot(program, stdin, mode, fn_name, probes)
+            if span is not None:  # traced (rollgym.tracing): how the program ended
+                span.set_attribute(SANDBOX_TIMED_OUT, result.timed_out)
+                span.set_attribute(SANDBOX_OUTPUT_EXCEEDED, result.output_exceeded)
+                if result.exit_code is not None:
+                    span.set_attribute(SANDBOX_EXIT, result.exit_code)
+            return result
+
+    async def _in_slot(
+        self, program: str, stdin: str, mode: Mode, fn_name: str | None, probes: tuple[str, ...]
+    ) -> RunResult:
         slot = await self._slots.get()
         self._busy[slot] = time.monotonic()
         workdir: str | None = None

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from rollgym import tracing
 from rollgym.envs.judge.verdict import (
     EQUAL_LABEL,
     NOT_EQUAL_LABEL,
@@ -41,6 +42,7 @@ from rollgym.protocol import output_text
 from rollgym.server.base import ModelPeer
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.resources import ResourcesServer, Session
+from rollgym.tracing.names import JUDGE, JUDGE_SPAN, SERVER
 
 EQUIVALENCE_SYSTEM = (
     "You are an impartial grader. Decide whether the CANDIDATE answer to the QUESTION is "
@@ -164,7 +166,8 @@ class JudgeEnv(ResourcesServer):
                 {"role": "user", "content": _fill(o.prompt_template or template, values)},
             ],
         }
-        answer = await self.client.call(self.peer(o.judge), RESPONSES_ENDPOINT, params)
+        with tracing.span(JUDGE_SPAN, {JUDGE: o.judge, SERVER: self.name}):
+            answer = await self.client.call(self.peer(o.judge), RESPONSES_ENDPOINT, params)
         try:
             return output_text(answer)
         except InvalidRequest as exc:  # a malformed answer is the judge's fault, not ours
