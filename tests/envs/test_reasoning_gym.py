@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+import pytest_asyncio
 from reasoning_gym.utils import extract_answer
 
 from rollgym.envs.reasoning_gym.carry import NotCarried, carry, restore
@@ -143,7 +144,9 @@ def test_screen(dataset: str, answer: str, allowed: bool) -> None:
 # -- the served environment -----------------------------------------------------------------
 
 
-@pytest.fixture
+# The tests below share one served environment (and its warmed worker pool): starting workers
+# and importing reasoning-gym in them is the slow part of these tests.
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def env() -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
     timeout = aiohttp.ClientTimeout(total=60, connect=5)
     async with (
@@ -161,6 +164,7 @@ async def _verify(
         return resp.status, await resp.json()
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_reference_scores_with_per_dataset_metric(env: Any) -> None:
     row = _row("chain_sum")
     status, body = await _verify(env, row, f"Sum it up. <answer>{row['answer']}</answer>")
@@ -170,6 +174,7 @@ async def test_reference_scores_with_per_dataset_metric(env: Any) -> None:
     assert body["task_name"] == "chain_sum" and body["extracted_answer"] == row["answer"]
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_no_answer_tag_scores_zero_without_the_scorer(env: Any) -> None:
     row = _row("chain_sum")
     status, body = await _verify(env, row, f"The answer is {row['answer']}.")
@@ -178,6 +183,7 @@ async def test_no_answer_tag_scores_zero_without_the_scorer(env: Any) -> None:
     )  # fmt: skip
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_nemo_gym_row_is_scored_by_its_source_dataset(env: Any) -> None:
     row = _row("leg_counting")
     nemo = {k: row[k] for k in ("responses_create_params", "question", "answer", "metadata")}
@@ -185,6 +191,7 @@ async def test_a_nemo_gym_row_is_scored_by_its_source_dataset(env: Any) -> None:
     assert (status, body["reward"]) == (200, 1.0)
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_config_overrides_reach_the_scorer(env: Any) -> None:
     row = _row("chain_sum", min_terms=5, max_terms=5)
     assert row["reasoning_gym"]["config"] == {"min_terms": 5, "max_terms": 5}
@@ -193,6 +200,7 @@ async def test_config_overrides_reach_the_scorer(env: Any) -> None:
     assert (status, body["reward"]) == (200, 1.0)
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_an_eval_scorer_runs_no_code_from_the_answer(env: Any, tmp_path: Path) -> None:
     """string_insertion's scorer evals the answer: guarded, it reads a literal only."""
     row = _row("string_insertion")
@@ -213,6 +221,7 @@ async def test_an_eval_scorer_runs_no_code_from_the_answer(env: Any, tmp_path: P
     assert body["reward"] == 0.1
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_sympy_scorer_never_sees_code(env: Any, tmp_path: Path) -> None:
     row = _row("simple_integration")
     marker = tmp_path / "ran"
@@ -225,6 +234,7 @@ async def test_a_sympy_scorer_never_sees_code(env: Any, tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_scorer_that_raises_on_the_answer_masks_it(env: Any) -> None:
     row = _row("prime_factorization")
     status, body = await _verify(env, row, "<answer>two times three</answer>")
@@ -234,6 +244,7 @@ async def test_a_scorer_that_raises_on_the_answer_masks_it(env: Any) -> None:
     assert "prime_factorization/reward" not in body  # no measurement, not in the mean
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_row_whose_reference_breaks_the_scorer_is_a_scorer_error(env: Any) -> None:
     row = {**_row("prime_factorization"), "answer": "not a factorization"}
     status, body = await _verify(env, row, "<answer>two times three</answer>")
@@ -242,6 +253,7 @@ async def test_a_row_whose_reference_breaks_the_scorer_is_a_scorer_error(env: An
     assert "reference" in body["error"]["message"]
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_huge_answer_is_refused_before_the_scorer(env: Any) -> None:
     row = _row("word_sorting")
     huge = "<answer>" + row["answer"] * (10_000_000 // max(1, len(row["answer"]))) + "</answer>"
@@ -271,6 +283,7 @@ async def test_a_huge_answer_is_refused_before_the_scorer(env: Any) -> None:
         ({"reasoning_gym": {}, "metadata": {}}, "names no dataset"),
     ],
 )
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_bad_row_is_a_422_naming_the_problem(
     env: Any, change: dict[str, Any], message: str
 ) -> None:
@@ -282,13 +295,14 @@ async def test_a_bad_row_is_a_422_naming_the_problem(
 
 class MisbehavingEnv(ReasoningGymEnv):
     scorer = staticmethod(misbehaving_score)
+    cpu_verify_workers = 1  # each test spawns pools again: one worker each is enough
 
 
 @pytest.fixture
 async def misbehaving() -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
     timeout = aiohttp.ClientTimeout(total=60, connect=5)
     async with (
-        serve_server(MisbehavingEnv, name="rg", options={"verify_timeout": 2}) as (url, _),
+        serve_server(MisbehavingEnv, name="rg", options={"verify_timeout": 5}) as (url, _),
         aiohttp.ClientSession(timeout=timeout) as http,
     ):
         yield url, http

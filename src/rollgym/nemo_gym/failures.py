@@ -39,6 +39,7 @@ stale_rollout          cancelled                 -
 environment_failure    agent_run_error           its own failure_kind when it has one
 internal_error         agent_run_error           (a)(b)(c)
 sandbox_error          provider_unavailable      -
+scorer_error           agent_run_error           (a)(b)(c)
 launch_error           transport_unreachable     (a)(b)
 run_aborted            cancelled                 -
 =====================  ========================  ============================================
@@ -203,6 +204,8 @@ KIND_BY_TYPE: dict[str, str] = {
     "environment_failure": AGENT_RUN_ERROR,
     "internal_error": AGENT_RUN_ERROR,
     "sandbox_error": PROVIDER_UNAVAILABLE,
+    # A dataset's own scorer that cannot score a row: at verification, a verifier_error.
+    "scorer_error": AGENT_RUN_ERROR,
     "launch_error": TRANSPORT_UNREACHABLE,
     "run_aborted": CANCELLED,
 }
