@@ -103,8 +103,12 @@ def test_list_names_every_offered_dataset(
     with pytest.raises(SystemExit) as exited:
         main()
     assert exited.value.code == 0
-    names = capsys.readouterr().out.splitlines()[1:]
+    captured = capsys.readouterr()
+    names = captured.out.splitlines()[1:]
     assert "chain_sum" in names and "arc_agi" in names and "composite" not in names
+    # A refused dataset is not listed as offered; it is named apart, with its reason.
+    assert "game_of_life_halting" not in names
+    assert "not offered: game_of_life_halting: " in captured.err
 
 
 async def test_rollgym_check_passes_on_the_bundled_config() -> None:

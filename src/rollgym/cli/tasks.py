@@ -88,12 +88,17 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--list", help="List the registered datasets and exit.")
         ] = False,
     ) -> None:
+        from rollgym.envs.reasoning_gym import guard
         from rollgym.envs.reasoning_gym import tasks as rg
 
         if list_:
-            typer.echo(f"reasoning-gym {rg.version()}: {len(rg.registry())} datasets")
-            for name in sorted(rg.registry()):
+            # Offered datasets only; the refused ones are named apart, with the reason.
+            offered = sorted(n for n in rg.registry() if n not in guard.BROKEN)
+            typer.echo(f"reasoning-gym {rg.version()}: {len(offered)} datasets offered")
+            for name in offered:
                 typer.echo(name)
+            for name, why in sorted(guard.BROKEN.items()):
+                typer.echo(f"not offered: {name}: {why}", err=True)
             return
         if not dataset:
             raise ConfigError("--dataset: name at least one dataset (--list lists them)")
