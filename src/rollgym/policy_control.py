@@ -9,11 +9,16 @@ while the trainer swaps them.
 Each call goes to every model server at once (``/rollgym/pause``, ``/rollgym/resume``: see
 ``rollgym.wire``), bounded by ``call_timeout`` seconds, through rollgym's HTTP client (so its
 errors are the typed ones: a server that does not answer is a ``DeadlineExceeded`` or a
-``ConnectError`` naming it, never a hang). A pause is all or nothing: when any server fails to
-pause, the servers that did are resumed at the version they had, and the first server's error
-is raised (each one is logged). A resume that some server refuses raises the
-same way; the servers that took it run the new version (versions never go back, so a retried
-resume is safe).
+``ConnectError`` naming it, never a hang). A pause without ``abort`` waits at each server for
+its model calls in flight to finish, so it may take up to its ``timeout_s`` (plus
+``call_timeout``). A pause is all or nothing: when any server fails to pause (no answer, an
+error, or a pause that expired before it answered), every server is released at the version it
+runs (read from it; a server whose pause request was dropped undoes that pause itself) and the
+first server's error is raised (each one is logged). A resume that some server refuses raises
+the same way; the servers that took it run the new version (versions never go back, so a
+retried resume is safe). Pauses and resumes from one control go out one at a time, in order.
+``release()`` unpauses every server at its own version (and may lift the staleness bound):
+what a stream does when it closes.
 
 A server holds a pause for at most ``timeout_s`` (its own deadline): then its held calls fail as
 ``PausedTooLong``. A trainer that dies mid-pause leaves no server held forever.
@@ -27,10 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollgym.errors import DeadlineExceeded, InternalError, RollgymError
+from rollgym.errors import DeadlineExceeded, InternalError, ProtocolError, RollgymError
 from rollgym.http import HttpClient, Target
 from rollgym.http.policy import RetryPolicy
-from rollgym.wire import PAUSE_ENDPOINT, RESUME_ENDPOINT
+from rollgym.wire import PAUSE_ENDPOINT, POLICY_ENDPOINT, RESUME_ENDPOINT
 
 log = logging.getLogger("rollgym.policy")
 
@@ -77,6 +82,9 @@ class PolicyControl:
         )  # fmt: skip
         self._targets = [Target(f"model[{i}]", (u,), policy) for i, u in enumerate(self.urls)]
         self._http: HttpClient | None = None
+        # One pause or resume at a time: two on separate connections could reach a server in
+        # the other order (a resume before its pause leaves the server paused).
+        self._order = asyncio.Lock()
 
     @property
     def version(self) -> int:
@@ -95,13 +103,16 @@ class PolicyControl:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
         body = {"abort": abort, "timeout_s": timeout_s}
-        answers = await self._all(PAUSE_ENDPOINT, body)
-        failed = [(t, a) for t, a in zip(self._targets, answers, strict=True) if _failed(a)]
-        if failed:
-            paused = [t for t, a in zip(self._targets, answers, strict=True) if not _failed(a)]
-            await self._send(paused, RESUME_ENDPOINT, {"version": self._version})
-            raise _first_error("pause", failed)
-        self.paused = True
+        # Without abort a server answers once its calls in flight are done: up to timeout_s.
+        wait = self.call_timeout if abort else timeout_s + self.call_timeout
+        async with self._order:
+            answers = await self._send(self._targets, PAUSE_ENDPOINT, body, wait)
+            answers = [_expired(a) for a in answers]
+            failed = [(t, a) for t, a in zip(self._targets, answers, strict=True) if _failed(a)]
+            if failed:
+                await self._release(clear_staleness=False)
+                raise _first_error("pause", failed)
+            self.paused = True
         return [
             PauseAnswer(t.urls[0], _int(a.get("version")), _int(a.get("aborted")) or 0,
                         _int(a.get("held")) or 0)
@@ -116,28 +127,60 @@ class PolicyControl:
             raise ValueError(f"policy versions never go back ({version} < {self._version})")
         if max_staleness is not None and max_staleness < 0:
             raise ValueError("max_staleness must be >= 0")
-        answers = await self._all(
-            RESUME_ENDPOINT, {"version": version, "max_staleness": max_staleness}
+        async with self._order:
+            answers = await self._send(
+                self._targets, RESUME_ENDPOINT, {"version": version, "max_staleness": max_staleness}
+            )
+            failed = [(t, a) for t, a in zip(self._targets, answers, strict=True) if _failed(a)]
+            if len(failed) < len(self._targets):
+                self._version = version  # some run it now: the stream must judge by it
+            if failed:
+                raise _first_error("resume", failed)
+            self.paused = False
+
+    async def release(self, *, clear_staleness: bool = False) -> None:
+        """Unpause every server at the version it runs (``clear_staleness``: and lift its
+        staleness bound). Best effort, bounded: a server that does not take it is logged."""
+        async with self._order:
+            await self._release(clear_staleness=clear_staleness)
+
+    async def _release(self, *, clear_staleness: bool) -> None:
+        # Each server's own version: resuming at ours could be below it (409, still paused).
+        states = await self._send(self._targets, POLICY_ENDPOINT, {})
+        calls = []
+        for target, state in zip(self._targets, states, strict=True):
+            version = _int(state.get("version")) if isinstance(state, dict) else None
+            if version is None:
+                log.error("model server %s: no policy state to release it by: %s",
+                          target.urls[0], state)  # fmt: skip
+                continue
+            body: dict[str, Any] = {"version": version}
+            if clear_staleness:
+                body["max_staleness"] = None
+            calls.append((target, body))
+        answers = await asyncio.gather(
+            *(self._send([t], RESUME_ENDPOINT, b) for t, b in calls), return_exceptions=True
         )
-        failed = [(t, a) for t, a in zip(self._targets, answers, strict=True) if _failed(a)]
-        if len(failed) < len(self._targets):
-            self._version = version  # some run it now: the stream must judge by it
-        if failed:
-            raise _first_error("resume", failed)
+        for (target, _), answer in zip(calls, answers, strict=True):
+            got = answer[0] if isinstance(answer, list) else answer
+            if _failed(got):
+                log.error("model server %s was not released: %s", target.urls[0], got)
         self.paused = False
 
-    async def _all(
-        self, endpoint: str, body: dict[str, Any]
-    ) -> list[dict[str, Any] | BaseException]:
-        return await self._send(self._targets, endpoint, body)
-
     async def _send(
-        self, targets: list[Target], endpoint: str, body: dict[str, Any]
+        self,
+        targets: list[Target],
+        endpoint: str,
+        body: dict[str, Any],
+        timeout: float | None = None,
     ) -> list[dict[str, Any] | BaseException]:
         http = self._client()
-        calls = [http.call(t, endpoint, body, deadline=self.call_timeout) for t in targets]
+        limit = self.call_timeout if timeout is None else timeout
+        if limit != self.call_timeout:  # the targets' policy bounds a call: widen it
+            targets = [_within(t, limit) for t in targets]
+        calls = [http.call(t, endpoint, body, deadline=limit) for t in targets]
         # The client's own deadline bounds each call; this one bounds a stuck connection pool.
-        bounded = [asyncio.wait_for(c, self.call_timeout + 5.0) for c in calls]
+        bounded = [asyncio.wait_for(c, limit + 5.0) for c in calls]
         return list(await asyncio.gather(*bounded, return_exceptions=True))
 
     async def aclose(self) -> None:
@@ -150,6 +193,23 @@ def _failed(answer: object) -> bool:
     if isinstance(answer, asyncio.CancelledError):
         raise answer
     return isinstance(answer, BaseException)
+
+
+def _within(target: Target, seconds: float) -> Target:
+    """``target`` with its attempts and deadline bounded by ``seconds`` instead."""
+    policy = target.policy.model_copy(update={"deadline": seconds, "attempt_timeout": seconds})
+    return Target(target.name, target.urls, policy)
+
+
+def _expired(answer: dict[str, Any] | BaseException) -> dict[str, Any] | BaseException:
+    """A pause answer whose pause no longer holds (it expired while the server waited for its
+    calls in flight) is a failed pause, never a success."""
+    if isinstance(answer, dict) and answer.get("paused") is not True:
+        return ProtocolError(
+            "pause: the server's pause had already ended when it answered (its calls in flight "
+            f"outlasted timeout_s): {answer}"
+        )
+    return answer
 
 
 def _int(value: object) -> int | None:

@@ -273,7 +273,8 @@ class RolloutStream:
                 )
 
     async def aclose(self) -> None:
-        """Stop: cancel what is in flight (unrecorded), close the run directory."""
+        """Stop: cancel what is in flight (unrecorded), release the model servers (a pause
+        this stream holds, the staleness bound it set), close the run directory."""
         if self._closed:
             return
         self._closed = True
@@ -287,6 +288,14 @@ class RolloutStream:
         if self._dispatcher is not None:
             await self._dispatcher.close()
         if self.control is not None:
+            # Closed while paused (a training step that raised), or with the staleness bound
+            # this stream set: the model servers serve others after us, so release them.
+            if self.paused or self.control.paused or self.max_staleness is not None:
+                try:
+                    await self.control.release(clear_staleness=self.max_staleness is not None)
+                except Exception as exc:  # best effort: each server's failure is logged
+                    log.error("releasing the model servers at close failed: %r", exc)
+            self._release()
             await self.control.aclose()
         self._close_ledger()
 

@@ -244,6 +244,7 @@ class PolicyGate:
         and re-issued after the resume). Answers once nothing runs upstream, or at the deadline."""
         deadline = self._clock() + timeout_s
         pause = self._pause
+        created = pause is None
         if pause is None:
             pause = self._pause = _Pause(deadline)
         else:
@@ -257,14 +258,26 @@ class PolicyGate:
                 if not flight.aborted and flight.task is not None and flight.task.cancel():
                     flight.aborted = True
                     aborted += 1
-        while self._flights and self._pause is pause:
-            left = pause.deadline - self._clock()
-            if left <= 0:
-                break
-            try:
-                await asyncio.wait_for(self._idle.wait(), left)
-            except TimeoutError:
-                break
+        try:
+            while self._flights and self._pause is pause:
+                left = pause.deadline - self._clock()
+                if left <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self._idle.wait(), left)
+                except TimeoutError:
+                    break
+        except asyncio.CancelledError:
+            # The trainer's request went away before the answer (its deadline, its process):
+            # it never learnt it paused us, so nobody will resume. A pause this call made is
+            # undone (no weights changed: held calls go on under the live version).
+            if created and self._pause is pause:
+                log.warning(
+                    "%s: the /rollgym/pause request was dropped before its answer; unpausing",
+                    self.server,
+                )
+                self._unpause(pause)
+            raise
         # Let the aborted calls reach their hold: each does so without awaiting once its work
         # has finished, which ``_idle`` says it has.
         await asyncio.sleep(0)
@@ -291,17 +304,20 @@ class PolicyGate:
         if set_staleness:
             self.max_staleness = max_staleness
         released = self.held
-        pause, self._pause = self._pause, None
-        if pause is not None:
-            if pause.timer is not None:
-                pause.timer.cancel()
-            pause.released.set()
+        if self._pause is not None:
+            self._unpause(self._pause)
         return {
             "version": self.version,
             "paused": False,
             "max_staleness": self.max_staleness,
             "released": released,
         }
+
+    def _unpause(self, pause: _Pause) -> None:
+        self._pause = None
+        if pause.timer is not None:
+            pause.timer.cancel()
+        pause.released.set()
 
     def _expire(self, pause: _Pause) -> None:
         if self._pause is not pause or pause.released.is_set():

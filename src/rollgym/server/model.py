@@ -15,7 +15,7 @@ refused if its rollout is too stale; its answer records the policy version, the 
 aborted versions (``rollgym.models.versions``). ``respond`` never sees ``"stream": true``: the
 base streams the stamped answer itself. The gate's endpoints (``policy_routes``)::
 
-    GET  /rollgym/policy   {"version", "paused", "max_staleness", "in_flight", "held"}
+    GET  /rollgym/policy   {"version", "paused", "max_staleness", "in_flight", "held"} (POST too)
     POST /rollgym/pause    {"abort": false, "timeout_s": 300}
                            -> {"version", "paused", "aborted", "held", "in_flight"}
     POST /rollgym/resume   {"version": N, "max_staleness": K | null}
@@ -175,7 +175,8 @@ def policy_routes(policy: PolicyGate) -> list[BaseRoute]:
         )  # fmt: skip
 
     return [
-        Route(POLICY_ENDPOINT, json_endpoint(state), methods=["GET"]),
+        # POST too: rollgym's own client (PolicyControl) sends every call as a POST.
+        Route(POLICY_ENDPOINT, json_endpoint(state), methods=["GET", "POST"]),
         Route(PAUSE_ENDPOINT, json_endpoint(pause), methods=["POST"]),
         Route(RESUME_ENDPOINT, json_endpoint(resume), methods=["POST"]),
     ]
