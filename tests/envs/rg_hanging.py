@@ -14,7 +14,12 @@ DIE = "this answer kills the worker"
 
 
 def misbehaving_score(
-    dataset: str, config_json: str, plain: dict[str, Any], patches: list[Any], answer: str
+    dataset: str,
+    config_json: str,
+    plain: dict[str, Any],
+    patches: list[Any],
+    answer: str,
+    carried: bool = True,
 ) -> Scored:
     """``score_entry``, except that ``HANG`` does not finish in time and ``DIE`` kills the
     worker process (as a scorer that runs out of memory would)."""
@@ -22,4 +27,4 @@ def misbehaving_score(
         time.sleep(60)
     if answer == DIE:
         os._exit(1)
-    return score_entry(dataset, config_json, plain, patches, answer)
+    return score_entry(dataset, config_json, plain, patches, answer, carried)

@@ -122,7 +122,7 @@ def test_many_openings_without_a_closing_are_read_in_one_pass() -> None:
     [
         ("simple_integration", "x**2/2 + 3*sin(x) + C", True),
         ("countdown", "(25 + 75) * 3 - 8", True),
-        ("puzzle24", "(3 + 3) * 4", True),
+        ("countdown", "(3 + 3) * 4", True),
         ("simple_integration", "integrate(2*x, x) + C", False),  # sympy would do the work
         ("countdown", "__import__('os').getpid()", False),
         ("countdown", "x.__class__", False),
@@ -135,10 +135,52 @@ def test_many_openings_without_a_closing_are_read_in_one_pass() -> None:
         ("countdown", "2**100000", False),
         ("countdown", "2**(10**9)", False),
         ("word_sorting", "__import__('os') anything", True),  # not parsed by sympy
+        # sympy's one-letter callables: N(pi, 3000000) asks for three million digits
+        ("simple_integration", "N(pi, 3000000)", False),
+        ("simple_integration", "S(2)*x + C", False),
+        ("simple_integration", "E*x**2 + C", True),  # Euler's number is a value, not a call
+        ("simple_integration", "(9**99)**99 + C", False),  # a power of a power
+        ("simple_integration", "((x**2))**3 + C", False),
+        ("simple_integration", "(x + 1)**2 + C", True),
+        ("simple_integration", "x**100 + C", False),  # references: exponents up to 10
+        ("polynomial_multiplication", "1234567890123*x", False),  # 13 digits
+        ("polynomial_multiplication", "-27328*z**2", True),
+        # countdown and puzzle24: arithmetic of numbers, no free values
+        ("countdown", "(25 + 75) * x / x", False),
+        ("countdown", "100 + E - E", False),
+        ("countdown", "2**3", False),
+        ("countdown", "7 // 2", False),
+        ("countdown", "1.5 * 2", False),
+        # a NaN or infinity where the reference has none
+        ("complex_arithmetic", "nan", False),
+        ("complex_arithmetic", "-NaN", False),
+        ("complex_arithmetic", "nan+nanj", False),
+        ("complex_arithmetic", "nani", False),
+        ("complex_arithmetic", "1e999", False),
+        ("complex_arithmetic", "1e9_99", False),
+        ("complex_arithmetic", "9" * 400, False),
+        ("complex_arithmetic", "3.0 + 4.0i", True),
+        ("basic_arithmetic", "Infinity", False),
+        ("word_sorting", "banana, infinite", True),  # words that hold the letters
+        ("word_sorting", "1e10", True),
     ],
 )
 def test_screen(dataset: str, answer: str, allowed: bool) -> None:
-    assert screen(dataset, answer) is allowed
+    assert (screen(dataset, answer) is None) is allowed
+
+
+def test_a_nan_the_reference_holds_is_no_reason_to_refuse() -> None:
+    entry = {"question": "q", "answer": "nan", "metadata": {}}
+    assert screen("basic_arithmetic", "nan", entry) is None
+    assert screen("basic_arithmetic", "inf", entry) is not None
+
+
+def test_puzzle24_answers_must_use_the_rows_numbers() -> None:
+    entry = {"question": "q", "answer": "1*3*5 + 9", "metadata": {"numbers": [1, 3, 5, 9]}}
+    assert screen("puzzle24", "9 + 5*3*1", entry) is None
+    why = screen("puzzle24", "1*2*3*4", entry)  # 24 on every row: its scorer does not check
+    assert why is not None and "[1, 2, 3, 4]" in why
+    assert screen("puzzle24", "1*3*5 + 9 + 0", entry) is not None
 
 
 # -- the served environment -----------------------------------------------------------------
@@ -235,13 +277,61 @@ async def test_a_sympy_scorer_never_sees_code(env: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio(loop_scope="module")
-async def test_a_scorer_that_raises_on_the_answer_masks_it(env: Any) -> None:
+async def test_an_answer_the_scorer_raises_on_scores_zero(env: Any) -> None:
+    # Not masked: a policy would learn that an answer the scorer chokes on costs nothing.
     row = _row("prime_factorization")
     status, body = await _verify(env, row, "<answer>two times three</answer>")
     assert status == 200
-    assert body["mask_sample"] is True and body["reason"] == "scorer_raised"
+    assert (body["reward"], body["reason"]) == (0.0, "scorer_raised")
+    assert "mask_sample" not in body
     assert "ValueError" in body["scorer_error"]
-    assert "prime_factorization/reward" not in body  # no measurement, not in the mean
+    assert body["prime_factorization/reward"] == 0.0
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_exploits_found_in_review_score_zero(env: Any) -> None:
+    cases = [
+        ("complex_arithmetic", "nan"),  # min(1.0, exp(-nan)) is 1.0
+        ("puzzle24", "1*2*3*4"),  # 24, but not the row's numbers
+        ("countdown", "x/x"),
+    ]
+    for dataset, answer in cases:
+        status, body = await _verify(env, _row(dataset), f"<answer>{answer}</answer>")
+        assert (status, body["reward"], body["reason"]) == (200, 0.0, "answer_refused"), body
+        assert body["refusal"]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_nemo_gym_shaped_row_that_needs_its_types_restored_is_refused(env: Any) -> None:
+    row = _row("arc_agi")
+    assert row["reasoning_gym"].get("restore")  # its boards are tuples
+    bare = {k: v for k, v in row.items() if k != "reasoning_gym"}
+    status, body = await _verify(env, bare, f"<answer>{row['answer']}</answer>")
+    assert status == 422, body
+    assert "NeMo Gym-shaped" in body["error"]["message"]
+    # A dataset whose entries are plain JSON scores as before without the field.
+    plain = _row("word_sorting")
+    bare = {k: v for k, v in plain.items() if k != "reasoning_gym"}
+    status, body = await _verify(env, bare, f"<answer>{plain['answer']}</answer>")
+    assert (status, body["reward"]) == (200, 1.0)
+    assert "config_assumed" not in body
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_nemo_gym_shaped_row_scored_by_a_config_reading_scorer_says_so(
+    env: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    row = _row("time_intervals")
+    bare = {k: v for k, v in row.items() if k != "reasoning_gym"}
+    status, body = await _verify(env, bare, f"<answer>{row['answer']}</answer>")
+    assert (status, body["reward"], body["config_assumed"]) == (200, 1.0, True)
+    warned = [r for r in caplog.records if "time_intervals rows carry no config" in r.message]
+    assert len(warned) == 1
+    status, body = await _verify(env, bare, f"<answer>{row['answer']}</answer>")
+    assert body["config_assumed"] is True  # warned once a dataset, said on every answer
+    assert len([r for r in caplog.records if "carry no config" in r.message]) == 1
+    status, body = await _verify(env, row, f"<answer>{row['answer']}</answer>")
+    assert "config_assumed" not in body  # rollgym's rows carry their config
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -139,9 +139,9 @@ def test_rollgym_run_report_and_reverify_on_the_bundled_config(tmp_path: Path) -
     assert json.loads((again / "metrics.json").read_text())["env_metrics"] == env, diff
 
 
-def test_a_run_with_answers_the_scorer_cannot_read_masks_them(tmp_path: Path) -> None:
+def test_a_run_with_answers_the_scorer_cannot_read_scores_them_zero(tmp_path: Path) -> None:
     """prime_factorization's scorer raises on the scripted wrong answer (words, no factors):
-    those rollouts are recorded and masked, out of the reward mean and the dataset's mean."""
+    those rollouts are recorded and scored 0 (``scorer_raised``), not masked and not failed."""
     rows = tmp_path / "rows.jsonl"
     made = rollgym("tasks", "reasoning-gym", "--dataset", "prime_factorization", "--size", "3",
                    "--scripted", "--output", rows)  # fmt: skip
@@ -153,8 +153,9 @@ def test_a_run_with_answers_the_scorer_cannot_read_masks_them(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["counts"]["failed"] == 0
-    coverage = metrics["coverage"]
-    assert coverage["masked_rollouts"] > 0 and coverage["measured_rollouts"] > 0
-    assert coverage["masked_rollouts"] + coverage["measured_rollouts"] == 12
-    assert metrics["reward"]["mean"] == 1.0  # the measured ones are the references
-    assert metrics["env_metrics"]["prime_factorization/reward"] == 1.0
+    assert metrics["coverage"]["masked_rollouts"] == 0
+    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    raised = [r for r in records if r.get("reason") == "scorer_raised"]
+    assert raised and all(r["reward"] == 0.0 for r in raised)
+    assert {r["reward"] for r in records} == {0.0, 1.0}  # the references' 1.0 and the zeros
+    assert 0.0 < metrics["env_metrics"]["prime_factorization/reward"] < 1.0

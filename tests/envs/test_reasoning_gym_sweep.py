@@ -79,8 +79,8 @@ LENIENT: dict[tuple[str, str], str] = {
     ("survo", "hedge"): "reads the grid's numbers",
 }
 
-MASKED: dict[tuple[str, str], str] = {
-    # (dataset, answer) whose score is masked (``scorer_raised``): the scorer raises on it.
+RAISED: dict[tuple[str, str], str] = {
+    # (dataset, answer) scored 0 with ``scorer_raised``: the scorer raises on it.
     ("prime_factorization", "wrong"): "int() of each factor: ValueError on words",
     ("prime_factorization", "question"): "int() of each factor: ValueError on words",
     ("prime_factorization", "twice"): "int() of '433 2' (factors split on ' x ')",
@@ -88,7 +88,7 @@ MASKED: dict[tuple[str, str], str] = {
     ("prime_factorization", "zero_width"): "int() of a factor with U+200B in it",
     ("prime_factorization", "hedge"): "int() of 'I do not know, or 2'",
     # The reference followed by junk sums 1/len per matching letter to 1.0000000000000002,
-    # which misses the scorer's `== 1.0` penalty: out of [0, 1], no measurement.
+    # which misses the scorer's `== 1.0` penalty: out of [0, 1], no score of its.
     ("spell_backward", "twice"): "score 1.0000000000000002, outside [0, 1]",
 }
 
@@ -153,7 +153,7 @@ async def test_reference_scores_one_and_wrong_answers_less(
     sweep_rows: list[dict[str, Any]],
 ) -> None:
     found_lenient: set[tuple[str, str]] = set()
-    found_masked: set[tuple[str, str]] = set()
+    found_raised: set[tuple[str, str]] = set()
     problems: list[str] = []
     timeout = aiohttp.ClientTimeout(total=60, connect=5)
     async with (
@@ -180,20 +180,106 @@ async def test_reference_scores_one_and_wrong_answers_less(
                     problems.append(f"{name}: reference scored {body['reward']} {body}")
             for kind, text in _adversarial(row, reference).items():
                 body = await verify(row, text)
-                if body.get("mask_sample"):
-                    found_masked.add((name, kind))
+                assert not body.get("mask_sample"), body  # an answer always gets a score
+                if body.get("reason") == "scorer_raised":
+                    assert body["reward"] == 0.0
+                    found_raised.add((name, kind))
                 elif body["reward"] >= 1.0:
                     found_lenient.add((name, kind))
     assert not problems, "\n".join(problems)
     assert found_lenient == set(LENIENT), sorted(found_lenient ^ set(LENIENT))
-    assert found_masked == set(MASKED), sorted(found_masked ^ set(MASKED))
+    assert found_raised == set(RAISED), sorted(found_raised ^ set(RAISED))
+
+
+PROBES = [
+    *("", "0", "1", "-1", "0.0", "0.5", "1/8", "0,0", "1 1", "True", "False", "None", "null"),
+    *("nan", "NaN", "-nan", "nan+nanj", "nani", "inf", "-inf", "Infinity", "1e999", "1e-999"),
+    *("[]", "{}", "()", "[[]]", "[nan]", "x", "x-x", "x/x", "0/0", "1/0", "zoo", "oo", "E", "I"),
+    *("pi", "yes", "no", "a", "1*2*3*4", "N(pi, 30)", "9" * 400, "00:00", "0 days, 00:00"),
+]
+"""Answers a policy could try on any row: degenerate values, NaN and infinities, free symbols."""
+
+
+def _same(answer: str, reference: str) -> bool:
+    """The probe is the reference itself, written otherwise ("yes"/"Yes", "1"/"1.0")."""
+    if answer.strip().lower() == reference.strip().lower():
+        return True
+    try:
+        return float(answer) == float(reference)
+    except ValueError:
+        return False
+
+
+async def test_no_probe_answer_earns_full_reward(sweep_rows: list[dict[str, Any]]) -> None:
+    """The first row of each dataset against ``PROBES``: none scores 1.0 unless it is the
+    reference. (Partial credit is the dataset's own: time_intervals gives 0.95 for a date
+    five days off.) This found complex_arithmetic's 1.0 for "nan", coin_flip's for "0" and
+    puzzle24's for "1*2*3*4"."""
+    first: dict[str, dict[str, Any]] = {}
+    for row in sweep_rows:
+        first.setdefault(row["reasoning_gym"]["dataset"], row)
+    unearned = []
+    async with (
+        serve_server("reasoning_gym", name="rg") as (url, _),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60, connect=5)) as http,
+    ):
+        for name, row in first.items():
+            reference = row["answer"] if isinstance(row["answer"], str) else ""
+            for probe in PROBES:
+                if reference and _same(probe, reference):
+                    continue
+                answer = reply(f"<answer>{probe}</answer>")
+                async with http.post(url + "/verify", json={**row, "response": answer}) as r:
+                    body = await r.json()
+                assert r.status == 200, body
+                if body["reward"] >= 1.0:
+                    unearned.append(f"{name}: {probe!r} scored {body['reward']}")
+    assert unearned == []
+
+
+NEMO_REFUSED = {
+    "arc_agi": "compares the answer's board with the entry's tuples",
+    "rearc": "compares the answer's board with the entry's tuples",
+}
+"""Datasets whose NeMo Gym-shaped rows (no type patches) are refused: their reference would
+score wrong (arc_agi's 0.05)."""
+
+
+async def test_nemo_gym_shaped_rows_score_as_carried_ones_or_are_refused(
+    sweep_rows: list[dict[str, Any]],
+) -> None:
+    """The first row of each dataset without its ``reasoning_gym`` field, as NeMo Gym's rows
+    come: its reference scores as the carried row's does, or the row is refused (422)."""
+    first: dict[str, dict[str, Any]] = {}
+    for row in sweep_rows:
+        first.setdefault(row["reasoning_gym"]["dataset"], row)
+    refused, differ = set(), []
+    async with (
+        serve_server("reasoning_gym", name="rg") as (url, _),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60, connect=5)) as http,
+    ):
+        for name, row in first.items():
+            if not isinstance(row["answer"], str) or row["reasoning_gym"]["config"]:
+                continue
+            answer = reply(f"<answer>{row['answer']}</answer>")
+            bare = {k: v for k, v in row.items() if k != "reasoning_gym"}
+            async with http.post(url + "/verify", json={**bare, "response": answer}) as r:
+                body = await r.json()
+            if r.status == 422:
+                assert "NeMo Gym-shaped" in body["error"]["message"]
+                refused.add(name)
+            elif (r.status, body["reward"]) != (200, 1.0):
+                differ.append(f"{name}: {r.status} {body}")
+    assert differ == []
+    assert refused == set(NEMO_REFUSED)
 
 
 async def test_arc_boards_score_one_only_with_their_types_restored(
     sweep_rows: list[dict[str, Any]],
 ) -> None:
     """Why rows carry ``restore``: arc_agi compares the answer's board (tuples) with the
-    entry's; as NeMo Gym's rows carry it (JSON lists), the reference scores 0.05."""
+    entry's; as NeMo Gym's rows carry it (JSON lists), the reference scores 0.05 (a NeMo Gym
+    row of arc_agi is refused: ``NEMO_REFUSED``)."""
     row = next(r for r in sweep_rows if r["reasoning_gym"]["dataset"] == "arc_agi")
     bare = {**row, "reasoning_gym": {**row["reasoning_gym"], "restore": []}}
     answer = reply(f"<answer>{row['answer']}</answer>")

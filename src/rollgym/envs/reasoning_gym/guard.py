@@ -11,10 +11,21 @@ patch the scorer so that every later answer it scores earns 1.0. An answer
 - ``eval`` is replaced, in those four modules only, by ``ast.literal_eval``: a Python literal is
   all the scorers meant to read (``"['a', 'b']"``), and a literal runs no code.
 - A sympy-parsed answer must be an arithmetic expression: digits, letters, ``+-*/^().,=`` and
-  spaces, names only single letters or functions of ``FUNCTIONS``, no ``.`` before a letter
-  (attribute access), and every exponent a number of at most 3 digits or such a fraction in
-  parentheses, not itself raised to a power (``9**9**9`` would hang sympy). Any other answer
-  is refused before the scorer sees it (``screen``).
+  spaces, names only single letters or functions of ``FUNCTIONS``, but not sympy's callables
+  ``N``, ``O``, ``Q``, ``S`` (``N(pi, 3000000)`` asks for three million digits), no ``.`` before a letter (attribute access), numbers of at most
+  ``MAX_DIGITS`` digits, and every exponent a number of at most 2 digits or such a fraction in
+  parentheses, neither itself raised to a power nor applied to a power (``9**9**9`` and
+  ``(9**99)**99`` would hang sympy). References use exponents up to 10.
+- countdown and puzzle24 take arithmetic on the row's numbers: digits, ``+-*/()`` and spaces,
+  no ``**`` or ``//``. A letter there is a free value: ``x/x`` is a 1 the row never gave, and
+  ``E`` or ``pi`` are others. puzzle24's scorer checks that four numbers in its range are used,
+  not which: ``1*2*3*4`` is 24 on every row; its answer must use the row's ``numbers``.
+- Everywhere: an answer holding ``nan`` or ``inf`` (as Python's ``float``, ``complex`` and
+  ``json`` read them) or a number past a float's range (``1e999``, 300 digits) is refused
+  unless the reference holds the same: complex_arithmetic's ``min(1.0, exp(-distance))`` is 1.0 when
+  the distance is NaN.
+
+Any answer refused is scored 0 before the scorer sees it (``screen``, which says why).
 
 ``tests/envs/test_reasoning_gym_sweep.py`` fails when a dataset module of the installed version
 calls ``eval``/``exec``/``parse_expr`` and is not listed here or in ``EVAL_NOT_ON_ANSWER``: a
@@ -59,6 +70,8 @@ EVAL_NOT_ON_ANSWER = {
 BROKEN = {
     "game_of_life_halting": "its score_answer compares bool(answer) with bool(entry['answer']), "
     "and both are non-empty strings: every non-empty answer scores 1.0",
+    "coin_flip": "its partial credit divides the matching prefix by the shorter string: any "
+    "prefix of the reference scores 1.0 ('0' for 0.125)",
 }
 """Datasets whose scorer gives rewards that measure nothing: no row of theirs is made, and a
 row of theirs is refused by verify (a wrong reward is worse than none)."""
@@ -67,28 +80,93 @@ FUNCTIONS = frozenset(
     {"sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "acot", "sinh", "cosh",
      "tanh", "asinh", "acosh", "atanh", "exp", "log", "ln", "sqrt", "pi", "oo"}
 )  # fmt: skip
+SYMPY_CALLABLES = frozenset({"N", "O", "Q", "S"})
+"""sympy's one-letter names that are callables (``from sympy import *`` brings them)."""
+MAX_DIGITS = 12
+"""Digits of one number in a sympy-parsed answer (references: at most 7)."""
+ARITHMETIC_ONLY = frozenset({"countdown", "puzzle24"})
+"""Datasets whose answer is arithmetic on the row's own numbers."""
+
 _ALLOWED_CHARS = re.compile(r"[A-Za-z0-9\s+\-*/^().,=]*")
+_ARITHMETIC = re.compile(r"[0-9\s+\-*/()]*")
 _NAME = re.compile(r"[A-Za-z]+")
+_NUMBER = re.compile(r"\d+")
 _ATTRIBUTE = re.compile(r"\.\s*[A-Za-z]")
 _POWER = re.compile(r"\*\*|\^")
 _SMALL_EXPONENT = re.compile(
-    r"\s*(\d{1,3}(?![\d.])|\(\s*-?\d{1,3}\s*(/\s*\d{1,3}\s*)?\))(?!\s*(\*\*|\^))"
+    r"\s*(\d{1,2}(?![\d.])|\(\s*-?\d{1,2}\s*(/\s*\d{1,2}\s*)?\))(?!\s*(\*\*|\^))"
 )
+# What float(), complex() and json.loads read as NaN or infinity: "nan", "-Infinity", "nanj",
+# "infj", "nani" (complex_arithmetic's unit); "banana" and "infinite" are words.
+_NON_FINITE = re.compile(r"(?i)(?<![a-z])(nan|inf(inity)?)(?![a-hk-z]|[ij][a-z])")
+# A float past 1e308 is inf: "1e999", "1e9_99" (float() reads underscores), 309+ digits.
+_HUGE = re.compile(r"\d[\d_]*\.?[\d_]*[eE][+-]?\d[\d_]{2,}|\d{300,}")
 
 
-def screen(dataset: str, answer: str) -> bool:
-    """Whether ``answer`` may be given to ``dataset``'s scorer (always, unless it is one that
-    sympy parses and the answer is not a plain arithmetic expression)."""
-    if dataset not in SYMPY_PARSED:
-        return True
+def screen(dataset: str, answer: str, entry: dict[str, Any] | None = None) -> str | None:
+    """Why ``answer`` may not be given to ``dataset``'s scorer, or None if it may. ``entry``
+    (``question``, ``answer``, ``metadata``) is the row's, for the checks that read it."""
+    reference = entry.get("answer") if entry else None
+    reference = reference if isinstance(reference, str) else ""
+    for pattern, what in (
+        (_NON_FINITE, "NaN or infinity"),
+        (_HUGE, "a number past a float's range"),
+    ):
+        found = {m.group(0).lower() for m in pattern.finditer(answer)}
+        if found - {m.group(0).lower() for m in pattern.finditer(reference)}:
+            return f"{what} ({sorted(found)[0]!r}), which the reference does not hold"
+    if dataset in ARITHMETIC_ONLY:
+        why = _arithmetic(dataset, answer, entry)
+        if why:
+            return why
+    if dataset in SYMPY_PARSED:
+        return _expression(answer)
+    return None
+
+
+def _arithmetic(dataset: str, answer: str, entry: dict[str, Any] | None) -> str | None:
+    if not _ARITHMETIC.fullmatch(answer) or "**" in answer or "//" in answer:
+        return "not arithmetic of numbers with + - * / and parentheses"
+    if dataset == "puzzle24":
+        given = (entry or {}).get("metadata", {}).get("numbers")
+        used = sorted(int(n) for n in _NUMBER.findall(answer))
+        if not isinstance(given, list) or used != sorted(given):
+            return f"uses the numbers {used}, not the row's {given}"
+    return None
+
+
+def _expression(answer: str) -> str | None:
     if not _ALLOWED_CHARS.fullmatch(answer) or _ATTRIBUTE.search(answer):
-        return False
-    # sympy computes a power of numbers exactly: 9**9**9 would run past any deadline (and a
-    # failed score counts toward the run's failure budget). References use exponents like
-    # 3 and (3/2).
-    if any(not _SMALL_EXPONENT.match(answer, m.end()) for m in _POWER.finditer(answer)):
-        return False
-    return all(len(name) == 1 or name in FUNCTIONS for name in _NAME.findall(answer))
+        return "not a plain arithmetic expression"
+    if any(len(n) > MAX_DIGITS for n in _NUMBER.findall(answer)):
+        return f"a number of more than {MAX_DIGITS} digits"
+    # sympy computes a power of numbers exactly: 9**9**9 or (9**99)**99 would run past any
+    # deadline (and a failed score counts toward the run's failure budget).
+    for m in _POWER.finditer(answer):
+        if not _SMALL_EXPONENT.match(answer, m.end()):
+            return "an exponent that is not a number of at most 2 digits"
+        if _POWER.search(_base(answer, m.start())):
+            return "a power of a power"
+    for name in _NAME.findall(answer):
+        if name in SYMPY_CALLABLES or (len(name) > 1 and name not in FUNCTIONS):
+            return f"the name {name!r}"
+    return None
+
+
+def _base(answer: str, end: int) -> str:
+    """The text of the power's base that ends at ``end``: a parenthesised group, else the
+    last operand."""
+    i = end
+    while i > 0 and answer[i - 1].isspace():
+        i -= 1
+    if i > 0 and answer[i - 1] == ")":
+        depth = 0
+        for j in range(i - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(answer[j], 0)
+            if depth == 0:
+                return answer[j:i]
+        return answer[:i]
+    return ""
 
 
 def _literal(source: Any, *_: Any) -> Any:

@@ -11,14 +11,22 @@ these exceptions, each named in ``reason``:
 - no ``<answer>`` block: 0 (``no_answer``), the scorer is not called;
 - an answer past ``max_answer_chars``: 0 (``answer_too_long``); no dataset's reference is near
   it, and some scorers are slow on a long answer (sympy);
-- an answer a sympy-parsing scorer would run as code: 0 (``answer_refused``, ``guard.py``);
+- an answer the scorer would run as code or misread (``nan``; ``1*2*3*4`` for puzzle24's row
+  of other numbers): 0 (``answer_refused``, and ``refusal`` says why: ``guard.py``);
 - the scorer raises on the answer (or returns no number in [0, 1]) but not on the entry's own
-  reference: masked (``scorer_raised``, ``mask_sample: true``): it measured nothing, and a
-  failure would let a scorer's bug (prime_factorization raises on any non-integer) spend the
-  run's failure budget. It raises on the reference too: the row is broken, ``ScorerError``.
+  reference: 0 (``scorer_raised``, ``scorer_error`` has the exception). Not a failure (a
+  scorer's bug, prime_factorization raising on any non-integer, would spend the run's failure
+  budget) and not masked (a policy would learn that an answer the scorer chokes on costs
+  nothing). It raises on the reference too: the row is broken, ``ScorerError``.
 - a score still running at ``verify_timeout``: ``DeadlineExceeded`` (504), never a 0; one that
   lost its worker twice: ``ScorerError`` when it ran alone, masked (``worker_lost``) beside
   other scores (a dead worker breaks every score on its pool).
+
+A NeMo Gym-shaped row (no ``reasoning_gym`` field) carries no type patches and no config: one
+of a dataset whose entries hold types JSON loses (arc_agi's boards: its reference would score
+0.05) is refused (422); one of a dataset whose scorer reads its config (puzzle24's number
+range, time_intervals' tolerances) is scored with the default config, with a warning once per
+dataset and ``config_assumed: true`` in the answer.
 
 Besides ``reward`` (and NeMo Gym's ``task_name``, ``score``, ``extracted_answer``) verify
 answers ``answer_found`` (1/0) and ``<dataset>/reward``, so ``metrics.json``'s environment
@@ -43,7 +51,13 @@ from rollgym.envs.reasoning_gym import guard
 from rollgym.envs.reasoning_gym.carry import restore
 from rollgym.envs.reasoning_gym.extract import Extraction, extract
 from rollgym.envs.reasoning_gym.scoring import Scored, score_entry
-from rollgym.envs.reasoning_gym.tasks import ROW_FIELD, check_config, registry, version
+from rollgym.envs.reasoning_gym.tasks import (
+    ROW_FIELD,
+    check_config,
+    reads_config,
+    registry,
+    version,
+)
 from rollgym.envs.rows import mean_field
 from rollgym.errors import ConfigError, InvalidRequest, ScorerError
 from rollgym.protocol import output_text
@@ -62,6 +76,7 @@ class Entry:
     plain: dict[str, Any]
     patches: list[Any]
     made_by: str | None
+    carried: bool  # the row has the ``reasoning_gym`` field (else NeMo Gym-shaped)
 
 
 class ReasoningGymEnv(ResourcesServer):
@@ -81,7 +96,7 @@ class ReasoningGymEnv(ResourcesServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._running: set[_Attempt] = set()
-        self._warned: set[str] = set()
+        self._warned: set[str] = set()  # versions and datasets warned about, once each
 
     async def startup(self) -> None:
         await super().startup()
@@ -99,9 +114,15 @@ class ReasoningGymEnv(ResourcesServer):
         if len(answer) > self.options.max_answer_chars:
             out["extracted_answer"] = answer[:200]  # the record keeps what was refused, cut
             return self._scored(out, entry, 0.0, reason="answer_too_long")
-        if not guard.screen(entry.dataset, answer):
+        refusal = guard.screen(entry.dataset, answer, entry.plain)
+        if refusal is not None:
+            out["refusal"] = refusal
             return self._scored(out, entry, 0.0, reason="answer_refused")
+        if not entry.carried and reads_config(entry.dataset):
+            out["config_assumed"] = True
         scored = await self._score(entry, answer)
+        if scored.row_error is not None:
+            raise InvalidRequest(f"reasoning_gym task: {scored.row_error}", status=422)
         if scored.entry_error is not None:
             raise ScorerError(
                 f"{entry.dataset}'s score_answer raises on this row's own reference answer "
@@ -109,10 +130,11 @@ class ReasoningGymEnv(ResourcesServer):
                 server=self.name,
             )
         if scored.score is None:
-            log.info("%s: %s answer masked (%s)", self.name, entry.dataset, scored.error)
             out.update(scorer_error=scored.error)
-            reason = "worker_lost" if scored.lost else "scorer_raised"
-            return self._scored(out, entry, 0.0, reason=reason, masked=True)
+            if scored.lost:  # no measurement of this answer at all
+                log.info("%s: %s score masked (%s)", self.name, entry.dataset, scored.error)
+                return self._scored(out, entry, 0.0, reason="worker_lost", masked=True)
+            return self._scored(out, entry, 0.0, reason="scorer_raised")
         return self._scored(out, entry, scored.score)
 
     def _scored(
@@ -135,7 +157,9 @@ class ReasoningGymEnv(ResourcesServer):
         return out
 
     def _entry(self, task: dict[str, Any]) -> Entry:
-        carried = task.get(ROW_FIELD) or {}
+        carried = task.get(ROW_FIELD)
+        nemo_shaped = carried is None
+        carried = carried or {}
         metadata = task.get("metadata")
         if not isinstance(carried, dict) or not isinstance(metadata, dict):
             raise InvalidRequest(
@@ -181,6 +205,15 @@ class ReasoningGymEnv(ResourcesServer):
             restore(plain, patches)  # here, so a bad row is its own 422, not a scorer's failure
         except ValueError as exc:
             raise InvalidRequest(f"reasoning_gym task: {exc}", status=422) from None
+        if nemo_shaped and reads_config(dataset) and dataset not in self._warned:
+            self._warned.add(dataset)  # no version is named like a dataset
+            log.warning(
+                "%s: NeMo Gym-shaped %s rows carry no config: scored with the dataset's "
+                "default config, which its scorer reads (rows made with another would be "
+                "scored by the wrong rule; `rollgym tasks reasoning-gym` rows carry theirs)",
+                self.name,
+                dataset,
+            )
         made_by = carried.get("version")
         if isinstance(made_by, str) and made_by != version() and made_by not in self._warned:
             self._warned.add(made_by)
@@ -191,10 +224,11 @@ class ReasoningGymEnv(ResourcesServer):
                 made_by,
                 version(),
             )
-        return Entry(dataset, json.dumps(config, sort_keys=True), plain, patches, made_by)
+        config_json = json.dumps(config, sort_keys=True)
+        return Entry(dataset, config_json, plain, patches, made_by, not nemo_shaped)
 
     async def _score(self, entry: Entry, answer: str) -> Scored:
-        args = (entry.dataset, entry.config_json, entry.plain, entry.patches, answer)
+        args = (entry.dataset, entry.config_json, entry.plain, entry.patches, answer, entry.carried)
         try:
             with self._attempt():
                 return await self._run(*args)

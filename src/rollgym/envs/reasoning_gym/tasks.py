@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import json
 import multiprocessing
 import os
 import random
+import re
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -67,6 +69,23 @@ def registry() -> dict[str, tuple[type, type]]:
         ) from None
     # composite mixes other datasets by its own config; DatasetChoice weights do that here.
     return {name: pair for name, pair in DATASETS.items() if name != "composite"}
+
+
+@cache
+def reads_config(name: str) -> bool:
+    """Whether ``name``'s ``score_answer``, or a method of its own it calls, reads the
+    dataset's config (``self.config``): then a row is scored right only by a scorer built with
+    the config the row was made with. Read from the installed source (0.1.25: puzzle24,
+    time_intervals, decimal_arithmetic, polynomial_equations); unreadable source counts as
+    reading it."""
+    cls: Any = registry()[name][0]
+    try:
+        source = inspect.getsource(cls.score_answer)
+        called = [getattr(cls, m, None) for m in re.findall(r"self\.(\w+)\(", source)]
+        sources = [source] + [inspect.getsource(f) for f in called if inspect.isfunction(f)]
+    except (OSError, TypeError):
+        return True
+    return any("self.config" in text for text in sources)
 
 
 @cache
@@ -135,20 +154,16 @@ def make_rows(
     """``size`` rows of ``choices``; ``scripted`` adds a scripted-model script (the reference
     answer and a wrong one) and ``rollgym_check`` answers, for demos and tests; ``agent`` sets
     each row's ``agent_ref`` (a run of several agents routes rows by it)."""
-    import reasoning_gym
-
     made = version()
     picks: list[tuple[int, int]] = []
     datasets = []
     for d, (choice, n) in enumerate(zip(choices, counts(choices, size), strict=True)):
-        datasets.append(
-            reasoning_gym.create_dataset(choice.name, **choice.config, size=n, seed=seed)
-        )
+        datasets.append(_entries(choice, n, seed))
         picks += [(d, i) for i in range(n)]
     random.Random(seed).shuffle(picks)
     for d, i in picks:
         choice = choices[d]
-        entry = datasets[d][i]
+        i, entry = datasets[d][i]
         try:
             plain, patches = carry(entry)
         except NotCarried as exc:
@@ -157,6 +172,32 @@ def make_rows(
             ) from None
         row = row_of(choice, plain, patches, made, prompt=prompt, scripted=scripted)
         yield {"agent_ref": {"name": agent}, **row} if agent else row
+
+
+def _entries(choice: DatasetChoice, n: int, seed: int) -> list[tuple[int, dict[str, Any]]]:
+    """``n`` entries of ``choice`` made with ``seed``, with their indices, leaving out those
+    whose own reference answer the screen refuses (``guard.screen``): no answer could earn
+    their reward. 0.1.25's intermediate_integration gives one in ten a reference that is an
+    unevaluated ``Integral(...)``. If any is left out, a larger dataset is made instead."""
+    import reasoning_gym
+
+    made = n
+    for attempt in range(3):
+        dataset = reasoning_gym.create_dataset(choice.name, **choice.config, size=made, seed=seed)
+        kept = [(i, e) for i in range(made) if _solvable(choice.name, e := dataset[i])]
+        if len(kept) >= n:
+            return kept[:n]
+        if attempt < 2:
+            made = 2 * made + 8
+    raise ConfigError(
+        f"{choice.name}: of {made} entries only {len(kept)} have a reference answer the "
+        "environment accepts (guard.screen refuses the rest)"
+    )
+
+
+def _solvable(name: str, entry: dict[str, Any]) -> bool:
+    reference = entry.get("answer")
+    return not isinstance(reference, str) or guard.screen(name, reference, entry) is None
 
 
 def row_of(
