@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import aiohttp.web
 import orjson
 
 from rollgym.http import Target
@@ -34,8 +35,9 @@ def echo_classes() -> tuple[Any, Any, Any]:
 
 
 def faulty_echo() -> Any:
-    """The echo environment, except that the message ``boom`` raises, ``hang`` blocks, and
-    ``count`` is rewarded with the number of steps of its own session so far."""
+    """The echo environment, except that the message ``boom`` raises, ``hang`` blocks,
+    ``count`` is rewarded with the number of steps of its own session so far, and ``huge``
+    with 1.7e308."""
     env_cls, _, _ = echo_classes()
 
     class FaultyEcho(env_cls):  # type: ignore[misc,valid-type]
@@ -47,6 +49,8 @@ def faulty_echo() -> Any:
             result = super().step(action)
             if action.message == "count":
                 result.reward = float(self._state.step_count)
+            if action.message == "huge":  # finite; two of them sum to inf
+                result.reward = 1.7e308
             return result
 
     return FaultyEcho
@@ -192,3 +196,16 @@ async def relay(upstream_url: str, drop_connection: int, drop_answer: int) -> As
         server.close()
         async with asyncio.timeout(5):
             await server.wait_closed()
+
+
+@asynccontextmanager
+async def serve_aiohttp(app: aiohttp.web.Application) -> AsyncIterator[str]:
+    """An aiohttp application (a misbehaving OpenEnv server) on 127.0.0.1; yields its URL."""
+    runner = aiohttp.web.AppRunner(app, shutdown_timeout=1)
+    await runner.setup()
+    site = aiohttp.web.SockSite(runner, bind_socket("127.0.0.1", 0))
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._sock.getsockname()[1]}"
+    finally:
+        await runner.cleanup()

@@ -24,6 +24,7 @@ from .support import (
     faulty_echo,
     relay,
     script_row,
+    serve_aiohttp,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -230,3 +231,72 @@ async def test_a_server_that_is_not_there_is_a_connect_error_after_its_attempts(
     assert status == 502, body
     err = origin(body)
     assert err.type in ("connect_error", "connection_lost") and err.server == "echo", err
+
+
+async def test_many_calls_in_one_turn_take_at_most_max_steps_steps() -> None:
+    """A model that puts 50 act calls in one turn: max_steps bounds the environment's steps
+    too (it bounded turns only, and a model earned 2,000 with max_steps 1)."""
+    calls = [{"name": "act", "arguments": {"message": "count"}} for _ in range(50)]
+    async with agent_stack(echo_app(env=faulty_echo()), max_steps=2) as stack:
+        status, body = await stack.run(script_row([{"calls": calls}, {"calls": calls}]))
+    assert status == 200, body
+    assert body["env_steps"] == 2 and body["step_rewards"] == [1.0, 2.0]
+    assert body["reward"] == 3.0 and body["truncated"] is True
+    outputs = [i["output"] for i in body["response"]["output"] if i["type"].endswith("_output")]
+    assert len(outputs) == 50  # every call answered, 48 of them without a step
+    assert sum("step budget (max_steps 2) is spent" in o for o in outputs) == 48
+
+
+async def test_rewards_that_sum_past_a_float_are_the_servers_protocol_error() -> None:
+    async with agent_stack(echo_app(env=faulty_echo())) as stack:
+        status, body = await stack.run(script_row(acts("huge", "huge")))
+    assert status == 502, body
+    err = origin(body)
+    assert (err.type, err.server, err.endpoint) == ("protocol_error", "echo", "/step")
+    assert "not a finite number" in err.message
+
+
+async def test_a_server_that_pings_and_never_answers_times_out() -> None:
+    """aiohttp's receive timeout starts again after each ping it answers: the answer's
+    deadline must hold across them."""
+    from aiohttp import web
+
+    async def ws(request: web.Request) -> web.WebSocketResponse:
+        sock = web.WebSocketResponse(autoping=True)
+        await sock.prepare(request)
+        await sock.receive()  # the reset
+        while not sock.closed:
+            await sock.ping()
+            await asyncio.sleep(0.05)
+        return sock
+
+    app = web.Application()
+    app.router.add_get("/ws", ws)
+    async with serve_aiohttp(app) as url:
+        retry = {"max_attempts": 1, "endpoints": {"/reset": {"attempt_timeout": 0.5}}}
+        async with agent_stack(env_url=url, retry=retry, text_action="message") as stack:
+            status, body = await stack.run(script_row([{"say": "x"}]))
+    assert status == 504, body
+    err = origin(body)
+    assert (err.type, err.server, err.endpoint) == ("read_timeout", "echo", "/reset")
+
+
+async def test_a_schema_past_the_answer_limit_is_refused_unread() -> None:
+    from aiohttp import web
+
+    async def schema(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for _ in range(64):  # 4 MiB, more than the 1 MiB limit below
+            await resp.write(b" " * 65536)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/schema", schema)
+    async with serve_aiohttp(app) as url:
+        retry = {"answer_limits": {"body_bytes": 1 << 20}}
+        async with agent_stack(env_url=url, retry=retry) as stack:
+            status, body = await stack.run(script_row(acts("x")))
+    assert status == 502, body
+    err = origin(body)
+    assert (err.type, err.server, err.endpoint) == ("answer_too_large", "echo", "/schema")

@@ -18,13 +18,25 @@ pytest.importorskip("openenv.core", reason="needs openenv-core (the dev extra)")
 from openenv.core import GenericEnvClient
 from websockets.exceptions import ConnectionClosed
 
+from rollgym.envs.lookup.server import LookupEnv
 from rollgym.http import Target
 from rollgym.openenv.serve import openenv_app
+from rollgym.server.resources import Session
 from rollgym.testing import serve_asgi, serve_server
+from rollgym.wire import MASK_SAMPLE
 
 pytestmark = pytest.mark.timeout(60)
 
 LOOKUP_ROWS = Path(__file__).parents[2] / "src/rollgym/envs/lookup/data/example.jsonl"
+
+
+class MaskedLookup(LookupEnv):
+    """lookup, except that every verdict is masked (as a scorer whose worker was lost)."""
+
+    async def verify(
+        self, session: Session, task: dict[str, Any], response: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {**await super().verify(session, task, response), MASK_SAMPLE: True}
 
 
 def rows() -> list[dict[str, Any]]:
@@ -33,11 +45,20 @@ def rows() -> list[dict[str, Any]]:
 
 @asynccontextmanager
 async def served(max_envs: int = 4, *, rows_too: bool = True) -> AsyncIterator[str]:
-    async with serve_server("lookup", name="lookup") as (url, _):
+    async with served_with(max_envs, rows_too=rows_too) as (url, _):
+        yield url
+
+
+@asynccontextmanager
+async def served_with(
+    max_envs: int = 4, *, rows_too: bool = True
+) -> AsyncIterator[tuple[str, Any]]:
+    """The OpenEnv app's URL and the rollgym server behind it (its sessions can be counted)."""
+    async with serve_server("lookup", name="lookup") as (url, server):
         target = Target.single("lookup", url)
         app = openenv_app(target, tasks=rows(), max_concurrent_envs=max_envs, rows=rows_too)
         async with serve_asgi(app) as openenv_url:
-            yield openenv_url
+            yield openenv_url, server
 
 
 def client(url: str) -> Any:
@@ -78,11 +99,13 @@ async def test_an_openenv_client_cannot_reach_endpoints_that_are_not_tools() -> 
             await env.step({"answer": "again, to score twice"})
 
 
-async def test_tasks_only_refuses_a_callers_row_with_its_own_answer_key() -> None:
+async def test_a_callers_row_with_its_own_answer_key_is_refused_by_default() -> None:
     forged = {**rows()[0], "expected_answer": "7"}  # the caller's own answer key
-    async with served(rows_too=False) as url, client(url) as env:
-        with pytest.raises(RuntimeError, match="own tasks only"):
-            await env.reset(**forged)
+    async with serve_server("lookup", name="lookup") as (lookup_url, _):
+        app = openenv_app(Target.single("lookup", lookup_url), tasks=rows())  # the defaults
+        async with serve_asgi(app) as url, client(url) as env:
+            with pytest.raises(RuntimeError, match="own tasks only"):
+                await env.reset(**forged)
     async with served(rows_too=False) as url, client(url) as env:
         await env.reset(task_index=0)  # a served task: its answer key is the server's
         await env.step({"tool": "lookup", "arguments": {"key": "Brackenholt"}})
@@ -157,3 +180,38 @@ def test_the_serve_openenv_command_serves_a_configs_environment(tmp_path: Path) 
     assert proc.returncode == 0, out
     assert b"OpenEnv environment 'lookup' (" in out
     assert not url_file.exists()  # removed on the way out: no stale URL
+
+
+async def test_abandoned_episodes_hold_no_rollgym_session() -> None:
+    """Resets without an answer, a closed socket and stateless HTTP /reset each close the
+    rollgym session they opened: the server behind holds none of them afterwards."""
+    import aiohttp
+
+    async with served_with() as (url, server):
+        async with client(url) as env:
+            for i in range(5):
+                await env.reset(task_index=i % len(rows()))  # each abandons the one before
+            assert len(server._sessions) == 1  # only the open episode's
+            await env.step({"tool": "lookup", "arguments": {"key": "Brackenholt"}})
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+            for _ in range(5):
+                async with http.post(url + "/reset", json={"task_index": 0}) as resp:
+                    assert resp.status == 200, await resp.text()
+        async with asyncio.timeout(10):  # the closes are sent without waiting for them
+            while len(server._sessions):  # noqa: ASYNC110 (the server's store has no event)
+                await asyncio.sleep(0.02)
+        # An answered episode ended its session itself (/verify): nothing left to close.
+        async with client(url) as env:
+            await env.reset(task_index=0)
+            await env.step({"answer": "no idea"})
+        assert len(server._sessions) == 0
+
+
+async def test_a_masked_verdict_is_no_reward_not_a_zero() -> None:
+    async with serve_server(MaskedLookup, name="lookup") as (lookup_url, _):
+        app = openenv_app(Target.single("lookup", lookup_url), tasks=rows())
+        async with serve_asgi(app) as url, client(url) as env:
+            await env.reset(task_index=0)
+            done = await env.step({"answer": "no idea"})
+    assert done.done is True and done.reward is None
+    assert done.observation["verified"][MASK_SAMPLE] is True

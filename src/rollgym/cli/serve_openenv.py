@@ -26,12 +26,13 @@ def register(app: typer.Typer) -> None:
         max_sessions: Annotated[
             int, typer.Option(help="OpenEnv's max_concurrent_envs: sessions at once.")
         ] = 64,
-        tasks_only: Annotated[
+        accept_rows: Annotated[
             bool,
             typer.Option(
-                "--tasks-only",
-                help="reset takes task_index/seed only, no row of the caller's (a row names "
-                "its own expected answer).",
+                "--accept-rows",
+                help="reset(**row) takes a task row of the caller's too. A row names its own "
+                "expected answer: only for callers trusted to choose what is paid (a "
+                "trainer's own dataset). Without it, reset picks a row of collect.input.",
             ),
         ] = False,
         write_url: Annotated[
@@ -44,8 +45,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start CONFIG's servers (all but its agents), then serve resources server ENV as an
         OpenEnv environment (openenv-core's /ws, /reset, /step, /schema) until Ctrl-C or
-        SIGTERM. reset(task_index=i) or reset(seed=s) picks a row of collect.input; reset(**row)
-        takes a row itself. Needs the openenv extra (pip install 'rollgym[openenv]')."""
+        SIGTERM. reset(task_index=i) or reset(seed=s) picks a row of collect.input; with
+        --accept-rows, reset(**row) takes a row itself. Needs the openenv extra (pip install 'rollgym[openenv]')."""
         from rollgym import runtime
         from rollgym.cli.kit import setup_logging
         from rollgym.config import load_config
@@ -57,7 +58,7 @@ def register(app: typer.Typer) -> None:
             known = [n for n, s in cfg.servers.items() if s.kind == "resources"]
             raise ConfigError(f"{config}: --env {env!r} is not a resources server ({known})")
         runtime.run(
-            _serve(cfg, env, host, port, max_sessions, tasks_only, write_url, startup_timeout)
+            _serve(cfg, env, host, port, max_sessions, accept_rows, write_url, startup_timeout)
         )
 
 
@@ -75,7 +76,7 @@ async def _serve(
     host: str,
     port: int,
     max_sessions: int,
-    tasks_only: bool,
+    accept_rows: bool,
     write_url: Path | None,
     timeout: float,
 ) -> None:
@@ -94,6 +95,11 @@ async def _serve(
             f"serve-openenv needs openenv-core: pip install 'rollgym[openenv]' ({exc})"
         ) from None
     tasks = _tasks(cfg)
+    if not tasks and not accept_rows:
+        raise ConfigError(
+            f"{cfg.source or 'the config'}: collect.input has no tasks to serve, and callers' "
+            "rows are refused: set collect.input, or give --accept-rows"
+        )
     servers = {n: s for n, s in cfg.servers.items() if s.kind not in ("agent", "environment")}
     run_cfg = cfg.model_copy(update={"servers": servers})
     supervisor = Supervisor(run_cfg, log_level="WARNING", startup_timeout=timeout)
@@ -104,9 +110,7 @@ async def _serve(
     try:
         urls = await supervisor.start()
         target = Target(env, tuple(urls[env]), cfg.servers[env].retry)
-        app = openenv_app(
-            target, tasks=tasks, max_concurrent_envs=max_sessions, rows=not tasks_only
-        )
+        app = openenv_app(target, tasks=tasks, max_concurrent_envs=max_sessions, rows=accept_rows)
         sock = bind_socket(host, port)
         url = f"http://{host}:{sock.getsockname()[1]}"
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))

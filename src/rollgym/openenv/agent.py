@@ -10,6 +10,9 @@
   and ``done``. A turn without a call ends the episode. With option ``text_action: FIELD`` the
   model's text is the action ``{FIELD: text}`` instead, one step per turn, and each observation
   comes back as a user message.
+- ``max_steps`` bounds the model's turns and the environment's steps alike: a model that puts
+  many ``act`` calls in one turn gets at most ``max_steps`` of them sent in the episode; the
+  rest are answered that the step budget is spent, and the episode ends truncated.
 - The rollout's reward is the sum of the steps' rewards in order (a step answering ``reward:
   null`` adds nothing; ``step_rewards`` keeps the nulls). An action the environment refuses as
   invalid (``VALIDATION_ERROR``) was not applied: the model is told why, and the episode goes on.
@@ -32,6 +35,7 @@ The verified rollout: the row plus ``reward``, ``step_rewards``, ``num_steps`` (
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -43,7 +47,13 @@ from pydantic import Field
 
 from rollgym.agents.response import final_response, function_call_output, user_message
 from rollgym.agents.tool_agent import ToolCallError, tool_arguments
-from rollgym.errors import HTTPStatusError, InvalidRequest, ProtocolError, WaitedTooLong
+from rollgym.errors import (
+    AnswerTooLarge,
+    HTTPStatusError,
+    InvalidRequest,
+    ProtocolError,
+    WaitedTooLong,
+)
 from rollgym.http import Target
 from rollgym.openenv import translate
 from rollgym.openenv.session import Observation, OpenEnvSession, Refused
@@ -55,6 +65,7 @@ RESET_FIELD = "openenv_reset"
 """The task row's field holding the reset's keyword arguments."""
 
 OVER = "the episode is over; this call was not sent"
+SPENT = "the episode's step budget (max_steps {}) is spent; this call was not sent"
 
 
 class OpenEnvAgent(AgentServer):
@@ -66,7 +77,9 @@ class OpenEnvAgent(AgentServer):
     row_fields = frozenset({RESET_FIELD})
 
     class Options(AgentServer.Options):
-        max_steps: int = Field(default=10, ge=1, le=1000, description="model calls per episode")
+        max_steps: int = Field(
+            default=10, ge=1, le=1000, description="model calls, and environment steps, per episode"
+        )
         tool: str = Field(default="act", min_length=1, description="the action tool's name")
         text_action: str | None = Field(
             default=None, min_length=1, description="the action field the model's text fills"
@@ -131,8 +144,8 @@ class OpenEnvAgent(AgentServer):
         outputs: list[Any] = []
         turns: list[dict[str, Any]] = []
         rewards: list[float | None] = []
-        last, done, stopped = first, first.done, False
-        while not done and len(turns) < self.options.max_steps:
+        last, done, stopped, sent = first, first.done, False, 0
+        while not done and len(turns) < self.options.max_steps and sent < self.options.max_steps:
             response = await ctx.respond({**params, "input": items + outputs})
             turns.append(response)
             outputs.extend(response["output"])
@@ -153,7 +166,11 @@ class OpenEnvAgent(AgentServer):
                 stopped = True  # the model stopped acting: the episode ends as it stands
                 break
             for call in calls:
-                text, result = await self._act(call, session, ctx, done)
+                if not done and sent >= self.options.max_steps:
+                    text, result = _error(SPENT.format(self.options.max_steps)), None
+                else:
+                    text, result, stepped = await self._act(call, session, ctx, done)
+                    sent += stepped
                 outputs.append(function_call_output(str(call.get("call_id", "")), text))
                 if result is not None:
                     rewards.append(result.reward)
@@ -163,11 +180,17 @@ class OpenEnvAgent(AgentServer):
                 f"{session.server} answered the reset with done: the episode had no step",
                 server=session.server, endpoint="/reset",
             )  # fmt: skip
+        reward = sum(r for r in rewards if r is not None)
+        if not math.isfinite(reward):  # each is finite (session.py); their sum may not be
+            raise ProtocolError(
+                f"{session.server}'s step rewards sum to {reward}, not a finite number",
+                server=session.server, endpoint="/step",
+            )  # fmt: skip
         return {
             **row,
             "responses_create_params": params,
             "response": final_response(turns[-1], outputs, turns),
-            "reward": sum(r for r in rewards if r is not None),
+            "reward": reward,
             "step_rewards": rewards,
             "num_steps": len(turns),
             "env_steps": len(rewards),
@@ -178,19 +201,21 @@ class OpenEnvAgent(AgentServer):
 
     async def _act(
         self, call: dict[str, Any], session: OpenEnvSession, ctx: RunContext, over: bool
-    ) -> tuple[str, Observation | None]:
-        """One function call of the model: the text it gets back, and the step it made."""
+    ) -> tuple[str, Observation | None, bool]:
+        """One function call of the model: the text it gets back, the step it made, and
+        whether a step was sent (a refused one was: it counts against ``max_steps``)."""
         if over:
-            return _error(OVER), None
+            return _error(OVER), None, False
         if call.get("name") != self.options.tool:
-            return _error(f"unknown tool {call.get('name')!r}; use {self.options.tool!r}"), None
+            text = _error(f"unknown tool {call.get('name')!r}; use {self.options.tool!r}")
+            return text, None, False
         args = tool_arguments(call.get("arguments"), self.options.max_tool_argument_bytes)
         if isinstance(args, ToolCallError):
-            return _error(args.message), None
+            return _error(args.message), None, False
         result = await ctx.hops.timed("step", session.step(orjson.loads(args)))
         if isinstance(result, Refused):
-            return _error(result.message), None
-        return _show(result), result
+            return _error(result.message), None, True
+        return _show(result), result, True
 
     async def _action_tool(self, target: Target) -> dict[str, Any]:
         """The ``act`` function tool: the server's action schema, read once."""
@@ -215,17 +240,33 @@ class OpenEnvAgent(AgentServer):
     async def _schema(self, target: Target) -> dict[str, Any]:
         url = target.urls[0] + OPENENV_SCHEMA_PATH
         timeout = target.policy.attempt_timeout
+        limit = target.policy.answer_limits.body_bytes
         try:
             async with (
                 asyncio.timeout(timeout),
                 self._http.get(url) as resp,
             ):
-                raw = await resp.read()
+                # Bounded as every answer is: a server can send a schema without end.
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > limit:
+                        break
+                raw = b"".join(chunks)
                 status = resp.status
         except Exception as exc:
             raise translate.transport_error(
                 exc, server=target.name, url=url, endpoint=OPENENV_SCHEMA_PATH, timeout=timeout
             ) from exc
+        if len(raw) > limit:
+            raise AnswerTooLarge(
+                f"{target.name} sent a {OPENENV_SCHEMA_PATH} over {limit} bytes "
+                "(retry.answer_limits.body_bytes)",
+                server=target.name, url=url, endpoint=OPENENV_SCHEMA_PATH, method="GET",
+                retryable=False,
+            )  # fmt: skip
         if status != 200:
             raise HTTPStatusError(
                 f"{target.name} answered GET {OPENENV_SCHEMA_PATH} with {status}",

@@ -6,15 +6,22 @@ One OpenEnv session is one rollgym session (``/seed_session``) of its own:
 
 - ``reset(**row)`` with a task row (``responses_create_params`` and the environment's fields),
   or ``reset(task_index=i)`` / ``reset(seed=s)`` picking row ``i`` / ``s mod n`` of the tasks
-  served (``rollgym serve-openenv``'s ``collect.input``). A row carries its own answer key, so
-  it is trusted as the trainer's dataset is; ``--tasks-only`` refuses rows. The observation carries the task's
-  ``prompt`` (its ``input``) and ``tools`` (the row's, else the server's ``/tools``).
+  served (``rollgym serve-openenv``'s ``collect.input``). A row carries its own answer key: a
+  caller who sends one chooses what is paid, so rows are refused unless the server is told to
+  trust its callers as it trusts the trainer's dataset (``--accept-rows``, ``rows=True``). The
+  observation carries the task's ``prompt`` (its ``input``) and ``tools`` (the row's, else the
+  server's ``/tools``).
+- A session is closed (``/close_session``) when its OpenEnv session ends, when it is reset
+  again before an answer, and after each stateless HTTP ``/reset``: an abandoned episode holds
+  nothing on the rollgym server.
 - ``step({"tool": NAME, "arguments": {...}})`` calls one of those tools in the session; the
   observation's ``output`` is its answer (a tool not offered is refused, never sent: a client
   cannot reach ``/verify`` or ``/seed_session`` by naming them). ``reward`` is null.
 - ``step({"answer": TEXT})`` ends the episode: the episode so far (each tool call and its output,
   then ``TEXT`` as the assistant's message) is one Responses API response, scored by the
   server's ``/verify``; ``reward`` is its reward, ``done`` true, ``verified`` the other fields.
+  A verdict the server masks (``mask_sample``: no measurement, e.g. a scorer's worker lost)
+  answers ``reward`` null with ``verified.mask_sample`` true: a 0 would be a score nobody gave.
 
 A failure of the rollgym server (a 5xx, a timeout) fails that step: openenv-core answers it
 ``EXECUTION_ERROR`` with the rollgym error's text. Sessions past ``max_concurrent_envs`` are
@@ -23,6 +30,8 @@ refused by openenv-core (``CAPACITY_REACHED``).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -34,8 +43,12 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field
 
+from rollgym.errors import RollgymError
 from rollgym.http import HttpClient, Target
 from rollgym.server.episode import Episode, ResourcesClient
+from rollgym.wire import CLOSE_SESSION_ENDPOINT, MASK_SAMPLE
+
+log = logging.getLogger("rollgym.openenv")
 
 
 class RollgymAction(Action):  # type: ignore[misc]
@@ -58,14 +71,42 @@ class Link:
     """What every session of one app shares: the rollgym server and its client, the tasks."""
 
     def __init__(
-        self, target: Target, tasks: list[dict[str, Any]], timeout: float, rows: bool = True
+        self, target: Target, tasks: list[dict[str, Any]], timeout: float, rows: bool = False
     ) -> None:
         self.target, self.tasks, self.timeout, self.rows = target, tasks, timeout, rows
         self._client: ResourcesClient | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
+        if self._closing:  # sessions being closed finish first, with the client they use
+            await asyncio.gather(*self._closing, return_exceptions=True)
         if self._client is not None:
             await self._client.http.close()
+
+    def release(self, episode: Episode, loop: asyncio.AbstractEventLoop) -> None:
+        """Close ``episode``'s session on ``loop`` (the server's), without waiting: called
+        from openenv-core's synchronous ``close``, on that loop or in a worker thread."""
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._spawn(episode)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._spawn, episode)
+
+    def _spawn(self, episode: Episode) -> None:
+        task = asyncio.get_running_loop().create_task(self.close_session(episode))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close_session(self, episode: Episode) -> None:
+        """``/close_session`` for ``episode``'s session (unnamed: its header names it)."""
+        body = {"resources_session_id": "", "episode_id": {"rollout_id": "openenv"}}
+        try:
+            await episode.post(CLOSE_SESSION_ENDPOINT, body, self.timeout)
+        except RollgymError as err:  # the server drops it later by its own bounds
+            log.warning("%s: closing an abandoned session failed: %s", self.target.name, err)
 
     def episode(self, rollout: str) -> Episode:
         if self._client is None:  # made in the server's loop, at the first session
@@ -89,6 +130,14 @@ class RollgymEnvironment(Environment):  # type: ignore[misc]
         self._tools: list[dict[str, Any]] = []
         self._items: list[dict[str, Any]] = []
         self._done = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def close(self) -> None:
+        """openenv-core's end of a session (a closed socket, each HTTP ``/reset``): the
+        rollgym session of an episode never answered is closed."""
+        episode, self._episode = self._episode, None
+        if episode is not None and not self._done and self._loop is not None:
+            self.link.release(episode, self._loop)
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Any:
         raise NotImplementedError("served asynchronously: reset_async")
@@ -104,6 +153,10 @@ class RollgymEnvironment(Environment):  # type: ignore[misc]
         self, seed: int | None = None, episode_id: str | None = None, **row: Any
     ) -> RollgymObservation:
         row = self._task(seed, row)
+        if self._episode is not None and not self._done:  # reset before the answer
+            previous, self._episode = self._episode, None
+            await self.link.close_session(previous)
+        self._loop = asyncio.get_running_loop()
         rollout = episode_id or os.urandom(16).hex()
         episode = self.link.episode(rollout)
         await episode.seed(row)
@@ -159,7 +212,7 @@ class RollgymEnvironment(Environment):  # type: ignore[misc]
         }  # fmt: skip
         verified = await episode.verify(self._row, response)
         self._done = True
-        reward = verified.get("reward")
+        reward = None if verified.get(MASK_SAMPLE) else verified.get("reward")
         shown = {k: v for k, v in verified.items() if k not in ("response", "reward")}
         shown = {k: v for k, v in shown.items() if k not in self._row}
         return RollgymObservation(reward=reward, done=True, verified=shown)
@@ -168,7 +221,10 @@ class RollgymEnvironment(Environment):  # type: ignore[misc]
         if "responses_create_params" in row:
             if not self.link.rows:
                 # The caller's row carries its own expected answer: served tasks only.
-                raise ValueError("this server scores its own tasks only: reset(task_index=i)")
+                raise ValueError(
+                    "this server scores its own tasks only: reset(task_index=i) or reset(seed=s) "
+                    "(serve-openenv --accept-rows takes callers' rows)"
+                )
             return row
         tasks = self.link.tasks
         index = row.pop("task_index", None)
@@ -191,13 +247,13 @@ def openenv_app(
     tasks: list[dict[str, Any]] | None = None,
     max_concurrent_envs: int = 64,
     timeout: float = 300.0,
-    rows: bool = True,
+    rows: bool = False,
 ) -> Any:
     """openenv-core's app serving rollgym resources server ``target`` (its tools' and verify's
-    calls each within ``timeout`` seconds, retried per ``target.policy``). ``rows=False``:
-    ``reset`` takes no task row of the caller's, only ``task_index``/``seed`` into ``tasks``
-    (a row names its own expected answer: a caller who may not choose the answer key must
-    not send one)."""
+    calls each within ``timeout`` seconds, retried per ``target.policy``). ``reset`` takes
+    ``task_index``/``seed`` into ``tasks``; with ``rows=True`` also a task row of the caller's
+    (a row names its own expected answer: only for callers trusted to choose the answer key,
+    as a trainer's own dataset is)."""
     link = Link(target, list(tasks or []), timeout, rows)
     factory: Callable[[], RollgymEnvironment] = lambda: RollgymEnvironment(link)  # noqa: E731
     app = create_app(

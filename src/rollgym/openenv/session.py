@@ -224,7 +224,10 @@ class OpenEnvSession:
         else:
             sent = None
         try:
-            message = await ws.receive(timeout=timeout)
+            # A deadline on the whole wait: receive's own timeout starts again after each ping
+            # it answers, so a server that pings and never answers would hold it for ever.
+            async with asyncio.timeout(timeout):
+                message = await ws.receive()
         except Exception as exc:
             raise translate.transport_error(sent or exc, timeout=timeout, **where) from exc
         if sent is not None and message.type != aiohttp.WSMsgType.TEXT:
