@@ -185,6 +185,54 @@ async def test_back_pressure_stops_dispatch_while_the_consumer_stalls() -> None:
     assert stream.stats.peak_ready <= bound and stream.stats.peak_open <= bound
 
 
+async def test_a_bare_loop_left_by_break_closes_the_stream(tmp_path: Path) -> None:
+    """Without ``async with``, leaving the loop closes the stream: its dispatcher and watchdog
+    stop, its run directory says so, and no rollout is recorded twice."""
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        stream = client.stream(
+            (task_row(i) for i in range(200)), repeats=2, concurrency=4, output=tmp_path / "run"
+        )
+        async for group in stream:
+            assert group.complete
+            break
+        await wait_until(lambda: stream.closed, what="the stream to close")
+        assert stream._task is not None and stream._task.done()
+        assert stream._watchdog is not None and stream._watchdog.done()
+        dispatched = stream.stats.dispatched
+        await asyncio.sleep(0.2)
+        assert stream.stats.dispatched == dispatched < 400  # nothing more was started
+    info = assert_ledger_exact_or_unfinished(tmp_path / "run")
+    assert info["status"] == "closed"
+
+
+async def test_a_stream_that_ends_closes_itself_without_aclose(tmp_path: Path) -> None:
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        stream = client.stream([task_row(i) for i in range(3)], repeats=2, output=tmp_path / "r")
+        it = aiter(stream)
+        got = [await anext(it) for _ in range(3)]
+        with pytest.raises(StopAsyncIteration):
+            await anext(it)
+        assert stream.closed  # the end released it: no aclose was called
+        with pytest.raises(StopAsyncIteration):
+            await anext(it)  # and it stays ended
+    assert sorted(g.task_index for g in got) == [0, 1, 2]
+    assert assert_ledger_exact(tmp_path / "r")["status"] == "completed"
+
+
+async def test_inside_async_with_a_loop_may_stop_and_another_go_on() -> None:
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        async with client.stream([task_row(i) for i in range(6)], repeats=2) as stream:
+            first = []
+            async for group in stream:
+                first.append(group.task_index)
+                if len(first) == 2:
+                    break  # a training step's worth
+            assert not stream.closed
+            rest = [g.task_index async for g in stream]
+        assert stream.closed
+    assert sorted(first + rest) == list(range(6))
+
+
 async def test_a_consumer_that_stops_consuming_ends_the_stream_typed(tmp_path: Path) -> None:
     async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
         rows = (task_row(i) for i in range(100))

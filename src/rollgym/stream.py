@@ -54,6 +54,12 @@ not paused. Deadlines:
 - a rollout's deadline is ``rollout_timeout + max_pause``: one pause of at most ``max_pause``
   never expires a rollout that was on time. (A rollout caught in several pauses may.)
 
+Lifetime: ``async with client.stream(...) as stream`` owns the stream (a loop over it may
+``break`` and a later loop go on; leaving the context closes it). A stream iterated bare
+(``async for group in client.stream(...)``) is closed when that loop is left, by ``break`` or an
+exception as much as by its end. Either way a stream whose rows are all done, or which failed,
+closes itself as its last group is taken: nothing keeps running for a consumer that forgets.
+
 Every rollout runs through the one rollout core (``RolloutRunner``, via a ``LocalDispatcher``,
 or ``dispatcher=RayDispatcher`` for Ray worker actors) and the one ``Recorder`` with the failure
 budget; ``output=DIR`` writes its run directory (``rollgym.collect.stream_ledger``). Each
@@ -65,7 +71,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,7 +106,8 @@ WATCH_TICK = 0.25
 
 class RolloutStream:
     """An async iterator over ``TaskGroup``s in completion order (see the module docstring).
-    Make one with ``RolloutClient.stream``; use it as ``async with`` (or call ``aclose``)."""
+    Make one with ``RolloutClient.stream``; use it as ``async with`` (then loops may stop and
+    go on; the context closes it), or iterate it bare (leaving the loop closes it)."""
 
     def __init__(
         self,
@@ -170,6 +177,7 @@ class RolloutStream:
         self._pause_timeout = 0.0
         self._last_take = time.monotonic()
         self._closed = False
+        self._entered = False
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -181,6 +189,12 @@ class RolloutStream:
     @property
     def paused(self) -> bool:
         return self._paused_until is not None
+
+    @property
+    def closed(self) -> bool:
+        """Closed: nothing of the stream runs, its model servers are released and its run
+        directory says how it ended (``aclose``, the end of its rows, or its failure)."""
+        return self._closed
 
     @property
     def ready(self) -> int:
@@ -312,6 +326,7 @@ class RolloutStream:
         ledger.close(status, counts, reason)
 
     async def __aenter__(self) -> RolloutStream:
+        self._entered = True
         await self.start()
         return self
 
@@ -320,10 +335,30 @@ class RolloutStream:
 
     # -- iteration ------------------------------------------------------------------------------
 
-    def __aiter__(self) -> RolloutStream:
-        return self
+    def __aiter__(self) -> AsyncIterator[TaskGroup]:
+        # Inside ``async with`` the context owns the stream: a loop may ``break`` (a step's
+        # worth of groups) and another loop go on. Used bare, the loop owns it: an async
+        # generator, which asyncio closes when the loop leaves it (``break``, an exception),
+        # and closing it closes the stream (no dispatcher, watchdog or HTTP session left).
+        if self._entered or self._closed:
+            return self
+        return self._owned()
+
+    async def _owned(self) -> AsyncIterator[TaskGroup]:
+        try:
+            while True:
+                try:
+                    group = await self.__anext__()
+                except StopAsyncIteration:
+                    return
+                yield group
+        finally:
+            await self.aclose()
 
     async def __anext__(self) -> TaskGroup:
+        if self._closed:
+            self._raise_if_ended()
+            raise StopAsyncIteration
         await self.start()
         while True:
             self.arrived.clear()
@@ -337,14 +372,19 @@ class RolloutStream:
                 self.written(group)
                 return group.build()
             if self._task is not None and self._task.done():
-                self._raise_if_ended()
-                self._close_ledger()
+                # Ended (its rows all done, or it failed): release what it holds now, so a
+                # consumer that never calls ``aclose`` leaves nothing running.
+                try:
+                    self._raise_if_ended()
+                finally:
+                    await self.aclose()
                 raise StopAsyncIteration
             await self.arrived.wait()
 
     def _raise_if_ended(self) -> None:
-        assert self._task is not None
-        if not self._task.cancelled() and (exc := self._task.exception()) is not None:
+        task = self._task
+        ended = task is not None and task.done() and not task.cancelled()
+        if ended and task is not None and (exc := task.exception()) is not None:
             raise exc
         self._close_ledger()
         if self._error is not None:
