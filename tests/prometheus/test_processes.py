@@ -42,11 +42,23 @@ def test_every_process_of_a_live_run_is_scraped(tmp_path: Path) -> None:
         run_json = orjson.loads((run.out / "run.json").read_bytes())
         assert run_json["metrics_url"] == run.collector
         assert run_json["status"] == "running"
+        # scrape_targets.json (Prometheus file_sd) lists every one of those processes
+        groups = orjson.loads((run.out / run_json["scrape_targets"]).read_bytes())
+        listed = {
+            g["labels"].get("rollgym_server", g["labels"]["rollgym_process"]): g["targets"]
+            for g in groups
+        }
+        host = run.collector.split("/")[2]
+        assert listed == {
+            "collector": [host],
+            **{name: [url.split("/")[2]] for name, url in run.servers.items()},
+        }
 
         assert run.release() == 0, "".join(run.stderr)
         # The collector's port closes with its run; the servers count every call it caused.
         with pytest.raises(urllib.error.URLError):
             scrape_sync(run.collector)
+        assert not (run.out / run_json["scrape_targets"]).exists()  # gone with the run
         agent = scrape_sync(run.servers["agent"] + "/metrics")
         assert value(agent, "rollgym_calls_total", server="model") == 2 * ROLLOUTS
         assert value(agent, "rollgym_agent_hop_seconds_count", hop="verify") == ROLLOUTS

@@ -1,4 +1,5 @@
-"""A real Prometheus server scrapes every process of a live run (opt-in: skipped without the
+"""A real Prometheus server scrapes every process of a live run, found through the run's
+``scrape_targets.json`` (``file_sd``) (opt-in: skipped without the
 ``prometheus`` binary; on Debian ``apt-get install prometheus``, about 20 s)."""
 
 from __future__ import annotations
@@ -55,12 +56,15 @@ def test_prometheus_scrapes_the_collector_and_every_server(tmp_path: Path) -> No
     assert PROMETHEUS is not None
     with held_run(tmp_path) as run:
         targets = [run.collector.removesuffix("/metrics"), *run.servers.values()]
+        # The run's own scrape_targets.json, as a user would point Prometheus at it.
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
             "scrape_configs": [
                 {
                     "job_name": "rollgym",
-                    "static_configs": [{"targets": [t.split("//")[1] for t in targets]}],
+                    "file_sd_configs": [
+                        {"files": [str(run.out / "scrape_targets.json")], "refresh_interval": "1s"}
+                    ],
                 }
             ],
         }
@@ -98,6 +102,11 @@ def test_prometheus_scrapes_the_collector_and_every_server(tmp_path: Path) -> No
             wait_for(held_seen, 30, "Prometheus to see the rollouts in flight")
             assert query(base, 'sum(rollgym_server_info{kind="agent"})') == 1
             assert query(base, "count(rollgym_server_info)") == 3
+            # the file's labels reach every series
+            assert query(base, 'count(rollgym_server_info{rollgym_process="server"})') == 3
+            assert query(base, 'rollgym_rollouts_remaining{rollgym_process="collector"}') == (
+                ROLLOUTS
+            )
             assert query(base, "rollgym_rollouts_remaining") == ROLLOUTS
 
             assert run.release() == 0, "".join(run.stderr)

@@ -117,12 +117,19 @@ MetricsPortOpt = Annotated[
         min=0,
         max=65535,
         help="Serve the collector's Prometheus metrics at http://HOST:PORT/metrics (0: a free "
-        "port, its URL printed and recorded in run.json as metrics_url). Default: off (every "
-        "server serves its own /metrics anyway).",
+        "port, its URL printed and recorded in run.json as metrics_url), and list every "
+        "process of the run that serves metrics (collector, servers, Ray workers) in "
+        "OUTPUT/scrape_targets.json for Prometheus's file_sd while it runs. Default: off "
+        "(every server serves its own /metrics anyway).",
     ),
 ]
 MetricsHostOpt = Annotated[
-    str, typer.Option(help="Address --metrics-port listens on (0.0.0.0: every interface).")
+    str,
+    typer.Option(
+        help="Address --metrics-port listens on (0.0.0.0: every interface). With --ray, "
+        "anything but loopback makes each collect worker serve its metrics on its node's "
+        "address."
+    ),
 ]
 LogOpt = Annotated[str, typer.Option(help="Log level (DEBUG shows every retry decision).")]
 InProcessOpt = Annotated[

@@ -43,6 +43,7 @@ from rollgym.http import HttpClient
 
 if TYPE_CHECKING:
     from rollgym.prometheus.run import CollectorMetrics
+    from rollgym.prometheus.targets import TargetsFile
 
 log = logging.getLogger("rollgym.collect")
 
@@ -77,6 +78,7 @@ async def run_collection(
     # URL printed and recorded in run.json as ``metrics_url``. Bound before anything is
     # written: a port in use fails the run at once.
     metrics = _collector_metrics(metrics_host, metrics_port) if metrics_port is not None else None
+    targets: TargetsFile | None = None
     try:
         prepared = prepare_run(config, collect, input_path, out_dir, resume=resume, lock=True)
     except BaseException:
@@ -94,6 +96,7 @@ async def run_collection(
             collector = await _start(prepared, launcher, dispatcher, agents, client, progress)
             if metrics is not None:
                 metrics.attach(collector)
+                targets = _scrape_targets(prepared, collector, metrics.url, dispatcher)
             collector.sections = launcher.report
             watch = asyncio.create_task(launcher.watch(collector.abort, collector.recorder.pause))
             watch.add_done_callback(lambda task: _watch_ended(task, collector))
@@ -110,9 +113,30 @@ async def run_collection(
         finally:
             await launcher.stop()
     finally:
+        if targets is not None:
+            targets.remove()
         if metrics is not None:
             await metrics.server.close()
         prepared.release()
+
+
+def _scrape_targets(
+    prepared: PreparedRun, collector: Collector, url: str, dispatcher: Dispatcher | None
+) -> TargetsFile:
+    """``scrape_targets.json``: every process of the run that serves metrics (the collector,
+    the servers rollgym runs, the Ray workers), for Prometheus's ``file_sd``; named in
+    run.json as ``scrape_targets``."""
+    # Imported here: rollgym.prometheus.targets writes through rollgym.collect.rundir.
+    from rollgym.prometheus.targets import TargetsFile, WorkerMetrics
+
+    config = prepared.config.servers
+    servers = {n: u for n, u in collector.urls.items() if n in config and config[n].url is None}
+    workers = dispatcher if isinstance(dispatcher, WorkerMetrics) else None
+    targets = TargetsFile(prepared.out_dir, url, servers, workers)
+    targets.write()
+    prepared.run_info["scrape_targets"] = targets.path.name
+    write_json(prepared.files.run_json, prepared.run_info)
+    return targets
 
 
 def _collector_metrics(host: str, port: int) -> CollectorMetrics:

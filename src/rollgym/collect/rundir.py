@@ -328,7 +328,7 @@ _RUN_FILES = (RUN_JSON, TASKS, ROLLOUTS, FAILURES)
 # The keys of run.json that describe one session (the first run or one resume) and its end.
 _SESSION_KEYS = (
     "status", "exit_code", "ended_at", "abort", "error", "startup_seconds", "process", "warnings",
-    "metrics_url",
+    "metrics_url", "scrape_targets",
 )  # fmt: skip
 
 

@@ -6,12 +6,23 @@ process, so all URLs are known up front and no other process can take a port in 
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 
 BACKLOG = 4096
 """Listen backlog: a collector opens thousands of connections at once when a run starts."""
 
 WILDCARD = ("0.0.0.0", "::", "")
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` is this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray
@@ -106,7 +106,9 @@ def _islice(it: Iterator[RolloutItem], n: int) -> list[RolloutItem]:
 class RayDispatcher:
     """Dispatch over ``workers`` actors (default: one per live node), at most ``concurrency``
     rollouts in flight in all. ``servers``: the run's ``RayServers``, whose lost replicas are
-    then taken out of every worker's rotation (None for servers running elsewhere)."""
+    then taken out of every worker's rotation (None for servers running elsewhere).
+    ``worker_metrics``: each worker serves Prometheus metrics, bound as that host says
+    (``rollgym.ray.worker``); None: off."""
 
     def __init__(
         self,
@@ -116,8 +118,11 @@ class RayDispatcher:
         servers: RayServers | None = None,
         workers: int | None = None,
         worker_cpus: float = 0.0,
+        worker_metrics: str | None = None,
     ) -> None:
         self.policy = policy
+        self.worker_metrics = worker_metrics
+        self._moved: list[Callable[[], None]] = []
         self.concurrency = concurrency
         self.servers = servers
         self.n_workers = workers
@@ -141,8 +146,18 @@ class RayDispatcher:
 
     @property
     def placements(self) -> list[dict[str, Any]]:
-        """Where each worker runs now: its ``node_id`` and ``pid``."""
+        """Where each worker runs now: its ``node_id`` and ``pid`` (and ``metrics_url``)."""
         return [dict(w) for w in self._where]
+
+    @property
+    def metrics_urls(self) -> list[str]:
+        """Each worker's ``/metrics`` URL now (empty without ``worker_metrics``)."""
+        return [w["metrics_url"] for w in self._where if w.get("metrics_url")]
+
+    def on_metrics_moved(self, callback: Callable[[], None]) -> None:
+        """``callback()`` whenever a worker's metrics URL changes (it was restarted or
+        replaced): a run's scrape targets follow it (``rollgym.prometheus.targets``)."""
+        self._moved.append(callback)
 
     # -- the dispatch -------------------------------------------------------------------------
 
@@ -152,20 +167,23 @@ class RayDispatcher:
         n = self.n_workers or len(nodes)
         self._agents = agents
         self._per_worker = max(1, math.ceil(self.concurrency / n))
-        for _, node in spread(range(n), nodes):
-            self._actors.append(self._spawn(node))
+        for index, (_, node) in enumerate(spread(range(n), nodes)):
+            self._actors.append(self._spawn(node, index))
             self._worker_nodes.append(node)
             self._locks.append(asyncio.Lock())
         self._where = await get([a.ready.remote() for a in self._actors], 120)
         self._restarts = [0] * len(self._actors)
 
-    def _spawn(self, node: NodeInfo) -> Any:
+    def _spawn(self, node: NodeInfo, index: int) -> Any:
         # Hard affinity: a zero-CPU actor with soft affinity may land on any node, and two
         # workers meant for two nodes then share one. Ray restarts a crashed worker on its node;
         # a worker whose node is gone is replaced on a live one (``_alive``).
         return CollectWorkerActor.options(
             num_cpus=self.worker_cpus, scheduling_strategy=on_node(node, soft=False)
-        ).remote(self._agents, concurrency=self._per_worker, policy=self.policy)
+        ).remote(
+            self._agents, concurrency=self._per_worker, policy=self.policy, index=index,
+            metrics_host=self.worker_metrics,
+        )  # fmt: skip
 
     async def dispatch(self, work: Work, pending: int, recorder: Recorder) -> None:
         """Feed the workers until every item has a record, watching the replicas meanwhile."""
@@ -289,7 +307,7 @@ class RayDispatcher:
         try:
             nodes = alive_nodes()
             node = nodes[index % len(nodes)]
-            actor = self._spawn(node)
+            actor = self._spawn(node, index)
             where = await get(actor.ready.remote(), RESTART_WAIT_S)
         except (RayError, TimeoutError, LaunchError) as exc:
             log.error("collect worker %d could not be replaced: %s", index, exc)
@@ -308,6 +326,12 @@ class RayDispatcher:
             log.warning("collect worker %d was restarted (pid %s -> %s)", index,
                         known.get("pid"), where.get("pid"))  # fmt: skip
         self._where[index] = where
+        if known.get("metrics_url") != where.get("metrics_url"):
+            for callback in self._moved:
+                try:
+                    callback()
+                except Exception:  # the run goes on without fresh targets; say why
+                    log.exception("updating the scrape targets failed")
 
     async def _collect_stats(self, actors: list[Any]) -> list[dict[str, Any]]:
         stats = []
@@ -351,6 +375,7 @@ class RayDispatcher:
                     "node_ip": ips.get(node_id),
                     "planned_node_id": planned.node_id,
                     "pid": where.get("pid"),
+                    **({"metrics_url": where["metrics_url"]} if "metrics_url" in where else {}),
                     # Counters start again in a restarted worker: they cover its last life.
                     "restarts": self._restarts[i] if i < len(self._restarts) else 0,
                     **{k: v for k, v in s.items() if k != "http"},

@@ -39,7 +39,7 @@ async def run_on_ray(
     )  # fmt: skip
     dispatcher = RayDispatcher(
         RolloutPolicy.from_collect(collect), collect.concurrency, servers=launcher.servers,
-        workers=workers,
+        workers=workers, worker_metrics=metrics_host if metrics_port is not None else None,
     )  # fmt: skip
     return await run_collection(
         config, collect, input_path, out_dir, launcher, dispatcher=dispatcher, resume=resume,

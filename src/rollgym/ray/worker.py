@@ -8,15 +8,20 @@ the one ledger, so a record is written once however work moves between workers.
 A replica that refuses connections (its process is gone) is taken out of rotation for this
 worker at once, and the rollout goes to another replica: a refused connection sent nothing, so
 this is safe for any endpoint. The driver also passes the replicas it knows are dead.
+
+With ``metrics_host`` a worker serves Prometheus metrics (``rollgym.prometheus.worker``) on a
+port of its own, started by ``ready`` and reported there (``metrics_url``): a run with
+``--metrics-port`` lists every worker in its scrape targets. A loopback ``metrics_host`` binds
+loopback (scraped from the worker's own node); any other binds the node's address.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -25,6 +30,10 @@ from rollgym.collect.records import RolloutItem, RolloutRecord
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.errors import RollgymError
 from rollgym.http import HttpClient, Target
+from rollgym.launch.ports import is_loopback
+
+if TYPE_CHECKING:
+    from rollgym.prometheus.exporter import MetricsServer
 
 BATCH_LINGER = 0.02
 """Seconds a finished record waits for others to share its trip to the driver."""
@@ -46,7 +55,13 @@ class CollectWorker:
     """Runs rollouts for the driver; ``targets`` are the run's agents (all replica URLs)."""
 
     def __init__(
-        self, targets: dict[str, Target], *, concurrency: int, policy: RolloutPolicy
+        self,
+        targets: dict[str, Target],
+        *,
+        concurrency: int,
+        policy: RolloutPolicy,
+        index: int = 0,
+        metrics_host: str | None = None,
     ) -> None:
         # One Target per agent, with every replica: replicas are taken out through the client's
         # balancer, so its breaker, budget and load counts survive a replica's loss.
@@ -59,11 +74,44 @@ class CollectWorker:
         self._aborted = False
         self._held: RollgymError | None = None
         self.finished = 0
+        self.running = 0
+        self.index = index
+        self.pid = os.getpid()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self._metrics_host = metrics_host
+        self._metrics: MetricsServer | None = None
         tracing.setup("rollgym-collect-worker")  # if OTEL_TRACES_EXPORTER asks (rollgym.tracing)
 
     async def ready(self) -> dict[str, Any]:
-        ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "pid": os.getpid()}
+        """Where this worker runs (and its metrics URL, starting its metrics server once)."""
+        where: dict[str, Any] = {"node_id": self.node_id, "pid": self.pid}
+        if self._metrics_host is not None:
+            if self._metrics is None:
+                self._metrics = await self._serve_metrics(self._metrics_host)
+            where["metrics_url"] = self._metrics.url
+        return where
+
+    async def _serve_metrics(self, host: str) -> MetricsServer:
+        from rollgym.prometheus.exporter import MetricsServer
+        from rollgym.prometheus.exposition import Exposition
+
+        def families() -> Iterator[Any]:
+            from rollgym.prometheus.worker import worker_families
+
+            return worker_families(self)
+
+        if not is_loopback(host):
+            host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        return await MetricsServer(Exposition(families), host, 0).start()
+
+    @property
+    def queued(self) -> int:
+        """Rollouts handed over and waiting for a slot."""
+        return max(0, len(self._tasks) - self.running)
+
+    @property
+    def runner_if_started(self) -> RolloutRunner | None:
+        return self._runner
 
     @property
     def runner(self) -> RolloutRunner:
@@ -123,7 +171,11 @@ class CollectWorker:
         async with self._gate:
             if self._aborted:
                 raise asyncio.CancelledError
-            return await self.runner.run(item)
+            self.running += 1
+            try:
+                return await self.runner.run(item)
+            finally:
+                self.running -= 1
 
     def _take_down(self, urls: list[str]) -> None:
         new = set(urls) - self._dead
@@ -154,6 +206,8 @@ class CollectWorker:
         }
 
     async def close(self) -> None:
+        if self._metrics is not None:
+            await self._metrics.close()
         if self._runner is not None:
             await self._runner.http.close()
 

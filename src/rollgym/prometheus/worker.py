@@ -1,0 +1,58 @@
+"""A Ray collect worker's metrics (``rollgym.ray.worker``): its rollouts in flight and queued,
+the records it sent the driver, its circuit holds and failovers, and its calls to the agents.
+
+Served on a port of the worker's own (``MetricsServer``), read from its live state at each
+scrape. Its rollout counter has a name of its own (``rollgym_worker_rollouts``): the driver's
+``rollgym_rollouts`` counts the same rollouts as they are recorded, and a sum over every
+process of a run must not count them twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from rollgym.prometheus.families import PREFIX, client_families
+
+if TYPE_CHECKING:
+    from rollgym.ray.worker import CollectWorker
+
+
+def worker_families(worker: CollectWorker) -> Iterator[Metric]:
+    """Every family of one worker's scrape."""
+    info = GaugeMetricFamily(
+        PREFIX + "worker_info",
+        "1, labelled with this collect worker's index in its run, Ray node and process id.",
+        labels=["worker", "node_id", "pid"],
+    )
+    info.add_metric([str(worker.index), worker.node_id, str(worker.pid)], 1)
+    yield info
+    yield GaugeMetricFamily(
+        PREFIX + "rollouts_in_flight", "Rollouts being run now.", value=worker.running
+    )
+    yield GaugeMetricFamily(
+        PREFIX + "worker_rollouts_queued",
+        "Rollouts handed to this worker and waiting for a slot (its concurrency).",
+        value=worker.queued,
+    )
+    yield CounterMetricFamily(
+        PREFIX + "worker_rollouts",
+        "Rollouts this worker finished and sent the driver (since its process started).",
+        value=worker.finished,
+    )
+    runner = worker.runner_if_started
+    if runner is None:
+        return
+    yield CounterMetricFamily(
+        PREFIX + "circuit_holds",
+        "Times a rollout was held (and re-sent later) because a circuit was open.",
+        value=runner.circuit_holds,
+    )
+    yield CounterMetricFamily(
+        PREFIX + "failovers",
+        "Rollouts sent to another agent replica after theirs was lost.",
+        value=runner.failovers,
+    )
+    yield from client_families(runner.http)
