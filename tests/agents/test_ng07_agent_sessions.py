@@ -23,6 +23,7 @@ from rollgym.server.agent_sessions import AGENT_SESSION_COOKIE
 from rollgym.server.base import ServerContext
 from rollgym.server.endpoint import Call
 from rollgym.testing import serve_asgi
+from rollgym.wire import HEADER_OLDEST_VERSION
 from tests.agents.ng07_stack import episode, lookup_row, mcqa_row, ng07_stack, post
 from tests.support.servers import FaultyModel
 
@@ -361,6 +362,38 @@ async def test_a_turn_asking_for_token_ids_asks_its_model_for_them() -> None:
     assert isinstance(model, CaptureSeeing)
     assert model.captures == [False, True]
     assert free == 404  # not a 0.7 rollout id: the app names no endpoint (0.7 too)
+
+
+class OldestSeeing(FaultyModel):
+    """Records the ``x-rollgym-oldest-version`` of every model call (None: not sent)."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self.oldest: list[str | None] = []
+
+    async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | HTTPResponse:
+        self.oldest.append(call.headers.get(HEADER_OLDEST_VERSION))
+        return await super().respond(params, call)
+
+
+async def test_a_sessions_later_turns_tell_the_model_its_oldest_version() -> None:
+    """Bounded staleness across turns: the model server stamped turn 1's call with version 5,
+    so turn 2's first call already says the rollout's oldest version is 5 (a model server with
+    a staleness bound can refuse it); another session's first turn says nothing."""
+    params = mcqa_row()["responses_create_params"]
+    async with ng07_stack(agents={"agent": "mcqa"}, model=OldestSeeing) as stack:
+        url = stack.urls["agent"]
+        model = stack.model
+        assert isinstance(model, OldestSeeing)
+        model.policy.raise_version(5)
+        _, _, cookies, _ = await post(url + "/v1/agent_sessions", _seed())
+        for _ in range(2):
+            status, body, _, _ = await post(url + "/ng-rollout/e-1/v1/responses", params, cookies)
+            assert status == 200, body
+        _, _, other, _ = await post(url + "/v1/agent_sessions", _seed("s-2", "e-2"))
+        status, body, _, _ = await post(url + "/ng-rollout/e-2/v1/responses", params, other)
+        assert status == 200, body
+    assert model.oldest == [None, "5", None]
 
 
 async def test_a_gymnasium_agent_refuses_sessions_with_501() -> None:

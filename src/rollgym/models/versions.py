@@ -74,3 +74,19 @@ def rollout_versions(response: Any) -> tuple[int | None, ...]:
     if not isinstance(entries, list):
         return ()
     return tuple(_version(e.get(POLICY_VERSION)) if isinstance(e, dict) else None for e in entries)
+
+
+class CallVersions:
+    """The policy versions a rollout's model calls ran under, as their answers said: the
+    oldest is sent with each next call (``x-rollgym-oldest-version``)."""
+
+    __slots__ = ("oldest",)
+
+    def __init__(self) -> None:
+        self.oldest: int | None = None
+
+    def saw(self, response: Any) -> None:
+        """Count the version of one model call's answer (if it names one)."""
+        version = call_version(response)
+        if version is not None and (self.oldest is None or version < self.oldest):
+            self.oldest = version

@@ -56,7 +56,7 @@ from rollgym.errors import (
 )
 from rollgym.http import HttpClient, Target
 from rollgym.models.policy import MAX_PAUSE_S
-from rollgym.models.versions import call_version
+from rollgym.models.versions import CallVersions
 from rollgym.nemo_gym.failures import Stage
 from rollgym.prometheus.latency import LatencyByName
 from rollgym.prometheus.samples import HistogramSample, Sample
@@ -267,22 +267,6 @@ def with_pause(target: Target, pause_s: float) -> Target:
     return Target(target.name, target.urls, longer)
 
 
-class CallVersions:
-    """The policy versions a rollout's model calls ran under, as their answers said: the
-    oldest is sent with each next call (``x-rollgym-oldest-version``)."""
-
-    __slots__ = ("oldest",)
-
-    def __init__(self) -> None:
-        self.oldest: int | None = None
-
-    def saw(self, response: Any) -> None:
-        """Count the version of one model call's answer (if it names one)."""
-        version = call_version(response)
-        if version is not None and (self.oldest is None or version < self.oldest):
-            self.oldest = version
-
-
 def capture_endpoint(rollout: str) -> str:
     """The model's token-capture path for rollout ``rollout``: its id as a 0.7 path id (other
     characters as ``-``: the header still carries the id itself)."""
@@ -449,16 +433,22 @@ class AgentServer(BaseServer):
         grant: Grant | None,
         *,
         token_capture: bool = False,
+        versions: CallVersions | None = None,
     ) -> dict[str, Any]:
         """One ``turn`` of rollout ``rollout`` (``None``: a fresh id) in an agent session
         granted ``grant`` (``None``: outside any session, on the ``resources`` server);
-        ``token_capture``: its model calls ask for training token ids."""
+        ``token_capture``: its model calls ask for training token ids; ``versions``: the
+        policy versions of the session's earlier turns (its oldest goes with this turn's
+        first model call too)."""
         if not self.takes_turns():
             raise HTTPStatusError(
                 f"{type(self).__name__} takes no /v1/responses turns; use its /run", status=501
             )
         rollout = rollout or os.urandom(16).hex()
-        ctx = RunContext(rollout, self, grant=grant, token_capture=token_capture)
+        ctx = RunContext(
+            rollout, self, grant=grant, token_capture=token_capture,
+            versions=versions if versions is not None else CallVersions(),
+        )  # fmt: skip
         try:
             return await self.turn(params, ctx)
         finally:

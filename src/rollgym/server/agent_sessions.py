@@ -33,7 +33,7 @@ import base64
 import binascii
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -43,6 +43,7 @@ from starlette.routing import BaseRoute, Route
 from rollgym.config import RetryPolicy, format_validation_error, kind_defaults
 from rollgym.errors import HTTPStatusError, InvalidRequest
 from rollgym.http import Target
+from rollgym.models.versions import CallVersions
 from rollgym.nemo_gym.episodes import EpisodeId, TaskId
 from rollgym.protocol import ResponsesCreateParams
 from rollgym.server.agent_episodes import MAX_ID_CHARS, check_ids
@@ -151,6 +152,9 @@ class AgentSession(Session):
     grant: Grant | None = None
     receipt: dict[str, Any] | None = None
     """The close's answer, once closed (a repeated close answers it again)."""
+    versions: CallVersions = field(default_factory=CallVersions)
+    """The policy versions of the session's model calls, over all its turns: a turn's first
+    call already tells the model server how old the rollout is (bounded staleness)."""
 
 
 class SessionAgent(Protocol):
@@ -168,6 +172,7 @@ class SessionAgent(Protocol):
         grant: Grant | None,
         *,
         token_capture: bool = False,
+        versions: CallVersions | None = None,
     ) -> dict[str, Any]: ...
 
     def granted_client(self, target: Target) -> ResourcesClient: ...
@@ -239,8 +244,9 @@ class AgentSessions:
         assert session.episode_id is not None
         grant = session.grant or Grant(None)
         response = await self.agent.take_turn(
-            body, session.episode_id.capture_key, grant, token_capture=call.token_capture
-        )
+            body, session.episode_id.capture_key, grant, token_capture=call.token_capture,
+            versions=session.versions,
+        )  # fmt: skip
         return _answer(response, sid)
 
     async def close(self, body: Any, call: Call) -> Response:
