@@ -52,12 +52,48 @@ HEDGES = [
     "Answer: A\nAnswer: B\nAnswer: C\nAnswer: D",
     "\\boxed{Mercury Venus Earth Mars}",
     "Answer: Mercury, Venus, Earth or Mars",
+    # Separators no list of them names: any symbol, LaTeX command or hedging word joins.
+    "A\n\nB\n\nC\n\nD",
+    "C" + "\n" * 40 + "D",
+    "\\boxed{A}\\quad\\boxed{B}\\quad\\boxed{C}\\quad\\boxed{D}",
+    "Answer: A \u00b7 B \u00b7 C \u00b7 D",
+    "Answer: A \u2014 B \u2014 C \u2014 D",
+    "Answer: A\n- B\n- C\n- D",
+    "Answer: A? B? C? D?",
+    "Answer: A\u200bB\u200bC\u200bD",
+    "Answer: A (or B) (or C) (or D)",
+    "Answer: A or maybe B or maybe C or maybe D",
+    "Answer: A vs B vs C vs D",
+    "Answer: A \u2228 B \u2228 C \u2228 D",
+    "Answer: A~B~C~D",
+    "Answer: A\\,B\\,C\\,D",
+    "Answer: A, or B, or C, or D",
+    "Answer: A. Or B. Or C. Or D.",
+    "Answer: A... or B... or C... or D",
+    "Answer: A, then B, then C, then D",
+]
+
+# Replies that answer one option and mention others in their reasoning: still that option.
+ANSWERS_B = [
+    "Answer: B. A is wrong because it is closest to the Sun.",
+    "Answer: B, not A",
+    "Answer: B\n\n- A is Mercury, the first planet\n- C is Earth",
+    "Answer: B.\n\nOption A is Mercury.",
+    "I think the answer is B.\n\nExplanation: A is too hot, C is us, D is red.",
+    "Answer: B (Venus)",
+    "Answer: B \u2014 Venus is second",
+    "Answer: A. Wait, actually the answer is B",
 ]
 
 STALLS = {
     "unclosed boxes": "\\boxed{" * 20_000,
     "nested wrappers": "\\text{" * 20_000 + "B" + "}" * 20_000,
     "nested textbf": "\\textbf{" * 10_000 + "B" + "}" * 10_000,
+    # Found by review: a list of letters that does not end the text made one pattern
+    # exponential (30 letters: minutes), and a long run of spaces made others quadratic.
+    "letters then a word": "Answer: A" + " B" * 5_000 + " xyz",
+    "spaces after an answer": "Answer: B" + " " * 200_000 + ". Venus",
+    "spaces after a paren": "A)" + " " * 200_000 + "x",
 }
 
 
@@ -101,6 +137,14 @@ async def test_a_reply_naming_several_options_scores_0_for_every_letter(
     assert await _scores(env, text) == [0.0] * 4
     status, _ = await env.request("GET", "/health")
     assert status == 200
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("text", ANSWERS_B)
+async def test_a_reply_that_explains_its_one_answer_still_scores_it(
+    mcqa: EnvClient, text: str
+) -> None:
+    assert await _scores(mcqa, text) == [0.0, 1.0, 0.0, 0.0]
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -6,7 +6,11 @@ unmistakably (a lone letter, ``... B)``, ``Therefore, B.``). An answer naming tw
 (``A or C``, ``\\boxed{A, C}``) or a letter outside the options is no answer: None, never a guess.
 So is a list of options, however it is written (``A B C D``, one letter per line, ``(A)(B)``,
 ``\\boxed{A}\\boxed{B}``, ``Answer: A\nAnswer: B``): a policy must not be paid for naming every
-option. A later answer still corrects an earlier one when words come between them
+option. The separators of a list are not enumerated: any symbol (``A · B``, ``A — B``, ``A~B``,
+``A\\,B``, a zero-width space), a LaTeX command (``\\boxed{A}\\quad\\boxed{B}``) or a hedging word
+(``A or maybe B``, ``A vs B``, ``A. Or B.``) between the answer and another option letter makes it
+a list; only a plain sentence break (``Answer: A. B is wrong because ...``) does not, unless
+nothing but more letters follows to the end (``A\n\nB\n\nC``). A later answer still corrects an earlier one when words come between them
 (``Answer: A. Wait, actually the answer is C``).
 
 The text is model output, so every step is linear in its length: braces are matched in one pass
@@ -23,6 +27,7 @@ _WRAPPER = re.compile(
     r"\\(?:text|textbf|textrm|textit|textsf|texttt|mathrm|mathbf|mathit|mathsf|mbox)\s*\{([^{}]*)\}"
 )
 _MATH_DELIMS = re.compile(r"\$+|\\[()\[\]]")
+_SPACE_RUN = re.compile(r"\s{2,}")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 # A lowercase letter is a choice only when nothing word-like follows: "answer is a lot" is not A.
@@ -40,20 +45,6 @@ _MARKER = re.compile(
     re.MULTILINE,
 )
 _SEPARATOR = r"(?:,|;|/|&|\||\+|\band/or\b|\bor\b|\band\b)"
-# A second option right after the first: "A or C", "A, C", "A/C", "A and C", "A; C", "A | C".
-_ALSO = re.compile(
-    rf"\s*{_SEPARATOR}\s*(?i:(?:option|choice)\s+)?(?P<choice>{_LETTER})",
-    re.MULTILINE,
-)
-# Nothing but more option letters up to the end of the text: "A B C D", "(A) (B)", "A\nB\nC".
-_MORE_LETTERS = re.compile(
-    rf"[.:)\]]?(?:\s*{_SEPARATOR}?\s*(?P<choice>\(\s*[A-Za-z]\s*\)|\[\s*[A-Za-z]\s*\]|"
-    r"\b[A-Z]\b)[.:)\]]?)+\s*[.!]?\s*$"
-)
-# What may stand between two answers of one list: "\boxed{A} or \boxed{B}", "Answer: A\nAnswer: B".
-_JOINED = re.compile(
-    rf"(?:[\s.:)\]}}*$]|{_SEPARATOR}|(?i:\b(?:the|final|correct|answer|is|option|choice)\b))*"
-)
 _BOX_CONTENT = re.compile(
     r"\s*(?i:(?:option|choice)\s+)?(?:\(\s*(?P<p>[A-Za-z])\s*\)|(?P<l>[A-Za-z])(?=[.:)\s]|$))"
     r"[.:)]?(?P<rest>.*)",
@@ -74,6 +65,104 @@ _MAX_UNWRAP = 16  # nesting of \text{\textbf{...}} unwrapped; deeper is no answe
 
 _INVALID = ""  # an explicit answer that names no single valid option
 
+# The pieces of text between an answer and what follows it: a LaTeX command, an escaped
+# symbol, a word (letters and digits, any script), a run of white space, or one other character.
+_TOKEN = re.compile(r"\\[A-Za-z]+|\\.|[^\W_]+|\s+|.", re.DOTALL)
+# Words that join options into a hedge ("A or maybe B", "A vs B").
+_HEDGE_WORDS = frozenset(
+    [
+        "or",
+        "and",
+        "nor",
+        "vs",
+        "versus",
+        "maybe",
+        "perhaps",
+        "possibly",
+        "probably",
+        "either",
+        "also",
+        "alternatively",
+        "otherwise",
+        "else",
+        "then",
+        "plus",
+    ]
+)
+# Words that name an option without joining anything ("Option A is Mercury", "(option B)").
+_NAMING_WORDS = frozenset(["option", "options", "choice", "choices", "letter"])
+# Words that may stand between two answers of one list ("Answer: A\nAnswer: B").
+_ANSWER_WORDS = (
+    _HEDGE_WORDS | _NAMING_WORDS | frozenset(["the", "final", "correct", "answer", "is"])
+)
+# What may end a sentence or a line without joining anything: "Answer: A. B is wrong ...".
+_BREAKS = frozenset(".:)]")
+_BULLETS = frozenset("-*\u2022")
+# A lowercase letter is an option where it ends the text or a clause ("answer: a, b").
+_LOWER_ENDS = re.compile(r"[ \t]?(?:$|[.,;:!?)\]}])")
+_MAX_JOIN_TOKENS = 1_000
+"""Tokens looked at after an answer (or between two): an answer followed by more filler than
+this before any word is not read as one (no reply needs it; the scan stays cheap)."""
+
+
+def _option_at(text: str, start: int, end: int, valid: set[str]) -> str | None:
+    """The option letter that the word ``text[start:end]`` is, if it is one: an uppercase
+    letter, or a lowercase one in brackets (``(b)``) or ending a clause (``a, b``); a lowercase
+    letter before a word is a word ("a planet")."""
+    word = text[start:end]
+    if len(word) != 1 or not word.isascii() or not word.isalpha():
+        return None
+    if word.islower() and not (
+        (start > 0 and text[start - 1] in "([" and text[end : end + 1] in (")", "]"))
+        or _LOWER_ENDS.match(text, end)
+    ):
+        return None
+    return word.upper() if word.upper() in valid else None
+
+
+def _names_another(text: str, pos: int, valid: set[str]) -> bool:
+    """Whether another option letter follows an answer that ends at ``pos`` as part of a list
+    or hedge: after any symbol, LaTeX command or hedging word; or, after a plain sentence break,
+    with nothing but more letters and separators to the end of the text. A word that is none of
+    these ends the answer ("A. B is wrong", "A, not B"). One pass over the text after ``pos``."""
+    joined = False  # a symbol or hedge word stands between the answer and what comes next
+    listed = False  # an option letter came after a mere break: a list if nothing else follows
+    line_start = False
+    for n, m in enumerate(_TOKEN.finditer(text, pos)):
+        if n == _MAX_JOIN_TOKENS:
+            return True
+        token = m.group()
+        if token.isspace():
+            line_start = line_start or "\n" in token
+            continue
+        if token[0].isalnum():
+            if _option_at(text, m.start(), m.end(), valid) is not None:
+                if joined:
+                    return True
+                listed = True
+            elif token.lower() in _HEDGE_WORDS:
+                joined = True
+            elif token.lower() not in _NAMING_WORDS:
+                return False
+        elif token in _BREAKS or (line_start and token in _BULLETS):
+            pass
+        else:
+            joined = True
+        line_start = False
+    return listed
+
+
+def _only_joins(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]``, between two answers, joins them into one list: symbols,
+    LaTeX commands, white space and answering or hedging words only."""
+    for n, m in enumerate(_TOKEN.finditer(text, start, end)):
+        if n == _MAX_JOIN_TOKENS:
+            return True  # filler past any reply's: one list, not a correction
+        token = m.group()
+        if token[0].isalnum() and token.lower() not in _ANSWER_WORDS:
+            return False
+    return True
+
 
 def _letter(token: str) -> str:
     return token.strip("()[] \t").upper()
@@ -85,8 +174,15 @@ def _clean(text: str) -> str:
         if previous == text:
             break
         previous, text = text, _WRAPPER.sub(r"\1", text)
-    text = _MATH_DELIMS.sub(" ", text)
-    return text.replace("*", "")
+    text = _MATH_DELIMS.sub(" ", text).replace("*", "")
+    # One white-space character per run (a newline if the run holds one): no pattern then
+    # meets a long run between two optional spaces, which made readers quadratic ("A)" and
+    # 100,000 spaces took minutes); no answer depends on how many spaces there are.
+    return _SPACE_RUN.sub(_one_space, text)
+
+
+def _one_space(m: re.Match[str]) -> str:
+    return "\n" if "\n" in m.group() else " "
 
 
 def _closing_braces(text: str) -> dict[int, int]:
@@ -121,13 +217,7 @@ def _single(choice: str, text: str, pos: int, valid: set[str]) -> str:
     letter = _letter(choice)
     if letter not in valid:
         return _INVALID
-    also = _ALSO.match(text, pos)
-    if also is not None and _letter(also.group("choice")) in valid:
-        return _INVALID
-    more = _MORE_LETTERS.match(text, pos)
-    if more is not None and any(
-        _letter(token) in valid for token in re.findall(r"[A-Za-z]", more.group(0))
-    ):
+    if _names_another(text, pos, valid):
         return _INVALID
     return letter
 
@@ -160,7 +250,7 @@ def _final(text: str, answers: list[tuple[int, int, str]]) -> str:
     for prev_start, prev_end, prev_letter in reversed(earlier):
         if prev_end > start or prev_start == start:
             continue  # a marker inside a box, or the box's own reading
-        if _JOINED.fullmatch(text, prev_end, start) is None:
+        if not _only_joins(text, prev_end, start):
             break  # words between them: a later answer corrects an earlier one
         if prev_letter != letter:
             return _INVALID
@@ -170,11 +260,12 @@ def _final(text: str, answers: list[tuple[int, int, str]]) -> str:
 
 def _trailing(text: str, valid: set[str]) -> str | None:
     stripped = text.strip()
-    lines = stripped.rsplit("\n", 2)
-    last_line = lines[-1].strip(" \t.:;!'\"()[]")
+    head, _, last = stripped.rpartition("\n")
+    last_line = last.strip(" \t.:;!'\"()[]")
     if len(last_line) == 1 and last_line.isalpha():
-        if len(lines) > 1:
-            before = _LONE_LETTER.fullmatch(lines[-2])
+        previous = head.rstrip().rpartition("\n")[2]  # the last line with text (blank ones skipped)
+        if previous:
+            before = _LONE_LETTER.fullmatch(previous)
             if before is not None and _letter(before.group("choice")) in valid:
                 return None  # one letter per line: a list of options, not an answer
         return last_line.upper() if last_line.upper() in valid else None
