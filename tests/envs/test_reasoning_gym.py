@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -429,3 +430,49 @@ async def test_nemo_gym_extraction_falls_back_as_nemo_gym_does() -> None:
         assert (status, body["reward"]) == (200, 1.0)  # the whole reply
         status, body = await _verify(env, row, f"<answer>{row['answer']}x</answer> \\boxed{{1}}")
         assert body["reward"] < 1.0  # a block, when there is one, is the answer
+
+
+def _sympy_rows() -> list[dict[str, Any]]:
+    names = ("simple_integration", "intermediate_integration", "polynomial_multiplication")
+    return [row for name in names for row in make_rows([DatasetChoice(name)], 20, seed=3)]
+
+
+def _variable(row: dict[str, Any]) -> str:
+    names = set(re.findall(r"(?<![A-Za-z])[A-Za-z](?![A-Za-z])", str(row["answer"]))) - {"C"}
+    return str(row["metadata"].get("variable") or sorted(names)[0])
+
+
+def _hostile(v: str) -> dict[str, str]:
+    """Short answers past the old checks that held a scorer past any deadline (review)."""
+    return {
+        "new names": f"({v}+a+b+c+d+e+f)**99 + C",
+        "a product of powers": "*".join(f"({v}+{i})**99" for i in range(1, 40)) + " + C",
+        "nested calls": "sin(" * 100 + v + ")" * 100 + " + C",
+        "nested exp": "exp(" * 30 + v + ")" * 30 + " + C",
+        "many powers": "+".join(f"({v}+{i})**(99/97)" for i in range(1, 200)) + " + C",
+        "a large exponent": f"{v}**99 + C",
+    }
+
+
+def test_a_sympy_answer_out_of_proportion_to_its_reference_is_refused() -> None:
+    for row in _sympy_rows():
+        entry = {k: row[k] for k in ("question", "answer", "metadata")}
+        reference, name = str(row["answer"]), row["metadata"]["source_dataset"]
+        assert screen(name, reference, entry) is None, reference
+        # another form of the reference: its terms in the other order
+        terms = reference.replace(" - ", " + -").split(" + ")
+        assert screen(name, " + ".join(reversed(terms)), entry) is None, reference
+        for what, answer in _hostile(_variable(row)).items():
+            assert screen(name, answer, entry) is not None, (what, reference)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_answer_that_would_hold_sympy_scores_0_at_once(env: Any) -> None:
+    """Served: each scores 0 with the guard's reason, not a deadline failure."""
+    row = _row("simple_integration")
+    for what, answer in _hostile(_variable(row)).items():
+        status, body = await _verify(env, row, f"<answer>{answer}</answer>")
+        assert (status, body["reward"]) == (200, 0.0), (what, body)
+        assert body.get("reason") not in (None, "no_answer"), body
+    status, body = await _verify(env, row, f"<answer>{row['answer']}</answer>")
+    assert (status, body["reward"]) == (200, 1.0)

@@ -25,6 +25,13 @@ patch the scorer so that every later answer it scores earns 1.0. An answer
   unless the reference holds the same: complex_arithmetic's ``min(1.0, exp(-distance))`` is 1.0 when
   the distance is NaN.
 
+- A sympy-parsed answer must also be of the reference's size, give or take a margin for
+  another form of it (``_sized_like``): no one-letter name the reference lacks (but ``C``),
+  and bounded length, nesting, calls, powers, largest exponent and exponents' sum. The
+  scorers simplify answer minus reference, and ``(x+a+b+c+d+e+f)**99`` or 100 nested ``sin``
+  (short, and past every check above) held a worker past the deadline: a failed rollout, not
+  a 0, so a wrong answer cost the policy nothing.
+
 Any answer refused is scored 0 before the scorer sees it (``screen``, which says why).
 
 ``tests/envs/test_reasoning_gym_sweep.py`` fails when a dataset module of the installed version
@@ -93,6 +100,8 @@ _NAME = re.compile(r"[A-Za-z]+")
 _NUMBER = re.compile(r"\d+")
 _ATTRIBUTE = re.compile(r"\.\s*[A-Za-z]")
 _POWER = re.compile(r"\*\*|\^")
+_EXPONENT = re.compile(r"(?:\*\*|\^)\s*\(?\s*-?(\d+)")
+_CALL = re.compile(r"[A-Za-z]{2,}\s*\(")
 _SMALL_EXPONENT = re.compile(
     r"\s*(\d{1,2}(?![\d.])|\(\s*-?\d{1,2}\s*(/\s*\d{1,2}\s*)?\))(?!\s*(\*\*|\^))"
 )
@@ -120,7 +129,7 @@ def screen(dataset: str, answer: str, entry: dict[str, Any] | None = None) -> st
         if why:
             return why
     if dataset in SYMPY_PARSED:
-        return _expression(answer)
+        return _expression(answer) or _sized_like(answer, reference)
     return None
 
 
@@ -150,6 +159,63 @@ def _expression(answer: str) -> str | None:
     for name in _NAME.findall(answer):
         if name in SYMPY_CALLABLES or (len(name) > 1 and name not in FUNCTIONS):
             return f"the name {name!r}"
+    return None
+
+
+class _Shape:
+    """What makes sympy's work on an expression grow: its length, parenthesis depth, function
+    calls, powers (how many, the largest exponent, their sum: the degree a product can reach)
+    and one-letter names."""
+
+    def __init__(self, text: str) -> None:
+        self.length = len(text)
+        depth = self.depth = 0
+        for ch in text:
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            self.depth = max(self.depth, depth)
+        self.calls = len(_CALL.findall(text))
+        exponents = [int(n) for n in _EXPONENT.findall(text)]
+        self.powers = len(exponents)
+        self.max_exponent = max(exponents, default=0)
+        self.exponent_sum = sum(exponents)
+        self.letters = {n for n in _NAME.findall(text) if len(n) == 1}
+
+
+_LARGEST_REFERENCE = _Shape("")
+(
+    _LARGEST_REFERENCE.length, _LARGEST_REFERENCE.depth, _LARGEST_REFERENCE.calls,
+    _LARGEST_REFERENCE.powers, _LARGEST_REFERENCE.max_exponent, _LARGEST_REFERENCE.exponent_sum,
+) = (128, 1, 4, 8, 10, 44)  # fmt: skip
+
+
+def _sized_like(answer: str, reference: str) -> str | None:
+    """Why a sympy-parsed answer is out of proportion to the row's reference, or None. The
+    scorers simplify the difference of answer and reference (the integrals differentiate the
+    answer first), which an answer of 23 characters can make run for minutes:
+    ``(x+a+b+c+d+e+f)**99``, 100 nested ``sin``, a product of 39 powers of 99. A right answer is
+    the reference's size or near it; the bounds leave room for another form of it (factored,
+    expanded, another constant): each a margin over the reference's own figure (references of
+    0.1.25: at most 128 characters, depth 1, 4 calls, 8 powers, exponent 10, exponent sum 44)."""
+    got = _Shape(answer)
+    if reference:
+        ref = _Shape(reference)
+        letters = got.letters - ref.letters - {"C"}  # C: the constant of integration
+        if letters:
+            return f"the name {sorted(letters)[0]!r}, which the reference does not hold"
+    else:  # no reference given: the largest of 0.1.25's, and two names (a variable and C)
+        ref = _LARGEST_REFERENCE
+        if len(got.letters - {"C", "E", "I"}) > 1:  # E and I: sympy's e and i, values
+            return f"the names {sorted(got.letters)}: more than one variable"
+    for what, value, bound in (
+        ("characters", got.length, 4 * ref.length + 120),
+        ("nested parentheses", got.depth, ref.depth + 4),
+        ("function calls", got.calls, 2 * ref.calls + 4),
+        ("powers", got.powers, 2 * ref.powers + 6),
+        ("as exponent", got.max_exponent, max(ref.max_exponent, 2) + 3),
+        ("as the exponents' sum", got.exponent_sum, 2 * ref.exponent_sum + 12),
+    ):
+        if value > bound:
+            return f"{value} {what}, past the {bound} a form of this reference needs"
     return None
 
 
