@@ -26,11 +26,26 @@ QUOTE = re.compile(
 )
 """A quoted answer in a prompt (or echoed in a judge's text): ``body`` is the answer as sent."""
 REMOVED_LABEL = "(verdict label removed)"
+# Format characters (Unicode category Cf: zero-width spaces and joiners, direction marks, the
+# soft hyphen, the BOM) and variation selectors: nothing a reader sees.
+_INVISIBLE = re.compile(
+    "[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
+    "\ufe00-\ufe0f\U000e0000-\U000e007f]"
+)
+# Brackets that look like "[" or "]" (fullwidth, small, with quill) or like "[[" / "]]" (white
+# square brackets): as ASCII, so that breaking "[[" apart breaks them too.
+_BRACKETS = str.maketrans(
+    {"\uff3b": "[", "\uff3d": "]", "\ufe5d": "[", "\ufe5e": "]", "\u2045": "[", "\u2046": "]",
+     "\u27e6": "[ [", "\u27e7": "] ]", "\u301a": "[ [", "\u301b": "] ]"}
+)  # fmt: skip
 
 
 def quoted(answer: str, labels: tuple[str, ...] = (EQUAL_LABEL, NOT_EQUAL_LABEL)) -> str:
     """``answer`` as it goes into a judge prompt: between two ``<<answer-NONCE>>`` lines, with no
     ``[[``, ``]]``, verdict label or marker left in it (``[ [A=B] ]`` reads the same to a judge)."""
+    # Invisible characters and bracket lookalikes first: "[\u200b[A=B]\u200b]" and fullwidth
+    # "\uff3b\uff3bA=B\uff3d\uff3d" are not "[[" to a regex, but may be to a judge that reads them.
+    answer = _INVISIBLE.sub("", answer).translate(_BRACKETS)
     for label in labels:
         if label:
             answer = answer.replace(label, REMOVED_LABEL)
