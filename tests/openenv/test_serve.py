@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 from rollgym.envs.lookup.server import LookupEnv
 from rollgym.http import Target
-from rollgym.openenv.serve import openenv_app
+from rollgym.openenv.serve import openenv_app, shown_verdict
 from rollgym.server.resources import Session
 from rollgym.testing import serve_asgi, serve_server
 from rollgym.wire import MASK_SAMPLE
@@ -215,3 +215,18 @@ async def test_a_masked_verdict_is_no_reward_not_a_zero() -> None:
             done = await env.step({"answer": "no idea"})
     assert done.done is True and done.reward is None
     assert done.observation["verified"][MASK_SAMPLE] is True
+
+
+def test_a_verdict_shows_the_client_no_structured_or_long_field() -> None:
+    """A judge's evaluations quote the reference; a client replaying the task would read them."""
+    verified = {
+        "reward": 1.0, "response": {"output": []}, "expected_answer": "Paris",
+        "judge_evaluations": [{"text": "The reference, Paris, matches. [[A=B]]"}],
+        "accuracy": 1.0, "answer_found": True, "reason": "correct", "extracted_answer": "Paris",
+        "explanation": "x" * 201, "details": {"gold": "Paris"}, "missing": None,
+    }  # fmt: skip
+    shown = shown_verdict(verified, {"expected_answer": "Paris", "responses_create_params": {}})
+    assert shown == {
+        "accuracy": 1.0, "answer_found": True, "reason": "correct", "extracted_answer": "Paris",
+        "missing": None,
+    }  # fmt: skip

@@ -19,7 +19,8 @@ One OpenEnv session is one rollgym session (``/seed_session``) of its own:
   cannot reach ``/verify`` or ``/seed_session`` by naming them). ``reward`` is null.
 - ``step({"answer": TEXT})`` ends the episode: the episode so far (each tool call and its output,
   then ``TEXT`` as the assistant's message) is one Responses API response, scored by the
-  server's ``/verify``; ``reward`` is its reward, ``done`` true, ``verified`` the other fields.
+  server's ``/verify``; ``reward`` is its reward, ``done`` true, ``verified`` its other scalar
+  fields (``shown_verdict``: no structured or long ones, which may restate the answer key).
   A verdict the server masks (``mask_sample``: no measurement, e.g. a scorer's worker lost)
   answers ``reward`` null with ``verified.mask_sample`` true: a 0 would be a score nobody gave.
 
@@ -49,6 +50,25 @@ from rollgym.server.episode import Episode, ResourcesClient
 from rollgym.wire import CLOSE_SESSION_ENDPOINT, MASK_SAMPLE
 
 log = logging.getLogger("rollgym.openenv")
+
+
+SHOWN_TEXT_CHARS = 200
+"""The longest text field of a verdict shown to the client."""
+
+
+def shown_verdict(verified: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """What the client sees of a verdict: its scalar fields (metrics, flags, short reasons), not
+    the row's own fields, the response, or anything structured or long. A verdict may restate
+    the answer key (a judge's evaluations quote the reference), and a client that replays the
+    task (``reset(task_index=i)``) would read it before answering again."""
+    shown = {}
+    for key, value in verified.items():
+        if key in ("response", "reward") or key in row:
+            continue
+        short_text = isinstance(value, str) and len(value) <= SHOWN_TEXT_CHARS
+        if value is None or isinstance(value, (bool, int, float)) or short_text:
+            shown[key] = value
+    return shown
 
 
 class RollgymAction(Action):  # type: ignore[misc]
@@ -213,9 +233,9 @@ class RollgymEnvironment(Environment):  # type: ignore[misc]
         verified = await episode.verify(self._row, response)
         self._done = True
         reward = None if verified.get(MASK_SAMPLE) else verified.get("reward")
-        shown = {k: v for k, v in verified.items() if k not in ("response", "reward")}
-        shown = {k: v for k, v in shown.items() if k not in self._row}
-        return RollgymObservation(reward=reward, done=True, verified=shown)
+        return RollgymObservation(
+            reward=reward, done=True, verified=shown_verdict(verified, self._row)
+        )
 
     def _task(self, seed: int | None, row: dict[str, Any]) -> dict[str, Any]:
         if "responses_create_params" in row:
