@@ -59,7 +59,7 @@ def _add_piece(choices: dict[int, dict[str, Any]], piece: dict[str, Any], upstre
                 if not isinstance(call, dict):
                     raise _protocol(upstream, "a tool call delta that is not an object")
                 slot = choice["calls"].setdefault(call.get("index", 0), {})
-                choice["calls"][call.get("index", 0)] = _merge(slot, call)
+                _merge_into(slot, call)
         else:
             message[key] = _merge_value(key, message.get(key), value)
     for key, value in piece.items():
@@ -68,29 +68,67 @@ def _add_piece(choices: dict[int, dict[str, Any]], piece: dict[str, Any], upstre
         choice[key] = _merge_value(key, choice.get(key), value) if key != "finish_reason" else value
 
 
-def _merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    out = dict(old)
+# Strings and lists being joined are kept as their pieces until the stream ends: joining on
+# each chunk copies everything so far, quadratic in a long generation's chunks (32,000 chunks
+# took 2 s of the proxy's CPU).
+class _Text(list[str]):
+    """The pieces of a string being joined."""
+
+
+class _Items(list[Any]):
+    """The items of a list being concatenated."""
+
+
+def _merge_into(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     for key, value in new.items():
-        out[key] = _merge_value(key, out.get(key), value)
-    return out
+        old[key] = _merge_value(key, old.get(key), value)
+    return old
 
 
 def _merge_value(key: str, old: Any, new: Any) -> Any:
     if new is None:
         return old
     if old is None or key in _ONCE:
-        return new
-    if isinstance(old, str) and isinstance(new, str):
-        return old + new
-    if isinstance(old, list) and isinstance(new, list):
-        return old + new
+        return _started(key, new)
+    if isinstance(old, _Text) and isinstance(new, str):
+        old.append(new)
+        return old
+    if isinstance(old, _Items) and isinstance(new, list):
+        old.extend(new)
+        return old
     if isinstance(old, dict) and isinstance(new, dict):
-        return _merge(old, new)
-    return new
+        return _merge_into(old, new)
+    return _started(key, new)
+
+
+def _started(key: str, value: Any) -> Any:
+    """``value`` as the first piece of what later chunks add to (a chunk's own objects are
+    never changed)."""
+    if key in _ONCE:
+        return value
+    if isinstance(value, str):
+        return _Text([value])
+    if isinstance(value, list):
+        return _Items(value)
+    if isinstance(value, dict):
+        return _merge_into({}, value)
+    return value
+
+
+def _joined(value: Any) -> Any:
+    """``value`` with its pieces joined."""
+    if isinstance(value, _Text):
+        return "".join(value)
+    if isinstance(value, _Items):
+        return list(value)
+    if isinstance(value, dict):
+        return {k: _joined(v) for k, v in value.items()}
+    return value
 
 
 def _finished(choice: dict[str, Any]) -> dict[str, Any]:
-    calls = choice.pop("calls")
+    calls = {i: _joined(call) for i, call in choice.pop("calls").items()}
+    choice = _joined(choice)
     message = choice["message"]
     message.setdefault("role", "assistant")
     message.setdefault("content", None)

@@ -14,13 +14,13 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
 
 from rollgym.models.tiny import TOOL_CALL_END, TOOL_CALL_START
 
-_BLOCK = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)" + re.escape(TOOL_CALL_END), re.S)
 _ARGS_KEY = re.compile(r'"arguments"\s*:\s*')
 
 
@@ -65,18 +65,31 @@ def parse_tool_calls(text: str) -> Parsed:
         return Parsed(text, ())
     calls = []
     end = start
-    for match in _BLOCK.finditer(text, start):
-        if text[end : match.start()].strip():
+    for block_start, inner, block_end in _blocks(text, start):
+        if text[end:block_start].strip():
             return Parsed(text, ())  # prose between calls: not a clean sequence of calls
-        call = _call(match.group(1))
+        call = _call(text[inner : block_end - len(TOOL_CALL_END)])
         if call is None:
             return Parsed(text, ())
         calls.append(call)
-        end = match.end()
+        end = block_end
     if not calls or text[end:].strip():
         return Parsed(text, ())  # an unclosed call, or text after the last one
     content = text[:start]
     return Parsed(content or None, tuple(calls))
+
+
+def _blocks(text: str, pos: int) -> Iterator[tuple[int, int, int]]:
+    """(start, content start, end) of each ``<tool_call>...</tool_call>`` from ``pos``, the
+    first closing after each opening, in one pass (a lazy regex rescanned the rest of the text
+    from every unclosed opening: quadratic in them)."""
+    while (start := text.find(TOOL_CALL_START, pos)) >= 0:
+        inner = start + len(TOOL_CALL_START)
+        close = text.find(TOOL_CALL_END, inner)
+        if close < 0:
+            return
+        pos = close + len(TOOL_CALL_END)
+        yield start, inner, pos
 
 
 def _call(block: str) -> ToolCall | None:

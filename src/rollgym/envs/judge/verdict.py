@@ -12,13 +12,20 @@ whatever it repeats between those markers is not its verdict.
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from dataclasses import dataclass
 
 EQUAL_LABEL = "[[A=B]]"
 NOT_EQUAL_LABEL = "[[A!=B]]"
-_SCORE = re.compile(r"\[\[\s*([A-Za-z0-9_ .-]+?)\s*:\s*(-?\d+(?:\.\d+)?)\s*\]\]")
+# "[[name: N]]", white space allowed around each part. Matched loosely with bounded parts, then
+# checked: a pattern of "\s*", a name class holding spaces and "\s*" again overlaps itself and
+# was cubic in the spaces of a judge's "[[   ...".
+_SCORE = re.compile(r"\[\[([^\[\]:]{1,200}):([^\[\]]{1,60})\]\]")
+_SCORE_NAME = re.compile(r"[A-Za-z0-9_ .-]+")
+_SCORE_VALUE = re.compile(r"-?\d+(?:\.\d+)?")
+_MARKER = re.compile(r"<<answer-([0-9a-f]{12})>>")
 _DOUBLE_OPEN = re.compile(r"\[(?=\s*\[)")
 _DOUBLE_CLOSE = re.compile(r"\](?=\s*\])")
 QUOTE = re.compile(
@@ -57,8 +64,33 @@ def quoted(answer: str, labels: tuple[str, ...] = (EQUAL_LABEL, NOT_EQUAL_LABEL)
 
 def without_quotes(text: str) -> str:
     """``text`` without the quoted answers in it: what a judge repeats of the answer between
-    the markers is not its verdict."""
-    return QUOTE.sub(" ", text)
+    the markers is not its verdict. What ``QUOTE.sub(" ", text)`` gives, in one pass over the
+    markers: the regex rescans the rest of the text from every marker that closes nothing
+    (quadratic in a judge's reply full of them)."""
+    markers = list(_MARKER.finditer(text))
+    closers: dict[str, list[int]] = {}  # nonce -> the markers that may close a quote of it
+    for i, m in enumerate(markers):
+        if text[m.start() - 1 : m.start()] == "\n":
+            closers.setdefault(m.group(1), []).append(i)
+    kept: list[str] = []
+    pos = i = 0
+    while i < len(markers):
+        m = markers[i]
+        if m.start() >= pos and text.startswith("\n", m.end()):
+            candidates = closers.get(m.group(1), [])
+            k = bisect.bisect_right(candidates, i)
+            # the body sits between two newlines of its own: ">>\n" BODY "\n<<"
+            while k < len(candidates) and markers[candidates[k]].start() < m.end() + 2:
+                k += 1
+            if k < len(candidates):
+                close = markers[candidates[k]]
+                kept += [text[pos : m.start()], " "]
+                pos = close.end()
+                i = candidates[k] + 1
+                continue
+        i += 1
+    kept.append(text[pos:])
+    return "".join(kept)
 
 
 @dataclass(frozen=True)
@@ -82,8 +114,10 @@ def rubric_scores(text: str, criteria: list[Criterion], max_score: float) -> dic
     """Each criterion's score in [0, 1] from ``[[name: N]]`` (N from 0 to ``max_score``; the
     last one given counts); ``ValueError`` if one is missing or out of range."""
     given: dict[str, float] = {}
-    for name, value in _SCORE.findall(without_quotes(text)):
-        given[name.strip().lower()] = float(value)
+    for raw_name, raw_value in _SCORE.findall(without_quotes(text)):
+        name, value = raw_name.strip(), raw_value.strip()
+        if _SCORE_NAME.fullmatch(name) and _SCORE_VALUE.fullmatch(value):
+            given[name.lower()] = float(value)
     scores: dict[str, float] = {}
     for c in criteria:
         value = given.get(c.name.lower())

@@ -31,7 +31,9 @@ log = logging.getLogger("rollgym.envs.mcqa")
 
 # One uppercase letter alone among non-letters in a box: \boxed{B}, \boxed{(B)}, \boxed{ B. }.
 # [^A-Za-z] also crosses braces and lines, as NeMo Gym's pattern does.
-_STRICT_BOXED = re.compile(r"\\boxed\{\s*[^A-Za-z]*([A-Z])[^A-Za-z]*\s*\}")
+# NeMo Gym's pattern is "\\boxed\{\s*[^A-Za-z]*([A-Z])[^A-Za-z]*\s*\}": the same language
+# without its "\s*", which "[^A-Za-z]*" already reads (the overlap made it quadratic in spaces).
+_STRICT_BOXED = re.compile(r"\\boxed\{[^A-Za-z]*([A-Z])[^A-Za-z]*\}")
 _BOX_OPEN = "\\boxed{"
 _TEXT_OPEN = "\\text{"
 _ANSWER_COLON = re.compile(r"answer\s*:\s*(.+)", re.IGNORECASE)

@@ -14,11 +14,10 @@ An ``<answer>`` inside an ``<answer>`` is text of the outer block (as for the re
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 OPEN, CLOSE = "<answer>", "</answer>"
-_BOXED = re.compile(r"\\boxed\{([^}]+)\}")
+BOXED_OPEN = "\\boxed{"
 
 Extraction = Literal["answer_tag", "nemo_gym"]
 
@@ -46,7 +45,22 @@ def extract(text: str, how: Extraction) -> str | None:
     block = answer_block(text)
     if block is not None or how == "answer_tag":
         return block
-    boxed = _BOXED.search(text)
-    if boxed:
-        return boxed.group(1).strip()
+    boxed = first_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
     return text.strip() or None
+
+
+def first_boxed(text: str) -> str | None:
+    """What ``re.search(r"\\boxed\\{([^}]+)\\}")`` finds (NeMo Gym's reading), in one pass: that
+    regex scans the rest of the text from every opening, quadratic on ``"\\boxed{" * n``."""
+    pos = 0
+    while (start := text.find(BOXED_OPEN, pos)) >= 0:
+        inner = start + len(BOXED_OPEN)
+        end = text.find("}", inner)
+        if end < 0:
+            return None  # no "}" after this opening: none after a later one either
+        if end > inner:
+            return text[inner:end]
+        pos = inner  # "\boxed{}": empty, the next opening may hold one
+    return None

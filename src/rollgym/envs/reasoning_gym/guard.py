@@ -108,8 +108,11 @@ _SMALL_EXPONENT = re.compile(
 # What float(), complex() and json.loads read as NaN or infinity: "nan", "-Infinity", "nanj",
 # "infj", "nani" (complex_arithmetic's unit); "banana" and "infinite" are words.
 _NON_FINITE = re.compile(r"(?i)(?<![a-z])(nan|inf(inity)?)(?![a-hk-z]|[ij][a-z])")
-# A float past 1e308 is inf: "1e999", "1e9_99" (float() reads underscores), 309+ digits.
-_HUGE = re.compile(r"\d[\d_]*\.?[\d_]*[eE][+-]?\d[\d_]{2,}|\d{300,}")
+# A float past 1e308 is inf: "1e999", "1e9_99" (float() reads underscores), 309+ digits. The
+# exponent is matched from its "e" (after a digit, or a digit and "."), and a digit may follow
+# at most one "_": no two quantifiers overlap, so no answer makes this slow (the mantissa's
+# "[\d_]*\.?[\d_]*" before made "1_" * 600 take seconds, cubic).
+_HUGE = re.compile(r"(?:(?<=\d)|(?<=\d\.))[eE][+-]?\d(?:_?\d){2,}|\d(?:_?\d){299,}")
 
 
 def screen(dataset: str, answer: str, entry: dict[str, Any] | None = None) -> str | None:
