@@ -71,6 +71,9 @@ HEDGES = [
     "Answer: A. Or B. Or C. Or D.",
     "Answer: A... or B... or C... or D",
     "Answer: A, then B, then C, then D",
+    "A\n.\nB\n.\nC\n.\nD",
+    "A\n\u200b\nB\n\u200b\nC\n\u200b\nD",
+    "Answer: A B C D\u200b",
 ]
 
 # Replies that answer one option and mention others in their reasoning: still that option.
@@ -83,6 +86,25 @@ ANSWERS_B = [
     "Answer: B (Venus)",
     "Answer: B \u2014 Venus is second",
     "Answer: A. Wait, actually the answer is B",
+    # review: explanations that name other options in brackets, lists of reasons, markdown
+    "The answer is B. (A) and (C) are wrong.",
+    "Answer: B (A and C are incorrect)",
+    "I'd go with B (A is close, but wrong).",
+    "The answer is \\boxed{B}. A is incorrect since it is closest to the Sun.",
+    "$\\boxed{B}$.\n\nA is wrong.",
+    "Answer: B.\n\nA and C are wrong.",
+    "Answer: B!\n\nA is wrong.",
+    "Answer: B. Also, A is wrong.",
+    "The correct answer is B \u2014 A is too hot.",
+    "Answer: B.\n\n---\n\nA is wrong",
+    "Answer: B\n\n> A is Mercury",
+    "Answer: B\n\n### A is incorrect",
+    "Answer: B\u3002A is wrong",
+    "Answer: B\uff08A is wrong\uff09",
+    "Initial answer: A\n\n---\n\nFinal answer: B",
+    "Answer: A \u274c\nAnswer: B \u2705",
+    "Answer: B\n" + "=" * 1200,
+    "The planet is Venus.\n\nB",
 ]
 
 STALLS = {

@@ -6,11 +6,13 @@ unmistakably (a lone letter, ``... B)``, ``Therefore, B.``). An answer naming tw
 (``A or C``, ``\\boxed{A, C}``) or a letter outside the options is no answer: None, never a guess.
 So is a list of options, however it is written (``A B C D``, one letter per line, ``(A)(B)``,
 ``\\boxed{A}\\boxed{B}``, ``Answer: A\nAnswer: B``): a policy must not be paid for naming every
-option. The separators of a list are not enumerated: any symbol (``A · B``, ``A — B``, ``A~B``,
-``A\\,B``, a zero-width space), a LaTeX command (``\\boxed{A}\\quad\\boxed{B}``) or a hedging word
-(``A or maybe B``, ``A vs B``, ``A. Or B.``) between the answer and another option letter makes it
-a list; only a plain sentence break (``Answer: A. B is wrong because ...``) does not, unless
-nothing but more letters follows to the end (``A\n\nB\n\nC``). A later answer still corrects an earlier one when words come between them
+option. The separators of a list are not enumerated: after a separator (``A or C``, ``A, C``)
+another letter makes a list; otherwise the rest of the reply does when it holds nothing but
+option letters, symbols and hedging words (``A · B · C``, ``A or maybe B``, ``A (or B)``,
+``A? B?``, ``A\n.\nB``). A word there means the letters are named in an explanation
+(``B. (A) and (C) are wrong``, ``B (A is close)``): the answer stands. (A list followed by a
+word, ``A B C D ok``, is read as its first letter: it pays only when that letter is right, as
+naming it alone would.) A later answer still corrects an earlier one when words come between them
 (``Answer: A. Wait, actually the answer is C``).
 
 The text is model output, so every step is linear in its length: braces are matched in one pass
@@ -20,6 +22,7 @@ and no pattern backtracks over what it has already read.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable
 
 # LaTeX text wrappers inside math: \text{B}, \textbf{(B)}, \mathrm{B} ...
@@ -45,6 +48,12 @@ _MARKER = re.compile(
     re.MULTILINE,
 )
 _SEPARATOR = r"(?:,|;|/|&|\||\+|\band/or\b|\bor\b|\band\b)"
+# A second option right after the first: "A or C", "A, C", "A/C", "A and C", "A; C", "A | C"
+# (matched at the answer's end only; its two \s* are split by the separator it must match).
+_ALSO = re.compile(
+    rf"\s*{_SEPARATOR}\s*(?i:(?:option|choice)\s+)?(?P<choice>{_LETTER})",
+    re.MULTILINE,
+)
 _BOX_CONTENT = re.compile(
     r"\s*(?i:(?:option|choice)\s+)?(?:\(\s*(?P<p>[A-Za-z])\s*\)|(?P<l>[A-Za-z])(?=[.:)\s]|$))"
     r"[.:)]?(?P<rest>.*)",
@@ -96,8 +105,9 @@ _ANSWER_WORDS = (
     _HEDGE_WORDS | _NAMING_WORDS | frozenset(["the", "final", "correct", "answer", "is"])
 )
 # What may end a sentence or a line without joining anything: "Answer: A. B is wrong ...".
-_BREAKS = frozenset(".:)]")
-_BULLETS = frozenset("-*\u2022")
+_LIST_MARKS = frozenset(".:)]}$,;/&|+")
+_TAIL_CHARS = 4_000
+"""Characters before a reply's last line searched for the line above it."""
 # A lowercase letter is an option where it ends the text or a clause ("answer: a, b").
 _LOWER_ENDS = re.compile(r"[ \t]?(?:$|[.,;:!?)\]}])")
 _MAX_JOIN_TOKENS = 1_000
@@ -122,44 +132,43 @@ def _option_at(text: str, start: int, end: int, valid: set[str]) -> str | None:
 
 def _names_another(text: str, pos: int, valid: set[str]) -> bool:
     """Whether another option letter follows an answer that ends at ``pos`` as part of a list
-    or hedge: after any symbol, LaTeX command or hedging word; or, after a plain sentence break,
-    with nothing but more letters and separators to the end of the text. A word that is none of
-    these ends the answer ("A. B is wrong", "A, not B"). One pass over the text after ``pos``."""
-    joined = False  # a symbol or hedge word stands between the answer and what comes next
-    listed = False  # an option letter came after a mere break: a list if nothing else follows
-    line_start = False
+    or hedge: right after a separator ("A or C", "A, C", "A/C"), or anywhere in what is left of
+    the text when that is nothing but option letters, symbols and hedging words ("A · B · C",
+    "A or maybe B", "A (or B)", "A? B? C?"). A word that is none of these means the letters
+    are mentioned in an explanation ("A. (B) and (C) are wrong", "A (B is close)"): not a list.
+    One pass over the text after ``pos``."""
+    also = _ALSO.match(text, pos)
+    if also is not None and _letter(also.group("choice")) in valid:
+        return True
+    other = False
     for n, m in enumerate(_TOKEN.finditer(text, pos)):
         if n == _MAX_JOIN_TOKENS:
-            return True
+            return other  # filler past any reply's: judged on what was seen
         token = m.group()
-        if token.isspace():
-            line_start = line_start or "\n" in token
+        if not token[0].isalnum():
             continue
-        if token[0].isalnum():
-            if _option_at(text, m.start(), m.end(), valid) is not None:
-                if joined:
-                    return True
-                listed = True
-            elif token.lower() in _HEDGE_WORDS:
-                joined = True
-            elif token.lower() not in _NAMING_WORDS:
-                return False
-        elif token in _BREAKS or (line_start and token in _BULLETS):
-            pass
-        else:
-            joined = True
-        line_start = False
-    return listed
+        if _option_at(text, m.start(), m.end(), valid) is not None:
+            other = True
+        elif token.lower() not in _HEDGE_WORDS and token.lower() not in _NAMING_WORDS:
+            return False
+    return other
 
 
 def _only_joins(text: str, start: int, end: int) -> bool:
-    """Whether ``text[start:end]``, between two answers, joins them into one list: symbols,
-    LaTeX commands, white space and answering or hedging words only."""
+    """Whether ``text[start:end]``, between two answers, joins them into one list: white space,
+    LaTeX commands (``\\quad``), invisible characters, the punctuation of a list
+    (``.:)]}$,;/&|+``) and answering or hedging words only. Anything else (words, a rule, an
+    emoji) stands between an answer and the one that corrects it."""
     for n, m in enumerate(_TOKEN.finditer(text, start, end)):
         if n == _MAX_JOIN_TOKENS:
-            return True  # filler past any reply's: one list, not a correction
+            return False  # a long stretch between them: a correction, not one list
         token = m.group()
-        if token[0].isalnum() and token.lower() not in _ANSWER_WORDS:
+        if token[0].isalnum():
+            joins = token.lower() in _ANSWER_WORDS
+        else:
+            joins = token.isspace() or token[0] == "\\" or token in _LIST_MARKS
+            joins = joins or unicodedata.category(token[0]) == "Cf"
+        if not joins:
             return False
     return True
 
@@ -263,7 +272,7 @@ def _trailing(text: str, valid: set[str]) -> str | None:
     head, _, last = stripped.rpartition("\n")
     last_line = last.strip(" \t.:;!'\"()[]")
     if len(last_line) == 1 and last_line.isalpha():
-        previous = head.rstrip().rpartition("\n")[2]  # the last line with text (blank ones skipped)
+        previous = _last_worded_line(head)
         if previous:
             before = _LONE_LETTER.fullmatch(previous)
             if before is not None and _letter(before.group("choice")) in valid:
@@ -282,6 +291,15 @@ def _trailing(text: str, valid: set[str]) -> str | None:
         if named is not None and _letter(named) in valid:
             return None  # "A or B)", "(A)(B)", "A) B)"
         return letter if letter in valid else None
+    return None
+
+
+def _last_worded_line(head: str) -> str | None:
+    """The last line of ``head`` holding a letter or digit (lines of white space, symbols or
+    invisible characters between list items skipped), among its last ``_TAIL_CHARS``."""
+    for line in reversed(head[-_TAIL_CHARS:].split("\n")):
+        if any(c.isalnum() for c in line):
+            return "".join(c for c in line if c.isalnum() or c in "().:[] \t")
     return None
 
 
