@@ -13,8 +13,10 @@ whatever it repeats between those markers is not its verdict.
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 import re
+import unicodedata
 from dataclasses import dataclass
 
 EQUAL_LABEL = "[[A=B]]"
@@ -22,7 +24,7 @@ NOT_EQUAL_LABEL = "[[A!=B]]"
 # "[[name: N]]", white space allowed around each part. Matched loosely with bounded parts, then
 # checked: a pattern of "\s*", a name class holding spaces and "\s*" again overlaps itself and
 # was cubic in the spaces of a judge's "[[   ...".
-_SCORE = re.compile(r"\[\[([^\[\]:]{1,200}):([^\[\]]{1,60})\]\]")
+_SCORE = re.compile(r"\[\[([^\[\]:]{1,200}):([^\[\]]{1,200})\]\]")
 _SCORE_NAME = re.compile(r"[A-Za-z0-9_ .-]+")
 _SCORE_VALUE = re.compile(r"-?\d+(?:\.\d+)?")
 _MARKER = re.compile(r"<<answer-([0-9a-f]{12})>>")
@@ -33,18 +35,27 @@ QUOTE = re.compile(
 )
 """A quoted answer in a prompt (or echoed in a judge's text): ``body`` is the answer as sent."""
 REMOVED_LABEL = "(verdict label removed)"
-# Format characters (Unicode category Cf: zero-width spaces and joiners, direction marks, the
-# soft hyphen, the BOM) and variation selectors: nothing a reader sees.
-_INVISIBLE = re.compile(
-    "[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
-    "\ufe00-\ufe0f\U000e0000-\U000e007f]"
-)
-# Brackets that look like "[" or "]" (fullwidth, small, with quill) or like "[[" / "]]" (white
-# square brackets): as ASCII, so that breaking "[[" apart breaks them too.
-_BRACKETS = str.maketrans(
-    {"\uff3b": "[", "\uff3d": "]", "\ufe5d": "[", "\ufe5e": "]", "\u2045": "[", "\u2046": "]",
-     "\u27e6": "[ [", "\u27e7": "] ]", "\u301a": "[ [", "\u301b": "] ]"}
-)  # fmt: skip
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_SQUARE_PAIRS = {"\u27e6": "[ [", "\u27e7": "] ]", "\u301a": "[ [", "\u301b": "] ]"}
+"""White square brackets: one character that reads as two."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _as_read(char: str) -> str:
+    """What a reader takes ``char`` for, where that matters to a verdict: nothing for a format
+    character (Unicode category Cf: zero-width spaces and joiners, direction marks, the BOM,
+    ...) or a variation selector; ``[``/``]`` for a bracket lookalike (what NFKC makes of it:
+    fullwidth, small, vertical presentation forms); the character itself otherwise."""
+    if unicodedata.category(char) == "Cf" or "VARIATION SELECTOR" in unicodedata.name(char, ""):
+        return ""
+    if char in _SQUARE_PAIRS:
+        return _SQUARE_PAIRS[char]
+    folded = unicodedata.normalize("NFKC", char)
+    return folded if folded in ("[", "]") else char
+
+
+def _read_brackets(text: str) -> str:
+    return _NON_ASCII.sub(lambda m: _as_read(m.group()), text)
 
 
 def quoted(answer: str, labels: tuple[str, ...] = (EQUAL_LABEL, NOT_EQUAL_LABEL)) -> str:
@@ -52,7 +63,7 @@ def quoted(answer: str, labels: tuple[str, ...] = (EQUAL_LABEL, NOT_EQUAL_LABEL)
     ``[[``, ``]]``, verdict label or marker left in it (``[ [A=B] ]`` reads the same to a judge)."""
     # Invisible characters and bracket lookalikes first: "[\u200b[A=B]\u200b]" and fullwidth
     # "\uff3b\uff3bA=B\uff3d\uff3d" are not "[[" to a regex, but may be to a judge that reads them.
-    answer = _INVISIBLE.sub("", answer).translate(_BRACKETS)
+    answer = _read_brackets(answer)
     for label in labels:
         if label:
             answer = answer.replace(label, REMOVED_LABEL)
