@@ -219,6 +219,23 @@ async def test_a_stream_that_ends_closes_itself_without_aclose(tmp_path: Path) -
     assert assert_ledger_exact(tmp_path / "r")["status"] == "completed"
 
 
+async def test_inside_async_with_a_finished_stream_still_pauses_and_is_released_on_exit() -> None:
+    """A last weight swap after the last group: the pause holds the model server, and leaving
+    the block releases it; a closed stream refuses to pause."""
+    async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
+        gate = stack.model.policy
+        control = PolicyControl(stack.urls["model"])
+        stream = client.stream([task_row(i) for i in range(2)], repeats=2, control=control)
+        async with stream:
+            assert len([g async for g in stream]) == 2
+            assert not stream.closed
+            await stream.pause(timeout_s=30)
+            assert gate.paused
+        assert stream.closed and not gate.paused  # released by the block's end
+        with pytest.raises(RuntimeError, match="closed stream"):
+            await stream.pause()
+
+
 async def test_inside_async_with_a_loop_may_stop_and_another_go_on() -> None:
     async with running_stack() as stack, RolloutClient(stack.agent_url) as client:
         async with client.stream([task_row(i) for i in range(6)], repeats=2) as stream:

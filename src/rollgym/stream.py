@@ -55,10 +55,11 @@ not paused. Deadlines:
   never expires a rollout that was on time. (A rollout caught in several pauses may.)
 
 Lifetime: ``async with client.stream(...) as stream`` owns the stream (a loop over it may
-``break`` and a later loop go on; leaving the context closes it). A stream iterated bare
-(``async for group in client.stream(...)``) is closed when that loop is left, by ``break`` or an
-exception as much as by its end. Either way a stream whose rows are all done, or which failed,
-closes itself as its last group is taken: nothing keeps running for a consumer that forgets.
+``break`` and a later loop go on, and ``pause``/``resume`` work after its last group; leaving
+the context closes it). A stream iterated bare (``async for group in client.stream(...)``) is
+closed when that loop is left, by ``break`` or an exception as much as by its end (asyncio closes
+the loop's async generator, at once or at the loop's next turn): nothing keeps running for a
+consumer that forgets. ``pause`` or ``resume`` on a closed stream raises ``RuntimeError``.
 
 Every rollout runs through the one rollout core (``RolloutRunner``, via a ``LocalDispatcher``,
 or ``dispatcher=RayDispatcher`` for Ray worker actors) and the one ``Recorder`` with the failure
@@ -372,12 +373,15 @@ class RolloutStream:
                 self.written(group)
                 return group.build()
             if self._task is not None and self._task.done():
-                # Ended (its rows all done, or it failed): release what it holds now, so a
-                # consumer that never calls ``aclose`` leaves nothing running.
+                # Ended (its rows all done, or it failed). Inside ``async with`` the context
+                # releases it (the trainer may still pause for a last weight swap); otherwise
+                # it is released now, so a consumer that never calls ``aclose`` leaves nothing
+                # running.
                 try:
                     self._raise_if_ended()
                 finally:
-                    await self.aclose()
+                    if not self._entered:
+                        await self.aclose()
                 raise StopAsyncIteration
             await self.arrived.wait()
 
@@ -411,6 +415,7 @@ class RolloutStream:
         """Hold new rollouts and (with ``control``) every model call; ``abort``: abort the
         model calls in flight too (re-issued after the resume). The pause ends the stream with
         ``PausedTooLong`` if no ``resume`` comes within ``timeout_s`` (default ``max_pause``)."""
+        self._check_open("pause")
         timeout = self.max_pause if timeout_s is None else timeout_s
         if timeout <= 0 or timeout > self.max_pause:
             raise ValueError(f"timeout_s must be in (0, max_pause={self.max_pause:g}]")
@@ -430,6 +435,7 @@ class RolloutStream:
         """``version`` is live: staleness is judged against it from now on; release the held
         rollouts and model calls. A model server that refuses raises its typed error (the
         stream stays paused; its deadline still runs)."""
+        self._check_open("resume")
         if version < self._version:
             raise ValueError(f"policy versions never go back ({version} < {self._version})")
         if self.control is not None:
@@ -439,6 +445,15 @@ class RolloutStream:
                 self._version = max(self._version, self.control.version)
         self._version = version
         self._release()
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            # Its control is closed and its model servers released: a pause now would hold
+            # them with nothing left to resume it.
+            raise RuntimeError(
+                f"cannot {what} a closed stream (closed by aclose, its async with block, or the "
+                "end of a loop over it without async with); use PolicyControl directly"
+            )
 
     def _release(self) -> None:
         self._paused_until = None

@@ -404,7 +404,7 @@ class SyncStream:
         self._thread.run(self.stream.aclose())
 
     def __enter__(self) -> SyncStream:
-        self._thread.run(self.stream.start())
+        self._thread.run(self.stream.__aenter__())  # the with block owns it, as async with does
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -19,8 +19,8 @@ One OpenEnv session is one rollgym session (``/seed_session``) of its own:
   cannot reach ``/verify`` or ``/seed_session`` by naming them). ``reward`` is null.
 - ``step({"answer": TEXT})`` ends the episode: the episode so far (each tool call and its output,
   then ``TEXT`` as the assistant's message) is one Responses API response, scored by the
-  server's ``/verify``; ``reward`` is its reward, ``done`` true, ``verified`` its other scalar
-  fields (``shown_verdict``: no structured or long ones, which may restate the answer key).
+  server's ``/verify``; ``reward`` is its reward, ``done`` true, ``verified`` its numbers
+  and flags (``shown_verdict``: no texts or structures, which may tell the answer key).
   A verdict the server masks (``mask_sample``: no measurement, e.g. a scorer's worker lost)
   answers ``reward`` null with ``verified.mask_sample`` true: a 0 would be a score nobody gave.
 
@@ -52,23 +52,19 @@ from rollgym.wire import CLOSE_SESSION_ENDPOINT, MASK_SAMPLE
 log = logging.getLogger("rollgym.openenv")
 
 
-SHOWN_TEXT_CHARS = 200
-"""The longest text field of a verdict shown to the client."""
-
-
 def shown_verdict(verified: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
-    """What the client sees of a verdict: its scalar fields (metrics, flags, short reasons), not
-    the row's own fields, the response, or anything structured or long. A verdict may restate
-    the answer key (a judge's evaluations quote the reference), and a client that replays the
-    task (``reset(task_index=i)``) would read it before answering again."""
-    shown = {}
-    for key, value in verified.items():
-        if key in ("response", "reward") or key in row:
-            continue
-        short_text = isinstance(value, str) and len(value) <= SHOWN_TEXT_CHARS
-        if value is None or isinstance(value, (bool, int, float)) or short_text:
-            shown[key] = value
-    return shown
+    """What the client sees of a verdict: its numbers and flags (metrics, ``mask_sample``), not
+    the row's own fields, the response, texts or anything structured. A verdict's texts may
+    tell the answer key: a judge's evaluations quote the reference, and a guard's reason can
+    say which names the reference holds or how long it is; a client that replays the task
+    (``reset(task_index=i)``) would read it before answering again."""
+    return {
+        key: value
+        for key, value in verified.items()
+        if key not in ("response", "reward")
+        and key not in row
+        and (value is None or isinstance(value, (bool, int, float)))
+    }
 
 
 class RollgymAction(Action):  # type: ignore[misc]

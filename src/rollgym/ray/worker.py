@@ -80,14 +80,17 @@ class CollectWorker:
         self.node_id = ray.get_runtime_context().get_node_id()
         self._metrics_host = metrics_host
         self._metrics: MetricsServer | None = None
+        self._metrics_lock = asyncio.Lock()
         tracing.setup("rollgym-collect-worker")  # if OTEL_TRACES_EXPORTER asks (rollgym.tracing)
 
     async def ready(self) -> dict[str, Any]:
         """Where this worker runs (and its metrics URL, starting its metrics server once)."""
         where: dict[str, Any] = {"node_id": self.node_id, "pid": self.pid}
         if self._metrics_host is not None:
-            if self._metrics is None:
-                self._metrics = await self._serve_metrics(self._metrics_host)
+            # The driver may ask again before an answer came (its wait timed out): one server.
+            async with self._metrics_lock:
+                if self._metrics is None:
+                    self._metrics = await self._serve_metrics(self._metrics_host)
             where["metrics_url"] = self._metrics.url
         return where
 
