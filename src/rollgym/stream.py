@@ -194,7 +194,8 @@ class RolloutStream:
     @property
     def closed(self) -> bool:
         """Closed: nothing of the stream runs, its model servers are released and its run
-        directory says how it ended (``aclose``, the end of its rows, or its failure)."""
+        directory says how it ended (by ``aclose``, the end of its ``async with`` block, or the
+        end of a loop over it without one)."""
         return self._closed
 
     @property
