@@ -79,40 +79,24 @@ _INVALID = ""  # an explicit answer that names no single valid option
 _TOKEN = re.compile(r"\\[A-Za-z]+|\\.|[^\W_]+|\s+|.", re.DOTALL)
 # Words that join options into a hedge ("A or maybe B", "A vs B").
 _HEDGE_WORDS = frozenset(
-    [
-        "or",
-        "and",
-        "nor",
-        "vs",
-        "versus",
-        "maybe",
-        "perhaps",
-        "possibly",
-        "probably",
-        "either",
-        "also",
-        "alternatively",
-        "otherwise",
-        "else",
-        "then",
-        "plus",
-    ]
-)
+    ["or", "and", "nor", "vs", "versus", "maybe", "perhaps", "possibly", "probably", "either",
+     "also", "alternatively", "otherwise", "else", "then", "plus"]
+)  # fmt: skip
 # Words that name an option without joining anything ("Option A is Mercury", "(option B)").
 _NAMING_WORDS = frozenset(["option", "options", "choice", "choices", "letter"])
 # Words that may stand between two answers of one list ("Answer: A\nAnswer: B").
 _ANSWER_WORDS = (
     _HEDGE_WORDS | _NAMING_WORDS | frozenset(["the", "final", "correct", "answer", "is"])
 )
-# What may end a sentence or a line without joining anything: "Answer: A. B is wrong ...".
+# The punctuation that may stand between two answers of one list ("\boxed{A}, \boxed{B}").
 _LIST_MARKS = frozenset(".:)]}$,;/&|+")
 _TAIL_CHARS = 4_000
 """Characters before a reply's last line searched for the line above it."""
 # A lowercase letter is an option where it ends the text or a clause ("answer: a, b").
 _LOWER_ENDS = re.compile(r"[ \t]?(?:$|[.,;:!?)\]}])")
 _MAX_JOIN_TOKENS = 1_000
-"""Tokens looked at after an answer (or between two): an answer followed by more filler than
-this before any word is not read as one (no reply needs it; the scan stays cheap)."""
+"""Tokens looked at after an answer (or between two), which keeps each scan cheap: past them,
+an answer is judged on what was seen, and two answers are not one list."""
 
 
 def _option_at(text: str, start: int, end: int, valid: set[str]) -> str | None:
