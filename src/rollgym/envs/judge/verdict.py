@@ -16,6 +16,7 @@ import bisect
 import functools
 import os
 import re
+import sys
 import unicodedata
 from dataclasses import dataclass
 
@@ -35,27 +36,30 @@ QUOTE = re.compile(
 )
 """A quoted answer in a prompt (or echoed in a judge's text): ``body`` is the answer as sent."""
 REMOVED_LABEL = "(verdict label removed)"
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _SQUARE_PAIRS = {"\u27e6": "[ [", "\u27e7": "] ]", "\u301a": "[ [", "\u301b": "] ]"}
 """White square brackets: one character that reads as two."""
 
 
-@functools.lru_cache(maxsize=4096)
-def _as_read(char: str) -> str:
-    """What a reader takes ``char`` for, where that matters to a verdict: nothing for a format
-    character (Unicode category Cf: zero-width spaces and joiners, direction marks, the BOM,
-    ...) or a variation selector; ``[``/``]`` for a bracket lookalike (what NFKC makes of it:
-    fullwidth, small, vertical presentation forms); the character itself otherwise."""
-    if unicodedata.category(char) == "Cf" or "VARIATION SELECTOR" in unicodedata.name(char, ""):
-        return ""
-    if char in _SQUARE_PAIRS:
-        return _SQUARE_PAIRS[char]
-    folded = unicodedata.normalize("NFKC", char)
-    return folded if folded in ("[", "]") else char
+@functools.cache
+def _reading() -> dict[int, str]:
+    """What a reader takes each character for, where that matters to a verdict: nothing for a
+    format character (Unicode category Cf: zero-width spaces and joiners, direction marks, the
+    BOM, ...) or a variation selector; ``[``/``]`` for a bracket lookalike (what NFKC makes of
+    it: fullwidth, small, vertical presentation forms). Built once (a scan of every code point,
+    a fifth of a second), then applied by ``str.translate``."""
+    table: dict[int, str] = {}
+    for code in range(0x80, sys.maxunicode + 1):
+        char = chr(code)
+        if unicodedata.category(char) == "Cf" or "VARIATION SELECTOR" in unicodedata.name(char, ""):
+            table[code] = ""
+        elif unicodedata.normalize("NFKC", char) in ("[", "]"):
+            table[code] = unicodedata.normalize("NFKC", char)
+    table.update((ord(k), v) for k, v in _SQUARE_PAIRS.items())
+    return table
 
 
 def _read_brackets(text: str) -> str:
-    return _NON_ASCII.sub(lambda m: _as_read(m.group()), text)
+    return text if text.isascii() else text.translate(_reading())
 
 
 def quoted(answer: str, labels: tuple[str, ...] = (EQUAL_LABEL, NOT_EQUAL_LABEL)) -> str:
