@@ -112,7 +112,7 @@ STALLS = {
     "nested wrappers": "\\text{" * 20_000 + "B" + "}" * 20_000,
     "nested textbf": "\\textbf{" * 10_000 + "B" + "}" * 10_000,
     # Found by review: a list of letters that does not end the text made one pattern
-    # exponential (30 letters: minutes), and a long run of spaces made others quadratic.
+    # exponential (20 letters: 1 s, doubling with each one more), and a long run of spaces made others quadratic.
     "letters then a word": "Answer: A" + " B" * 5_000 + " xyz",
     "spaces after an answer": "Answer: B" + " " * 200_000 + ". Venus",
     "spaces after a paren": "A)" + " " * 200_000 + "x",

@@ -23,6 +23,7 @@ from rollgym.prometheus.latency import Latency
 from rollgym.prometheus.samples import Exported, GaugeSample, HistogramSample, Sample
 
 if TYPE_CHECKING:
+    from rollgym.collect.dispatch import Runner
     from rollgym.http import HttpClient
     from rollgym.server.base import BaseServer
 
@@ -99,6 +100,20 @@ def client_families(client: HttpClient) -> Iterator[Metric]:
             _add_histogram(seconds, [server, "ok"], latency.ok)
             _add_histogram(seconds, [server, "failed"], latency.failed)
     yield seconds
+
+
+def runner_families(runner: Runner) -> Iterator[Metric]:
+    """A rollout runner's circuit holds and failovers (the collector's, or a Ray worker's)."""
+    yield CounterMetricFamily(
+        PREFIX + "circuit_holds",
+        "Times a rollout was held (and re-sent later) because a circuit was open.",
+        value=runner.circuit_holds,
+    )
+    yield CounterMetricFamily(
+        PREFIX + "failovers",
+        "Rollouts sent to another agent replica after theirs was lost.",
+        value=runner.failovers,
+    )
 
 
 def server_families(server: BaseServer) -> Iterator[Metric]:

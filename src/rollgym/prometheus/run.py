@@ -21,7 +21,7 @@ from rollgym.collect.dispatch import LocalDispatcher
 from rollgym.errors import ConfigError
 from rollgym.prometheus.exporter import MetricsServer
 from rollgym.prometheus.exposition import Exposition
-from rollgym.prometheus.families import PREFIX, client_families
+from rollgym.prometheus.families import PREFIX, client_families, runner_families
 
 if TYPE_CHECKING:
     from rollgym.collect.collector import Collector
@@ -67,16 +67,7 @@ def collector_families(collector: Collector) -> Iterator[Metric]:
     yield seconds
     dispatcher = collector.dispatcher
     if isinstance(dispatcher, LocalDispatcher) and dispatcher.runner is not None:
-        yield CounterMetricFamily(
-            PREFIX + "circuit_holds",
-            "Times a rollout was held (and re-sent later) because a circuit was open.",
-            value=dispatcher.runner.circuit_holds,
-        )
-        yield CounterMetricFamily(
-            PREFIX + "failovers",
-            "Rollouts sent to another agent replica after theirs was lost.",
-            value=dispatcher.runner.failovers,
-        )
+        yield from runner_families(dispatcher.runner)
     yield from client_families(collector.client)
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rollgym.prometheus.families import PREFIX, client_families
+from rollgym.prometheus.families import PREFIX, client_families, runner_families
 
 if TYPE_CHECKING:
     from rollgym.ray.worker import CollectWorker
@@ -43,16 +43,6 @@ def worker_families(worker: CollectWorker) -> Iterator[Metric]:
         value=worker.finished,
     )
     runner = worker.runner_if_started
-    if runner is None:
-        return
-    yield CounterMetricFamily(
-        PREFIX + "circuit_holds",
-        "Times a rollout was held (and re-sent later) because a circuit was open.",
-        value=runner.circuit_holds,
-    )
-    yield CounterMetricFamily(
-        PREFIX + "failovers",
-        "Rollouts sent to another agent replica after theirs was lost.",
-        value=runner.failovers,
-    )
-    yield from client_families(runner.http)
+    if runner is not None:
+        yield from runner_families(runner)
+        yield from client_families(runner.http)

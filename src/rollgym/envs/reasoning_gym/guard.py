@@ -44,6 +44,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+from dataclasses import dataclass
 from typing import Any
 
 EVAL_ON_ANSWER = (
@@ -165,43 +166,53 @@ def _expression(answer: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
 class _Shape:
     """What makes sympy's work on an expression grow: its length, parenthesis depth, function
     calls, powers (how many, the largest exponent, their sum: the degree a product can reach)
     and one-letter names."""
 
-    def __init__(self, text: str) -> None:
-        self.length = len(text)
-        depth = self.depth = 0
+    length: int
+    depth: int
+    calls: int
+    powers: int
+    max_exponent: int
+    exponent_sum: int
+    letters: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, text: str) -> _Shape:
+        depth = deepest = 0
         for ch in text:
             depth += {"(": 1, ")": -1}.get(ch, 0)
-            self.depth = max(self.depth, depth)
-        self.calls = len(_CALL.findall(text))
+            deepest = max(deepest, depth)
         exponents = [int(n) for n in _EXPONENT.findall(text)]
-        self.powers = len(exponents)
-        self.max_exponent = max(exponents, default=0)
-        self.exponent_sum = sum(exponents)
-        self.letters = {n for n in _NAME.findall(text) if len(n) == 1}
+        return cls(
+            length=len(text), depth=deepest, calls=len(_CALL.findall(text)),
+            powers=len(exponents), max_exponent=max(exponents, default=0),
+            exponent_sum=sum(exponents),
+            letters=frozenset(n for n in _NAME.findall(text) if len(n) == 1),
+        )  # fmt: skip
 
 
-_LARGEST_REFERENCE = _Shape("")
-(
-    _LARGEST_REFERENCE.length, _LARGEST_REFERENCE.depth, _LARGEST_REFERENCE.calls,
-    _LARGEST_REFERENCE.powers, _LARGEST_REFERENCE.max_exponent, _LARGEST_REFERENCE.exponent_sum,
-) = (128, 1, 4, 8, 10, 44)  # fmt: skip
+_LARGEST_REFERENCE = _Shape(
+    length=128, depth=1, calls=4, powers=8, max_exponent=10, exponent_sum=44
+)
+"""The largest of 0.1.25's references, figure by figure: the bounds of an answer whose row
+gives no reference."""
 
 
 def _sized_like(answer: str, reference: str) -> str | None:
     """Why a sympy-parsed answer is out of proportion to the row's reference, or None. The
     scorers simplify the difference of answer and reference (the integrals differentiate the
-    answer first), which an answer of 23 characters can make run for minutes:
-    ``(x+a+b+c+d+e+f)**99``, 100 nested ``sin``, a product of 39 powers of 99. A right answer is
-    the reference's size or near it; the bounds leave room for another form of it (factored,
-    expanded, another constant): each a margin over the reference's own figure (references of
-    0.1.25: at most 128 characters, depth 1, 4 calls, 8 powers, exponent 10, exponent sum 44)."""
-    got = _Shape(answer)
+    answer first), which an answer of 23 characters can keep running past any deadline (still
+    running after 40 s): ``(x+a+b+c+d+e+f)**99``, 100 nested ``sin``, a product of 39 powers of
+    99. A right answer is the reference's size or near it; the bounds leave room for another
+    form of it (factored, expanded, another constant): each a margin over the reference's own
+    figure (or ``_LARGEST_REFERENCE``'s, for a row without one)."""
+    got = _Shape.of(answer)
     if reference:
-        ref = _Shape(reference)
+        ref = _Shape.of(reference)
         letters = got.letters - ref.letters - {"C"}  # C: the constant of integration
         if letters:
             return f"the name {sorted(letters)[0]!r}, which the reference does not hold"
