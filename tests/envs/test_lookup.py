@@ -102,16 +102,15 @@ async def test_a_right_answer_without_the_tool_earns_nothing(connect: Callable[.
     assert verified["tool_called"] == 0
 
 
-async def test_a_failed_lookup_still_counts_as_using_the_tool(
-    connect: Callable[..., Any],
-) -> None:
+async def test_a_failed_lookup_is_not_a_source(connect: Callable[..., Any]) -> None:
     async with serve_server(LookupEnv, name="lookup") as (url, _):
         env = connect(url)
         sid = await env.seed(TASK)
         status, _ = await env.call("lookup", {"key": "Brackenhollt"}, sid)
         assert status == 404
         status, verified = await env.verify(TASK, "It has 48213 residents.", sid)
-    assert verified["tool_called"] == 1 and verified["reward"] == 1.0
+    assert (verified["tool_called"], verified["reward"]) == (0, 0.0)
+    assert verified["reason"] == "not_looked_up"
 
 
 async def test_concurrent_sessions_are_isolated(connect: Callable[..., Any]) -> None:

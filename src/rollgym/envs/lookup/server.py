@@ -1,14 +1,18 @@
 """``LookupEnv``: the model must call ``lookup`` and answer from what it returns.
 
 The registry (``knowledge.py``) is fictional, so a right answer without a lookup is a guess;
-``verify`` pays only an answer that contains the expected value *and* came from a rollout that
-called the tool. ``tool_called`` is reported as a metric, and ``aggregate_metrics`` turns it
-into the run's tool-call rate.
+``verify`` pays only an answer that contains the expected value *and* came from a rollout whose
+lookups returned it (a lookup of a key that does not exist, or of another entry, is not a
+source: ``reason`` ``not_looked_up``). ``tool_called`` (a lookup found an entry) is reported as
+a metric, and ``aggregate_metrics`` turns it into the run's tool-call rate.
 
 Answers are model output, and a policy will try the cheap way to "contain" the value: list many
 of them. An answer that also names another registry value of the same kind as the expected one
-(another town's population, another mayor) scores 0 with ``reason`` ``several_candidates``,
-unless the question itself names that value ("Velmora or Serrowby?"). A key longer than any key
+(another town's population, another mayor) scores 0 with ``reason`` ``several_candidates``.
+A comparison names its candidates in the question ("Velmora or Serrowby?"); there an answer must
+choose: the first candidate it names is its choice, and the other may appear only as what it is
+compared with ("... than Serrowby"), so "Velmora or Serrowby" or "either Serrowby or Velmora"
+is no answer, and no text is paid for both choices. A key longer than any key
 (``MAX_KEY_CHARS``) is refused without being echoed back.
 """
 
@@ -27,6 +31,8 @@ from rollgym.server.resources import ResourcesServer, Session, tool
 
 # "48,213" and "48213" are the same number; commas between digit groups are dropped.
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+# "... than Serrowby", "... than in Serrowby": what a comparison's other candidate may follow.
+_THAN = re.compile(r"(?<![0-9a-z])than (?:(?:in|at|of|for|the|does|do|is) )*$")
 MAX_KEY_CHARS = 100
 """Longer than every key: a longer one is refused before it is looked up, kept or echoed."""
 
@@ -41,11 +47,12 @@ def contains_answer(text: str, expected: str) -> bool:
     return _contains(normalize(text), normalize(expected))
 
 
+def _token(needle: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![0-9a-z]){re.escape(needle)}(?![0-9a-z])")
+
+
 def _contains(normalized_text: str, needle: str) -> bool:
-    if not needle:
-        return False
-    pattern = rf"(?<![0-9a-z]){re.escape(needle)}(?![0-9a-z])"
-    return re.search(pattern, normalized_text) is not None
+    return bool(needle) and _token(needle).search(normalized_text) is not None
 
 
 @cache
@@ -59,15 +66,36 @@ def _values_by_field() -> dict[tuple[str, str], frozenset[str]]:
     return {k: frozenset(v) for k, v in out.items()}
 
 
-def rival_values(expected: str, question: str) -> set[str]:
-    """The registry values of the same kind as ``expected`` that the question does not name:
-    an answer naming one of them beside ``expected`` is a list of guesses, not an answer."""
+def _mentions(normalized_text: str, needle: str) -> list[int]:
+    """Where ``needle`` starts as a whole token in ``normalized_text``."""
+    return [m.start() for m in _token(needle).finditer(normalized_text)] if needle else []
+
+
+def rival_values(expected: str, question: str) -> tuple[set[str], set[str]]:
+    """The registry values of the same kind as ``expected``: those the question does not name
+    (an answer naming one beside ``expected`` is a list of guesses), and those it names (the
+    other candidates of a comparison)."""
     wanted, asked = normalize(expected), normalize(question)
     rivals: set[str] = set()
     for values in _values_by_field().values():
         if wanted in values:
             rivals |= values
-    return {v for v in rivals - {wanted} if not _contains(asked, v)}
+    rivals.discard(wanted)
+    named = {v for v in rivals if _contains(asked, v)}
+    return rivals - named, named
+
+
+def chooses(normalized_text: str, wanted: str, candidates: set[str]) -> bool:
+    """Whether the text picks ``wanted`` among a comparison's ``candidates``: it names
+    ``wanted`` before any of them, and names the others only after ``than``."""
+    first = _mentions(normalized_text, wanted)
+    if not first:
+        return False
+    for rival in candidates:
+        for at in _mentions(normalized_text, rival):
+            if at < first[0] or not _THAN.search(normalized_text[max(0, at - 40) : at]):
+                return False
+    return True
 
 
 def _question(task: dict[str, Any]) -> str:
@@ -102,13 +130,13 @@ class LookupEnv(ResourcesServer):
                 f"no registry entry for a key of {len(key)} characters (keys are short)",
                 status=404,
             )
-        # Every call counts as using the tool, found or not; a stateless call has no seed.
-        session.data.setdefault("lookups", []).append(key)
         canonical = canonical_key(key)
         if canonical is None:
             close = difflib.get_close_matches(key, ENTRIES, n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             raise InvalidRequest(f"no registry entry for key {key!r}{hint}", status=404)
+        # Only a found entry is a source an answer may come from; a stateless call has no seed.
+        session.data.setdefault("lookups", []).append(canonical)
         return dict(ENTRIES[canonical])
 
     async def verify(
@@ -119,14 +147,17 @@ class LookupEnv(ResourcesServer):
             raise InvalidRequest(
                 "lookup task needs 'expected_answer' (a string or number)", status=422
             )
-        called = bool(session.data.get("lookups"))
-        text = normalize(output_text(response))
-        correct = _contains(text, normalize(str(expected)))
-        if correct and any(
-            _contains(text, v) for v in rival_values(str(expected), _question(task))
-        ):
-            return {"reward": 0.0, "tool_called": int(called), "reason": "several_candidates"}
-        return {"reward": 1.0 if correct and called else 0.0, "tool_called": int(called)}
+        found = [ENTRIES[k] for k in session.data.get("lookups", ()) if k in ENTRIES]
+        scores: dict[str, Any] = {"reward": 0.0, "tool_called": int(bool(found))}
+        text, wanted = normalize(output_text(response)), normalize(str(expected))
+        if not _contains(text, wanted):
+            return scores
+        others, candidates = rival_values(str(expected), _question(task))
+        if any(_contains(text, v) for v in others) or not chooses(text, wanted, candidates):
+            return {**scores, "reason": "several_candidates"}
+        if not any(normalize(str(v)) == wanted for entry in found for v in entry.values()):
+            return {**scores, "reason": "not_looked_up"}
+        return {**scores, "reward": 1.0}
 
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
         return mean_field(rollouts, "tool_called", "tool_call_rate")
