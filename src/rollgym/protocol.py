@@ -9,6 +9,8 @@ types; on the hot path they travel as plain dicts, and the tests check them agai
 from __future__ import annotations
 
 import math
+import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollgym.errors import InvalidRequest, ProtocolError
 from rollgym.nemo_gym.mask import mask_sample
+from rollgym.wire import RESERVED_ENDPOINTS
 
 
 class AgentRef(BaseModel):
@@ -165,3 +168,23 @@ def function_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
         for item in response.get("output") or []
         if isinstance(item, dict) and item.get("type") == "function_call"
     ]
+
+
+TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+"""The names a function call may send to a resources server as ``POST /<name>``: ASCII
+letters, digits and ``_``, a letter first, at most 64 characters (OpenAI's bound)."""
+
+
+def is_tool_name(name: object) -> bool:
+    """Whether a function call naming ``name`` may reach a resources server as a tool.
+
+    Model output is hostile input: only a plain ASCII name (``TOOL_NAME``) passes, so neither a
+    leading ``_`` (``__init__``, ``_session``) nor a lookalike (a fullwidth letter, a zero-width
+    space) does; a reserved endpoint is refused in any spelling, compared after NFKC and
+    casefold (``VERIFY``): a server that folds case or normalizes its paths is not reached."""
+    if not isinstance(name, str) or len(name) > 64:
+        return False
+    # Folded first, so the rule stays whole if the pattern ever admits more than ASCII.
+    if unicodedata.normalize("NFKC", name).casefold() in RESERVED_ENDPOINTS:
+        return False
+    return TOOL_NAME.fullmatch(name) is not None

@@ -40,10 +40,15 @@ RESERVED_ENDPOINTS = frozenset(
         "health",
         "stats",
         "metrics",
+        # Not endpoints, but a server's lifecycle hooks: a @tool of that name would replace
+        # the hook, and no model is to ask a server to shut down.
+        "startup",
+        "shutdown",
     }
 )
-"""Endpoints of a resources server that are never tools: a tool may not be named like one,
-and an agent never calls one for a model, whatever it asks for."""
+"""Names on a resources server that are never tools (its endpoints, and its ``startup`` and
+``shutdown`` hooks): a tool may not be named like one, and an agent never calls one for a
+model, whatever it asks for (``rollgym.protocol.is_tool_name``)."""
 
 METRICS_ENDPOINT = "/metrics"
 """``GET``: every rollgym server's Prometheus metrics (and the collector's, on

@@ -4,13 +4,25 @@ usual; none reaches an endpoint it must not, and none makes the agent answer 500
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
 
+from rollgym.agents.tool_agent import ToolAgent
+from rollgym.http import HttpClient, Target
+from rollgym.reverify import replay_tools
+from rollgym.server.episode import ResourcesClient
 from tests.agents.test_tool_agent import post_run
+from tests.report.runs import collect
+from tests.support.ledger import read_jsonl
+from tests.support.servers import CountingEcho
 from tests.support.stack import ECHO_TOOL, running_stack, task_row
 
 pytestmark = pytest.mark.timeout(60)
@@ -98,5 +110,136 @@ async def test_a_reserved_endpoint_stays_unreachable_even_when_a_row_declares_it
         status, body = await post_run(stack.agent_url, row)
         assert stack.env.calls["verify"] == 1 and stack.env.calls["seed_session"] == 1
     assert status == 200, body
+    assert _tool_errors(body) == [f"unknown tool {name!r}"]
+    assert body["reward"] == 1.0
+
+
+class Watching(CountingEcho):
+    """The counting echo env that also counts every request for a path it does not serve:
+    whatever the agent sends, the env sees it."""
+
+    def routes(self) -> list[BaseRoute]:
+        return [*super().routes(), Route("/{path:path}", self._elsewhere, methods=["GET", "POST"])]
+
+    async def _elsewhere(self, request: Request) -> Response:
+        self.calls[request.url.path] += 1
+        return JSONResponse({"error": {"message": "not found"}}, status_code=404)
+
+
+def _echo_calls(n: int) -> list[dict[str, Any]]:
+    return [{"name": "echo", "arguments": {"text": "v0"}}] * n
+
+
+def _past(n: int) -> str:
+    return f"not run: a message may make at most {n} tool calls (max_tool_calls_per_message)"
+
+
+async def test_ten_thousand_calls_in_one_message_send_64_and_the_rollout_is_recorded(
+    tmp_path: Path,
+) -> None:
+    row = task_row(0, turns=[{"calls": _echo_calls(10_000)}, {"say": "The answer is v0"}])
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(orjson.dumps(row) + b"\n")
+    async with running_stack(env=Watching) as stack:
+        await collect(stack, tasks, tmp_path / "out")
+        sent = dict(stack.env.calls)
+    assert sent == {"seed_session": 1, "echo": 64, "verify": 1}
+    [record] = read_jsonl(tmp_path / "out" / "rollouts.jsonl")
+    errors = _tool_errors(record)
+    assert len(errors) == 10_000  # every call has its output, in order
+    assert errors[:64] == [""] * 64 and errors[64:] == [_past(64)] * 9_936
+    assert record["reward"] == 1.0 and record["num_steps"] == 2
+    assert record["truncated"] is False  # the cap per message lets the model go on
+
+
+async def test_the_rollout_cap_holds_across_messages_and_ends_the_rollout_truncated() -> None:
+    turns = [{"calls": _echo_calls(3)}, {"calls": _echo_calls(3)}, {"say": "The answer is v0"}]
+    options = {"max_tool_calls_per_message": 3, "max_tool_calls": 5}
+    async with running_stack(env=Watching, agent_options=options) as stack:
+        status, body = await post_run(stack.agent_url, task_row(0, turns=turns))
+        sent = dict(stack.env.calls)
+    assert status == 200, body
+    assert sent == {"seed_session": 1, "echo": 5, "verify": 1}
+    spent = "not run: the rollout's 5 tool calls (max_tool_calls) are spent"
+    assert _tool_errors(body) == [""] * 5 + [spent]
+    # Ended where the calls ran out, as max_steps ends a rollout: the third turn never came.
+    assert body["num_steps"] == 2 and body["truncated"] is True
+    assert body["reward"] == 0.0
+
+
+async def test_a_replay_of_a_capped_rollout_sends_only_what_the_agent_sent() -> None:
+    # ``rollgym reverify`` calls a rollout's tools again before verifying it: the calls the
+    # agent left unsent must stay unsent, or the session it verifies against differs.
+    row = task_row(0, turns=[{"calls": _echo_calls(10)}, {"say": "The answer is v0"}])
+    options = {"max_tool_calls_per_message": 4}
+    async with running_stack(env=Watching, agent_options=options) as stack:
+        status, body = await post_run(stack.agent_url, row)
+        assert stack.env.calls["echo"] == 4
+        client = HttpClient()
+        try:
+            resources = ResourcesClient(client, Target.single("env", stack.urls["env"][0]))
+            await replay_tools(resources.episode("replay"), row, body["response"])
+        finally:
+            await client.close()
+        assert stack.env.calls["echo"] == 8  # 4 more, not 10
+    assert status == 200, body
+
+
+async def test_a_rollout_that_spends_its_calls_exactly_may_still_answer() -> None:
+    turns = [{"calls": _echo_calls(3)}, {"calls": _echo_calls(2)}, {"say": "The answer is v0"}]
+    options = {"max_tool_calls_per_message": 3, "max_tool_calls": 5}
+    async with running_stack(env=Watching, agent_options=options) as stack:
+        status, body = await post_run(stack.agent_url, task_row(0, turns=turns))
+        assert stack.env.calls["echo"] == 5
+    assert status == 200, body
+    assert _tool_errors(body) == [""] * 5
+    assert body["num_steps"] == 3 and body["truncated"] is False and body["reward"] == 1.0
+
+
+async def test_an_agent_session_turn_obeys_the_caps_too() -> None:
+    # NeMo Gym 0.7's agent sessions run the same loop, unverified (``ToolAgent.turn``).
+    options = {"max_tool_calls_per_message": 4}
+    params = task_row(0, turns=[{"calls": _echo_calls(100)}, {"say": "done"}])
+    async with running_stack(env=Watching, agent_options=options) as stack:
+        assert isinstance(stack.agent, ToolAgent)
+        response = await stack.agent.take_turn(params["responses_create_params"], None, None)
+        sent = dict(stack.env.calls)
+    assert sent == {"echo": 4}
+    errors = _tool_errors({"response": response})
+    assert errors[4:] == [_past(4)] * 96
+
+
+def test_the_tool_call_caps_are_typed_options_with_sane_defaults() -> None:
+    options = ToolAgent.Options()
+    assert (options.max_tool_calls_per_message, options.max_tool_calls) == (64, 256)
+    for bad in [{"max_tool_calls_per_message": 0}, {"max_tool_calls": 0}]:
+        with pytest.raises(ValidationError, match="greater than or equal to 1"):
+            ToolAgent.Options.model_validate(bad)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "__init__",
+        "_session",
+        "shutdown",
+        "startup",
+        "seed_session",
+        "verify",
+        "VERIFY",
+        "\uff56\uff45\uff52\uff49\uff46\uff59",  # fullwidth "verify"
+        "verify\u200b",  # a zero-width space after it
+        "\uff45\uff43\uff48\uff4f",  # fullwidth "echo": a lookalike of a real tool
+        "x" * 65,
+    ],
+)
+async def test_a_name_that_is_no_tool_never_reaches_the_env_even_when_declared(name: str) -> None:
+    row = _calling({"text": "v0"}, name)
+    row["responses_create_params"]["tools"] = [ECHO_TOOL, {**ECHO_TOOL, "name": name}]
+    async with running_stack(env=Watching) as stack:
+        status, body = await post_run(stack.agent_url, row)
+        sent = dict(stack.env.calls)
+    assert status == 200, body
+    assert sent == {"seed_session": 1, "verify": 1}  # nothing else, under any path
     assert _tool_errors(body) == [f"unknown tool {name!r}"]
     assert body["reward"] == 1.0

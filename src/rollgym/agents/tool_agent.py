@@ -8,14 +8,21 @@ answering the turn's response unverified (``rollgym.server.agent_sessions``).
 
 A rollout that runs out of steps is verified as it stands and marked ``truncated``.
 
+Tool calls are bounded too, as ``max_steps`` bounds model calls: a model message runs at most
+``max_tool_calls_per_message`` of its calls (default 64) and a rollout at most
+``max_tool_calls`` (default 256; in an agent session, per turn, as ``max_steps``); the calls
+past either are answered with a tool error and never sent. A message whose calls find the
+rollout's calls spent ends the loop there, ``truncated``, as running out of steps does.
+
 When its model server attaches training token data (``openai_proxy``'s ``return_token_ids``),
 the rollout records ``drifted_turns``: how many calls' prompts do not extend the previous call's
 prompt and generation (``rollgym.models.tokens``), with the details under ``rollgym_drift``.
 
 A tool's own 4xx answer (bad arguments, unknown key) is the tool's output, handed back to the
 model as a ``function_call_output``. So is a call the agent will not pass on: a tool the task does
-not declare (or a reserved endpoint such as ``verify``), arguments that are not a JSON object,
-are larger than ``max_tool_argument_bytes`` or nested deeper than JSON can be written again
+not declare (or a name that is no tool: a reserved endpoint such as ``verify``, ``__init__``, a
+lookalike; ``rollgym.protocol.is_tool_name``), a call past the caps, arguments that are not a
+JSON object, are larger than ``max_tool_argument_bytes`` or nested deeper than JSON can be written again
 (orjson reads 1,024 levels, writes 255): model output never fails the rollout by itself. An infrastructure failure (model, tool or verify failing
 after the called server's retries) fails the rollout with the typed error as ``origin``.
 If the caller disconnects, the rollout is cancelled with the requests it has in flight, so
@@ -41,7 +48,8 @@ from rollgym.server.episode import Episode
 
 class ToolAgent(AgentServer):
     """Options: ``model`` and ``resources`` (server names), ``max_steps`` (default 10),
-    ``model_timeout``, ``tool_timeout``, ``verify_timeout`` (seconds, per call),
+    ``max_tool_calls_per_message`` (64), ``max_tool_calls`` (256), ``model_timeout``,
+    ``tool_timeout``, ``verify_timeout`` (seconds, per call),
     ``model_pause_s`` (seconds a model call may be held by a pause, beyond its timeout),
     ``tools_from_server`` (default false)."""
 
@@ -57,6 +65,17 @@ class ToolAgent(AgentServer):
         )
         max_tool_argument_bytes: int = Field(
             default=1 << 20, ge=2, description="a tool call's arguments past this are refused"
+        )
+        # A model message can hold any number of calls; each sent one costs the environment
+        # a request (10,000 in one message were all run before these caps).
+        max_tool_calls_per_message: int = Field(
+            default=64, ge=1, description="a message's tool calls past this are refused"
+        )
+        max_tool_calls: int = Field(
+            default=256,
+            ge=1,
+            description="tool calls per rollout (per turn in an agent session); past this the "
+            "calls are refused and the rollout ends truncated",
         )
 
     options: Options
@@ -96,10 +115,11 @@ class ToolAgent(AgentServer):
         outputs: list[Any] = []
         response: dict[str, Any] = {}
         turns: list[dict[str, Any]] = []  # every model response, for per-turn token data
-        steps = 0
+        steps = called = 0
         truncated = False
         started = time.monotonic()
-        while steps < self.options.max_steps:
+        opts = self.options
+        while steps < opts.max_steps:
             steps += 1
             response = await ctx.respond({**params, "input": items + outputs})
             outputs.extend(response["output"])
@@ -107,10 +127,23 @@ class ToolAgent(AgentServer):
             calls = function_calls(response)
             if not calls:
                 break
-            limit = self.options.max_tool_argument_bytes
+            run = min(len(calls), opts.max_tool_calls_per_message, opts.max_tool_calls - called)
+            called += run
+            limit = opts.max_tool_argument_bytes
             outputs.extend(
-                await asyncio.gather(*(_call_tool(episode, c, declared, limit) for c in calls))
+                await asyncio.gather(
+                    *(_call_tool(episode, c, declared, limit) for c in calls[:run])
+                )
             )
+            # Every call gets its output (a model is owed an answer to each), the rest unsent.
+            spent = called >= opts.max_tool_calls
+            why = _SPENT.format(opts.max_tool_calls) if spent else _PAST.format(run)
+            outputs.extend(
+                function_call_output(c.get("call_id", ""), _error(why)) for c in calls[run:]
+            )
+            if spent and len(calls) > run:
+                truncated = True  # out of tool calls while the model wanted more: as max_steps
+                break
         else:
             # Out of steps while the model still wanted its tools: the rollout is verified as
             # it stands (a truncated episode is still data), and marked so trainers can tell.
@@ -134,6 +167,33 @@ class Turn:
     steps: int
     truncated: bool
     seconds: float
+
+
+NOT_RUN = "not run: "
+"""How the agent's answer to a call past a cap begins: a replay of the rollout
+(``rollgym reverify``) leaves those calls out too (``unsent_calls``)."""
+_PAST = NOT_RUN + "a message may make at most {} tool calls (max_tool_calls_per_message)"
+_SPENT = NOT_RUN + "the rollout's {} tool calls (max_tool_calls) are spent"
+
+
+def unsent_calls(response: dict[str, Any]) -> set[str]:
+    """The ``call_id`` of every call in a rollout's ``response`` that the agent answered as
+    past a cap, without sending it."""
+    unsent = set()
+    for item in response.get("output") or []:
+        if not (isinstance(item, dict) and item.get("type") == "function_call_output"):
+            continue
+        output = item.get("output")
+        if not (isinstance(output, str) and NOT_RUN in output):  # cheap before a decode
+            continue
+        try:
+            decoded = orjson.loads(output)
+        except orjson.JSONDecodeError:
+            continue  # a tool's own output
+        error = decoded.get("error") if isinstance(decoded, dict) else None
+        if isinstance(error, str) and error.startswith(NOT_RUN):
+            unsent.add(str(item.get("call_id", "")))
+    return unsent
 
 
 async def _call_tool(

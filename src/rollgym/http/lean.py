@@ -37,7 +37,7 @@ from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
-from httptools import HttpParserError
+from httptools import HttpParserError, HttpParserUpgrade
 
 import rollgym.http.limits as answer_limits
 from rollgym.errors import TransportError
@@ -151,6 +151,12 @@ class _Connection(asyncio.Protocol):
             # A limit raised in a callback reaches here as the parser's error, holding it.
             cause = exc.__context__
             self._fail(cause if isinstance(cause, OverLimit) else exc)
+            return
+        except HttpParserUpgrade as exc:
+            # A 101 (Switching Protocols): the connection now speaks another protocol and no
+            # answer will come on it (``translate`` makes it a ProtocolError). Not the parser's
+            # error class: uncaught, asyncio logged it as a fatal error with a traceback.
+            self._fail(exc)
             return
         answer = self.answer
         if answer is not None and not answer.headers_done:

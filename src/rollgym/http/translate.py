@@ -15,7 +15,7 @@ import sys
 from typing import Any, NoReturn
 
 import orjson
-from httptools import HttpParserError
+from httptools import HttpParserError, HttpParserUpgrade
 
 from rollgym.errors import (
     AnswerTooLarge,
@@ -61,6 +61,12 @@ def translate(
         return ConnectionLost(f"{server} closed the connection: {exc.strerror}", **where)
     if isinstance(exc, HttpParserError):
         return ProtocolError(f"{server} sent a response that is not valid HTTP: {exc}", **where)
+    if isinstance(exc, HttpParserUpgrade):
+        return ProtocolError(
+            f"{server} answered 101 Switching Protocols (an upgrade to another protocol) to "
+            "a JSON POST: no answer can follow",
+            **where,
+        )
     # Only a process that imported aiohttp can have its errors to translate; one that never
     # did (every server that calls out over plain HTTP only) must not import it for this.
     if "aiohttp" in sys.modules:

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from rollgym.agents.tool_agent import unsent_calls
 from rollgym.collect.dispatch import DispatchReport, LocalDispatcher, Runner
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
@@ -28,16 +29,17 @@ async def replay_tools(episode: Episode, row: dict[str, Any], response: dict[str
     """Call again, in order, the tools the recorded rollout called: an environment that keeps
     per-session state (which lookups were made, a game's moves) verifies against that state, so
     a fresh session must be brought back to where the rollout left it. Only tools the row
-    declares reach the server, as in the agent; their outputs are not used (the recorded
-    response is what is scored)."""
+    declares reach the server, as in the agent, and not the calls it left unsent past its caps;
+    their outputs are not used (the recorded response is what is scored)."""
     declared = {
         str(t.get("name") or (t.get("function") or {}).get("name"))
         for t in (row.get("responses_create_params") or {}).get("tools") or []
         if isinstance(t, dict)
     }
+    unsent = unsent_calls(response)
     for call in function_calls(response):
         name = str(call.get("name", ""))
-        if declared and name not in declared:
+        if (declared and name not in declared) or str(call.get("call_id", "")) in unsent:
             continue
         raw = call.get("arguments") or "{}"
         try:

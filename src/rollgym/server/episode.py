@@ -29,7 +29,8 @@ import orjson
 
 from rollgym.errors import ConfigError, HTTPStatusError, ProtocolError
 from rollgym.http import HttpClient, JsonValue, Target
-from rollgym.wire import HEADER_ROLLOUT, RESERVED_ENDPOINTS, SESSION_HEADER
+from rollgym.protocol import is_tool_name
+from rollgym.wire import HEADER_ROLLOUT, SESSION_HEADER
 
 
 class ResourcesClient:
@@ -99,8 +100,9 @@ class Episode:
     async def call_tool(self, name: str, arguments: Any) -> str:
         """The output of tool ``name`` for the model. A refusal (a 4xx: bad arguments, unknown
         key) is the tool's answer, ``{"error": message}``; a failing server raises."""
-        if name in RESERVED_ENDPOINTS or not name.isidentifier():
-            # A model must not reach /verify or /seed_session by naming it as a tool.
+        if not is_tool_name(name):
+            # A model must not reach /verify, /seed_session or anything but a tool by naming
+            # it as one (``__init__``, a fullwidth ``verify``).
             return _error(f"unknown tool {name!r}")
         try:
             result = await self.post(f"/{name}", arguments, self.resources.tool_timeout)
