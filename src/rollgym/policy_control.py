@@ -20,6 +20,9 @@ retried resume is safe). Pauses and resumes from one control go out one at a tim
 ``release()`` unpauses every server at its own version (and may lift the staleness bound):
 what a stream does when it closes.
 
+Pauses and resumes carry the control token (``rollgym.control_token``): the user's own unless
+``token`` names another (the servers' user's, when it differs).
+
 A server holds a pause for at most ``timeout_s`` (its own deadline): then its held calls fail as
 ``PausedTooLong``. A trainer that dies mid-pause leaves no server held forever.
 """
@@ -32,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rollgym.control_token import authorization, control_token
 from rollgym.errors import DeadlineExceeded, InternalError, ProtocolError, RollgymError
 from rollgym.http import HttpClient, Target
 from rollgym.http.policy import RetryPolicy
@@ -64,6 +68,7 @@ class PolicyControl:
         *,
         version: int = 0,
         call_timeout: float = CALL_TIMEOUT,
+        token: str | None = None,
     ) -> None:
         urls = (model_urls,) if isinstance(model_urls, str) else tuple(model_urls)
         if not urls:
@@ -82,6 +87,7 @@ class PolicyControl:
         )  # fmt: skip
         self._targets = [Target(f"model[{i}]", (u,), policy) for i, u in enumerate(self.urls)]
         self._http: HttpClient | None = None
+        self._token = token
         # One pause or resume at a time: two on separate connections could reach a server in
         # the other order (a resume before its pause leaves the server paused).
         self._order = asyncio.Lock()
@@ -178,7 +184,10 @@ class PolicyControl:
         limit = self.call_timeout if timeout is None else timeout
         if limit != self.call_timeout:  # the targets' policy bounds a call: widen it
             targets = [_within(t, limit) for t in targets]
-        calls = [http.call(t, endpoint, body, deadline=limit) for t in targets]
+        # Read at each call, not at construction: a control built where no token exists yet
+        # (before the servers start) still finds the one they created.
+        headers = authorization(self._token or control_token())
+        calls = [http.call(t, endpoint, body, headers=headers, deadline=limit) for t in targets]
         # The client's own deadline bounds each call; this one bounds a stuck connection pool.
         bounded = [asyncio.wait_for(c, limit + 5.0) for c in calls]
         return list(await asyncio.gather(*bounded, return_exceptions=True))

@@ -11,6 +11,7 @@ import aiohttp
 import orjson
 from starlette.responses import Response
 
+from rollgym.control_token import authorization, control_token
 from rollgym.server.endpoint import Call
 from rollgym.wire import HEADER_OLDEST_VERSION
 from tests.support.servers import FaultyModel
@@ -67,9 +68,11 @@ async def post(
     body: Any,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
-    """POST ``body`` (JSON) and return (status, JSON answer)."""
+    """POST ``body`` (JSON) with the control token (``headers`` may replace it) and return
+    (status, JSON answer)."""
     data = body if isinstance(body, bytes) else orjson.dumps(body)
-    async with session.post(url, data=data, headers=headers) as resp:
+    sent = {**authorization(control_token()), **(headers or {})}
+    async with session.post(url, data=data, headers=sent) as resp:
         return resp.status, orjson.loads(await resp.read())
 
 

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
+from rollgym.control_token import authorization, control_token
 from rollgym.http import Target
 from rollgym.integrations.samples import rollout_samples
 from rollgym.models.local import WEIGHTS_ENDPOINT
@@ -103,7 +104,7 @@ def local(model: Path, **options: Any) -> Any:
 async def post(url: str, body: Any, *, timeout: float = 60) -> tuple[int, Any, Any]:
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http,
-        http.post(url, json=body) as answer,
+        http.post(url, json=body, headers=authorization(control_token())) as answer,
     ):
         return answer.status, await answer.json(), answer.headers
 
@@ -233,7 +234,8 @@ async def test_pushed_weights_change_the_outputs_and_the_version(
     first, _ = echo_turns()[0]
     body = {**first, "model": "tiny", "temperature": 1.0, "seed": 11, "max_tokens": 40,
             "logprobs": True}  # fmt: skip
-    async with local(tiny) as (url, _):
+    # The root holds every model these tests build (each in a folder of its own).
+    async with local(tiny, weights_root=str(tmp_path.parent)) as (url, _):
         _, before, _ = await post(url + "/v1/chat/completions", body)
         _, again, _ = await post(url + "/v1/chat/completions", body)
         assert again["choices"][0]["logprobs"] == before["choices"][0]["logprobs"]  # seeded

@@ -14,7 +14,10 @@ HELP = (
     "template) on the CPU with transformers, through the model-server contract rollgym uses "
     "for vLLM: POST /v1/chat/completions and /v1/responses with vLLM-shaped token ids and "
     "logprobs, POST /tokenize, GET /v1/models, GET /health, and POST /rollgym/weights to load "
-    "a trainer's new weights. FOR TESTS AND DEBUGGING, NOT THROUGHPUT: one generation at a "
+    "a trainer's new weights (with the control token, like /rollgym/pause and /resume: "
+    "ROLLGYM_CONTROL_TOKEN, else the file ROLLGYM_CONTROL_TOKEN_FILE names, by default "
+    "~/.local/state/rollgym/control-token, created mode 0600; rollgym's clients send it "
+    "themselves). FOR TESTS AND DEBUGGING, NOT THROUGHPUT: one generation at a "
     "time, a small queue (503 when full), no batching."
 )
 
@@ -42,6 +45,13 @@ def register(app: typer.Typer) -> None:
             float, typer.Option(help="Seconds per request, waiting included.")
         ] = 120.0,
         policy_version: Annotated[int, typer.Option(help="Weights version at start.")] = 0,
+        weights_root: Annotated[
+            Path | None,
+            typer.Option(
+                help="Pushes may load only checkpoints under this directory (default: the "
+                "directory holding MODEL_DIR)."
+            ),
+        ] = None,
         threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 1,
         log_level: Annotated[str, typer.Option(help="Log level.")] = "WARNING",
     ) -> None:
@@ -57,6 +67,7 @@ def register(app: typer.Typer) -> None:
             "request_timeout": request_timeout,
             "policy_version": policy_version,
             "threads": threads,
+            "weights_root": None if weights_root is None else str(weights_root),
         }
         serve(options, host=host, port=port, write_url=write_url, log_level=log_level)
 
@@ -66,10 +77,12 @@ def serve(
 ) -> None:
     """Serve ``rollgym.models.local:LocalModel`` with ``options`` until SIGINT/SIGTERM."""
     import asyncio
+    import os
 
     import uvicorn
 
     from rollgym.config import ServerConfig
+    from rollgym.control_token import ENV_TOKEN, control_token, token_file
     from rollgym.errors import ConfigError
     from rollgym.launch.ports import bind_socket
     from rollgym.models.local import LocalModel
@@ -83,6 +96,8 @@ def serve(
         {"kind": "model", "impl": "rollgym.models.local:LocalModel", "options": options}
     )
     server = LocalModel(ServerContext(name="model", config=config))
+    control_token()  # created now, so a trainer started next finds it
+    token_from = ENV_TOKEN if os.environ.get(ENV_TOKEN) else str(token_file())
     sock = bind_socket(host, port)
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     url = f"http://{shown}:{sock.getsockname()[1]}"
@@ -100,6 +115,10 @@ def serve(
         if write_url is not None:
             write_url.write_text(url + "\n")
         typer.echo(f"serving {options['model_dir']} at {url} (tests and debugging)")
+        typer.echo(
+            f"weight pushes: checkpoints under {server.weights_root}, with the control token "
+            f"of {token_from}"
+        )
 
     async def main() -> None:
         serving = asyncio.create_task(uv.serve(sockets=[sock]))

@@ -20,7 +20,10 @@ increase: a push whose version is not above the last confirmed one is refused be
 is sent (``InvalidRequest``, status 409); the CPU backend checks it too (409).
 
 - ``LocalModelWeights``: rollgym's CPU backend (``rollgym.models.local``), ``POST
-  /rollgym/weights {"path", "version"}``. The backend swaps the weights between two
+  /rollgym/weights {"path", "version"}`` with the control token (``rollgym.control_token``:
+  the user's own, found by itself; ``token=`` for another). The path must be under the
+  backend's weights root (``--weights-root``; default: the directory holding its model). The
+  backend swaps the weights between two
   generations, and each completion names the version it ran under (``rollgym_policy_version``).
   Re-pushing the version and path being served is a no-op, so a retried push that had landed
   is not refused as stale.
@@ -53,6 +56,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
 from rollgym.config import RetryPolicy
+from rollgym.control_token import authorization, control_token
 from rollgym.errors import InvalidRequest, ProtocolError, RollgymError
 from rollgym.http import HttpClient, Target
 from rollgym.models.local import WEIGHTS_ENDPOINT
@@ -190,15 +194,20 @@ class LocalModelWeights(_Weights):
         timeout: float = 120.0,
         attempts: int = PUSH_ATTEMPTS,
         deadline: float | None = None,
+        token: str | None = None,
     ) -> None:
         super().__init__(
             url, name="local_model", timeout=timeout, attempts=attempts, deadline=deadline
         )
+        self._token = token
+        """The control token (None: this user's, read at the first push)."""
 
     async def _send(self, client: HttpClient, path: str, version: int) -> int | None:
+        token = self._token or control_token()
         answer = await client.call(
-            self.target, WEIGHTS_ENDPOINT, {"path": path, "version": version}
-        )
+            self.target, WEIGHTS_ENDPOINT, {"path": path, "version": version},
+            headers=authorization(token),
+        )  # fmt: skip
         if answer.get(POLICY_VERSION) != version:
             raise ProtocolError(
                 f"{WEIGHTS_ENDPOINT} answered {answer.get(POLICY_VERSION)!r} as the version "

@@ -15,6 +15,7 @@ trainer samples, weight sync) runs on a laptop or in CI with no vLLM::
     POST /tokenize              vLLM's shape (``messages`` or ``prompt``)
     GET  /v1/models, /health
     POST /rollgym/weights       ``{"path": DIR, "version": N}``: load a trainer's safetensors
+                                (with the control token, like pause and resume)
     GET  /rollgym/weights       the policy version served and where its weights came from
     GET  /rollgym/policy, POST /rollgym/pause, /rollgym/resume   the policy gate of every
                                 rollgym model server (``rollgym.server.model``)
@@ -31,7 +32,10 @@ token. ``max_tokens`` past ``max_tokens_cap``, a prompt that leaves no room in t
 and any field that would change the sampling but is not implemented are 4xx
 (``rollgym.models.local_request``), never a 500 or a hang.
 
-**Weights** (``rollgym.models.local_weights``): a push is read and checked on another thread
+**Weights** (``rollgym.models.local_weights``): a push needs the control token
+(``rollgym.control_token``: any local user can reach the port) and names a checkpoint under
+``weights_root`` (default: the directory holding ``model_dir``); a path outside it and a missing
+one get the same 400. A push is read and checked on another thread
 while generation goes on, then swapped in on the worker thread, so between two generations,
 never during one. Versions must increase: a push whose version is not above the one served is
 refused 409 (a stale trainer process must not roll the policy back); the version and path
@@ -68,6 +72,7 @@ from rollgym.server.model import (
     MODELS_ENDPOINT,
     TOKENIZE_ENDPOINT,
     ModelServer,
+    controlled,
     gated_chat,
     json_object,
     model_list,
@@ -110,6 +115,11 @@ class LocalModel(ModelServer):
             "fastest for a tiny model, and several times faster than two on a busy machine",
         )
         max_body_bytes: int = Field(default=4 << 20, ge=1024)
+        weights_root: str | None = Field(
+            default=None,
+            description="weight pushes may load only checkpoints under this directory "
+            "(default: the directory holding model_dir)",
+        )
 
     options: Options
 
@@ -123,6 +133,9 @@ class LocalModel(ModelServer):
             threads=opts.threads,
         )
         self.served_name = opts.served_model_name or Path(opts.model_dir).name
+        # Resolved once: a pushed path is resolved too, links and all, before it is compared.
+        root = opts.weights_root or os.path.dirname(os.path.abspath(opts.model_dir))
+        self.weights_root = Path(os.path.realpath(root))
         # One worker: generations and weight swaps run in order, never two at once.
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="rollgym-local-model")
         self._tokenizers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="rollgym-tok")
@@ -151,7 +164,11 @@ class LocalModel(ModelServer):
             ),
             Route(MODELS_ENDPOINT, json_endpoint(self._models), methods=["GET"]),
             Route(TOKENIZE_ENDPOINT, json_endpoint(self._tokenize, limit), methods=["POST"]),
-            Route(WEIGHTS_ENDPOINT, json_endpoint(self._push, limit), methods=["POST"]),
+            Route(
+                WEIGHTS_ENDPOINT,
+                json_endpoint(controlled(self._push, WEIGHTS_ENDPOINT), limit),
+                methods=["POST"],
+            ),
             Route(WEIGHTS_ENDPOINT, json_endpoint(self._weights), methods=["GET"]),
             # vLLM's liveness path, which openai_proxy probes when a call is slow.
             Route(PING_ENDPOINT, json_endpoint(self._ping), methods=["GET", "POST"]),
@@ -246,7 +263,7 @@ class LocalModel(ModelServer):
                     status=409,
                 )
             started = time.monotonic()
-            loaded = await self._off_loop(self.engine.read_weights, path)
+            loaded = await self._off_loop(self.engine.read_weights, path, self.weights_root)
             loop = asyncio.get_running_loop()
             # On the worker: after the generations queued before it, before those after.
             await loop.run_in_executor(

@@ -200,9 +200,10 @@ class LocalEngine:
 
     # -- weights -------------------------------------------------------------------------------
 
-    def read_weights(self, path: str) -> dict[str, torch.Tensor]:
-        """``path``'s tensors checked against the model (any thread: nothing is changed)."""
-        return read_weights(path, self.model.state_dict())
+    def read_weights(self, path: str, root: Path) -> dict[str, torch.Tensor]:
+        """``path``'s tensors (a checkpoint under ``root``) checked against the model (any
+        thread: nothing is changed)."""
+        return read_weights(path, self.model.state_dict(), root)
 
     def swap_weights(self, loaded: dict[str, torch.Tensor], path: str, version: int) -> None:
         """Copy checked tensors in (the worker thread only: between generations)."""

@@ -1,7 +1,9 @@
 """Reading a trainer's safetensors into the served model's parameters, checked first.
 
 A push names a directory (what ``save_pretrained`` writes: ``model.safetensors`` or shards) or
-one ``.safetensors`` file. Every tensor is checked against the served model before any is
+one ``.safetensors`` file, under the server's weights root once links are resolved (its files
+too). A path outside the root, a missing one and one without safetensors get one answer, word
+for word: a caller must not learn from it what exists outside the root. Every tensor is checked against the served model before any is
 copied: a name the model does not have, a shape that differs, or a parameter no file gives is
 refused with a 4xx naming the tensor, and the served weights stay as they were. Floating-point
 tensors of another dtype (a bf16 checkpoint for a float32 model) are cast; tied parameters
@@ -10,6 +12,7 @@ tensors of another dtype (a bf16 checkpoint for a float32 model) are cast; tied 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,30 +24,40 @@ if TYPE_CHECKING:
 MAX_NAMED = 5
 
 
-def weight_files(path: str) -> list[Path]:
-    """The safetensors files of ``path``; 400 if there are none."""
-    where = Path(path)
-    if where.is_file() and where.suffix == ".safetensors":
-        return [where]
-    if where.is_dir():
-        files = sorted(where.glob("*.safetensors"))
-        if files:
-            return files
-        raise InvalidRequest(f"{path}: no .safetensors file in this directory", status=400)
-    raise InvalidRequest(f"{path}: no such directory or .safetensors file", status=400)
+def weight_files(path: str, root: Path) -> list[Path]:
+    """The safetensors files of the checkpoint ``path`` under ``root`` (a resolved directory),
+    each resolved; 400 if there are none, with the same message whatever the reason."""
+    where = Path(os.path.realpath(path))
+    files: list[Path] = []
+    if where.is_relative_to(root):  # nothing outside the root is looked at further
+        if where.is_dir():
+            files = [Path(os.path.realpath(f)) for f in sorted(where.glob("*.safetensors"))]
+        elif where.suffix == ".safetensors":
+            files = [where]
+    # A file linked out of the root is outside it too.
+    if not files or not all(f.is_relative_to(root) and f.is_file() for f in files):
+        raise InvalidRequest(
+            f"not a checkpoint under the weights root {root}: a push names a directory "
+            "holding .safetensors files, or one .safetensors file, under that root "
+            "(serve-model's --weights-root, the option weights_root)",
+            status=400,
+        )
+    return files
 
 
-def read_weights(path: str, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The tensors of ``path`` checked against ``params`` (the model's state dict), ready to copy.
+def read_weights(path: str, params: dict[str, torch.Tensor], root: Path) -> dict[str, torch.Tensor]:
+    """The tensors of ``path`` (under ``root``) checked against ``params`` (the model's state
+    dict), ready to copy.
 
-    Raises ``InvalidRequest`` (422) naming the first tensors that do not fit.
+    Raises ``InvalidRequest`` (422) naming the first tensors that do not fit; 400 for a path
+    that is not a checkpoint under ``root`` (``weight_files``).
     """
     import torch
     from safetensors import SafetensorError, safe_open
 
     aliases = _aliases(params)
     loaded: dict[str, torch.Tensor] = {}
-    for file in weight_files(path):
+    for file in weight_files(path, root):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)

@@ -20,6 +20,10 @@ base streams the stamped answer itself. The gate's endpoints (``policy_routes``)
                            -> {"version", "paused", "aborted", "held", "in_flight"}
     POST /rollgym/resume   {"version": N, "max_staleness": K | null}
                            -> {"version", "paused": false, "max_staleness", "released"}
+
+A pause or resume changes what every caller is served, so it needs the control token
+(``rollgym.control_token``: ``Authorization: Bearer``; 401 without it, 403 with another);
+``controlled`` guards a server's own endpoints of that kind the same way.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from rollgym.config import format_validation_error
+from rollgym.control_token import control_token, require
 from rollgym.errors import InvalidRequest
 from rollgym.models.policy import DEFAULT_PAUSE_S, MAX_PAUSE_S, PolicyGate, oldest_version
 from rollgym.models.stream import response_stream
@@ -177,9 +182,23 @@ def policy_routes(policy: PolicyGate) -> list[BaseRoute]:
     return [
         # POST too: rollgym's own client (PolicyControl) sends every call as a POST.
         Route(POLICY_ENDPOINT, json_endpoint(state), methods=["GET", "POST"]),
-        Route(PAUSE_ENDPOINT, json_endpoint(pause), methods=["POST"]),
-        Route(RESUME_ENDPOINT, json_endpoint(resume), methods=["POST"]),
+        Route(PAUSE_ENDPOINT, json_endpoint(controlled(pause, PAUSE_ENDPOINT)), methods=["POST"]),
+        Route(
+            RESUME_ENDPOINT, json_endpoint(controlled(resume, RESUME_ENDPOINT)), methods=["POST"]
+        ),
     ]
+
+
+def controlled(handler: Handler, endpoint: str) -> Handler:
+    """``handler`` for callers that send the control token only (``rollgym.control_token``)."""
+
+    async def guarded(body: Any, call: Call) -> Any:
+        # Read per call (a few syscalls; these calls are rare): a token the owner replaced
+        # takes effect without a restart.
+        require(call.headers, control_token(), endpoint)
+        return await handler(body, call)
+
+    return guarded
 
 
 def model_list(*ids: str, owned_by: str = "rollgym") -> dict[str, Any]:
@@ -197,4 +216,12 @@ def json_object(body: Any) -> dict[str, Any]:
     return body
 
 
-__all__ = ["Call", "ModelServer", "json_object", "model_list", "openai_routes", "policy_routes"]
+__all__ = [
+    "Call",
+    "ModelServer",
+    "controlled",
+    "json_object",
+    "model_list",
+    "openai_routes",
+    "policy_routes",
+]
