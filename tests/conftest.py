@@ -6,19 +6,37 @@ for ``ray_cluster`` are skipped.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
-from collections.abc import Iterator
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rollgym.control_token import ENV_TOKEN, ENV_TOKEN_FILE
 from rollgym.testing import serve_server
 from tests.support.background import in_thread
-from tests.support.servers import FaultyModel
+from tests.support.servers import FaultyModel, refused_url
 
 RAY_NODE = {"num_cpus": 1, "object_store_memory": 80 * 1024 * 1024}
+
+# Server processes never search the working directory (``python -P``): the test servers they
+# start (``impl: tests.support.servers:FaultyModel``) are found on PYTHONPATH, as a user's
+# installed-elsewhere package would be. Set before any Ray node starts, so its workers have it.
+_REPO = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, os.environ.get("PYTHONPATH")) if p)
+
+# The control token that guards model servers' weight pushes, pauses and resumes
+# (``rollgym.control_token``): one file per test session, in a directory of its own, inherited
+# by every server process and Ray worker the tests start, never the user's own.
+_TOKEN_DIR = tempfile.mkdtemp(prefix="rollgym-test-token-")
+atexit.register(shutil.rmtree, _TOKEN_DIR, True)
+os.environ[ENV_TOKEN_FILE] = os.path.join(_TOKEN_DIR, "control-token")
+os.environ.pop(ENV_TOKEN, None)
 
 
 @pytest.fixture(scope="session")
@@ -58,3 +76,11 @@ def down_model() -> Iterator[str]:
     options = {"fail_status": 503, "down_for": 3600.0}
     with in_thread(serve_server(FaultyModel, name="model", options=options)) as (url, _):
         yield url
+
+
+@pytest.fixture
+def dead_url() -> Iterator[Callable[[], str]]:
+    """Makes loopback URLs where nothing listens, each on its own port that this test holds
+    until it ends, so that no other process can take it and answer (``refused_url``)."""
+    with contextlib.ExitStack() as held:
+        yield lambda: held.enter_context(refused_url())

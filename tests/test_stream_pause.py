@@ -18,6 +18,7 @@ from rollgym.models.scripted import ScriptedModel
 from rollgym.testing import serve_server
 from rollgym.trainer import PolicyControl, RolloutClient, ScoredRollout
 from rollgym.wire import ABORTED_VERSIONS
+from tests.support.servers import port_of, refused_url
 from tests.support.stack import running_stack, task_row
 from tests.support.waiting import wait_until
 from tests.test_stream import assert_ledger_exact
@@ -111,8 +112,9 @@ async def test_a_model_server_gone_during_a_pause_fails_the_resume_typed() -> No
         control = PolicyControl([url], call_timeout=2)
         await control.pause(timeout_s=30)
         assert model.policy.paused
-    # The server is gone (stopped while paused): the resume is a typed error, not a hang.
-    with pytest.raises(ConnectError) as caught:
+    # The server is gone (stopped while paused): the resume is a typed error, not a hang. Its
+    # port is held from the moment it stopped, so that no other process takes it and answers.
+    with refused_url(port_of(url)), pytest.raises(ConnectError) as caught:
         await asyncio.wait_for(control.resume(1), 10)
     assert caught.value.server == "model[0]" and url.split("//")[1] in caught.value.message
     assert control.version == 0 and control.paused

@@ -8,7 +8,7 @@ import asyncio
 import multiprocessing
 import pickle
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -30,12 +30,7 @@ from rollgym.trainer import (
 from tests.support.background import in_thread
 from tests.support.failures import assert_failed_groups, assert_model_failure
 from tests.support.scripted import Reply, Script, serve_script
-from tests.support.servers import (
-    FAIL_MARKER,
-    FAULT_MESSAGE,
-    FaultyModel,
-    dead_url,
-)
+from tests.support.servers import FAIL_MARKER, FAULT_MESSAGE, FaultyModel
 from tests.support.stack import Stack, running_stack, task_row
 
 pytestmark = pytest.mark.timeout(60)
@@ -259,7 +254,7 @@ async def test_a_client_reused_across_async_batches() -> None:
     assert [g.rewards for g in third] == [[1.0]]
 
 
-async def test_run_makes_one_rollout_and_never_raises() -> None:
+async def test_run_makes_one_rollout_and_never_raises(dead_url: Callable[[], str]) -> None:
     async with (
         running_stack(model_options=FAILING) as stack,
         RolloutClient(stack.agent_url) as client,
@@ -277,7 +272,7 @@ async def test_run_makes_one_rollout_and_never_raises() -> None:
     assert isinstance(gone, FailedRollout) and isinstance(gone.error, ConnectError)
 
 
-async def test_bad_batch_options_are_refused() -> None:
+async def test_bad_batch_options_are_refused(dead_url: Callable[[], str]) -> None:
     async with RolloutClient(dead_url()) as client:
         for options in ({"repeats": 0}, {"concurrency": 0}, {"attempts": 0}):
             with pytest.raises(ValueError, match="at least 1"):
@@ -349,7 +344,9 @@ async def test_the_failure_budget_aborts_a_broken_batch_and_none_never_does() ->
     assert len(groups) == 60 and all(len(g.failed) == 1 for g in groups)
 
 
-async def test_an_agent_url_where_nothing_listens_is_a_launch_error() -> None:
+async def test_an_agent_url_where_nothing_listens_is_a_launch_error(
+    dead_url: Callable[[], str],
+) -> None:
     url = dead_url()
     async with RolloutClient(url) as client:
         with pytest.raises(LaunchError, match=r"agent at http://127\.0\.0\.1:\d+") as caught:

@@ -8,7 +8,7 @@ that mode is skipped."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,6 @@ from rollgym.collect import (
 from rollgym.errors import LaunchError, RunAborted
 from rollgym.trainer import BudgetRules, RolloutClient
 from tests.support.ledger import error_chain, read_jsonl
-from tests.support.servers import dead_url
 from tests.support.stack import (
     Stack,
     fast_policy,
@@ -161,7 +160,9 @@ async def test_a_broken_model_trips_the_failure_budget(mode: str, tmp_path: Path
     assert summary["by_status"].get("503", 0) >= 10
 
 
-async def test_an_agent_that_never_answers_fails_to_start(mode: str, tmp_path: Path) -> None:
+async def test_an_agent_that_never_answers_fails_to_start(
+    mode: str, tmp_path: Path, dead_url: Callable[[], str]
+) -> None:
     """Nothing listens at the agent's URL (with the agent in process: at its model's):
     nothing is dispatched; the run is marked failed_to_start (a plain rerun is allowed), the
     trainer raises the same LaunchError."""

@@ -4,6 +4,7 @@ the live one runs every such rollout."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,6 @@ import pytest
 
 from rollgym.collect import Collector, prepare_run
 from tests.support.ledger import read_jsonl
-from tests.support.servers import dead_url
 from tests.support.stack import running_stack, stack_config, write_tasks
 
 pytestmark = pytest.mark.timeout(60)
@@ -24,7 +24,9 @@ async def _collect(
     return await Collector(prepared, urls, progress=False).execute()
 
 
-async def test_refused_connections_never_use_up_a_rollouts_attempts(tmp_path: Path) -> None:
+async def test_refused_connections_never_use_up_a_rollouts_attempts(
+    tmp_path: Path, dead_url: Callable[[], str]
+) -> None:
     cfg = stack_config({"max_rollout_attempts": 2, "max_failure_rate": None})
     tasks = write_tasks(tmp_path / "tasks.jsonl", 4)
     out = tmp_path / "out"

@@ -23,15 +23,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import types
 import urllib.request
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -51,7 +51,6 @@ from tests.support.nemo_rl import (
     prepare_rows,
 )
 from tests.support.procs import still_alive
-from tests.support.servers import dead_url
 from tests.support.stack import ECHO_TOOL, FAST_RETRY
 from tests.support.waiting import wait_for
 
@@ -346,9 +345,15 @@ def test_shutdown_leaves_no_process(actor: NemoRLActor) -> None:
     assert len(pids) == 3
     actor.rh.shutdown()
     assert still_alive(pids) == []
-    with socket.socket() as sock:  # nothing listens on the head server's port any more
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("0.0.0.0", actor.head_port))
+    # Nothing of ours listens on the head server's port any more. Not "the port can be bound":
+    # freed, it may be taken at once by another process (a second test run scans the range).
+    ours = {os.getpid(), *(child.pid for child in psutil.Process().children(recursive=True))}
+    listening = {
+        c.pid
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == actor.head_port
+    }
+    assert not listening & ours, listening
     actor.rh.shutdown()  # again: nothing to do
 
 
@@ -356,7 +361,7 @@ def test_shutdown_leaves_no_process(actor: NemoRLActor) -> None:
 
 
 async def test_a_broken_stack_aborts_the_step_and_poll_names_the_dead_server(
-    nemo_gym: dict[str, Any], tmp_path: Path
+    nemo_gym: dict[str, Any], tmp_path: Path, dead_url: Callable[[], str]
 ) -> None:
     cfg = {
         "model_name": "toy",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -27,7 +28,6 @@ from rollgym.http.replicas import ReplicaSet
 from rollgym.http.translate import translate
 from rollgym.testing import serve_asgi
 from tests.support.scripted import Reply, Script, serve_script
-from tests.support.servers import dead_url
 from tests.support.stack import fast_policy
 
 pytestmark = pytest.mark.timeout(20)
@@ -163,7 +163,9 @@ def test_bare_socket_errors_translate_to_transport_errors(
     assert pickle.loads(pickle.dumps(err)) == err
 
 
-async def test_pinned_calls_never_fail_over_but_unpinned_ones_do() -> None:
+async def test_pinned_calls_never_fail_over_but_unpinned_ones_do(
+    dead_url: Callable[[], str],
+) -> None:
     # Replica A holds the rollout's session; when A dies, a pinned call (a tool call, /verify)
     # must fail as A's loss, not land on B and be told "unknown session".
     live = Script(verify=lambda n: Reply(200, b'{"reward": 1.0}'))

@@ -16,7 +16,6 @@ import pytest
 from rollgym.errors import ConnectError, ConnectionLost, ProtocolError, ReadTimeout, TransportError
 from rollgym.http.lean import LeanTransport
 from rollgym.http.transport import Request
-from tests.support.servers import dead_url
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -117,7 +116,7 @@ async def test_status_retry_after_and_cookies_are_reported() -> None:
     assert dict(got.cookies) == {"session": "abc", "other": "1"}  # type: ignore[attr-defined]
 
 
-async def test_each_failure_is_the_typed_error_aiohttp_gave() -> None:
+async def test_each_failure_is_the_typed_error_aiohttp_gave(dead_url: Callable[[], str]) -> None:
     t = LeanTransport()
     with pytest.raises(ConnectError, match=r"cannot connect to s at 127\.0\.0\.1:\d+"):
         await send(t, dead_url())

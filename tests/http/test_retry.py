@@ -11,6 +11,7 @@ import asyncio
 import logging
 import pickle
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,7 +29,6 @@ from rollgym.errors import (
 )
 from rollgym.http import HttpClient, Target
 from tests.support.scripted import RawScript, Reply, Script, serve_raw, serve_script
-from tests.support.servers import dead_url
 from tests.support.stack import fast_policy
 from tests.support.waiting import wait_until
 
@@ -169,7 +169,7 @@ async def test_429_is_not_retried_unless_the_policy_lists_it() -> None:
 
 
 async def test_connection_refused_is_retried_up_to_max_attempts(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, dead_url: Callable[[], str]
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="rollgym.http")
     url = dead_url()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,7 +22,7 @@ from rollgym.config import ServerConfig
 from rollgym.errors import ConfigError
 from rollgym.models.proxy import OpenAIProxy
 from rollgym.server.base import BaseServer, ServerContext
-from rollgym.testing import bind_socket, serve_asgi, serve_server
+from rollgym.testing import serve_asgi, serve_server
 
 from .shapes import check_chat_request, check_response
 
@@ -361,11 +361,8 @@ async def test_upstream_timeout_is_a_504(upstream: FakeUpstream) -> None:
     )
 
 
-async def test_unreachable_upstream_is_a_502_connect_error() -> None:
-    sock = bind_socket()
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens here any more
-    options = {"base_url": f"http://127.0.0.1:{port}/v1", "upstream_retry": FAST_RETRY}
+async def test_unreachable_upstream_is_a_502_connect_error(dead_url: Callable[[], str]) -> None:
+    options = {"base_url": dead_url() + "/v1", "upstream_retry": FAST_RETRY}
     served = serve_server("openai_proxy", name="model", options=options)
     async with served as (url, _), sdk(url) as client:
         with pytest.raises(openai.APIStatusError) as info:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from rollgym.models.proxy import OpenAIProxy
 from rollgym.models.replicas import Replicas, fails_over, replica_targets
 from rollgym.testing import serve_asgi, serve_server
 from rollgym.wire import HEADER_ROLLOUT
+from tests.support.servers import port_of, refused_url
 from tests.support.stack import ECHO_TOOL, fast_policy
 from tests.support.waiting import wait_until
 
@@ -77,7 +78,8 @@ class Upstream:
 class Stack:
     upstreams: list[Upstream]
     stops: list[AsyncExitStack]
-    """Closing ``stops[i]`` stops replica i's server: nothing listens there any more."""
+    """Closing ``stops[i]`` stops replica i's server: its connections are refused from then
+    on (its port held, so that no other process takes it and answers)."""
     proxy_url: str
     proxy: OpenAIProxy
     agent_url: str = ""
@@ -99,9 +101,13 @@ async def replicated(
     new_vllm = options.pop("new_vllm", True)
     upstreams = [Upstream(new_vllm=new_vllm) for _ in range(n)]
     async with AsyncExitStack() as outer:
+        held = outer.enter_context(ExitStack())  # entered first: released after every stop
         stops = []
         for upstream in upstreams:
             stop = AsyncExitStack()
+            # Called once the server entered below has stopped, at once: its port is held
+            # from then on, refusing connections, until the test ends.
+            stop.callback(lambda u=upstream: held.enter_context(refused_url(port_of(u.url))))
             upstream.url = await stop.enter_async_context(serve_asgi(upstream.app))
             outer.push_async_callback(stop.aclose)  # a no-op for a replica already stopped
             stops.append(stop)

@@ -6,7 +6,7 @@ hostile model output. The model is rollgym's scripted stand-in (not a language m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -223,9 +223,9 @@ async def test_a_hung_step_times_out_under_the_step_deadline() -> None:
     assert (err.type, err.server, err.endpoint) == ("read_timeout", "echo", "/step")
 
 
-async def test_a_server_that_is_not_there_is_a_connect_error_after_its_attempts() -> None:
-    from tests.support.servers import dead_url
-
+async def test_a_server_that_is_not_there_is_a_connect_error_after_its_attempts(
+    dead_url: Callable[[], str],
+) -> None:
     async with agent_stack(env_url=dead_url(), retry={"max_attempts": 2}) as stack:
         status, body = await stack.run(script_row(acts("x")))
     assert status == 502, body

@@ -5,8 +5,8 @@ the counts must be the ones the run made."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,19 +126,15 @@ async def test_an_open_breaker_shows_as_open_and_its_rejections_are_counted() ->
     assert value(after, "rollgym_calls_total", server="model") == 4
 
 
-async def test_each_replica_has_its_breaker_load_and_down_mark() -> None:
-    dead = socket.socket()
-    dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
-    dead_url = f"http://127.0.0.1:{dead.getsockname()[1]}"
-    try:
-        async with serve_server("echo", name="env") as (live_url, _):
-            target = Target("env", (live_url, dead_url), fast_policy("resources", max_attempts=3))
-            async with HttpClient() as client:
-                for _ in range(4):
-                    await client.call(target, "/health", {})
-                text, _ = Exposition(lambda: client_families(client)).render(None)
-    finally:
-        dead.close()
+async def test_each_replica_has_its_breaker_load_and_down_mark(
+    dead_url: Callable[[], str],
+) -> None:
+    async with serve_server("echo", name="env") as (live_url, _):
+        target = Target("env", (live_url, dead_url()), fast_policy("resources", max_attempts=3))
+        async with HttpClient() as client:
+            for _ in range(4):
+                await client.call(target, "/health", {})
+            text, _ = Exposition(lambda: client_families(client)).render(None)
     samples = parse(text.decode())
     assert value(samples, "rollgym_replica_down", server="env", replica="1") == 1
     assert value(samples, "rollgym_replica_down", server="env", replica="0") == 0

@@ -1,7 +1,8 @@
 """The one stack of test helpers every test folder shares.
 
 - ``servers``: test-only servers (a scripted model that fails on demand, an echo env that
-  counts its calls) and ``dead_url``; server processes import them as ``tests.support.servers``.
+  counts its calls) and ``refused_url`` (a held port where nothing listens); server processes
+  import them as ``tests.support.servers``.
 - ``stack``: task rows and files, configs, fast retry policies, and ``running_stack``: model,
   env and tool agent served in-process on 127.0.0.1.
 - ``scripted``: HTTP servers that answer on a script, for the client's retry paths.
@@ -12,5 +13,6 @@
 - ``procs``: which processes are still alive.
 - ``ray_runs``: a run on the test Ray cluster with a fault midway (imports Ray).
 
-Fixtures (a local Ray cluster, a model that is down) live in ``tests/conftest.py``.
+Fixtures (a local Ray cluster, a model that is down, ``dead_url``: URLs where nothing listens)
+live in ``tests/conftest.py``.
 """

@@ -10,8 +10,11 @@ import asyncio
 import socket
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from starlette.responses import Response
@@ -130,8 +133,29 @@ class CountingEcho(EchoEnv):
         return await super().verify(session, task, response)
 
 
-def dead_url() -> str:
-    """A loopback URL where nothing listens: bind a port, note it, close it."""
+@contextmanager
+def refused_url(port: int = 0) -> Iterator[str]:
+    """A loopback URL whose connections are refused while the block runs: its port is held
+    bound here and never listened on, and Linux refuses a connection to such a port at once.
+
+    Not a port bound and closed again: once closed, another process (a Ray worker, a second
+    test run) may bind it and answer, or a client's own ephemeral port may be that very one (a
+    TCP self-connect succeeds). Held without ``SO_REUSEADDR``, the port can be bound by no one
+    else, not even as a client's local port.
+
+    ``port``: the port of a server of this test that just stopped, held from now on. Its
+    connections may linger in TIME_WAIT there, so this bind takes ``SO_REUSEADDR``: the OS
+    still never hands the port out as a free one, but a bind naming it with ``SO_REUSEADDR``
+    could share it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+        if port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def port_of(url: str) -> int:
+    """The port of an ``http://host:port`` URL."""
+    port = urlsplit(url).port
+    assert port is not None, url
+    return port
