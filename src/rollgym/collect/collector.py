@@ -39,6 +39,7 @@ from rollgym.collect.rundir import (
     EXIT_SOME_FAILED,
     PreparedRun,
     RunOutcome,
+    mark_code,
     mark_finished,
     write_json,
 )
@@ -48,6 +49,7 @@ from rollgym.errors import ConfigError, ProtocolError, RollgymError
 from rollgym.http import HttpClient, Target
 from rollgym.nemo_gym.episodes import is_materialized_row
 from rollgym.server.aggregate import AggregateMetrics
+from rollgym.server.provenance import LoadedCode
 from rollgym.wire import TASK_ID, TASKSET
 
 log = logging.getLogger("rollgym.collect")
@@ -202,6 +204,7 @@ class Collector:
         started, cpu_started = time.monotonic(), time.process_time()
         try:
             await self.start()
+            await self._record_code()
             await self._warn_unread_fields()
             self.ledger.load(self.cfg.max_rollout_attempts)
             self.ledger.open()
@@ -316,6 +319,27 @@ class Collector:
             return await self.client.call(target, "/health", {}, deadline=5.0)
         except RollgymError:
             return None
+
+    async def _record_code(self) -> None:
+        """Which code every replica of every server runs, as each says (``/health``'s
+        ``code``: what it imported, not what this process would find), into ``run.json``."""
+        once = RetryPolicy(max_attempts=1, attempt_timeout=5.0)
+        names = [n for n in self.run.config.servers if n in self.urls]
+        asks = [(name, url) for name in names for url in self.urls[name]]
+
+        async def ask(name: str, url: str) -> LoadedCode | None:
+            target = Target.single(f"{name}.health", url, once)
+            try:
+                health = await self.client.call(target, "/health", {}, deadline=5.0)
+            except RollgymError:
+                return None
+            return LoadedCode.from_dict(health.get("code")) if isinstance(health, dict) else None
+
+        said = await asyncio.gather(*(ask(name, url) for name, url in asks))
+        replicas: dict[str, list[LoadedCode | None]] = {name: [] for name in names}
+        for (name, _), code in zip(asks, said, strict=True):
+            replicas[name].append(code)
+        mark_code(self.run, replicas)
 
     async def _warn_unread_fields(self) -> None:
         """Warn, once per run, about the task rows' fields that neither rollgym nor any server

@@ -1,6 +1,7 @@
 """The run directory: laid out (or checked, on resume) before anything is sent, and the one writer
-of its ``run.json`` (``prepare_run``, then ``mark_finished``, ``mark_failed_to_start`` or
-``mark_aborted``; the file names are ``layout.RunDir``'s).
+of its ``run.json`` (``prepare_run``, ``mark_code`` once the servers answer, then
+``mark_finished``, ``mark_failed_to_start`` or ``mark_aborted``; the file names are
+``layout.RunDir``'s).
 
 ``prepare_run`` checks that ``--output`` can be written, validates the whole input (a bad line
 fails the run with its file and line, nothing dispatched), then writes ``tasks.jsonl`` and
@@ -30,10 +31,20 @@ from typing import Any
 import orjson
 
 from rollgym import __version__
-from rollgym.collect.layout import FAILURES, LOCK, LOGS, ROLLOUTS, RUN_JSON, TASKS, RunDir
+from rollgym.collect.layout import (
+    FAILURES,
+    LOCK,
+    LOGS,
+    ROLLOUTS,
+    RUN_JSON,
+    TASKS,
+    RunDir,
+    not_followed,
+)
 from rollgym.collect.tasks import AgentRoute, TaskFileInfo, materialize, scan_tasks
 from rollgym.config import CollectConfig, Config
 from rollgym.errors import ConfigError, RollgymError
+from rollgym.server.provenance import LoadedCode
 
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1
@@ -131,12 +142,10 @@ class RunState:
 
 
 def read_state(out_dir: Path) -> RunState | None:
-    """The state of the run in ``out_dir``; None if it holds no readable ``run.json``."""
-    try:
-        info = orjson.loads(RunDir(out_dir).run_json.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    if not isinstance(info, dict):
+    """The state of the run in ``out_dir``; None if it holds no readable ``run.json``
+    (``InputError`` if it is a link or no regular file: ``layout.open_run_file``)."""
+    info = RunDir(out_dir).read_json(RUN_JSON)
+    if not info:
         return None
     process = info.get("process") or {}
     status = str(info.get("status"))
@@ -305,9 +314,8 @@ def _refuse_links(out_dir: Path) -> None:
         for path in (out_dir / name, out_dir / f"{name}.tmp"):
             if path.is_symlink():
                 raise ConfigError(
-                    f"--output {out_dir}: {path.name} is a symbolic link (to "
-                    f"{os.readlink(path)}); rollgym never writes through a link in its run "
-                    "directory: remove the link, or choose another --output"
+                    f"--output {out_dir}: {not_followed(path)}: remove the link, or choose "
+                    "another --output"
                 )
     logs = out_dir / LOGS_DIR
     if logs.exists() and not logs.is_dir():
@@ -328,7 +336,7 @@ _RUN_FILES = (RUN_JSON, TASKS, ROLLOUTS, FAILURES)
 # The keys of run.json that describe one session (the first run or one resume) and its end.
 _SESSION_KEYS = (
     "status", "exit_code", "ended_at", "abort", "error", "startup_seconds", "process", "warnings",
-    "metrics_url", "scrape_targets",
+    "metrics_url", "scrape_targets", "code",
 )  # fmt: skip
 
 
@@ -389,6 +397,40 @@ def mark_finished(run: PreparedRun, status: str, exit_code: int, **ended: Any) -
     dispatcher's sections)."""
     run.run_info.update(status=status, exit_code=exit_code, ended_at=now(), **ended)
     write_json(run.files.run_json, run.run_info)
+
+
+def mark_code(run: PreparedRun, replicas: dict[str, list[LoadedCode | None]]) -> None:
+    """Record in ``run.json`` (``code``) which code each server runs, as its replicas said
+    (``/health``), at once: a run killed later still says which verifier scored it. A server
+    is recorded by its first replica (None: it did not say, not being rollgym's); a replica
+    that runs other code than the first is named in ``warnings``."""
+    code: dict[str, Any] = {}
+    for name, said in replicas.items():
+        first = said[0] if said else None
+        code[name] = first.to_dict() if first is not None else None
+        for index, other in enumerate(said[1:], start=1):
+            if other != first:
+                run.run_info.setdefault("warnings", []).append(
+                    f"server {name}: replica {index} runs other code than replica 0 "
+                    f"({_describe(other)}, not {_describe(first)})"
+                )
+    run.run_info["code"] = code
+    write_json(run.files.run_json, run.run_info)
+
+
+def _describe(code: LoadedCode | None) -> str:
+    if code is None:
+        return "unknown"
+    return f"{code.file or code.module} sha256 {(code.sha256 or '?')[:12]}"
+
+
+def recorded_code(out_dir: Path) -> dict[str, LoadedCode | None]:
+    """Server name -> the code it ran, as the run in ``out_dir`` recorded it (``mark_code``);
+    empty if it recorded none."""
+    code = RunDir(out_dir).read_json(RUN_JSON).get("code")
+    if not isinstance(code, dict):
+        return {}
+    return {str(name): LoadedCode.from_dict(said) for name, said in code.items()}
 
 
 def mark_failed_to_start(run: PreparedRun, err: RollgymError) -> None:

@@ -28,6 +28,9 @@ from rollgym.launch.ports import bind_socket, socket_url
 STARTUP_TIMEOUT = 30.0
 """Seconds for every local server to answer ``/health``: imports and model loading included."""
 
+WORKER = "rollgym.launch.worker"
+"""The module a server process runs (``python -P -m``: the working directory is not searched)."""
+
 SPEC_FD_FLAG = "--spec-fd"
 """``python -m rollgym.launch.worker --spec-fd N``: the descriptor holding the server's JSON spec
 (its name, the run's config with its credentials, every server's URLs). Not an environment
@@ -94,8 +97,9 @@ class ServerProcess:
         return ", ".join(parts)
 
     def spawn(self, config: dict[str, Any], urls: dict[str, list[str]], log_level: str) -> int:
-        """Start ``python -m rollgym.launch.worker`` on this replica's socket; return its pid.
-        ``config`` is the run's ``Config.model_dump(mode="json")``, ``urls`` every server's."""
+        """Start ``python -P -m rollgym.launch.worker`` on this replica's socket; return its
+        pid. ``config`` is the run's ``Config.model_dump(mode="json")``, ``urls`` every
+        server's."""
         if self.sock is None:
             raise RuntimeError(f"server {self.name} replica {self.replica} is not bound")
         fd = self.sock.fileno()
@@ -119,7 +123,11 @@ class ServerProcess:
             out = open_log(self.log_path, held) if self.log_path is not None else None
             spec_fd = held.enter_context(_spec_file(orjson.dumps(spec)))
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rollgym.launch.worker", SPEC_FD_FLAG, str(spec_fd)],
+                # -P: ``-m`` would put the working directory first on sys.path, and a file
+                # there named like a module the server imports (its environment, a
+                # verifier's dependency) would replace it. A server imports from the
+                # installed packages, PYTHONPATH and its config's folder (resolve_impl) only.
+                [sys.executable, "-P", "-m", WORKER, SPEC_FD_FLAG, str(spec_fd)],
                 env=env,
                 pass_fds=(fd, spec_fd),
                 stdin=subprocess.DEVNULL,

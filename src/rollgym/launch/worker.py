@@ -1,4 +1,5 @@
-"""Entry point of one server process: ``python -m rollgym.launch.worker``.
+"""Entry point of one server process: ``python -P -m rollgym.launch.worker`` (``-P``: the
+working directory is not on the import path, so no file there replaces the server's code).
 
 The supervisor passes a listening socket (so ports are chosen before any server starts, with no
 race) and a JSON spec on another descriptor (``--spec-fd``, read once and closed: never in the

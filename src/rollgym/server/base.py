@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute
 from rollgym.config import Config, ServerConfig, ServerKind, format_validation_error
 from rollgym.errors import ConfigError
 from rollgym.http import HttpClient, Target
+from rollgym.server.provenance import LoadedCode
 
 # Short names usable as ``impl:`` in a config.
 BUILTIN_IMPLS: dict[str, str] = {
@@ -131,6 +132,8 @@ class BaseServer:
             ctx.config.options, source=f"server {ctx.name!r}", prefix=f"servers.{ctx.name}.options"
         )
         self.client = HttpClient()
+        # Read once, at start: the file this process imported, as it was then.
+        self.code = LoadedCode.of(type(self), ctx.config.impl)
 
     def routes(self) -> list[BaseRoute]:
         """This server's endpoints (Starlette routes); exact-path POST routes take the fast
@@ -142,7 +145,8 @@ class BaseServer:
         return []
 
     def health(self) -> dict[str, Any]:
-        """The ``/health`` answer: who this server is and what it offers and reads."""
+        """The ``/health`` answer: who this server is, what it offers and reads, and which
+        code it runs (``code``: recorded in ``run.json``)."""
         fields = type(self).row_fields
         return {
             "status": "ok",
@@ -150,6 +154,7 @@ class BaseServer:
             "kind": self.kind,
             "features": self.features(),
             "row_fields": None if fields is None else sorted(fields),
+            "code": self.code.to_dict(),
         }
 
     async def startup(self) -> None:
