@@ -173,7 +173,9 @@ async def test_an_assert_that_cannot_be_judged_outside_the_sandbox_is_refused(
     code_env: EnvClient,
 ) -> None:
     for source, said in [
-        ("assert all(f(i) == i * i for i in range(3))", "compares inside"),
+        # Judged since the split computes what does not depend on the solution; a
+        # comprehension over the solution's own values, calling it per item, cannot be.
+        ("assert all(f(i) == i for i in f(3))", "which the solution gives"),
         ("x = f(1)\nassert x == 1", "not an assert"),
         ("assert sorted(f([1]), key=lambda v: -v) == [1]", "lambda"),
     ]:

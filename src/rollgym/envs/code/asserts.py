@@ -1,62 +1,78 @@
 """Assert tests judged outside the sandbox: the solution computes, the server compares.
 
-An assert test such as ``assert add(1, 2) == 3`` used to run after the solution in one
-process, passing when that process exited 0, so ``os._exit(0)``, an ``atexit`` hook, an object
-whose ``__eq__`` is always true or reading the asserts back from the file all "passed". Now:
+An assert such as ``assert add(1, 2) == 3`` used to run after the solution in one process,
+passing when that process exited 0, so ``os._exit(0)``, an ``atexit`` hook, an object whose
+``__eq__`` is always true or reading the asserts back from the file all "passed". Now:
 
 1. The assert is parsed here (trusted task data, never model output) and split into *probes*,
-   the largest sub-expressions that depend on the solution (``add(1, 2)``; any name other than
-   a few pure builtins), and the *judgement* around them (``_ == 3``).
-2. Only the probes enter the sandbox; its launcher evaluates each after the solution ran and
-   reports the values as plain tagged JSON (``launcher.encode``: exact types only).
-3. The server evaluates the judgement over the decoded values with a small interpreter of a
-   few node types (comparisons, boolean and arithmetic operators, literals and pure builtins),
-   each bounded in size. A missing report is a ``runtime_error``; a false judgement a
+   the smallest sub-expressions whose value is the solution's (``add(1, 2)``: a name the
+   server does not know as a pure builtin, called or read), and the *judgement* around them
+   (``_ == 3``). Everything that does not depend on the solution (``'hello'[::-1]``,
+   ``[i * i for i in range(3)]``, ``'-'.join(...)``, f-strings, ``{...}.keys()``) stays in the
+   judgement, computed by the server's bounded interpreter (``interpret.py``); a part it
+   cannot compute is refused (422) naming it, never sent into the sandbox; so is a part made
+   only of builtins or library modules it does not know (``pow(2, 10)``, ``re.split(...)``),
+   which the solution could rig.
+2. A probe's own arguments that do not depend on the solution are computed here too and sent
+   as values (``rev(__rollgym_arg_0)`` with ``'hello'``), decoded before the solution's first
+   line. A comprehension whose element calls the solution (``all(f(i) == i * i for i in
+   range(3))``) is unrolled over its items, computed here: one probe per call, the comparison
+   in the judgement. One over the solution's own values (``for i in f(3)``) is refused.
+3. The launcher evaluates the probes after the solution ran and reports their values as plain
+   tagged JSON (``launcher.encode``); the server decodes them (``decode.py``, bounded) and
+   evaluates the
+   judgement. A missing or unreadable report is a ``runtime_error``; a false judgement a
    ``wrong_answer``.
 
-A probe may not contain a comparison (``all(f(i) == i * i for i in ...)`` would compare inside
-the sandbox, where the solution can rig ``__eq__``): such an assert, or a statement that is not
-an ``assert``, is refused (422) naming it, rather than judged in a way that can be forged.
+Why the report needs no secret: the solution runs in the interpreter that evaluates the
+probes, so it can write whatever that interpreter can (the control pipe's number is in
+``/proc/self/fd``; a key or nonce in memory is readable through ``gc`` or ``ctypes``; a forked
+child that runs the probes is the solution's process too). No framing, key or fork can tell
+its report from the harness's. Soundness comes from what a report may say instead: only the
+values of the solution's own calls, on arguments the server chose, in the number the server
+asked for. Forging one is answering the call, which an honest solution does by returning the
+value; rigging ``builtins`` changes only what its own calls give. Everything the answer is
+compared with, and the shape of the comparison (which items, how many, ``all`` over what), is
+the server's, so a forged report can claim nothing that a correct solution would not return.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
+import copy
 import functools
-import json
-import math
-from collections.abc import Callable
+import sys
 from dataclasses import dataclass
 from typing import Any
 
-from rollgym.envs.code.launcher import MAX_DEPTH
+from rollgym.envs.code.interpret import (
+    CALLS,
+    CONSTANTS,
+    METHOD_NAMES,
+    Interpreter,
+    ProbeFailed,
+    Unrolled,
+    Value,
+    bind,
+    check,
+    name_of,
+    show,
+    targets,
+)
+from rollgym.envs.code.launcher import ProbeSpec, encode
 from rollgym.errors import InvalidRequest
 
-_MAX_ITEMS = 10**6  # the largest sequence the judgement may build (``[0] * n``, ``range(n)``)
-_MAX_BITS = 2**20  # the largest integer ``**`` or ``<<`` may build, in bits
-_MAX_DIGITS = 4300  # Python's own default for str <-> int
-_MAX_CLASHES = 64  # distinct values sharing a hash with another in one report
-
-
-def _range(*args: int) -> list[int]:
-    span = range(*args)
-    if len(span) > _MAX_ITEMS:
-        raise ValueError(f"range of {len(span)} items is too large to judge")
-    return list(span)
-
-
-_CALLS: dict[str, Callable[..., Any]] = {
-    **{f.__name__: f for f in (abs, len, sorted, sum, min, max, round, all, any, isinstance)},
-    **{t.__name__: t for t in (int, float, str, bool, list, tuple, set, frozenset, dict)},
-    "range": _range,
-    **{f"math.{n}": getattr(math, n) for n in ("isclose", "fabs", "sqrt", "floor", "ceil",
-                                                "isnan", "isinf", "isfinite", "gcd", "log")},
-}  # fmt: skip
-_CONSTANTS: dict[str, Any] = {
-    **{t.__name__: t for t in (int, float, str, bool, list, tuple, set, frozenset, dict)},
-    "math.pi": math.pi, "math.e": math.e, "math.inf": math.inf, "math.nan": math.nan,
-}  # fmt: skip
+_MAX_PROBES = 2000  # per assert, unrolled ones included: about 0.3 s to split, once per row
 _PROBE = "__rollgym_probe_"
+_ARG = "__rollgym_arg_"
+_BUILTINS = frozenset(dir(builtins))
+_COMPS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+_KINDS = {ast.ListComp: "list", ast.SetComp: "set", ast.DictComp: "dict", ast.GeneratorExp: "gen"}
+# Nodes whose value the judgement builds from their parts, whatever the parts depend on.
+_STRUCTURE = (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp, ast.IfExp, ast.List, ast.Tuple,
+              ast.Set, ast.Dict, ast.Subscript, ast.Slice, ast.Starred, ast.JoinedStr,
+              ast.FormattedValue)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -64,79 +80,294 @@ class Judged:
     """One assert: the probes the sandbox evaluates, and the judgement over their values."""
 
     source: str
-    probes: tuple[str, ...]
+    probes: tuple[ProbeSpec, ...]
     tests: tuple[ast.expr, ...]  # one per assert statement, probes replaced by names
 
     def judge(self, report: list[Any]) -> tuple[bool, str | None]:
         """True when every assert holds over the reported values; else False and why."""
-        values: dict[str, Any] = {}
-        for i, entry in enumerate(report):
-            values[f"{_PROBE}{i}"] = entry
+        values = {f"{_PROBE}{i}": entry for i, entry in enumerate(report)}
+        interpreter = Interpreter(values)
         try:
             for test in self.tests:
-                if not bool(_Eval(values).run(test)):
+                if not bool(interpreter.run(test)):
                     return False, "the assertion does not hold"
-        except _ProbeFailed as exc:
+        except ProbeFailed as exc:
             return False, str(exc)
         except Exception as exc:  # the assert raising on the values, as it would in Python
             return False, f"the assertion raised {type(exc).__name__}"
         return True, None
 
 
-class _ProbeFailed(Exception):
-    pass
+def _elements(node: ast.expr) -> list[ast.expr]:
+    if isinstance(node, ast.DictComp):
+        return [node.key, node.value]
+    assert isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp))
+    return [node.elt]
 
 
-def _name(node: ast.expr) -> str | None:
+def _depends(node: ast.AST, bound: frozenset[str]) -> bool:
+    """Whether ``node``'s value may be the solution's: it names something other than a pure
+    builtin, a known constant or a variable the assert itself binds (``bound``)."""
+    name = name_of(node)
+    if name in CALLS or name in CONSTANTS:
+        return False
     if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-        return f"{node.value.id}.{node.attr}"
-    return None
+        return node.id not in bound
+    if isinstance(node, _COMPS):
+        inner = bound
+        for gen in node.generators:
+            if _depends(gen.iter, inner):
+                return True
+            inner = inner | targets(gen.target)
+            if any(_depends(c, inner) for c in gen.ifs):
+                return True
+        return any(_depends(e, inner) for e in _elements(node))
+    if isinstance(node, ast.Lambda):
+        a = node.args
+        names = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x}
+        defaults = [d for d in [*a.defaults, *a.kw_defaults] if d is not None]
+        return any(_depends(d, bound) for d in defaults) or _depends(node.body, bound | names)
+    return any(_depends(c, bound) for c in ast.iter_child_nodes(node))
 
 
-class _Split(ast.NodeTransformer):
-    """Replaces each solution-dependent sub-expression by a probe name."""
+class _Substitute(ast.NodeTransformer):
+    """A comprehension's variables replaced by their values (``Value``), as Python scopes
+    them: a nested comprehension's or lambda's own names are left alone."""
+
+    def __init__(self, env: dict[str, Any]) -> None:
+        self.env = env
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        if isinstance(node.ctx, ast.Load) and node.id in self.env:
+            value: ast.expr = ast.copy_location(Value(self.env[node.id]), node)
+            return value
+        return node
+
+    def _shadowed(self, names: set[str]) -> _Substitute:
+        return _Substitute({k: v for k, v in self.env.items() if k not in names})
+
+    def _comprehension(self, node: Any) -> Any:
+        first = node.generators[0]
+        first.iter = self.visit(first.iter)  # the first iterable is the enclosing scope's
+        inner = self._shadowed({n for g in node.generators for n in targets(g.target)})
+        for i, gen in enumerate(node.generators):
+            if i:
+                gen.iter = inner.visit(gen.iter)
+            gen.ifs = [inner.visit(c) for c in gen.ifs]
+        for field in ("elt", "key", "value"):
+            if hasattr(node, field):
+                setattr(node, field, inner.visit(getattr(node, field)))
+        return node
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comprehension
+
+    def visit_Lambda(self, node: ast.Lambda) -> ast.expr:
+        a = node.args
+        names = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x}
+        node.body = self._shadowed(names).visit(node.body)
+        return node
+
+
+def _substitute(node: ast.expr, env: dict[str, Any]) -> ast.expr:
+    if not env:
+        return node
+    out: ast.expr = _Substitute(env).visit(copy.deepcopy(node))
+    return out
+
+
+def _computed(node: ast.expr) -> Any:
+    """``node`` (which does not depend on the solution) evaluated now, or why not (422)."""
+    check(node)
+    try:
+        return Interpreter({}).run(node)
+    except Exception as exc:
+        raise ValueError(
+            f"{show(node)!r} cannot be computed before the run: "
+            f"{type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
+
+
+class _Split:
+    """Builds the judgement of an assert, putting each solution-dependent part in a probe."""
 
     def __init__(self) -> None:
-        self.probes: list[str] = []
+        self.probes: list[ProbeSpec] = []
+        self.args = 0
 
-    def _probe(self, node: ast.expr) -> ast.expr:
+    def visit(self, node: ast.expr, bound: frozenset[str] = frozenset()) -> ast.expr:
+        if not _depends(node, bound):
+            check(node)  # the server computes it: refused here, naming it, if it cannot
+            return node
         if isinstance(node, ast.Lambda):
-            raise ValueError(
-                f"{ast.unparse(node)!r}: a lambda of the test's own cannot be judged outside "
-                "the sandbox (use a builtin such as key=abs, or compare plain values)"
-            )
-        if any(isinstance(n, ast.Compare) for n in ast.walk(node)):
-            raise ValueError(
-                f"{ast.unparse(node)!r} compares inside the solution's code, where the "
-                "comparison can be rigged: compare its result at the top of the assert"
-            )
-        self.probes.append(ast.unparse(node))
-        return ast.copy_location(ast.Name(f"{_PROBE}{len(self.probes) - 1}", ast.Load()), node)
+            check(node)  # refuses it, naming it
+        if isinstance(node, _COMPS):
+            return self._comprehension(node, bound)
+        if isinstance(node, ast.Call) and self._judged_call(node, bound):
+            func = node.func
+            if isinstance(func, ast.Attribute) and name_of(func) not in CALLS:
+                func = ast.Attribute(self.visit(func.value, bound), func.attr, ast.Load())
+            args = [self.visit(a, bound) for a in node.args]
+            keywords = [ast.keyword(k.arg, self.visit(k.value, bound)) for k in node.keywords]
+            return ast.Call(func, args, keywords)
+        if isinstance(node, ast.Dict) and None in node.keys:
+            raise ValueError(f"{show(node)!r}: '**' in a dict cannot be judged")
+        if isinstance(node, _STRUCTURE):
+            new = copy.copy(node)
+            for field, value in ast.iter_fields(node):
+                if isinstance(value, ast.expr):
+                    setattr(new, field, self.visit(value, bound))
+                elif isinstance(value, list):
+                    parts = [self.visit(v, bound) if isinstance(v, ast.expr) else v for v in value]
+                    setattr(new, field, parts)
+            return new
+        return self._probe(node, bound)
 
-    def visit(self, node: ast.AST) -> Any:
-        if not isinstance(node, ast.expr) or isinstance(node, ast.Constant):  # operators too
-            return node
-        if isinstance(node, (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp, ast.IfExp)):
-            return self.generic_visit(node)
-        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-            if any(isinstance(e, ast.Starred) for e in node.elts):
-                return self._probe(node)
-            return self.generic_visit(node)
-        if isinstance(node, ast.Dict):
-            return self._probe(node) if None in node.keys else self.generic_visit(node)
-        name = _name(node)
-        if name in _CONSTANTS or name in _CALLS:  # a type, or a builtin passed as key=abs
-            return node
-        if isinstance(node, ast.Call) and _name(node.func) in _CALLS:
-            plain = not any(isinstance(a, ast.Starred) for a in node.args)
-            if plain and all(k.arg is not None for k in node.keywords):
-                node.args = [self.visit(a) for a in node.args]
-                for k in node.keywords:
-                    k.value = self.visit(k.value)
-                return node
-        return self._probe(node)
+    def _judged_call(self, node: ast.Call, bound: frozenset[str]) -> bool:
+        """A pure builtin, or an allowed method of a value: computed by the judgement. A
+        method of a bare name the solution owns (``re.split``, ``obj.count``) is a probe."""
+        if any(k.arg is None for k in node.keywords):
+            return False
+        func = node.func
+        if name_of(func) in CALLS:
+            return True
+        if not isinstance(func, ast.Attribute) or func.attr not in METHOD_NAMES:
+            return False
+        return not (isinstance(func.value, ast.Name) and func.value.id not in bound)
+
+    def _comprehension(self, node: Any, bound: frozenset[str]) -> ast.expr:
+        inner = bound.union(*(targets(g.target) for g in node.generators))
+        parts = [*_elements(node), *(c for g in node.generators for c in g.ifs)]
+        if any(_depends(p, inner) for p in parts):
+            return self._unroll(node, bound)
+        # Only the iterables depend on the solution: the judgement runs the comprehension.
+        new = copy.copy(node)
+        new.generators, scope = [], bound
+        for gen in node.generators:
+            if gen.is_async:
+                raise ValueError(f"{show(node)!r}: an async comprehension")
+            bind(gen.target, None, dry=True)
+            iterable = self.visit(gen.iter, scope)
+            scope = scope | targets(gen.target)
+            for cond in gen.ifs:
+                check(cond)
+            new.generators.append(ast.comprehension(gen.target, iterable, gen.ifs, 0))
+        for element in _elements(node):
+            check(element)
+        judged: ast.expr = new
+        return judged
+
+    def _unroll(self, node: Any, bound: frozenset[str]) -> ast.expr:
+        """A comprehension whose element (or condition) calls the solution: its items are
+        computed here, and each item's element is judged with probes of its own."""
+        states: list[tuple[dict[str, Any], list[ast.expr]]] = [({}, [])]
+        for gen in node.generators:
+            if gen.is_async:
+                raise ValueError(f"{show(node)!r}: an async comprehension")
+            bind(gen.target, None, dry=True)
+            following: list[tuple[dict[str, Any], list[ast.expr]]] = []
+            for env, conds in states:
+                iterable = _substitute(gen.iter, env)
+                if _depends(iterable, bound):
+                    raise ValueError(
+                        f"{show(node)!r} calls the solution for each item of "
+                        f"{show(gen.iter)!r}, which the solution gives: the server "
+                        "cannot know the items before the run (write one assert per item, "
+                        "or compare the solution's result as a whole)"
+                    )
+                for item in _computed(ast.Call(ast.Name("list", ast.Load()), [iterable], [])):
+                    scope = {**env, **bind(gen.target, item)}
+                    pending, kept = list(conds), True
+                    for cond in gen.ifs:
+                        cond = _substitute(cond, scope)
+                        if _depends(cond, bound):
+                            pending.append(cond)  # judged with the item's probes
+                        elif not _computed(cond):
+                            kept = False
+                            break
+                    if kept:
+                        following.append((scope, pending))
+                    if len(following) > _MAX_PROBES:
+                        raise ValueError(f"{show(node)!r} has too many items to judge")
+            states = following
+        items = [
+            (
+                [self.visit(c, bound) for c in conds],
+                [self.visit(_substitute(e, env), bound) for e in _elements(node)],
+            )
+            for env, conds in states
+        ]
+        return Unrolled(_KINDS[type(node)], items)
+
+    def _probe(self, node: ast.expr, bound: frozenset[str]) -> ast.expr:
+        shown = show(node)
+        taken = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & bound
+        if taken:
+            raise ValueError(
+                f"{shown!r} calls the solution with {', '.join(sorted(taken))}, which a "
+                "comprehension takes from the solution's own values: the server cannot know "
+                "them before the run"
+            )
+        if not _owned(node):
+            raise ValueError(
+                f"{shown!r} uses only builtins or library modules the server does not "
+                "evaluate, which the solution could rig: write its value as a literal"
+            )
+        if len(self.probes) >= _MAX_PROBES:
+            raise ValueError(f"more than {_MAX_PROBES} calls of the solution in one assert")
+        args: dict[str, Any] = {}
+        expr = self._send(copy.deepcopy(node), args)
+        if any(isinstance(n, Value) for n in ast.walk(expr)):
+            raise ValueError(f"{shown!r}: a value in it cannot be sent into the sandbox")
+        self.probes.append({"expr": ast.unparse(expr), "args": args})  # no Value left
+        name = ast.Name(f"{_PROBE}{len(self.probes) - 1}", ast.Load())
+        return ast.copy_location(name, node)
+
+    def _send(self, node: ast.AST, args: dict[str, Any]) -> Any:
+        """``node`` with each part that does not depend on the solution replaced by a name
+        whose value (computed here) ``args`` holds: the sandbox evaluates none of it, so
+        nothing the solution rigs changes what its functions are called with."""
+        for field, value in ast.iter_fields(node):
+            if field == "format_spec":  # part of an f-string's syntax, not a value
+                continue
+            if isinstance(value, list):
+                setattr(node, field, [self._sent(v, args) for v in value])
+            elif isinstance(value, ast.AST):
+                setattr(node, field, self._sent(value, args))
+        return node
+
+    def _sent(self, node: Any, args: dict[str, Any]) -> Any:
+        if not isinstance(node, ast.expr) or isinstance(node, ast.FormattedValue):
+            return self._send(node, args) if isinstance(node, ast.AST) else node
+        name = name_of(node)
+        if type(node) is ast.Constant or name in CALLS or name in CONSTANTS:
+            return node  # a literal, or a builtin passed as a function (key=abs)
+        if _depends(node, frozenset()):
+            return self._send(node, args)
+        try:
+            check(node)
+            encoded = encode(Interpreter({}).run(node))
+        except Exception:  # not a plain value (a lambda, say): the solution's own input
+            return self._send(node, args)
+        args[f"{_ARG}{self.args}"] = encoded
+        self.args += 1
+        return ast.copy_location(ast.Name(f"{_ARG}{self.args - 1}", ast.Load()), node)
+
+
+def _owned(node: ast.expr) -> bool:
+    """Whether ``node`` names something of the solution's: a name that is neither a builtin
+    (``pow``) nor a standard module read through an attribute (``re.split``, ``math.comb``)."""
+    modules = {
+        n.value.id
+        for n in ast.walk(node)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+        if n.value.id in sys.stdlib_module_names
+    }
+    local = {a.arg for a in ast.walk(node) if isinstance(a, ast.arg)}
+    local |= {
+        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
+    }
+    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} - local
+    return bool(names - _BUILTINS - modules)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -156,210 +387,6 @@ def parse_assert(source: str, where: str) -> Judged:
                     "judged outside the solution's process"
                 )
             tests.append(split.visit(stmt.test))
-    except (SyntaxError, ValueError) as exc:
+    except (SyntaxError, ValueError, RecursionError) as exc:
         raise InvalidRequest(f"{where}: {exc}", status=422) from None
     return Judged(source, tuple(split.probes), tuple(tests))
-
-
-def read_report(data: bytes, probes: int) -> list[Any] | str:
-    """The probes' values from the launcher's report line, or why it cannot be read. The
-    line may be the program's forgery: whatever it holds, this returns, never raises."""
-    lines = data.strip().split(b"\n")
-    if not lines or not lines[-1]:
-        return "the program ended before its tests were evaluated"
-    try:
-        report = json.loads(lines[-1])
-        if not isinstance(report, list) or len(report) != probes:
-            return "the report has the wrong shape"
-        decoder = _Decoder()
-        out: list[Any] = []
-        for entry in report:
-            if entry[0] == "ok":
-                out.append(decoder.decode(entry[1]))
-            else:
-                out.append(_Failed(str(entry[1])[:300]))
-        return out
-    except Exception as exc:  # a forged or broken report: the program's doing
-        return f"a value could not be read: {type(exc).__name__}: {str(exc)[:200]}"
-
-
-@dataclass(frozen=True)
-class _Failed:
-    """A probe that raised in the sandbox: an error only if the judgement needs its value."""
-
-    why: str
-
-
-class Iterated:
-    """What an iterator or generator gave: iterable (``list(x)``, ``sorted(x)``), but equal
-    to nothing else, as a generator is in Python."""
-
-    __slots__ = ("items",)
-
-    def __init__(self, items: list[Any]) -> None:
-        self.items = items
-
-    def __iter__(self) -> Any:
-        return iter(self.items)
-
-
-class _Decoder:
-    """Turns ``launcher.encode``'s tagged JSON back into plain values, refusing what would
-    make the server work for long: numbers chosen to share one hash (a set of them takes
-    quadratic time to build), integers past Python's digit limit, deep nesting."""
-
-    def __init__(self) -> None:
-        self._first: dict[int, Any] = {}
-        self._clashes = 0
-
-    def _hashed(self, value: Any) -> Any:
-        try:
-            key = hash(value)
-        except TypeError:  # a tuple holding a list: never a set member or a key anyway
-            return value
-        first = self._first.setdefault(key, value)
-        if first is not value and first != value:
-            self._clashes += 1
-            if self._clashes > _MAX_CLASHES:
-                raise ValueError("values chosen to collide in hash tables")
-        return value
-
-    def decode(self, node: Any, depth: int = 0) -> Any:
-        if depth > MAX_DEPTH + 1 or not isinstance(node, list) or not node:
-            raise ValueError("not a value the sandbox writes")
-        tag, rest = node[0], node[1:]
-        if tag == "n":
-            return None
-        (payload,) = rest
-        if tag == "b" and type(payload) is bool:
-            return payload
-        if tag == "i" and type(payload) is str:
-            if len(payload) > _MAX_DIGITS + 1:
-                raise ValueError(f"an integer of more than {_MAX_DIGITS} digits")
-            return self._hashed(int(payload))
-        if tag == "f" and type(payload) is float:
-            return self._hashed(payload)
-        if tag == "s" and type(payload) is str:
-            return payload
-        if tag == "y" and type(payload) is str:
-            return bytes.fromhex(payload)
-        if tag == "c" and type(payload) is list and [type(p) for p in payload] == [float, float]:
-            return self._hashed(complex(payload[0], payload[1]))
-        if tag in ("l", "t", "S", "F", "it") and type(payload) is list:
-            items = [self.decode(v, depth + 1) for v in payload]
-            if tag == "it":
-                return Iterated(items)
-            if tag == "l":
-                return items
-            if tag == "t":
-                return self._hashed(tuple(items))
-            return set(items) if tag == "S" else self._hashed(frozenset(items))
-        if tag == "d" and type(payload) is list:
-            pairs = [(self.decode(k, depth + 1), self.decode(v, depth + 1)) for k, v in payload]
-            return dict(pairs)
-        raise ValueError(f"not a value the sandbox writes (tag {str(tag)[:10]!r})")
-
-
-class _Eval:
-    """Evaluates a judgement: the few node types ``_Split`` leaves, over plain values."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.values = values
-
-    def run(self, node: ast.expr) -> Any:
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.Name) and node.id.startswith(_PROBE):
-            value = self.values[node.id]
-            if isinstance(value, _Failed):
-                raise _ProbeFailed(f"the solution raised {value.why}")
-            return value
-        name = _name(node)
-        if name in _CONSTANTS:
-            return _CONSTANTS[name]
-        if name in _CALLS:
-            return _CALLS[name]
-        if isinstance(node, ast.Compare):
-            left = self.run(node.left)
-            for op, comparator in zip(node.ops, node.comparators, strict=True):
-                right = self.run(comparator)
-                if not _compare(op, left, right):
-                    return False
-                left = right
-            return True
-        if isinstance(node, ast.BoolOp):
-            last: Any = None
-            for operand in node.values:
-                last = self.run(operand)
-                if bool(last) is isinstance(node.op, ast.Or):
-                    return last
-            return last
-        if isinstance(node, ast.UnaryOp):
-            return _unary(node.op, self.run(node.operand))
-        if isinstance(node, ast.BinOp):
-            return _binary(node.op, self.run(node.left), self.run(node.right))
-        if isinstance(node, ast.IfExp):
-            return self.run(node.body) if self.run(node.test) else self.run(node.orelse)
-        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-            items = [self.run(e) for e in node.elts]
-            return {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](items)
-        if isinstance(node, ast.Dict):
-            pairs = zip(node.keys, node.values, strict=True)
-            return {self.run(k): self.run(v) for k, v in pairs if k is not None}
-        if isinstance(node, ast.Call) and name is None:
-            fn = _CALLS[_name(node.func) or ""]
-            args = [self.run(a) for a in node.args]
-            return fn(*args, **{k.arg: self.run(k.value) for k in node.keywords if k.arg})
-        raise TypeError(f"cannot judge {type(node).__name__}")
-
-
-_COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
-    ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b,
-    ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
-    ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
-    ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
-    ast.Is: lambda a, b: a is b, ast.IsNot: lambda a, b: a is not b,
-}  # fmt: skip
-
-
-def _compare(op: ast.cmpop, left: Any, right: Any) -> bool:
-    return bool(_COMPARE[type(op)](left, right))
-
-
-def _unary(op: ast.unaryop, value: Any) -> Any:
-    if isinstance(op, ast.Not):
-        return not value
-    if isinstance(op, ast.USub):
-        return -value
-    if isinstance(op, ast.UAdd):
-        return +value
-    return ~value
-
-
-_SEQUENCES = (str, bytes, list, tuple)
-_NUMBERS = (int, float, complex)
-
-
-def _binary(op: ast.operator, a: Any, b: Any) -> Any:
-    """Python's operators, but none that can make the server build something huge."""
-    if isinstance(op, ast.Mult) and isinstance(a, _SEQUENCES) != isinstance(b, _SEQUENCES):
-        seq, times = (a, b) if isinstance(a, _SEQUENCES) else (b, a)
-        if isinstance(times, int) and len(seq) * times > _MAX_ITEMS:
-            raise ValueError("a repetition too large to judge")
-    if isinstance(op, ast.Mod) and not (isinstance(a, _NUMBERS) and isinstance(b, _NUMBERS)):
-        raise TypeError("% is judged between numbers only (a format string could be huge)")
-    if isinstance(op, (ast.Pow, ast.LShift)) and isinstance(a, int) and isinstance(b, int):
-        bits = b if isinstance(op, ast.LShift) else a.bit_length() * b
-        if bits > _MAX_BITS:
-            raise ValueError("an integer too large to judge")
-    operators: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
-        ast.Add: lambda x, y: x + y, ast.Sub: lambda x, y: x - y,
-        ast.Mult: lambda x, y: x * y, ast.Div: lambda x, y: x / y,
-        ast.FloorDiv: lambda x, y: x // y, ast.Mod: lambda x, y: x % y,
-        ast.Pow: lambda x, y: x**y, ast.LShift: lambda x, y: x << y,
-        ast.RShift: lambda x, y: x >> y, ast.BitAnd: lambda x, y: x & y,
-        ast.BitOr: lambda x, y: x | y, ast.BitXor: lambda x, y: x ^ y,
-    }  # fmt: skip
-    if type(op) not in operators:
-        raise TypeError(f"operator {type(op).__name__} is not judged")
-    return operators[type(op)](a, b)

@@ -18,8 +18,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rollgym.config import format_validation_error
-from rollgym.envs.code.asserts import Judged, parse_assert, read_report
-from rollgym.envs.code.launcher import READY
+from rollgym.envs.code.asserts import Judged, parse_assert
+from rollgym.envs.code.decode import read_report
+from rollgym.envs.code.launcher import READY, ProbeSpec
 from rollgym.envs.code.sandbox import Mode, RunResult
 from rollgym.errors import InvalidRequest
 
@@ -52,7 +53,7 @@ class Case:
     judged: Judged | None = None
 
     @property
-    def probes(self) -> tuple[str, ...]:
+    def probes(self) -> tuple[ProbeSpec, ...]:
         return self.judged.probes if self.judged else ()
 
 

@@ -14,8 +14,11 @@ dropping every capability) happens before the limits, and every limit before a s
 the program runs. Once set up it writes ``ready`` and a newline to ``control_fd``, so the server
 can tell a sandbox that could not start (no ``ready``: a failure of the environment) from a
 program that failed (its own doing). Call and assert tests then write one line of JSON there:
-the values the server judges. The program can write there too; it gains nothing by it, since
-it never sees what the values are compared with.
+the values the server judges. The program can write there too, and nothing in this process
+could stop it (it runs in the same interpreter: any fd, key or frame here is its to read); a
+report holds only what the program's own calls return, on arguments the server computed and
+this launcher decoded before the program's first line, so a forged line claims no more than
+an honest solution returns (``asserts.py`` says why in full).
 
 Standard library only: site-packages may hold anything, and is not visible anyway.
 """
@@ -26,7 +29,7 @@ import json
 import os
 import resource
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 WORK_DIR = "/tmp/work"
 READY = b"ready\n"
@@ -36,13 +39,23 @@ MAX_DEPTH = 64
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _ST_FLAGS = {2: _MS_NOSUID, 4: _MS_NODEV, 8: _MS_NOEXEC, 1024: 1024, 2048: 2048, 4096: 1 << 21}
-_LIB_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64")
+# Libraries the C library loads by name when it needs them (pthread_exit's unwinder), not
+# named by any ELF file: looked for beside libc.
+_DLOPENED = ("libgcc_s.so.1",)
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _HIDDEN = ("site-packages", "dist-packages")
 _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP = 38, 24
 
 
 # -- the values judged by the server --------------------------------------------------------
+
+
+class ProbeSpec(TypedDict):
+    """One solution-dependent expression of an assert test, and its arguments: the values
+    of the names ``__rollgym_arg_N`` in ``expr``, as ``encode`` wrote them (server-computed)."""
+
+    expr: str
+    args: dict[str, Any]
 
 
 def encode(value: Any, depth: int = 0) -> Any:
@@ -82,6 +95,27 @@ def encode(value: Any, depth: int = 0) -> Any:
     raise TypeError(f"a {type(value).__name__} cannot be judged: tests compare plain values")
 
 
+def decode(node: Any) -> Any:
+    """``encode``'s inverse, for the server's own values (a probe's arguments)."""
+    tag, rest = node[0], node[1:]
+    if tag == "n":
+        return None
+    (payload,) = rest
+    if tag in ("b", "f", "s"):
+        return payload
+    if tag == "i":
+        return int(payload)
+    if tag == "y":
+        return bytes.fromhex(payload)
+    if tag == "c":
+        return complex(payload[0], payload[1])
+    if tag == "d":
+        return {decode(k): decode(v) for k, v in payload}
+    items = [decode(v) for v in payload]
+    kinds: dict[str, Any] = {"l": list, "t": tuple, "S": set, "F": frozenset, "it": iter}
+    return kinds[tag](items)
+
+
 # -- isolation (namespaces) -----------------------------------------------------------------
 
 
@@ -106,41 +140,103 @@ def _locked_flags(path: str) -> int:
     return sum(ms for st, ms in _ST_FLAGS.items() if have & st)
 
 
-def _visible() -> tuple[list[str], list[str]]:
-    """The host directories and files the sandbox sees (read-only): the system's library
-    directories, the interpreter's standard library and binary, and any other file the
-    interpreter has mapped. Nothing else: no checkout, venv, dataset or home directory."""
-    dirs = [d for d in _LIB_DIRS if os.path.isdir(d) and not os.path.islink(d)]
-    dirs.append(os.path.realpath(os.path.dirname(os.__file__)))  # the standard library
-    files = {os.path.realpath(sys.executable)}
+def interpreter_files() -> list[str]:
+    """The files the interpreter and its standard library's extension modules load, named as
+    the dynamic loader names them (symlinks and all): the loader itself and every shared
+    library, from one ``ldd`` run over all of them. Empty without ``ldd`` (then only what the
+    launcher has mapped is shown). The server finds this once and passes it in the spec."""
+    import shutil
+    import subprocess
+
+    ldd = shutil.which("ldd", path="/usr/bin:/bin")
+    if ldd is None:
+        return []
+    dynload = [p for p in sys.path if os.path.basename(p) == "lib-dynload" and os.path.isdir(p)]
+    # Tk needs a display and its own script library: no test program can use it.
+    modules = [os.path.join(d, name) for d in dynload for name in sorted(os.listdir(d))
+               if name.endswith(".so") and not name.startswith("_tkinter")]  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+    done = subprocess.run([ldd, os.path.realpath(sys.executable), *modules], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    found: set[str] = set()
+    for line in done.stdout.splitlines():
+        # "\tlibm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x...)", "\t/lib64/ld-linux-....so.2 (0x...)"
+        path = line.split("=>")[-1].split(" (0x")[0].strip()
+        if line.startswith("\t") and path.startswith("/") and os.path.isfile(path):
+            found.add(path)
+    for path in list(found):
+        if os.path.basename(path).startswith("libc.so"):
+            found.update(p for name in _DLOPENED
+                         if os.path.isfile(p := os.path.join(os.path.dirname(path), name)))  # fmt: skip
+    return sorted(found)
+
+
+def _visible(spec: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The host paths the sandbox sees (read-only): the interpreter's standard library (the
+    one directory), and as single files the interpreter, the dynamic loader and the shared
+    libraries it and the standard extension modules load, and whatever else this process has
+    mapped (its locale). Nothing else: no system library directory, checkout, venv, dataset
+    or home directory."""
+    dirs = [os.path.dirname(os.__file__)]
+    given = spec.get("visible")
+    files = set(interpreter_files() if given is None else given)
+    files.add(os.path.realpath(sys.executable))
     with open("/proc/self/maps") as fh:
         for line in fh:
             path = line.split(maxsplit=5)[-1].strip()
             if path.startswith("/") and os.path.isfile(path):
                 files.add(os.path.realpath(path))
-    covered = [f for f in files if not any(f.startswith(d + "/") for d in dirs)]
-    return dirs, sorted(covered)
+    return dirs, sorted(files)
+
+
+def _resolve(path: str, links: dict[str, str], depth: int = 0) -> str:
+    """``path``'s real path. Every symlink met on the way goes into ``links`` (its path with
+    its parent resolved, and its target), so the new root can hold the names the dynamic
+    loader and ``sys.path`` use (``libffi.so.8``, ``/lib64``) beside the real files."""
+    if depth > 40:
+        raise OSError(f"too many symlinks resolving {path}")
+    current = "/"
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        step = os.path.join(current, part)
+        if os.path.islink(step):
+            links[step] = os.readlink(step)
+            current = _resolve(os.path.join(current, links[step]), links, depth + 1)
+        else:
+            current = step
+    return current
 
 
 def _isolate(spec: dict[str, Any], program: bytes) -> None:
     """In this process's private mount namespace: a new root holding only what ``_visible``
-    names (read-only), a fresh ``/proc``, a few devices, and a size- and inode-limited tmpfs at
-    ``/tmp`` holding the work dir. The tmpfs lives in this namespace alone: it is gone with the
-    run's last process, so there is nothing to clean up and nothing left on the host."""
+    names (read-only), a fresh ``/proc`` with the host's entries masked, a few devices, and a
+    size- and inode-limited tmpfs at ``/tmp`` holding the work dir. The tmpfs lives in this
+    namespace alone: it is gone with the run's last process, so there is nothing to clean up
+    and nothing left on the host. Nothing writable is executable (``noexec``): with
+    ``memfd_create`` refused, ``execve`` can start only the read-only interpreter."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     limits = spec["limits"]
     _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE, None)
-    dirs, files = _visible()
+    names, wanted = _visible(spec)
+    links: dict[str, str] = {}
+    dirs = sorted({_resolve(path, links) for path in names})
+    inside = [f for f in {_resolve(path, links) for path in wanted} if os.path.isfile(f)]
+    files = sorted(f for f in inside if not any(f.startswith(d + "/") for d in dirs))
     # Held open before the new root hides their paths (a checkout under /tmp, say).
     held = {path: os.open(path, os.O_PATH) for path in [*dirs, *files]}
     locked = {path: _locked_flags(path) for path in held}
     root = "/tmp"
-    _mount(libc, "tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
-    for link in ("/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin"):
-        if os.path.islink(link):
-            os.symlink(os.readlink(link), root + link)
+    _mount(libc, "tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=1m,mode=0755")
+    for link, target in sorted(links.items()):
+        if not any(link.startswith(d + "/") for d in dirs):  # a bound directory holds its own
+            os.makedirs(root + os.path.dirname(link), exist_ok=True)
+            os.symlink(target, root + link)
     for path, fd in held.items():
         target = root + path
         if path in dirs:
@@ -155,36 +251,55 @@ def _isolate(spec: dict[str, Any], program: bytes) -> None:
     _hide_site_packages(libc, root, dirs)
     os.mkdir(root + "/proc")
     _mount(libc, "proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+    _mask_proc(libc, root + "/proc")
     _devices(libc, root)
     work_bytes, inodes = int(limits["work_bytes"]), int(limits["work_inodes"])
     os.mkdir(root + "/tmp")
-    _mount(libc, "tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV,
+    _mount(libc, "tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
            f"size={work_bytes},nr_inodes={inodes},mode=1777")  # fmt: skip
     os.mkdir(root + WORK_DIR)
     _write_program(root + WORK_DIR, program, spec["uid"])
-    _mount(libc, None, root, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
+    flags = _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    _mount(libc, None, root, None, flags, None)
     os.chroot(root)
     os.chdir(WORK_DIR)
 
 
+def _mask_proc(libc: Any, proc: str) -> None:
+    """A fresh ``/proc`` lists only this PID namespace's processes, but its other entries are
+    the host's (the kernel's command line, memory, boot id, devices, ``sys``): each is masked,
+    a file by ``/dev/null`` and a directory by an empty read-only tmpfs, as container runtimes
+    mask theirs. The program keeps ``/proc/self`` and its own processes' directories."""
+    with os.scandir(proc) as entries:
+        for entry in entries:
+            if entry.name.isdigit() or entry.is_symlink():  # self, thread-self, net, mounts
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                _mount(libc, "tmpfs", entry.path, "tmpfs",
+                       _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=4k,mode=0555")  # fmt: skip
+            else:
+                _mount(libc, "/dev/null", entry.path, None, _MS_BIND, None)
+
+
 def _hide_site_packages(libc: Any, root: str, dirs: list[str]) -> None:
-    """Installed packages are not the standard library: an empty read-only tmpfs over each."""
+    """Installed packages are not the standard library: an empty read-only tmpfs over each.
+    Looked for in the new root's copies (a host path under /tmp is hidden by now)."""
     for top in dirs:
-        candidates = [os.path.join(top, name) for name in _HIDDEN]
-        with os.scandir(top) as entries:
+        candidates = [root + os.path.join(top, name) for name in _HIDDEN]
+        with os.scandir(root + top) as entries:
             for entry in entries:
                 if entry.name.startswith("python") and entry.is_dir(follow_symlinks=False):
                     candidates += [os.path.join(entry.path, name) for name in _HIDDEN]
         for path in candidates:
             if os.path.isdir(path) and not os.path.islink(path):
-                _mount(libc, "tmpfs", root + path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV,
+                _mount(libc, "tmpfs", path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV,
                        "size=4k,mode=0555")  # fmt: skip
 
 
 def _devices(libc: Any, root: str) -> None:
     dev = root + "/dev"
     os.mkdir(dev)
-    _mount(libc, "tmpfs", dev, "tmpfs", _MS_NOSUID, "size=64k,mode=0755")
+    _mount(libc, "tmpfs", dev, "tmpfs", _MS_NOSUID | _MS_NOEXEC, "size=64k,mode=0755")
     for name in _DEVICES:
         if os.path.exists("/dev/" + name):
             open(f"{dev}/{name}", "w").close()
@@ -193,7 +308,7 @@ def _devices(libc: Any, root: str) -> None:
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
                          ("shm", "/tmp")):  # fmt: skip
         os.symlink(target, f"{dev}/{name}")
-    _mount(libc, None, dev, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID, None)
+    _mount(libc, None, dev, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC, None)
 
 
 def _write_program(workdir: str, program: bytes, uid: int | None) -> None:
@@ -273,16 +388,23 @@ _SYSCALLS: dict[str, tuple[int | None, int | None]] = {
     "io_uring_register": (427, 427), "userfaultfd": (323, 282), "keyctl": (250, 219),
     "add_key": (248, 217), "request_key": (249, 218), "mount": (165, 40),
     "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
+    "memfd_create": (319, 279), "execve": (59, 221), "execveat": (322, 281),
+    "personality": (135, 92),
 }  # fmt: skip
 _ARCHES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7)}
-# Kernel interfaces no test program needs, each a known way out of or around a sandbox.
+# Kernel interfaces no test program needs, each a known way out of or around a sandbox:
+# memfd_create and execveat run a binary that is on no mount (every writable mount is
+# noexec), personality turns address randomisation off for what is exec'd next.
 _NEVER = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "unshare", "setns",
           "bpf", "perf_event_open", "io_uring_setup", "io_uring_enter", "io_uring_register",
           "userfaultfd", "keyctl", "add_key", "request_key", "mount", "umount2", "pivot_root",
-          "chroot")  # fmt: skip
-# Without namespaces, also: no sockets, no new processes (threads only), no signal to any
-# process but this one, since the program runs as the server's own user.
-_FALLBACK = ("socket", "fork", "vfork", "tkill", "pidfd_open", "pidfd_send_signal")
+          "chroot", "memfd_create", "execveat", "personality")  # fmt: skip
+# Without namespaces, also: no sockets, no new processes (threads only) and no exec (the host's
+# binaries are all there), no signal to any process but this one.
+_FALLBACK = ("socket", "fork", "vfork", "execve", "tkill", "pidfd_open", "pidfd_send_signal")
+# Socket families that reach past a network namespace: vsock (the hypervisor's host) and
+# netlink (the kernel's interfaces, some of them host-wide). Refused in every mode.
+_AF_NETLINK, _AF_VSOCK = 16, 40
 _EPERM, _ENOSYS, _CLONE_THREAD = 1, 38, 0x10000
 
 
@@ -307,6 +429,10 @@ def _seccomp_filter(fallback: bool) -> bytes | None:
     for name in (*_NEVER, *(_FALLBACK if fallback else ())):
         if name in numbers:
             prog += [(jeq, 0, 1, numbers[name]), (ret, 0, 0, deny)]
+    # socket(family, ...): the family is the low word of the first argument, as the kernel
+    # reads it (an int).
+    prog += [(jeq, 0, 5, numbers["socket"]), (ld, 0, 0, 16), (jeq, 2, 0, _AF_NETLINK),
+             (jeq, 1, 0, _AF_VSOCK), (ret, 0, 0, allow), (ret, 0, 0, deny)]  # fmt: skip
     if fallback:
         # clone3's flags sit behind a pointer a filter cannot read: ENOSYS, and the C
         # library falls back to clone, whose flags can be read: threads only.
@@ -340,12 +466,76 @@ def _seccomp(fallback: bool) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
+def _confine_without_namespaces(uid: int | None) -> None:
+    """Without namespaces every process of the host is in sight, and ``/proc/PID/environ`` of
+    each holds the environment it started with: the server's, or the model server's API key.
+    The kernel shows it to a process that passes a ptrace check on its owner, so the program
+    must pass that check for no process outside the sandbox. As root it becomes the slot's
+    own uid where that uid can reach the interpreter (no other process runs as it), and
+    otherwise keeps uid 0 without a single capability (``CAP_SYS_PTRACE`` would pass the
+    check). Either way it then enters a Landlock domain (Linux 5.13+), and the kernel refuses
+    such access (``environ``, ``mem``, ``fd``) to every process outside it, whatever the uid.
+    With neither a uid of its own nor Landlock the run is refused: a parent with an empty
+    environment would not do, as the program can find the server, and every other process of
+    its user, in ``/proc``."""
+    _drop_privileges(uid)
+    if not _landlock() and uid is None:
+        raise OSError(
+            "without namespaces the program could read other processes' environments: run "
+            "as root (each run gets its own uid) or on a kernel with Landlock (Linux 5.13+)"
+        )
+
+
+def _reachable_by_others() -> bool:
+    """Whether a uid of its own, in no group, can run this interpreter: the executable, its
+    standard library and every directory on the way to them open to others (not under a
+    private home such as ``/root``)."""
+    import stat
+
+    for path in (os.path.realpath(sys.executable), os.path.realpath(os.path.dirname(os.__file__))):
+        while True:
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                return False
+            if path == "/":
+                break
+            path = os.path.dirname(path)
+    return True
+
+
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_RESTRICT_SELF = 444, 446  # the same on every architecture
+_LANDLOCK_MAKE_DEVICES = (1 << 6) | (1 << 11)  # LANDLOCK_ACCESS_FS_MAKE_CHAR, _MAKE_BLOCK
+
+
+def _landlock() -> bool:
+    """Enter a Landlock domain; False if the kernel has none. The ruleset refuses only what no
+    program needs (making device nodes): the domain itself is the point, as Landlock lets a
+    process in one ptrace-access (read ``/proc/PID/environ`` of) only processes inside it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    handled = ctypes.c_uint64(_LANDLOCK_MAKE_DEVICES)
+    size = ctypes.c_size_t(ctypes.sizeof(handled))
+    fd = libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(handled), size, ctypes.c_uint32(0))
+    if fd < 0:
+        return False  # ENOSYS or EOPNOTSUPP: no Landlock in this kernel
+    try:
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        if libc.syscall(_LANDLOCK_RESTRICT_SELF, fd, ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(fd)
+    return True
+
+
 def _setup(spec: dict[str, Any], program: bytes) -> None:
     if spec["isolate"]:
         _isolate(spec, program)
         _drop_privileges(spec["uid"])
     else:
-        _write_program(os.getcwd(), program, None)
+        uid = spec["uid"] if spec["uid"] is not None and _reachable_by_others() else None
+        _write_program(os.getcwd(), program, uid)
+        _confine_without_namespaces(uid)
     _apply_limits(spec["limits"])
     _seccomp(fallback=not spec["isolate"])
 
@@ -399,15 +589,20 @@ def _run_call(fd: int, fn_name: str) -> None:
     _report(fd, list(result) if isinstance(result, tuple) else result)
 
 
-def _run_probes(fd: int, probes: list[str]) -> None:
-    """Assert tests: each probe (an expression over the solution's names) is evaluated here,
-    after the solution ran; the comparison it was part of is made by the server."""
+def _run_probes(fd: int, probes: list[ProbeSpec]) -> None:
+    """Assert tests: each probe (a call of the solution's, say) is evaluated here, after the
+    solution ran; everything around it, and its arguments, the server computed. The probes
+    are compiled and their arguments decoded before the solution's first line, so nothing it
+    does on import changes what is asked (only what its own functions answer)."""
+    asked = [(compile(p["expr"], "<assert>", "eval"), {k: decode(v) for k, v in p["args"].items()})
+             for p in probes]  # fmt: skip
+    evaluate = eval
     namespace: dict[str, Any] = {"__name__": "__main__"}
     _load(namespace)
     results: list[Any] = []
-    for probe in probes:
-        try:
-            results.append(["ok", encode(eval(probe, namespace))])
+    for code, args in asked:
+        try:  # the arguments' names beside the solution's, never in its own globals
+            results.append(["ok", encode(evaluate(code, {**namespace, **args}))])
         except Exception as exc:  # the solution's error: reported, judged by the server
             results.append(["error", f"{type(exc).__name__}: {str(exc)[:200]}"])
     _report(fd, results)

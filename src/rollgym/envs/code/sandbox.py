@@ -5,17 +5,19 @@ session (process group) killed as a whole at the wall limit; the launcher sets t
 before the program's first line. The program, its input and (assert tests) the expressions to
 evaluate arrive on standard input; nothing of a test's expected output ever enters the sandbox.
 Where the OS allows (``unshare``, as root or with user namespaces) the run also gets its own
-network, PID, IPC, UTS and mount namespaces, and a new root holding only the system libraries
-and the interpreter's standard library (read-only) and a size- and inode-limited work dir that
-vanishes with the run; run as root, the program drops to its own uid (one per parallel slot),
-which is what makes ``RLIMIT_NPROC`` bite; in a user namespace it drops every capability. What
-is (not) guaranteed is in the README ("The code environment's sandbox").
+network, PID, IPC, UTS, cgroup and mount namespaces, and a new root holding only the
+interpreter, its standard library and the shared libraries they load (read-only) and a size-
+and inode-limited work dir that vanishes with the run; run as root, the program drops to its
+own uid (one per parallel slot), which is what makes ``RLIMIT_NPROC`` bite; in a user namespace
+it drops every capability. Without namespaces it still gets its own uid as root, and a Landlock
+domain. What is (not) guaranteed is in the README ("The code environment's sandbox").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -32,7 +34,7 @@ from typing import Any, Literal
 import orjson
 
 from rollgym import tracing
-from rollgym.envs.code.launcher import READY, WORK_DIR
+from rollgym.envs.code.launcher import READY, WORK_DIR, ProbeSpec, interpreter_files
 from rollgym.errors import SandboxError
 from rollgym.tracing.names import (
     SANDBOX_EXIT,
@@ -51,8 +53,8 @@ WEDGE_GRACE_S = 30.0
 """Seconds past its wall limit a run may hold its slot before the sandbox counts as wedged:
 every run is killed at the wall limit, so only a sandbox that is broken gets there."""
 _STDERR_KEEP = 8192
-_NAMESPACES = ["--net", "--pid", "--ipc", "--uts", "--mount", "--fork", "--kill-child",
-               "--mount-proc"]  # fmt: skip
+_NAMESPACES = ["--net", "--pid", "--ipc", "--uts", "--cgroup", "--mount", "--fork",
+               "--kill-child", "--mount-proc"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,11 @@ class Isolation:
 
     def describe(self) -> str:
         if not self.namespaces:
+            uid = "own uid per slot" if self.switch_uid else "Landlock (needed)"
             return (
                 "rlimits + process group only (no unshare): sockets, child processes and "
-                "ctypes refused from Python code; the host's files readable"
+                f"ctypes refused from Python code; the host's files readable; {uid} keeps "
+                "other processes' environments out of reach"
             )
         uid = "own uid per slot" if self.switch_uid else "no capabilities"
         return f"network/PID/IPC/mount namespaces, a root of the standard library only, {uid}"
@@ -110,11 +114,12 @@ Mode = Literal["stdio", "call", "assert"]
 
 
 def probe_isolation() -> Isolation:
-    """Which isolation works here: one ``unshare`` dry run (a second or less, done once)."""
+    """Which isolation works here: one ``unshare`` dry run (a second or less, done once). As
+    root a run gets its own uid with or without namespaces."""
     unshare = shutil.which("unshare")
     root = os.geteuid() == 0
     if unshare is None:
-        return Isolation(namespaces=False, user_namespace=False, switch_uid=False)
+        return Isolation(namespaces=False, user_namespace=False, switch_uid=root)
     # Not root: only a user namespace lets us make the others.
     userns = [] if root else ["--user", "--map-root-user"]
     try:
@@ -124,8 +129,15 @@ def probe_isolation() -> Isolation:
     except (OSError, subprocess.TimeoutExpired):
         done = None
     if done is None or done.returncode != 0:
-        return Isolation(namespaces=False, user_namespace=False, switch_uid=False)
+        return Isolation(namespaces=False, user_namespace=False, switch_uid=root)
+    _interpreter_files()  # found now, off the event loop, rather than in the first run
     return Isolation(namespaces=True, user_namespace=bool(userns), switch_uid=root)
+
+
+@functools.cache
+def _interpreter_files() -> tuple[str, ...]:
+    """What the new root must hold besides the standard library (``ldd``: once a process)."""
+    return tuple(interpreter_files())
 
 
 class Sandbox:
@@ -166,7 +178,7 @@ class Sandbox:
         *,
         mode: Mode = "stdio",
         fn_name: str | None = None,
-        probes: tuple[str, ...] = (),
+        probes: tuple[ProbeSpec, ...] = (),
     ) -> RunResult:
         """Run ``program`` (Python source) with ``stdin``; raise ``SandboxError`` if the sandbox
         itself could not start it. The slot is given back however the run ends."""
@@ -180,7 +192,12 @@ class Sandbox:
             return result
 
     async def _in_slot(
-        self, program: str, stdin: str, mode: Mode, fn_name: str | None, probes: tuple[str, ...]
+        self,
+        program: str,
+        stdin: str,
+        mode: Mode,
+        fn_name: str | None,
+        probes: tuple[ProbeSpec, ...],
     ) -> RunResult:
         slot = await self._slots.get()
         self._busy[slot] = time.monotonic()
@@ -211,7 +228,7 @@ class Sandbox:
         self, uid: int | None, workdir: str | None, data: bytes, mode: Mode, fn_name: str | None
     ) -> RunResult:
         control_r, control_w = os.pipe()
-        spec = {
+        spec: dict[str, Any] = {
             "limits": asdict(self.limits),
             "uid": uid,
             "isolate": self.isolation.namespaces,
@@ -219,6 +236,8 @@ class Sandbox:
             "mode": mode,
             "fn_name": fn_name,
         }
+        if self.isolation.namespaces:
+            spec["visible"] = list(await asyncio.to_thread(_interpreter_files))
         home = workdir or WORK_DIR
         env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home}
         started = time.monotonic()
