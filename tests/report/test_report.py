@@ -65,8 +65,9 @@ def test_an_aborted_run_still_being_written_is_read(tmp_path: Path) -> None:
     assert run.status == "aborted"
     assert (run.scored, len(run.failures)) == (len(rollouts), len(failures))
     assert run.pending == run.total - len(rollouts) - len(failures) > 0
-    assert {f.type for f in run.failures} == {"http_status"}
-    assert {(f.server, f.status) for f in run.failures} == {("model", "500")}
+    assert run.failures.by_type == {"http_status": len(failures)}
+    assert run.failures.by_server == {"model": len(failures)}
+    assert run.failures.by_status == {"500": len(failures)}
 
 
 def test_the_report_is_one_offline_file_with_every_plot(tmp_path: Path) -> None:

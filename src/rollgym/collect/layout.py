@@ -11,18 +11,27 @@
 
 ``RunDir`` is what every reader and writer of a run directory uses (the collector, the ledger,
 metrics, ``reverify``, ``report``): a file's name is spelt here only.
+
+A run directory is input like any other: a file in it may be a link planted by anyone who could
+write there (to ``/dev/zero``, to ``/etc/shadow``), a FIFO, or a line of gigabytes. Every reader
+opens its files with ``open_run_file`` (no link followed, nothing but a regular file) and reads
+lines with ``raw_lines`` (none longer than ``LINE_LIMIT`` is held), so reading a run costs the
+same memory however large or hostile it is.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 import orjson
 
 from rollgym.errors import InputError
+from rollgym.http.policy import AnswerLimits
 
 TASKS = "tasks.jsonl"
 ROLLOUTS = "rollouts.jsonl"
@@ -35,6 +44,14 @@ AGGREGATE = "rollouts_aggregate_metrics.json"
 RUN_JSON = "run.json"
 LOCK = "run.lock"
 LOGS = "logs"
+
+LINE_LIMIT = AnswerLimits().decompressed_bytes + (64 << 10)
+"""The longest line read from a run file, newline excluded. A record is the agent's answer
+(the collector reads none past ``answer_limits.decompressed_bytes``, 64 MiB by default) plus
+the indices and timings it adds; a longer line was written by something else."""
+_CHUNK = 64 << 10
+"""Run files are read this much at a time; a line past its block is measured before it is
+read."""
 
 
 @dataclass(frozen=True)
@@ -103,15 +120,129 @@ class RunDir:
 
     def read_json(self, name: str) -> dict[str, Any]:
         """The JSON object in file ``name`` of the directory; ``{}`` if it is missing or not
-        one (a run that never wrote it, a file being replaced)."""
+        one (a run that never wrote it, a file being replaced, one past ``LINE_LIMIT``).
+        ``InputError`` if it is a link or no regular file (``open_run_file``)."""
+        fh = open_run_file(self.root / name)
+        if fh is None:
+            return {}
         try:
-            data = orjson.loads((self.root / name).read_bytes())
+            with fh:
+                raw = fh.read(LINE_LIMIT + 1)
+            data = orjson.loads(raw) if len(raw) <= LINE_LIMIT else None
         except (OSError, orjson.JSONDecodeError):
             return {}
         return data if isinstance(data, dict) else {}
 
 
-@dataclass(frozen=True, slots=True)
+def open_run_file(path: Path) -> BinaryIO | None:
+    """``path``, a file of a run directory, opened to read; None if it does not exist.
+
+    ``InputError`` naming it if it is a symbolic link (never followed: ``O_NOFOLLOW``) or not
+    a regular file: a FIFO would block the reader (it is opened ``O_NONBLOCK``, so only the
+    check sees it), ``/dev/zero`` would never end."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if path.is_symlink():  # ELOOP from O_NOFOLLOW (EMLINK on some BSDs)
+            raise InputError(f"{path}: {not_followed(path)}") from None
+        raise InputError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputError(
+                f"{path}: is {_kind(mode)}, not a regular file; rollgym reads only regular "
+                "files in a run directory"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def not_followed(path: Path) -> str:
+    """What every reader and writer of a run directory says of a link found in it."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return (
+        f"{path.name} is a symbolic link (to {target}); rollgym never reads or writes through "
+        "a link in its run directory"
+    )
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a device",
+             stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket"}  # fmt: skip
+    return next((name for test, name in kinds.items() if test(mode)), "no regular file")
+
+
+# Not frozen: a frozen dataclass is built 3x slower, and one is built per line.
+@dataclass(slots=True)
+class RawLine:
+    """One line of a run file: its number, where it starts, its bytes (newline included) and
+    its size; ``raw`` is None for a line longer than the limit, which is skipped unread."""
+
+    lineno: int
+    offset: int
+    raw: bytes | None
+    size: int
+
+    def too_long(self, path: Path, limit: int = LINE_LIMIT) -> str:
+        """The error of an over-long line, naming ``path`` and the line."""
+        return (
+            f"{path}:{self.lineno}: a line of {self.size} bytes, longer than any record the "
+            f"collector writes ({limit} bytes): not read"
+        )
+
+
+def raw_lines(fh: BinaryIO, limit: int = LINE_LIMIT) -> Iterator[RawLine]:
+    """The lines of ``fh`` (a regular file: ``open_run_file``), read a block at a time. A line
+    is held only if it is at most ``limit`` bytes (newline excluded): one that runs past its
+    block is measured first, then read back whole if within the limit, else yielded with
+    ``raw=None``, so a 300 MB line costs a block, not 300 MB."""
+    lineno = pos = 0  # pos: where the current block starts in the file
+    spanning = -1  # where a line that runs past its block starts (-1: none)
+    while block := fh.read(_CHUNK):
+        start = 0
+        while (end := block.find(b"\n", start) + 1) > 0:
+            lineno += 1
+            if spanning < 0:
+                raw = block[start:end] if end - start <= limit + 1 else None
+                yield RawLine(lineno, pos + start, raw, end - start)
+            else:
+                yield _read_back(fh, lineno, spanning, pos + end, limit)
+                fh.seek(pos + len(block))
+                spanning = -1
+            start = end
+        if start < len(block) and spanning < 0:
+            spanning = pos + start
+        pos += len(block)
+    if spanning >= 0:  # a last line without its newline
+        yield _read_back(fh, lineno + 1, spanning, pos, limit)
+
+
+def _read_back(fh: BinaryIO, lineno: int, start: int, end: int, limit: int) -> RawLine:
+    """The line of ``fh`` from ``start`` to ``end``, read again if it is within ``limit``."""
+    size = end - start
+    with_newline = size > 0 and _ends_line(fh, end)
+    if size - with_newline > limit:
+        return RawLine(lineno, start, None, size)
+    fh.seek(start)
+    return RawLine(lineno, start, fh.read(size), size)
+
+
+def _ends_line(fh: BinaryIO, end: int) -> bool:
+    fh.seek(end - 1)
+    return fh.read(1) == b"\n"
+
+
+# Not frozen: a frozen dataclass is built 3x slower, and one is built per line.
+@dataclass(slots=True)
 class LedgerLine:
     """One record of a ledger file: where it starts, its bytes, and the record."""
 
@@ -143,21 +274,27 @@ def read_ledger(path: Path, *, strict: bool = False) -> Iterator[LedgerLine]:
 
     A reader of a run that may still be writing (a report, ``reverify``, metrics) skips a line
     that is no record: only the last one can be torn by a kill. ``strict`` (the ledger itself,
-    on ``--resume``, once that last line is repaired) raises ``InputError`` naming the line."""
-    if not path.exists():
+    on ``--resume``, once that last line is repaired) raises ``InputError`` naming the line.
+    A line past ``LINE_LIMIT`` is such a line, never read whole; a link or a file that is no
+    regular file raises ``InputError`` either way (``open_run_file``)."""
+    fh = open_run_file(path)
+    if fh is None:
         return
-    with path.open("rb") as fh:
-        offset = 0
-        for lineno, line in enumerate(fh, start=1):
-            start, offset = offset, offset + len(line)
+    with fh:
+        for got in raw_lines(fh):
+            line = got.raw
+            if line is None:
+                if strict:
+                    raise InputError(got.too_long(path))
+                continue
             if not line.strip():
                 continue
             rec = _parse(line)
             if rec is None:
                 if strict:
-                    raise InputError(f"{path}:{lineno}: {_why_not(line)}")
+                    raise InputError(f"{path}:{got.lineno}: {_why_not(line)}")
                 continue
-            yield LedgerLine(start, line, rec)
+            yield LedgerLine(got.offset, line, rec)
 
 
 def _why_not(line: bytes) -> str:

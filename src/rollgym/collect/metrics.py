@@ -76,9 +76,10 @@ def pass_at_ks(tasks: Iterable[tuple[int, int]], up_to: int = 0) -> dict[int, fl
     return out
 
 
-class _TaskTable:
+class TaskTable:
     """Per-task counters as flat arrays indexed by task: a few bytes per task, where a dict of
-    objects would cost a few hundred (and a run can hold millions of tasks)."""
+    objects would cost a few hundred (and a run can hold millions of tasks). Also what
+    ``rollgym report`` counts a run's tasks in."""
 
     def __init__(self, tasks: int) -> None:
         self.n = array("l", bytes(8 * tasks))
@@ -167,7 +168,7 @@ class _Group:
         self.mean += delta / self.count
         self.m2 += delta * (reward - self.mean)
 
-    def to_dict(self, tasks: _TaskTable, members: list[int], repeats: int) -> dict[str, Any]:
+    def to_dict(self, tasks: TaskTable, members: list[int], repeats: int) -> dict[str, Any]:
         curve = pass_at_ks(((tasks.n[i], tasks.passed[i]) for i in members), repeats)
         return {
             "tasks": len(members),
@@ -255,7 +256,7 @@ def compute_metrics(
 ) -> RunMetrics:
     """Metrics over ``rollouts.jsonl`` and ``failures.jsonl``; writes ``per_task.jsonl``.
     ``groups``: the environment of each task (by task index), for ``by_environment``."""
-    tasks = _TaskTable(total // max(1, repeats))
+    tasks = TaskTable(total // max(1, repeats))
     m = RunMetrics(total=total)
     names = sorted(set(groups or ()))
     split = len(names) > 1

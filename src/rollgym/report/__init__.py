@@ -8,9 +8,11 @@ page.py                 figures + tables -> one HTML file, Bokeh's JS inlined (o
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollgym.errors import ConfigError
 from rollgym.report.data import RunData, load_run
 
 REPORT_FILE = "report.html"
@@ -35,9 +37,17 @@ def write_report(out: Path, compare: list[Path] | None = None) -> Report:
     runs = [load_run(p, n) for p, n in zip(paths, names, strict=True)]
     page = render(runs).encode()
     path = out / REPORT_FILE
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_bytes(page)
-    tmp.replace(path)
+    # Created anew (never through a link planted at its name), then renamed over the page: a
+    # link at report.html is replaced, not followed.
+    tmp = path.with_name(f".{REPORT_FILE}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        with os.fdopen(os.open(tmp, flags, 0o644), "wb") as fh:
+            fh.write(page)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"{path}: cannot be written: {exc.strerror or exc}") from None
     return Report(path, len(page), runs, terminal(runs))
 
 

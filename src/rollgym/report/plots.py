@@ -1,6 +1,8 @@
 """The report's plots, drawn with Bokeh: one function per plot, each taking every run to overlay
 (the first is the base of a ``--compare``). Data is binned here, so a plot's size does not grow
-with the run: a 100,000-rollout run embeds a few hundred numbers per plot."""
+with the run: a 100,000-rollout run embeds a few hundred numbers per plot. A distribution of
+more than ``SAMPLE`` numbers is drawn from a uniform sample of them (``report.sample``), and
+its plot's title says so; counts, means and ranges are exact."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
 from rollgym.report.data import HOPS, RunData
+from rollgym.report.sample import SAMPLE, Sample
 
 WIDTH, HEIGHT = 460, 280
 TIME_BINS = 120
@@ -41,6 +44,17 @@ def _empty(fig: figure, text: str = "no data") -> figure:
     return fig
 
 
+def _title(title: str, samples: Sequence[Sample]) -> str:
+    """``title``, saying the plot is drawn from a sample if it is."""
+    if any(s.sampled for s in samples):
+        return f"{title} (a sample of {SAMPLE:,} per run)"
+    return title
+
+
+def _values(sample: Sample) -> np.ndarray:
+    return np.frombuffer(sample.values, dtype=np.float64)
+
+
 def _legend(fig: figure) -> figure:
     if fig.legend:
         fig.legend.location = "top_left"
@@ -50,12 +64,16 @@ def _legend(fig: figure) -> figure:
 
 
 def reward_hist(runs: Sequence[RunData]) -> figure:
-    fig = _figure("Reward distribution", x_axis_label="reward", y_axis_label="share of rollouts")
-    values = [np.frombuffer(r.rewards, dtype=np.float64) for r in runs]
+    fig = _figure(
+        _title("Reward distribution", [r.rewards for r in runs]),
+        x_axis_label="reward",
+        y_axis_label="share of rollouts",
+    )
+    values = [_values(r.rewards) for r in runs]
     if not any(v.size for v in values):
         return _empty(fig, "no scored rollouts")
-    lo = min(float(v.min()) for v in values if v.size)
-    hi = max(float(v.max()) for v in values if v.size)
+    lo = min(r.rewards.lo for r in runs if r.rewards.count)
+    hi = max(r.rewards.hi for r in runs if r.rewards.count)
     edges = np.linspace(lo, hi if hi > lo else lo + 1.0, 21)
     for i, (run, v) in enumerate(zip(runs, values, strict=True)):
         if not v.size:
@@ -87,8 +105,8 @@ def task_pass_rates(runs: Sequence[RunData]) -> figure:
     edges = np.linspace(0.0, 1.0, 11)
     drawn = False
     for i, run in enumerate(runs):
-        rates = [t.pass_rate for t in run.tasks.values() if t.pass_rate is not None]
-        if not rates:
+        rates = _pass_rates(run)
+        if not rates.size:
             continue
         drawn = True
         counts, _ = np.histogram(rates, bins=edges)
@@ -99,23 +117,33 @@ def task_pass_rates(runs: Sequence[RunData]) -> figure:
     return _legend(fig) if drawn else _empty(fig, "no scored tasks")
 
 
+def _pass_rates(run: RunData, upto: int | None = None) -> np.ndarray:
+    """Each task's pass rate (NaN: no scored rollout), for the first ``upto`` task slots."""
+    table = run.tasks.table
+    scored = np.array(table.n, dtype=np.float64)[:upto]
+    passed = np.array(table.passed, dtype=np.float64)[:upto]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rates = np.where(scored > 0, passed / scored, np.nan)
+    return rates if upto is not None else rates[~np.isnan(rates)]
+
+
 def task_deltas(base: RunData, other: RunData, i: int) -> figure:
     """Each task's pass rate in ``other`` against ``base``: off the diagonal, it changed."""
     fig = _figure(
         f"Per-task pass rate: {other.name} vs {base.name}", x_axis_label=base.name,
         y_axis_label=other.name,
     )  # fmt: skip
-    common = [t for t in base.tasks if t in other.tasks]
-    xs = [base.tasks[t].pass_rate for t in common]
-    ys = [other.tasks[t].pass_rate for t in common]
-    pairs = [
-        (t, x, y) for t, x, y in zip(common, xs, ys, strict=True) if x is not None and y is not None
-    ]
-    if not pairs:
+    upto = min(len(base.tasks.table), len(other.tasks.table))
+    xs, ys = _pass_rates(base, upto), _pass_rates(other, upto)
+    both = ~np.isnan(xs) & ~np.isnan(ys)
+    if not both.any():
         return _empty(fig, "no task scored in both runs")
     # Pass rates take few values (k/n): one circle per pair of rates, sized by its tasks, so the
     # plot stays small however many tasks the runs have.
-    cells = Counter((round(x, 4), round(y, 4)) for _, x, y in pairs)
+    pairs, counts = np.unique(
+        np.stack([xs[both].round(4), ys[both].round(4)], axis=1), axis=0, return_counts=True
+    )
+    cells = {(float(x), float(y)): int(n) for (x, y), n in zip(pairs, counts, strict=True)}
     source = ColumnDataSource(
         {
             "x": [x for x, _ in cells],
@@ -134,7 +162,7 @@ def task_deltas(base: RunData, other: RunData, i: int) -> figure:
 
 def failure_bars(runs: Sequence[RunData], key: str) -> figure:
     """Failed rollouts by ``key`` (``type``, ``server`` or ``status``), run beside run."""
-    counts = [Counter(str(getattr(f, key)) for f in r.failures) for r in runs]
+    counts = [r.failures.by(key) for r in runs]
     cats = sorted({c for cnt in counts for c in cnt}, key=lambda c: -sum(n[c] for n in counts))[:12]
     title = f"Failures by {key}"
     if not cats:
@@ -153,36 +181,37 @@ def failure_bars(runs: Sequence[RunData], key: str) -> figure:
     return fig
 
 
-def _seconds(run: RunData) -> tuple[np.ndarray, np.ndarray]:
-    """(ends of scored rollouts, ends of failures), in seconds since the run's first record."""
-    ok = np.frombuffer(run.ends, dtype=np.float64)
-    bad = np.array([f.at for f in run.failures if f.at is not None], dtype=np.float64)
-    starts = [a.min() for a in (ok, bad) if a.size]
-    t0 = min(starts) if starts else 0.0
-    return ok - t0, bad - t0
+def _seconds(run: RunData) -> tuple[np.ndarray, np.ndarray, float]:
+    """(ends of scored rollouts, ends of failures) as kept by their samples, in seconds since
+    the run's first record, and the seconds from its first record to its last."""
+    kept = [s for s in (run.ends, run.failures.at) if s.count]
+    t0 = min((s.lo for s in kept), default=0.0)
+    span = max((s.hi - t0 for s in kept), default=0.0)
+    return _values(run.ends) - t0, _values(run.failures.at) - t0, span
 
 
 def over_time(runs: Sequence[RunData]) -> figure:
     """Rollouts finished per second, and failures per second, over the run's time (a resumed
-    run shows the gap between its sessions)."""
-    fig = _figure("Throughput and failures over time", x_axis_label="seconds since first record",
-                  y_axis_label="rollouts / s")  # fmt: skip
+    run shows the gap between its sessions). From a sample, each kept end counts for the
+    ends it stands for (``Sample.weight``)."""
+    samples = [s for r in runs for s in (r.ends, r.failures.at)]
+    fig = _figure(_title("Throughput and failures over time", samples),
+                  x_axis_label="seconds since first record", y_axis_label="rollouts / s")  # fmt: skip
     drawn = False
     for i, run in enumerate(runs):
-        ok, bad = _seconds(run)
-        span = max([a.max() for a in (ok, bad) if a.size], default=0.0)
+        ok, bad, span = _seconds(run)
         if not ok.size and not bad.size:
             continue
         drawn = True
         width = max(span / TIME_BINS, 1e-3)
         edges = np.arange(0.0, span + 2 * width, width)
         done, _ = np.histogram(ok, bins=edges)
-        fig.line(edges[:-1], done / width, color=color(i), line_width=2,
+        fig.line(edges[:-1], done * run.ends.weight / width, color=color(i), line_width=2,
                  legend_label=f"{run.name} ok")  # fmt: skip
         if bad.size:
             failed, _ = np.histogram(bad, bins=edges)
-            fig.line(edges[:-1], failed / width, color=color(i), line_dash="dashed",
-                     line_width=2, legend_label=f"{run.name} failed")  # fmt: skip
+            fig.line(edges[:-1], failed * run.failures.at.weight / width, color=color(i),
+                     line_dash="dashed", line_width=2, legend_label=f"{run.name} failed")  # fmt: skip
     if not drawn:
         return _empty(fig, "no timestamps (records made before per-hop timing)")
     return _legend(fig)
@@ -191,11 +220,10 @@ def over_time(runs: Sequence[RunData]) -> figure:
 def hop_latency(runs: Sequence[RunData], hop: str) -> figure:
     """The distribution of one hop's seconds (``rollout``: the whole rollout), log-binned."""
     title = "Rollout duration" if hop == "rollout" else f"Latency: {hop} calls"
-    fig = _figure(title, x_axis_type="log", x_axis_label="seconds", y_axis_label="share of calls")
-    series = [
-        np.frombuffer(r.durations if hop == "rollout" else r.hops[hop], dtype=np.float64)
-        for r in runs
-    ]
+    samples = [r.durations if hop == "rollout" else r.hops[hop] for r in runs]
+    fig = _figure(_title(title, samples), x_axis_type="log", x_axis_label="seconds",
+                  y_axis_label="share of calls")  # fmt: skip
+    series = [_values(s) for s in samples]
     positive = [s[s > 0] for s in series]
     if not any(s.size for s in positive):
         return _empty(fig, f"no {hop} timings")
@@ -218,7 +246,7 @@ def hop_latency(runs: Sequence[RunData], hop: str) -> figure:
 def retry_events(run: RunData) -> dict[str, int]:
     """Retries and circuit events of one run, by what counted them."""
     events: dict[str, int] = {f"retries: {hop}": run.hop_retries.get(hop, 0) for hop in HOPS}
-    events["rollouts tried again"] = sum(n for a, n in run.attempts.items() if a > 1)
+    events["rollouts tried again"] = run.retried
     http: Counter[str] = Counter()
     sections = [run.metrics.get("http") or {}, *((run.metrics.get("servers") or {}).values())]
     for section in sections:
@@ -231,8 +259,8 @@ def retry_events(run: RunData) -> dict[str, int]:
     events["circuit rejections"] = http["circuit_rejected"]
     dispatch = run.metrics.get("dispatch") or {}
     events["rollouts held by a circuit"] = int(dispatch.get("circuit_holds") or 0)
-    events["failed: circuit_open"] = sum(f.type == "circuit_open" for f in run.failures)
-    events["failed: budget_exhausted"] = sum(f.type == "budget_exhausted" for f in run.failures)
+    events["failed: circuit_open"] = run.failures.by_type["circuit_open"]
+    events["failed: budget_exhausted"] = run.failures.by_type["budget_exhausted"]
     return events
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+import heapq
 from dataclasses import dataclass
 
 from rollgym.report.data import RunData
@@ -34,24 +34,28 @@ class Delta:
 
 def hardest(run: RunData, n: int = HARDEST) -> list[TaskRow]:
     """The ``n`` tasks with the lowest pass rate (then the most failed rollouts)."""
-    rows = [
+    rows = (
         TaskRow(i, t.scored, t.passed, t.failed, t.pass_rate,
                 t.reward_sum / t.scored if t.scored else None, t.masked)
         for i, t in run.tasks.items()
-    ]  # fmt: skip
-    rows.sort(key=lambda r: (r.pass_rate if r.pass_rate is not None else -1.0, -r.failed))
-    return rows[:n]
+    )  # fmt: skip
+    # nsmallest keeps n rows, not one per task; it breaks ties by order, as a stable sort does.
+    return heapq.nsmallest(
+        n, rows, key=lambda r: (r.pass_rate if r.pass_rate is not None else -1.0, -r.failed)
+    )
 
 
 def deltas(base: RunData, other: RunData, n: int = HARDEST) -> list[Delta]:
     """The ``n`` tasks whose pass rate moved most from ``base`` to ``other``."""
-    out = []
-    for i, t in base.tasks.items():
-        o = other.tasks.get(i)
-        if o is not None and t.pass_rate is not None and o.pass_rate is not None:
-            out.append(Delta(i, t.pass_rate, o.pass_rate))
-    out.sort(key=lambda d: (-abs(d.change), d.task_index))
-    return [d for d in out if d.change][:n]
+    moved = (
+        Delta(i, t.pass_rate, o.pass_rate)
+        for i, t in base.tasks.items()
+        if i in other.tasks
+        and t.pass_rate is not None
+        and (o := other.tasks[i]).pass_rate is not None
+        and o.pass_rate != t.pass_rate
+    )
+    return heapq.nsmallest(n, moved, key=lambda d: (-abs(d.change), d.task_index))
 
 
 def headline(run: RunData) -> dict[str, str]:
@@ -59,12 +63,12 @@ def headline(run: RunData) -> dict[str, str]:
     mean = run.reward_mean()
     curve = run.pass_at()
     kmax = max(curve, default=0)
-    top = Counter(f.type for f in run.failures).most_common(3)
-    hops = {h: run.hops[h] for h in run.hops if len(run.hops[h])}
+    top = run.failures.by_type.most_common(3)
+    hops = {h: run.hops[h].values for h in run.hops if len(run.hops[h])}
     masked = f", {run.masked} masked" if run.masked else ""
     return {
         "status": run.status,
-        "rollouts": f"{run.scored} ok{masked}, {len(run.failures)} failed, {run.pending} pending "
+        "rollouts": f"{run.scored} ok{masked}, {run.failures.count} failed, {run.pending} pending "
         f"of {run.total}",
         "reward mean": "-" if mean is None else f"{mean:.4f}",
         "pass@1": f"{curve[1]:.4f}" if curve else "-",

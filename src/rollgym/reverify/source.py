@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
-from rollgym.collect.layout import RunDir, is_record
-from rollgym.errors import ConfigError
+from rollgym.collect.layout import LINE_LIMIT, RunDir, is_record, open_run_file, raw_lines
+from rollgym.errors import ConfigError, InputError
 from rollgym.wire import NG_ROLLOUT_INDEX
 
 _LEDGER_KEYS = ("task_index", "rollout_index", NG_ROLLOUT_INDEX)
@@ -30,7 +30,7 @@ class RecordedRun:
         for got in self.files.failed():
             if "error" in got.record:
                 self.failed[got.key] = got.record
-        self._fh = self.files.rollouts.open("rb") if self.succeeded else None
+        self._fh = open_run_file(self.files.rollouts) if self.succeeded else None
 
     def record(self, key: tuple[int, int]) -> dict[str, Any] | None:
         """The recorded rollout ``key`` (its line of ``rollouts.jsonl``), if it succeeded."""
@@ -38,7 +38,7 @@ class RecordedRun:
         if offset is None or self._fh is None:
             return None
         self._fh.seek(offset)
-        line = self._fh.readline()
+        line = self._fh.readline(LINE_LIMIT + 1)  # it was within the limit when indexed
         return None if not is_record(line) else orjson.loads(line)
 
     def close(self) -> None:
@@ -51,14 +51,18 @@ def write_input(source: Path, dest: Path) -> int:
     ``_ng_task_index``) to ``dest``; return the repeats. The same ``source`` always gives the
     same bytes, so ``--resume`` finds the input of the run it resumes."""
     tasks = RunDir(source).tasks
-    if not tasks.exists():
+    fh = open_run_file(tasks)
+    if fh is None:
         raise ConfigError(f"{source}: not a run directory (no tasks.jsonl)")
     repeats = 0
     seen: set[int] = set()
     tmp = dest.with_suffix(".tmp")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tasks.open("rb") as fh, tmp.open("wb") as out:
-        for line in fh:
+    with fh, tmp.open("wb") as out:
+        for got in raw_lines(fh):
+            line = got.raw
+            if line is None:
+                raise InputError(got.too_long(tasks))
             if not line.strip():
                 continue
             row = orjson.loads(line)
