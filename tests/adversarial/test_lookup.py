@@ -98,6 +98,9 @@ async def test_an_answer_listing_candidates_scores_0(
         (COMPARISON, "Velmora (9,317) has more inhabitants than Serrowby (3,958)."),
         (COMPARISON, "More people live in Velmora than in Serrowby."),
         (COMPARISON, "Velmora."),
+        (COMPARISON, "Velmora has more inhabitants (9,317) compared to Serrowby (3,958)."),
+        (COMPARISON, "Velmora, not Serrowby."),
+        (COMPARISON, "Velmora has 9,317 inhabitants, while Serrowby has 3,958."),
         (_row("Who is the mayor of the town where LM-3310 is warehoused?", "Lucan Trevis",
               "LM-3310", "Quillon"),
          "LM-3310 is stocked in Quillon, whose mayor is Lucan Trevis."),
@@ -158,6 +161,7 @@ async def test_no_answer_to_a_comparison_is_paid_for_both_candidates(
         (["Velmora"], "Brackenholt has 48,213 residents."),  # an entry without the answer
     ],
 )
+# (A comparison looked up on one side only: test_a_comparison_needs_both_lookups.)
 async def test_an_answer_the_lookups_did_not_return_scores_0(
     connect: Callable[[str], EnvClient], keys: list[str], text: str
 ) -> None:
@@ -171,6 +175,18 @@ async def test_an_answer_the_lookups_did_not_return_scores_0(
     assert status == 200
     assert body["reward"] == 0.0
     assert body["tool_called"] == (0 if keys[0] != "Velmora" else 1)
+
+
+async def test_a_comparison_needs_both_lookups(connect: Callable[[str], EnvClient]) -> None:
+    async with serve_server(LookupEnv, name="lookup") as (url, _):
+        env = connect(url)
+        for keys, reward in (
+            (["Velmora"], 0.0),
+            (["Serrowby"], 0.0),
+            (["Velmora", "Serrowby"], 1.0),
+        ):
+            body = await _verify(env, COMPARISON, "Velmora has more inhabitants.", keys)
+            assert body["reward"] == reward, keys
 
 
 @pytest.mark.parametrize(

@@ -3,16 +3,20 @@
 The registry (``knowledge.py``) is fictional, so a right answer without a lookup is a guess;
 ``verify`` pays only an answer that contains the expected value *and* came from a rollout whose
 lookups returned it (a lookup of a key that does not exist, or of another entry, is not a
-source: ``reason`` ``not_looked_up``). ``tool_called`` (a lookup found an entry) is reported as
-a metric, and ``aggregate_metrics`` turns it into the run's tool-call rate.
+source: ``reason`` ``not_looked_up``; a comparison needs the entries of all its candidates).
+``tool_called`` (a lookup found an entry) is reported as a metric, and ``aggregate_metrics``
+turns it into the run's tool-call rate.
 
 Answers are model output, and a policy will try the cheap way to "contain" the value: list many
 of them. An answer that also names another registry value of the same kind as the expected one
 (another town's population, another mayor) scores 0 with ``reason`` ``several_candidates``.
 A comparison names its candidates in the question ("Velmora or Serrowby?"); there an answer must
-choose: the first candidate it names is its choice, and the other may appear only as what it is
-compared with ("... than Serrowby"), so "Velmora or Serrowby" or "either Serrowby or Velmora"
-is no answer, and no text is paid for both choices. A key longer than any key
+choose: the first candidate it names is its choice, and the others may appear only as what it
+is set against ("... than Serrowby", "compared to Serrowby", "not Serrowby", "while Serrowby
+has ..."). So "Velmora or Serrowby" and "either Serrowby or Velmora" are no answer, and no text
+is paid for both choices. The price is that an answer that names the other candidate first
+("Serrowby has 3,958, so Velmora has more") also scores 0, with that reason.
+A key longer than any key
 (``MAX_KEY_CHARS``) is refused without being echoed back.
 """
 
@@ -31,8 +35,13 @@ from rollgym.server.resources import ResourcesServer, Session, tool
 
 # "48,213" and "48213" are the same number; commas between digit groups are dropped.
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-# "... than Serrowby", "... than in Serrowby": what a comparison's other candidate may follow.
-_THAN = re.compile(r"(?<![0-9a-z])than (?:(?:in|at|of|for|the|does|do|is) )*$")
+# What a comparison's other candidate may follow: it is then what the choice is set against
+# ("than in Serrowby", "compared to Serrowby", "not Serrowby", "whereas Serrowby"). Not "or",
+# "vs", "and": those list the candidates without choosing.
+_AGAINST = re.compile(
+    r"(?<![0-9a-z])(?:than|compared (?:to|with)|not|while|whereas|unlike|rather than)"
+    r" (?:(?:in|at|of|for|the|does|do|is) )*$"
+)
 MAX_KEY_CHARS = 100
 """Longer than every key: a longer one is refused before it is looked up, kept or echoed."""
 
@@ -87,13 +96,13 @@ def rival_values(expected: str, question: str) -> tuple[set[str], set[str]]:
 
 def chooses(normalized_text: str, wanted: str, candidates: set[str]) -> bool:
     """Whether the text picks ``wanted`` among a comparison's ``candidates``: it names
-    ``wanted`` before any of them, and names the others only after ``than``."""
+    ``wanted`` before any of them, and the others only as what it is set against."""
     first = _mentions(normalized_text, wanted)
     if not first:
         return False
     for rival in candidates:
         for at in _mentions(normalized_text, rival):
-            if at < first[0] or not _THAN.search(normalized_text[max(0, at - 40) : at]):
+            if at < first[0] or not _AGAINST.search(normalized_text[max(0, at - 40) : at]):
                 return False
     return True
 
@@ -155,7 +164,9 @@ class LookupEnv(ResourcesServer):
         others, candidates = rival_values(str(expected), _question(task))
         if any(_contains(text, v) for v in others) or not chooses(text, wanted, candidates):
             return {**scores, "reason": "several_candidates"}
-        if not any(normalize(str(v)) == wanted for entry in found for v in entry.values()):
+        sourced = {normalize(str(v)) for entry in found for v in entry.values()}
+        # A comparison is known only from the entries of all its candidates.
+        if not {wanted, *candidates} <= sourced:
             return {**scores, "reason": "not_looked_up"}
         return {**scores, "reward": 1.0}
 
