@@ -9,9 +9,11 @@ vLLM does) that, for a seeded fraction of calls, accepts the request and never s
 In front of it, ``rollgym run`` with default settings: ``openai_proxy`` -> the echo
 environment -> ``tool_agent`` (two model calls per rollout). Prints how long the run took, when
 all but the hung rollouts were done, and how many rollouts succeeded, failed, or needed more
-than one upstream call. The upstream stays alive (it answers its health probes), so with the
-proxy's default whole answers a lost call waits for its attempt timeout; ``--upstream-stream``
-runs the proxy with ``upstream_stream: true``, whose idle timeout catches it. ``rollgym`` runs
+than one upstream call. The upstream stays alive (it answers its health probes, and has no
+token counters), so with the proxy's default whole answers a lost call is caught by the hedge
+(``rollgym.models.hedge``: sent again once it has run far longer than its peers; before it, a
+lost call waited for its attempt timeout); ``--upstream-stream`` runs the proxy with
+``upstream_stream: true``, whose idle timeout catches it. ``rollgym`` runs
 as a child process, so ``PYTHONPATH`` picks the code
 under test (e.g. the last commit, ``git archive HEAD | tar -x -C /tmp/before``).
 """

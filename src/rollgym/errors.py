@@ -10,7 +10,9 @@ this one, as the same kind of record.
     ├── ConfigError            a config file, CLI option or input file is wrong (never retried)
     │   └── InputError         one line of a task file is malformed
     ├── InvalidRequest         a request to a rollgym server is malformed (answered 4xx)
-    │   └── RequestTooLarge    a request past one of the server's limits (413, 431)
+    │   ├── RequestTooLarge    a request past one of the server's limits (413, 431)
+    │   └── BadCheckpoint      weights to push are missing, no checkpoint, or do not match the
+    │                          served model (names, shapes, dtypes): nothing was sent
     ├── HTTPStatusError        a server answered with a non-2xx status
     │   └── CapacityReached    a server with a session limit is full (OpenEnv's
     │                          ``max_concurrent_envs``): 503, retried per its policy
@@ -23,6 +25,9 @@ this one, as the same kind of record.
     │   │   └── SessionLost    the replica holding this call's session is gone (never retried)
     │   ├── ConnectionLost     connection reset or closed after the request was sent
     │   ├── ReadTimeout        no answer within the per-attempt timeout
+    │   │   └── ReplicaDown    a watched model replica failed its liveness probe: every call
+    │   │       │              in flight there failed at once, and its breaker opened
+    │   │       └── ReplicaStalled  ... its API answers, but its engine made no progress
     │   ├── AnswerTooLarge     an answer past one of the caller's limits (never retried)
     │   └── DeadlineExceeded   the total deadline (across attempts, or of a rollout) ran out
     │       ├── WaitedTooLong  ... before the work began (waiting for a worker)
@@ -39,6 +44,8 @@ this one, as the same kind of record.
     │   ├── SandboxError       an environment's sandbox could not run the code (not the code)
     │   └── ScorerError        an environment's scorer cannot score a row (it fails on the
     │                          row's own reference answer, or kills its worker)
+    ├── WeightsNotRestored     a weight push failed and the inference server could not be
+    │                          brought back to serving its previous weights (or unpaused)
     ├── LaunchError            a server could not be started or never became healthy
     └── RunAborted             the run-level failure budget stopped the run
 
@@ -426,6 +433,14 @@ class RequestTooLarge(InvalidRequest):
     type = "request_too_large"
 
 
+class BadCheckpoint(InvalidRequest):
+    """Weights a trainer asked to push are missing, are not a checkpoint directory
+    (``config.json`` and ``*.safetensors``), or do not match the served model's parameter
+    names, shapes or dtypes. Refused before anything was sent: the server serves on."""
+
+    type = "bad_checkpoint"
+
+
 class HTTPStatusError(RollgymError):
     """A server answered with a non-2xx status."""
 
@@ -491,6 +506,21 @@ class ReadTimeout(TransportError):
     """No answer within the per-attempt timeout."""
 
     type = "read_timeout"
+
+
+class ReplicaDown(ReadTimeout):
+    """A model replica watched by a proxy (``rollgym.models.liveness``) failed its liveness
+    probe (no answer in time, refused, 5xx): every call in flight there failed at once and its
+    circuit opened. Not retried on that replica; another replica may take the call."""
+
+    type = "replica_down"
+
+
+class ReplicaStalled(ReplicaDown):
+    """A watched model replica answers its probe, but its engine generated no token for
+    ``stall_timeout`` seconds while it had calls in flight (its counters at ``/metrics``)."""
+
+    type = "replica_stalled"
 
 
 class AnswerTooLarge(TransportError):
@@ -638,6 +668,14 @@ def _plain_json(value: Any) -> Any:
         return orjson.loads(redact_text(raw.decode()))
     except orjson.JSONDecodeError:
         return None
+
+
+class WeightsNotRestored(RollgymError):
+    """A weight push failed (``origin``: how) and the inference server could not be brought
+    back to the weights it served before, or could not be unpaused: it may hold every request
+    or have a broken engine. Restart it on the last good checkpoint."""
+
+    type = "weights_not_restored"
 
 
 class LaunchError(RollgymError):

@@ -2,10 +2,13 @@
 
 Against the vLLM-shaped double (``vllm_double``): a double whose streamed tool-call arguments
 differ from its whole answer, as vLLM's streaming tool parsers do, gives the whole answer
-through the proxy; a double that takes a request and never answers is caught by the liveness
-probe as a read timeout, retried and failed over like any model call, while one that answers
-its probe keeps generating, and probes never wait for a connection behind the calls they
-watch. Then ``LivenessTransport`` alone, in front of a scripted transport.
+through the proxy; a double that takes requests and never answers fails every call in flight
+there from one heartbeat probe, as ``replica_down``, not retried on it, its breaker opened and
+new calls refused naming the cause, or failed over to another replica; an engine whose counters
+stand still is ``replica_stalled``, while a slow generation whose counters move, or one that
+answers its probe, keeps generating; probes never wait for a connection behind the calls they
+watch; a call a live upstream lost is hedged. Then ``LivenessTransport`` alone, in front of a
+scripted transport, and the pure parts (metrics, latencies, the hedge budget).
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from rollgym.errors import ConnectError, ReadTimeout
+from rollgym.errors import CircuitOpen, ConnectError, ReplicaDown, ReplicaStalled
+from rollgym.http.breaker import CLOSED, OPEN
 from rollgym.http.default import default_transport
 from rollgym.http.lean import LeanTransport
 from rollgym.http.transport import RawAnswer, Request
 from rollgym.models import proxy as proxy_module
+from rollgym.models.hedge import HedgeBudget, Latencies, size_bucket
 from rollgym.models.liveness import LivenessTransport, Watch, watching
+from rollgym.models.progress import Progress, Reading, read_metrics
 from rollgym.server.base import BaseServer
 from rollgym.testing import serve_asgi, serve_server
 
@@ -36,6 +42,8 @@ from .vllm_double import VllmDouble
 pytestmark = pytest.mark.timeout(30)
 
 IDLE = 0.2
+BEAT = {"heartbeat": IDLE, "probe_timeout": IDLE, "timeout": 300}
+"""A heartbeat and probe of 0.2 s; the attempt timeout far away."""
 ONCE = {"max_attempts": 1}
 QUICK = {"backoff_initial": 0.01, "backoff_max": 0.02, "budget": {"enabled": False}}
 ECHO = {
@@ -160,17 +168,56 @@ async def test_token_ids_come_with_the_whole_answer() -> None:
         ("engine_dead", "answered 503"),  # vLLM's /ping, the default path, reports its engine
     ],
 )
-async def test_a_replica_that_never_answers_is_caught_as_a_hang(fault: str, problem: str) -> None:
+async def test_a_replica_that_never_answers_is_caught_and_not_retried(
+    fault: str, problem: str
+) -> None:
     double = VllmDouble()
     setattr(double, fault, True)
-    options = {"idle_timeout": IDLE, "probe_timeout": IDLE, "timeout": 300}  # the default path
-    async with proxy(double, upstream_retry=ONCE, **options) as (url, _):
+    # The default policy: three attempts; a replica found down takes none of the other two.
+    async with proxy(double, **BEAT) as (url, server):
         status, body = await post(url + "/v1/responses", ask())
+        breaker = server.client.breaker("model.upstream")
     assert status == 504, body
     origin = body["error"]["origin"]
-    assert origin["type"] == ReadTimeout.type
+    assert origin["type"] == ReplicaDown.type
     assert f"failed its liveness probe (POST /ping: {problem})" in origin["message"]
-    assert double.probes >= 1 and len(double.requests) == 1
+    assert origin["attempts"] == 1 and len(double.requests) == 1
+    assert breaker is not None and breaker.state == OPEN
+    assert breaker.reason == f"POST /ping: {problem}"
+
+
+async def test_one_probe_fails_every_call_in_flight_and_the_next_is_refused() -> None:
+    double = VllmDouble()
+    double.stuck = True
+    calls = 20
+    async with proxy(double, **BEAT) as (url, server):
+        answers = await asyncio.gather(*(post(url + "/v1/responses", ask()) for _ in range(calls)))
+        status, refused = await post(url + "/v1/responses", ask())
+        downs = server.liveness.downs
+    assert [a[0] for a in answers] == [504] * calls
+    assert {a[1]["error"]["origin"]["type"] for a in answers} == {ReplicaDown.type}
+    assert downs == 1  # one heartbeat failed them all
+    assert len(double.requests) == calls  # none sent twice
+    # The breaker refuses the next call without sending it, and says why it opened.
+    assert status == 502, refused
+    origin = refused["error"]["origin"]
+    assert origin["type"] == CircuitOpen.type
+    assert "POST /ping: no answer within 0.2s" in origin["message"]
+    assert len(double.requests) == calls
+
+
+async def test_a_replica_found_down_comes_back_through_its_breakers_probe() -> None:
+    double = VllmDouble()
+    double.stuck_first = 1  # frozen while its first request is the latest
+    retry = {"breaker": {"cooldown": 0.05}}
+    async with proxy(double, upstream_retry=retry, **BEAT) as (url, server):
+        status, body = await post(url + "/v1/responses", ask())
+        assert status == 504 and body["error"]["origin"]["type"] == ReplicaDown.type
+        await asyncio.sleep(0.1)  # past the cooldown: the next call is the breaker's probe
+        status, response = await post(url + "/v1/responses", ask())
+        breaker = server.client.breaker("model.upstream")
+    assert status == 200, response
+    assert breaker is not None and breaker.state == CLOSED
 
 
 async def test_a_dead_engine_behind_a_live_server_is_not_seen_by_post_health() -> None:
@@ -178,7 +225,7 @@ async def test_a_dead_engine_behind_a_live_server_is_not_seen_by_post_health() -
     # (That is why the default path is /ping.)
     double = VllmDouble()
     double.engine_dead = True
-    options = {"idle_timeout": IDLE, "timeout": 300, "health_path": "/health"}
+    options = {**BEAT, "probe_timeout": 10, "health_path": "/health", "metrics_path": None}
     async with proxy(double, upstream_retry=ONCE, **options) as (url, _):
         call = asyncio.ensure_future(post(url + "/v1/responses", ask()))
         await double.wait_for_probes(3)
@@ -192,7 +239,7 @@ async def test_a_dead_engine_behind_a_live_server_is_not_seen_by_post_health() -
 async def test_a_replica_that_answers_its_probe_keeps_generating() -> None:
     double = VllmDouble()
     double.hold_for_probes = 3  # answers only once it was probed three times
-    async with proxy(double, idle_timeout=IDLE, timeout=300) as (url, _):
+    async with proxy(double, **{**BEAT, "probe_timeout": 10}) as (url, _):
         status, response = await post(url + "/v1/responses", ask())
     assert status == 200, response
     assert calls(response) == ['{"text":"Oslo"}']
@@ -210,8 +257,7 @@ async def test_probes_do_not_wait_behind_the_calls_they_watch(
     )
     double = VllmDouble()
     double.hold_for_probes = 2
-    options = {"idle_timeout": IDLE, "probe_timeout": IDLE, "timeout": 300}
-    async with proxy(double, upstream_retry=ONCE, **options) as (url, _):
+    async with proxy(double, upstream_retry=ONCE, **BEAT) as (url, _):
         answers = await asyncio.gather(*(post(url + "/v1/responses", ask()) for _ in range(2)))
     for status, response in answers:
         assert status == 200, response
@@ -219,32 +265,92 @@ async def test_probes_do_not_wait_behind_the_calls_they_watch(
     assert len(double.requests) == 2 and double.probes >= 2
 
 
-async def test_a_hang_is_retried_under_the_servers_policy() -> None:
-    double = VllmDouble()
-    double.stuck_first = 1  # the retry finds the server answering again
-    options = {"idle_timeout": IDLE, "probe_timeout": IDLE, "timeout": 300,
-               "upstream_retry": {"max_attempts": 2}}  # fmt: skip
-    async with proxy(double, **options) as (url, server):
-        status, response = await post(url + "/v1/responses", ask())
-        stats = server.client.stats()["model.upstream"]
-    assert status == 200, response
-    assert calls(response) == ['{"text":"Oslo"}']
-    assert (len(double.requests), stats.attempts, stats.retries) == (2, 2, 1)
-
-
-async def test_a_hung_replica_fails_over_and_counts_against_its_breaker() -> None:
+async def test_a_hung_replica_fails_over_and_its_breaker_opens() -> None:
     hung, healthy = VllmDouble(), VllmDouble()
     hung.stuck = True
-    async with proxy(
-        hung, healthy, idle_timeout=IDLE, probe_timeout=IDLE, upstream_retry=ONCE,
-        sticky_replicas=False,
-    ) as (url, server):  # fmt: skip
+    async with proxy(hung, healthy, sticky_replicas=False, **BEAT) as (url, server):
         answers = [await post(url + "/v1/responses", ask()) for _ in range(2)]
-        stats = server.client.stats()
+        breakers = server.client.breakers("model.upstream[0]")
     assert [status for status, _ in answers] == [200, 200]
-    # Ties take turns: the first call tries the hung replica first, the second the other.
+    # Ties take turns: the first call tries the hung replica first; its breaker then keeps
+    # the second call away from it.
     assert (len(hung.requests), len(healthy.requests)) == (1, 2)
-    assert stats["model.upstream[0]"].failures == len(hung.requests)
+    assert [b.state for b in breakers] == [OPEN]
+
+
+# -- an engine that makes no progress --------------------------------------------------------
+
+
+async def test_an_engine_that_stops_generating_is_typed_as_stalled() -> None:
+    double = VllmDouble()
+    double.engine_stalled = True  # /ping answers 200 throughout
+    async with proxy(double, stall_timeout=0.6, **BEAT) as (url, server):
+        status, body = await post(url + "/v1/responses", ask())
+        breaker = server.client.breaker("model.upstream")
+    assert status == 504, body
+    origin = body["error"]["origin"]
+    assert origin["type"] == ReplicaStalled.type
+    assert "made no progress" in origin["message"]
+    assert "token counters at GET /metrics stood still" in origin["message"]
+    assert len(double.requests) == 1 and double.scrapes >= 2
+    assert breaker is not None and breaker.state == OPEN
+
+
+async def test_a_slow_generation_that_progresses_is_never_cut() -> None:
+    double = VllmDouble()
+    double.generate_seconds = 3.0  # five times the stall timeout, its counter moving
+    async with proxy(double, stall_timeout=0.6, **BEAT) as (url, server):
+        status, response = await post(url + "/v1/responses", ask())
+        downs = server.liveness.downs
+    assert status == 200, response
+    assert calls(response) == ['{"text":"Oslo"}']
+    assert downs == 0 and len(double.requests) == 1 and double.scrapes >= 5
+
+
+async def test_an_upstream_without_metrics_is_not_watched_for_progress() -> None:
+    double = VllmDouble()
+    double.engine_stalled = True
+    double.metrics = False  # /metrics answers 404, as OpenAI's API would
+    async with proxy(double, stall_timeout=0.3, **BEAT) as (url, server):
+        call = asyncio.ensure_future(post(url + "/v1/responses", ask()))
+        await double.wait_for_probes(6)  # well past the stall timeout
+        assert not call.done() and server.liveness.downs == 0
+        double.release.set()
+        status, response = await call
+    assert status == 200, response
+    assert double.scrapes == 1  # asked once; a 404 is an answer for good
+
+
+# -- a call a live upstream lost -------------------------------------------------------------
+
+
+async def test_a_lost_call_is_hedged_and_the_first_answer_wins() -> None:
+    double = VllmDouble()
+    double.lose = {4}  # the fourth request is taken and never answered
+    async with proxy(double, **BEAT) as (url, server):
+        # A small sample and floor, every call hedgeable: the rules, faster.
+        server.liveness.latencies = Latencies(min_seconds=0.3, min_samples=3)
+        server.liveness.budget = HedgeBudget(share=1.0)
+        for _ in range(3):
+            status, _ = await post(url + "/v1/responses", ask())
+            assert status == 200
+        status, response = await post(url + "/v1/responses", ask())
+        hedges = server.liveness.hedges
+    assert status == 200, response
+    assert calls(response) == ['{"text":"Oslo"}']
+    assert response["rollgym_upstream"]["rollgym_hedged"] == 1
+    assert hedges == 1 and len(double.requests) == 5
+
+
+async def test_no_hedge_before_the_replica_has_answered_enough_calls() -> None:
+    double = VllmDouble()
+    double.hold_for_probes = 4
+    async with proxy(double, **BEAT) as (url, server):
+        server.liveness.latencies = Latencies(min_seconds=0.01, min_samples=3)
+        status, response = await post(url + "/v1/responses", ask())
+    assert status == 200, response
+    assert server.liveness.hedges == 0 and len(double.requests) == 1
+    assert "rollgym_hedged" not in response["rollgym_upstream"]
 
 
 # -- LivenessTransport alone -----------------------------------------------------------------
@@ -297,7 +403,7 @@ async def test_without_a_watch_the_inner_transport_is_used_unchanged() -> None:
     assert transport.probes == 0
 
 
-async def test_a_watched_answer_has_no_idle_cut_and_its_probes_are_shared() -> None:
+async def test_one_heartbeat_watches_every_call_and_has_no_idle_cut() -> None:
     loop = asyncio.get_running_loop()
     inner = Scripted()
     inner.answer, inner.probe = loop.create_future(), loop.create_future()
@@ -305,7 +411,7 @@ async def test_a_watched_answer_has_no_idle_cut_and_its_probes_are_shared() -> N
     with watching(watch(every=0.01, probe_timeout=20)):
         waiting = [asyncio.ensure_future(send(transport)) for _ in range(5)]
     await inner.probed.wait()
-    await asyncio.sleep(0.05)  # every call past its wait, all on the one probe in flight
+    await asyncio.sleep(0.05)  # every call waiting, one probe in flight for them all
     assert transport.probes == 1
     inner.probe.set_result(RawAnswer(405, b""))  # alive
     inner.answer.set_result(RawAnswer(200, b"{}"))
@@ -314,19 +420,28 @@ async def test_a_watched_answer_has_no_idle_cut_and_its_probes_are_shared() -> N
     assert all(idle is None for url, idle in inner.sent if url.endswith("/completions"))
 
 
-async def test_a_failed_probe_fails_the_attempt_and_cancels_it() -> None:
+async def test_a_failed_probe_fails_every_attempt_after_telling_on_down() -> None:
     loop = asyncio.get_running_loop()
     inner = Scripted()
     inner.answer, inner.probe = loop.create_future(), loop.create_future()
     inner.probe.set_exception(
         ConnectError("cannot connect", server="model.upstream", endpoint="/health")
     )
-    transport = LivenessTransport(inner, probe_transport=inner)
-    with watching(watch()), pytest.raises(ReadTimeout) as caught:
-        await send(transport)
-    assert "failed its liveness probe (POST /health: cannot connect)" in caught.value.message
-    assert caught.value.endpoint == "/chat/completions"
-    assert inner.cancelled == 1  # the attempt's connection is closed
+    told: list[str] = []
+    transport = LivenessTransport(
+        inner, probe_transport=inner, on_down=lambda w, why: told.append(why)
+    )
+    with watching(watch()):
+        attempts = [asyncio.ensure_future(send(transport)) for _ in range(3)]
+    failed = await asyncio.gather(*attempts, return_exceptions=True)
+    assert all(isinstance(err, ReplicaDown) for err in failed)
+    err = failed[0]
+    assert isinstance(err, ReplicaDown) and not err.retryable
+    assert "failed its liveness probe (POST /health: cannot connect)" in err.message
+    assert err.endpoint == "/chat/completions"
+    assert told == ["POST /health: cannot connect"]
+    assert inner.cancelled == 3  # each attempt's connection is closed
+    assert transport.downs == 1
 
 
 async def test_a_probe_that_hangs_is_bounded_by_its_own_timeout() -> None:
@@ -334,29 +449,9 @@ async def test_a_probe_that_hangs_is_bounded_by_its_own_timeout() -> None:
     inner = Scripted()
     inner.answer, inner.probe = loop.create_future(), loop.create_future()  # neither answers
     transport = LivenessTransport(inner, probe_transport=inner)
-    with watching(watch(every=0.05)), pytest.raises(ReadTimeout) as caught:
+    with watching(watch(every=0.05)), pytest.raises(ReplicaDown) as caught:
         await send(transport)
     assert "no answer within 0.05s" in caught.value.message
-
-
-async def test_a_retry_is_not_failed_by_its_predecessors_probe() -> None:
-    loop = asyncio.get_running_loop()
-    inner = Scripted()
-    inner.answer, inner.probe = loop.create_future(), loop.create_future()
-    inner.probe.set_result(RawAnswer(503, b""))
-    transport = LivenessTransport(inner, probe_transport=inner, reuse=3600)
-    with watching(watch(every=0.01)), pytest.raises(ReadTimeout):
-        await send(transport)
-    inner.probe = loop.create_future()
-    inner.probe.set_result(RawAnswer(200, b""))  # the replica recovered
-    inner.answer = loop.create_future()
-    inner.probed.clear()
-    with watching(watch(every=0.01)):
-        attempt = asyncio.ensure_future(send(transport))
-    await inner.probed.wait()  # probed anew, not failed on the cached 503
-    assert transport.probes == 2 and not attempt.done()
-    inner.answer.set_result(RawAnswer(200, b"{}"))
-    assert (await attempt).status == 200
 
 
 async def test_probes_go_through_a_transport_of_their_own() -> None:
@@ -375,3 +470,87 @@ async def test_probes_go_through_a_transport_of_their_own() -> None:
     # By default a pool without a limit, not the watched calls' pool.
     default = LivenessTransport(chats).probe_transport
     assert isinstance(default, LeanTransport) and default.limit == 0
+
+
+async def test_the_heartbeat_stops_when_nothing_is_in_flight() -> None:
+    loop = asyncio.get_running_loop()
+    inner = Scripted()
+    inner.answer, inner.probe = loop.create_future(), loop.create_future()
+    inner.probe.set_result(RawAnswer(200, b""))
+    transport = LivenessTransport(inner, probe_transport=inner)
+    with watching(watch(every=0.01)):
+        attempt = asyncio.ensure_future(send(transport))
+    await inner.probed.wait()
+    inner.answer.set_result(RawAnswer(200, b"{}"))
+    await attempt
+    probes = transport.probes
+    await asyncio.sleep(0.1)  # ten heartbeats' time, nothing in flight
+    assert transport.probes == probes
+
+
+# -- the pure parts --------------------------------------------------------------------------
+
+VLLM_METRICS = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 120.0
+vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e+09
+vllm:prompt_tokens_total{engine="0",model_name="m"} 30.0
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+"""
+SGLANG_METRICS = """# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="m"} 7.557572e+06
+sglang:prompt_tokens_total{model_name="m"} 8.128902e+06
+sglang:num_running_reqs{model_name="m"} 0.0
+"""
+
+
+def test_metrics_are_read_from_vllm_and_sglang_expositions() -> None:
+    assert read_metrics(VLLM_METRICS) == Reading(150.0, 4.0)
+    assert read_metrics(SGLANG_METRICS) == Reading(7.557572e06 + 8.128902e06, 0.0)
+    assert read_metrics("# nothing\nprocess_cpu_seconds_total 3.0\n") is None
+    assert read_metrics("vllm:prompt_tokens_total 5\n") == Reading(5.0, None)
+
+
+def test_progress_is_stalled_only_with_work_in_the_engine() -> None:
+    progress = Progress(stall_timeout=10)
+    progress.restart(0)
+    assert progress.stalled(Reading(5, 1), 1) is None
+    assert progress.stalled(Reading(5, 1), 9) is None
+    assert progress.stalled(Reading(5, 1), 11) == 10  # stood still since t=1
+    assert progress.stalled(Reading(6, 1), 30) is None  # moved
+    assert progress.stalled(Reading(6, 0), 50) is None  # an idle engine is not stalled
+    assert progress.stalled(Reading(6, None), 55) is None  # ... and its idle time not counted
+    assert progress.stalled(Reading(6, None), 61) == 11
+
+
+def test_hedges_wait_for_enough_answers_of_the_size_and_stay_within_their_share() -> None:
+    latencies = Latencies(factor=4, min_seconds=1, min_samples=3)
+    small, large = (7, 4), (12, 4)
+    assert latencies.hedge_after("r", small) is None
+    for seconds in (0.5, 0.5, 2.0):
+        latencies.add("r", small, seconds)
+    assert latencies.hedge_after("r", small) == 8.0  # 4 x the 95th percentile
+    assert latencies.hedge_after("r", large) == 8.0  # too few of its own: the replica's
+    for _ in range(3):
+        latencies.add("r", large, 30.0)
+    assert latencies.hedge_after("r", large) == 120.0
+    assert latencies.hedge_after("other", small) is None
+
+    now = [0.0]
+    budget = HedgeBudget(share=0.05, window=60, clock=lambda: now[0])
+    for _ in range(19):
+        budget.note_call()
+    assert not budget.try_hedge()  # 1 > 5% of 19
+    budget.note_call()
+    assert budget.try_hedge() and not budget.try_hedge()
+    now[0] = 61.0  # the window moved on: nothing counted
+    assert not budget.try_hedge()
+
+
+def test_a_calls_size_is_its_max_tokens_and_prompt_length() -> None:
+    short = {"messages": [{"role": "user", "content": "x" * 100}], "max_tokens": 512}
+    assert size_bucket(short) == (9, 7)
+    assert size_bucket({"messages": [{"role": "user", "content": "hi"}]}) == (-1, 1)
+    assert size_bucket({"max_completion_tokens": 1000, "messages": "junk"}) == (10, 0)

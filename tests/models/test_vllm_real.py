@@ -303,9 +303,10 @@ async def test_the_default_answers_are_vllms_whole_answers(vllm_url: str) -> Non
     for seed in SEEDS:
         body = {**TOOL_OUTPUT, **token_request(responses_to_chat(tool_request(seed), model="tiny"))}
         whole.append(await post(vllm_url + "/v1/chat/completions", body))
-    # A small idle_timeout, so that calls are probed while vLLM generates, and go on (a probe
-    # may take a while here: vLLM's API server shares 2 busy cores with its engine).
-    async with proxy(vllm_url + "/v1", idle_timeout=0.2, probe_timeout=10, **options) as (url, _):
+    # A small heartbeat, so that calls are probed (and vLLM's counters read) while it
+    # generates, and go on (a probe may take a while here: vLLM's API server shares 2 busy
+    # cores with its engine).
+    async with proxy(vllm_url + "/v1", heartbeat=0.2, probe_timeout=10, **options) as (url, _):
         for seed in SEEDS:
             default.append(await post(url + "/v1/responses", tool_request(seed)))
     async with proxy(vllm_url + "/v1", upstream_stream=True, **options) as (url, _):
@@ -361,8 +362,8 @@ async def test_a_frozen_vllm_is_caught_as_a_hang(vllm: Vllm) -> None:
     # Its API server stopped (SIGSTOP): connections are still accepted by the kernel, but
     # nothing answers, neither the call nor its probe. Stopped before the call is sent, so the
     # call cannot have been answered first. Last in this module: vLLM is resumed after it.
-    options = {"idle_timeout": 0.5, "probe_timeout": 2, "timeout": 300,
-               "upstream_retry": {"max_attempts": 1}}  # fmt: skip
+    options = {"heartbeat": 0.5, "probe_timeout": 2, "timeout": 300,
+               "upstream_retry": {"breaker": {"cooldown": 0.1}}}  # fmt: skip
     async with proxy(vllm.url + "/v1", **options) as (url, _):
         os.kill(vllm.pid, signal.SIGSTOP)
         try:
@@ -375,8 +376,9 @@ async def test_a_frozen_vllm_is_caught_as_a_hang(vllm: Vllm) -> None:
             os.kill(vllm.pid, signal.SIGCONT)
         assert status == 504, body
         origin = body["error"]["origin"]
-        assert origin["type"] == "read_timeout"
+        assert origin["type"] == "replica_down" and origin["attempts"] == 1
         assert "failed its liveness probe (POST /ping: no answer within 2s)" in origin["message"]
-        # Resumed, it answers again.
+        # Resumed, it answers again (the call after the breaker's cooldown is its probe).
+        await asyncio.sleep(0.2)
         resumed = await post(url + "/v1/responses", request("hello world"))
     assert resumed["output"] and resumed["usage"]["output_tokens"] > 0

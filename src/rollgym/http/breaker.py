@@ -5,7 +5,9 @@ Closed: requests flow. After ``consecutive_failures`` final failures in a row, o
 rate of at least ``failure_rate`` over ``window`` seconds (with ``min_requests``), it opens:
 requests fail at once as ``circuit_open`` without being sent. After ``cooldown`` one probe is let
 through (half-open); its success closes the breaker, its failure opens it again.
-Only server-side failures count (5xx, transport); a 4xx is the caller's problem.
+Only server-side failures count (5xx, transport); a 4xx is the caller's problem. A watcher that
+knows the server is down (a proxy's liveness heartbeat: ``rollgym.models.liveness``) opens it
+at once with ``trip``; ``reason`` says why it last opened, for the errors of refused calls.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class CircuitBreaker:
         self._probing = False
         self.opened = 0
         self.rejected = 0
+        self.reason: str | None = None
+        """Why the circuit last opened (``None`` before it ever did)."""
 
     def _now(self) -> float:
         return self._clock()
@@ -79,6 +83,14 @@ class CircuitBreaker:
         through instead of staying half-open with a probe that will never report."""
         if self.state == HALF_OPEN:
             self._probing = False
+
+    def trip(self, why: str) -> None:
+        """Open the circuit now, whatever its state (the server is known to be down: ``why``);
+        the cooldown starts again, and a half-open probe in flight no longer decides."""
+        if not self.config.enabled:
+            return
+        self._probing = False
+        self._open(self._now(), why)
 
     def record(self, ok: bool) -> None:
         """Report the outcome of one request that was sent: ``ok`` unless the server failed."""
@@ -125,6 +137,7 @@ class CircuitBreaker:
         self.state = OPEN
         self._opened_at = now
         self.opened += 1
+        self.reason = why
         log.warning(
             "circuit for %s opened (%s); cooling down %gs", self.name, why, self.config.cooldown
         )

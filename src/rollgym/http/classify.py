@@ -109,18 +109,26 @@ def blames_server(err: RollgymError) -> bool:
             # the gateway itself is healthy, and the other server has its own breaker.
             return False
         return (err.status or 0) >= 500
-    return err.type in ("connect_error", "connection_lost", "read_timeout", "protocol_error")
+    if isinstance(err, ReadTimeout):
+        return True  # a read timeout of any kind (a stalled upstream's too)
+    return err.type in ("connect_error", "connection_lost", "protocol_error")
 
 
 # -- the errors of a call stopped before its next attempt ------------------------------------
 
 
 def circuit_open(
-    server: str, endpoint: str, *, attempts: int, last: RollgymError | None
+    server: str,
+    endpoint: str,
+    *,
+    attempts: int,
+    last: RollgymError | None,
+    why: str | None = None,
 ) -> CircuitOpen:
-    """The breaker of ``server`` refused attempt ``attempts + 1`` (``last`` failed before)."""
+    """The breaker of ``server`` refused attempt ``attempts + 1`` (``last`` failed before);
+    ``why`` is what opened it (``CircuitBreaker.reason``), named in the message."""
     return CircuitOpen(
-        f"circuit for {server} is open after repeated failures; not sent",
+        f"circuit for {server} is open ({why or 'after repeated failures'}); not sent",
         server=server, endpoint=endpoint, method="POST", attempts=attempts or 1, origin=last,
     )  # fmt: skip
 

@@ -28,7 +28,7 @@ import orjson
 
 import rollgym.http.limits as answer_limits
 from rollgym import tracing
-from rollgym.errors import ConnectError, RollgymError
+from rollgym.errors import ConnectError, ReplicaDown, RollgymError
 from rollgym.http.answer import (
     AttemptFailed,
     JsonValue,
@@ -352,7 +352,9 @@ class HttpClient:
                         )
                     )
                 except RollgymError as sent:  # the transport's: no answer
-                    raise AttemptFailed(sent) from sent
+                    # A replica found down by its watch (``rollgym.models.liveness``) is
+                    # final here: its breaker is open, another replica may take the call.
+                    raise AttemptFailed(sent, final=isinstance(sent, ReplicaDown)) from sent
                 finally:
                     answer_limits.done(limits)
                     state.replicas.end(replica)
@@ -437,10 +439,13 @@ class HttpClient:
             state.stats.failures += 1
             url = target.urls[replica]
             raise replica_lost(target.name, endpoint, url, attempts=attempt, last=last)
-        if not state.breakers[replica].allow():
+        breaker = state.breakers[replica]
+        if not breaker.allow():
             state.stats.circuit_rejected += 1
             state.stats.failures += 1
-            raise circuit_open(target.name, endpoint, attempts=attempt - 1, last=last)
+            raise circuit_open(
+                target.name, endpoint, attempts=attempt - 1, last=last, why=breaker.reason
+            )
         return replica
 
 

@@ -15,9 +15,13 @@ it and NeMo Gym's vLLM client looks for it). ``GET /v1/models`` lists the ``mode
           api_key_env: VLLM_API_KEY     # the NAME of the variable holding the key (optional)
           model: Qwen/Qwen3-8B          # sent upstream instead of the request's model (optional)
           timeout: 600                  # seconds per attempt (optional)
-          idle_timeout: 60              # seconds without an answer before a health probe
+          idle_timeout: 60              # upstream_stream: seconds the stream may be silent
+          heartbeat: 5                  # seconds between liveness probes of a busy replica
           health_path: /ping            # the probe's path at each replica's root
-          probe_timeout: 10             # seconds the probe may take
+          probe_timeout: 5              # seconds the probe may take
+          metrics_path: /metrics        # the replica's token counters (progress)
+          stall_timeout: 45             # seconds without progress before a replica is stalled
+          hedge: true                   # send a lost call again (see below)
           upstream_stream: false        # stream from the upstream (see the caveat below)
           upstream_retry: {max_attempts: 3}   # RetryPolicy fields (optional)
           extra_body: {top_k: 20}       # merged into every upstream request (optional)
@@ -29,15 +33,35 @@ for whole answers (no ``"stream"``): what it hands on is what the upstream answe
 calls and text included. Streaming from vLLM would give the same token ids but not always the
 same message: vLLM's streaming tool parsers are not its whole-answer parsers (with ``hermes``,
 streamed function-call arguments may not even be JSON, and vLLM renders such arguments as
-``{}`` on the next turn). A whole answer sends nothing until it is done, so a call that has had
-no answer for ``idle_timeout`` seconds (60 by default) has its replica probed: a ``POST`` to
-``health_path`` at the replica's root (``/ping``: vLLM serves it for POST too, with the check
-of its GET-only ``/health``, so a dead engine answers 503; any answer below 500 means alive,
-e.g. the 404 of an upstream without the path) with a timeout of its own (``probe_timeout``,
-10 s). A replica that answers keeps generating, for up to the attempt timeout (600 s); one
-that does not fails the attempt as a read timeout, retried like any model call
-(``rollgym.models.liveness``). ``idle_timeout: null`` turns the probes off (only the attempt
-timeout bounds a call).
+``{}`` on the next turn). A whole answer sends nothing until it is done, so each replica is
+watched instead, one heartbeat for all of its calls (``rollgym.models.liveness``): while calls
+are in flight there, every ``heartbeat`` seconds (5) the replica is probed, a ``POST`` to
+``health_path`` at its root (``/ping``: vLLM serves it for POST too, with the check of its
+GET-only ``/health``, so a dead engine answers 503; any answer below 500 means alive, e.g. the
+404 of an upstream without the path) with a timeout of its own (``probe_timeout``, 5 s), and its
+token counters are read (``GET metrics_path``: vLLM's ``vllm:generation_tokens_total``,
+SGLang's ``sglang:generation_tokens_total``, with prompt tokens; ``rollgym.models.progress``).
+
+- A replica that does not answer its probe (a frozen server), refuses it or answers 5xx fails
+  every call in flight there at once as ``replica_down``, and its circuit breakers open: its
+  calls go to another replica, or fail at once with one replica, and new calls are refused
+  (``circuit_open``, naming the cause) until the breaker's probe finds it back. A frozen
+  replica is caught within ``heartbeat + probe_timeout`` (10 s) of the freeze, whatever the
+  number of calls, and the run's failure budget stops a run whose only replica stays down.
+- A replica that answers its probe while its counters stand still for ``stall_timeout`` seconds
+  (45) with requests in its engine fails them the same way, as ``replica_stalled``: caught
+  within a minute. An upstream without such counters (``/metrics`` answers 404, e.g. OpenAI;
+  ``metrics_path: null``; ``stall_timeout: null``) is not watched for progress.
+- A generation that progresses is never cut, however long: only the attempt timeout
+  (``timeout``, 600 s) bounds it.
+- ``hedge``: a call that has run far longer than its replica's recent answers of its size (4
+  times their 95th percentile, at least 10 s) is sent again to the same replica; the first
+  answer wins and the other request is closed (vLLM aborts it). At most 5% of recent calls are
+  hedged (``rollgym.models.hedge``); a hedged call's ``rollgym_upstream`` entry (a chat
+  completion: its top level) says ``rollgym_hedged`` with the count. So a call that a live
+  upstream lost costs about ten seconds, not the attempt timeout.
+
+``idle_timeout: null`` turns the whole watch off (only the attempt timeout bounds a call).
 
 ``upstream_stream: true`` streams from the upstream instead (``"stream": true``, usage
 included): the chunks are put back together (``rollgym.models.assemble``), a client's stream on
@@ -106,8 +130,16 @@ from rollgym.http.client import HttpClient, Streamed
 from rollgym.http.default import default_transport
 from rollgym.http.sse import encode_events
 from rollgym.models.assemble import assemble_chat
-from rollgym.models.liveness import PROBE_TIMEOUT_S, LivenessTransport, Watch, watching
+from rollgym.models.hedge import size_bucket
+from rollgym.models.liveness import (
+    HEARTBEAT_S,
+    PROBE_TIMEOUT_S,
+    LivenessTransport,
+    Watch,
+    watching,
+)
 from rollgym.models.policy import note_upstream
+from rollgym.models.progress import STALL_TIMEOUT_S
 from rollgym.models.replicas import Replica, Replicas, replica_targets
 from rollgym.models.stream import EventStreamResponse, chat_stream
 from rollgym.models.tokens import (
@@ -117,7 +149,12 @@ from rollgym.models.tokens import (
     token_request,
     tokenize_request,
 )
-from rollgym.models.translate import CHAT_ENDPOINT, chat_to_response, responses_to_chat
+from rollgym.models.translate import (
+    CHAT_ENDPOINT,
+    UPSTREAM_KEY,
+    chat_to_response,
+    responses_to_chat,
+)
 from rollgym.server.base import ServerContext
 from rollgym.server.endpoint import Call
 from rollgym.server.model import (
@@ -130,6 +167,8 @@ from rollgym.server.model import (
 )
 from rollgym.wire import POLICY_VERSION
 
+HEDGED = "rollgym_hedged"
+"""Hedged requests a call sent (``rollgym_upstream``'s, or a chat completion's top level)."""
 _REDACTED = "REDACTED"
 _MIN_SCRUB_LEN = 6  # a shorter "key" would blank out ordinary words in error messages
 
@@ -167,8 +206,13 @@ class OpenAIProxy(ModelServer):
         idle_timeout: float | None = Field(
             default=60.0,
             gt=0,
-            description="seconds a call may go without an answer before its replica is probed "
-            "(with upstream_stream: that the stream may send nothing); null: off",
+            description="with upstream_stream: seconds the stream may send nothing; null: no "
+            "liveness watch of whole answers either",
+        )
+        heartbeat: float = Field(
+            default=HEARTBEAT_S,
+            gt=0,
+            description="seconds between liveness probes of a replica with calls in flight",
         )
         health_path: str = Field(
             default="/ping",
@@ -177,6 +221,23 @@ class OpenAIProxy(ModelServer):
         )
         probe_timeout: float = Field(
             default=PROBE_TIMEOUT_S, gt=0, description="seconds a liveness probe may take"
+        )
+        metrics_path: str | None = Field(
+            default="/metrics",
+            pattern=r"^/",
+            description="each replica's Prometheus metrics (token counters) at its root; "
+            "null: progress not watched",
+        )
+        stall_timeout: float | None = Field(
+            default=STALL_TIMEOUT_S,
+            gt=0,
+            description="seconds a replica's token counters may stand still, with calls in "
+            "flight, before its calls fail as stalled; null: off",
+        )
+        hedge: bool = Field(
+            default=True,
+            description="send again (to the same replica) a whole-answer call that has run far "
+            "longer than its peers; the first answer wins",
         )
         upstream_stream: bool = Field(
             default=False,
@@ -258,8 +319,10 @@ class OpenAIProxy(ModelServer):
         # Its own client, whose transport watches whole-answer calls (rollgym.models.liveness);
         # the pool settings are the client's defaults. The probes have a pool of their own:
         # in this one they would wait behind the calls they watch.
-        self._transport = LivenessTransport(default_transport())
-        self.client = HttpClient(transport=self._transport)
+        self.liveness = LivenessTransport(
+            default_transport(), on_down=self._replica_down, hedging=opts.hedge
+        )
+        self.client = HttpClient(transport=self.liveness)
         policy = opts.upstream_retry
         if opts.timeout is not None:
             policy = policy.model_copy(update={"attempt_timeout": opts.timeout})
@@ -272,18 +335,32 @@ class OpenAIProxy(ModelServer):
         idle = opts.idle_timeout
         self._watches = None
         if idle is not None and not opts.upstream_stream:
-            path, limit = opts.health_path, opts.probe_timeout
-            self._watches = [
-                Watch(r.root.urls[0] + path, path, idle, limit) for r in self.replicas.all
-            ]
+            self._watches = [self._watch(r) for r in self.replicas.all]
         # A SecretStr: the key stays out of reprs, tracebacks with locals and state dumps.
         self._api_key = (
             SecretStr(os.environ[opts.api_key_env]) if opts.api_key_env is not None else None
         )
 
+    def _watch(self, replica: Replica) -> Watch:
+        """How ``replica`` is watched (``rollgym.models.liveness``)."""
+        opts, root = self.options, replica.root.urls[0]
+        path, metrics = opts.health_path, opts.metrics_path
+        return Watch(
+            root + path, path, opts.heartbeat, opts.probe_timeout,
+            None if metrics is None else root + metrics, opts.stall_timeout, replica.index,
+        )  # fmt: skip
+
+    def _replica_down(self, watch: Watch, why: str) -> None:
+        """The watch found replica ``watch.replica`` down or stalled: open its breakers (chat
+        and root), so that retries and new calls go elsewhere or fail at once."""
+        replica = self.replicas.all[watch.replica]
+        for name in {replica.chat.name, replica.root.name}:
+            for breaker in self.client.breakers(name):
+                breaker.trip(why)
+
     async def shutdown(self) -> None:
         await super().shutdown()
-        await self._transport.close()
+        await self.liveness.close()
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -342,6 +419,9 @@ class OpenAIProxy(ModelServer):
         if with_tokens:
             tokens = call_tokens(answer.completion, upstream=upstream, tokenized=answer.tokenized)
             attach(response["output"], tokens)
+        hedged = answer.completion.get(HEDGED)
+        if hedged and isinstance(response.get(UPSTREAM_KEY), dict):
+            response[UPSTREAM_KEY][HEDGED] = hedged
         return response  # streamed, if asked, by the base
 
     async def _chat(self, raw: Any, call: Call) -> Any:
@@ -393,11 +473,14 @@ class OpenAIProxy(ModelServer):
             # call_stream for its idle_timeout: the client then knows that a watched attempt
             # may fail before its own timeout, and retries it rather than blame the deadline.
             # The answer is the upstream's JSON (``whole``): nothing here asks it to stream.
-            with watching(self._watches[replica.index]):
+            watch = self._watches[replica.index]
+            with watching(watch, size_bucket(payload)) as watched:
                 answer = await self.client.call_stream(
                     target, CHAT_ENDPOINT, payload, idle_timeout=idle, headers=self._auth(),
                     deadline=deadline,
                 )  # fmt: skip
+            if watched.hedged and answer.whole is not None:
+                answer.whole[HEDGED] = watched.hedged
         else:
             options = payload.get("stream_options")
             usage = {**(options if isinstance(options, dict) else {}), "include_usage": True}

@@ -29,6 +29,8 @@ connect_error          transport_unreachable     (a)(b)
 session_lost           session_lost              -
 connection_lost        transport_peer_drop       (a)(b)
 read_timeout           transport_timeout         (a)(b)
+replica_down           transport_timeout         (a)(b)
+replica_stalled        transport_timeout         (a)(b)
 answer_too_large       transport_local_resource  (a)(b)
 deadline_exceeded      transport_timeout         (a)(b)(e)
 paused_too_long        transport_timeout         (a)(b)
@@ -192,6 +194,8 @@ KIND_BY_TYPE: dict[str, str] = {
     "session_lost": SESSION_LOST,
     "connection_lost": TRANSPORT_PEER_DROP,
     "read_timeout": TRANSPORT_TIMEOUT,
+    "replica_down": TRANSPORT_TIMEOUT,  # a model replica that failed its liveness probe
+    "replica_stalled": TRANSPORT_TIMEOUT,  # ... or made no progress
     "answer_too_large": TRANSPORT_LOCAL_RESOURCE,
     "deadline_exceeded": TRANSPORT_TIMEOUT,
     # A pause for a weight update that no resume ended: the model call's time ran out.

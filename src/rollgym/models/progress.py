@@ -1,0 +1,114 @@
+"""Whether a replica's engine makes progress: its token counters at ``GET /metrics``.
+
+vLLM's API server can answer its health checks while its engine makes no progress (a wedged
+engine, a deadlocked worker), and a whole answer sends nothing until it is done, so neither a
+probe nor silence tells such a replica from a long generation. Its Prometheus counters do:
+vLLM exports ``vllm:generation_tokens_total`` and ``vllm:prompt_tokens_total`` (counters) and
+``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` (gauges); SGLang, started with
+``--enable-metrics``, ``sglang:generation_tokens_total``, ``sglang:prompt_tokens_total`` and
+``sglang:num_running_reqs`` / ``sglang:num_queue_reqs``.
+
+``Progress`` keeps, per replica, the sum of the token counters and when it last moved. While the
+proxy has calls in flight there, a replica whose counters stood still for ``stall_timeout``
+seconds, with requests running or waiting in its engine (or, without those gauges, with the
+proxy's calls in flight), is stalled. A replica whose engine is idle (nothing running or
+waiting) is not: a call it lost is ``rollgym.models.hedge``'s case. An upstream without these
+counters (``/metrics`` answers 404, e.g. OpenAI; or names none of them) is not watched for
+progress at all: its calls are bounded by the liveness probe, the hedge and the attempt timeout,
+as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COUNTERS = (
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "sglang:generation_tokens_total",
+    "sglang:prompt_tokens_total",
+)
+"""The counters whose sum is a replica's progress (prompt tokens too: a long prefill is work)."""
+BUSY = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+)
+"""The gauges whose sum is how many requests the engine holds."""
+
+STALL_TIMEOUT_S = 45.0
+"""Seconds without progress, with work in flight, before a replica is stalled (the proxy's
+``stall_timeout``): with the heartbeat every 5 s, a stall is caught within a minute."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One scrape: the counters' sum, and the requests the engine holds (``None``: no such
+    gauge)."""
+
+    tokens: float
+    busy: float | None
+
+
+def read_metrics(text: str) -> Reading | None:
+    """The reading of a Prometheus text exposition (``None``: it has none of ``COUNTERS``)."""
+    tokens = busy = 0.0
+    counted = gauged = False
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name, values = _sample(line)
+        if name not in COUNTERS and name not in BUSY:
+            continue
+        try:
+            value = float(values[0])
+        except (IndexError, ValueError):
+            continue
+        if name in COUNTERS:
+            tokens += value
+            counted = True
+        else:
+            busy += value
+            gauged = True
+    if not counted:
+        return None
+    return Reading(tokens, busy if gauged else None)
+
+
+def _sample(line: str) -> tuple[str, list[str]]:
+    """The metric name of one sample line, and what follows its labels (value, timestamp)."""
+    brace, space = line.find("{"), line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        return line[:brace], line[line.rfind("}") + 1 :].split()
+    if space == -1:
+        return line, []
+    return line[:space], line[space:].split()
+
+
+class Progress:
+    """When a replica's counters last moved; ``stalled`` says for how long they stood still
+    (see the module docstring)."""
+
+    def __init__(self, stall_timeout: float) -> None:
+        self.stall_timeout = stall_timeout
+        self._tokens: float | None = None
+        self._moved = 0.0
+
+    def restart(self, now: float) -> None:
+        """Calls are in flight again after none were: idle time before now is no stall."""
+        self._tokens = None
+        self._moved = now
+
+    def stalled(self, reading: Reading, now: float) -> float | None:
+        """Seconds the counters have stood still with work in the engine, once that reaches
+        ``stall_timeout`` (else ``None``)."""
+        if self._tokens is None or reading.tokens != self._tokens:
+            self._tokens = reading.tokens
+            self._moved = now
+            return None
+        if reading.busy is not None and reading.busy <= 0:
+            self._moved = now  # an idle engine is not stalled (a lost call is the hedge's)
+            return None
+        still = now - self._moved
+        return still if still >= self.stall_timeout else None
