@@ -12,7 +12,7 @@ import math
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -170,12 +170,18 @@ def function_calls(response: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def tool_error(message: str) -> str:
+    """A tool call's output that says why it gave no result, ``{"error": message}``: how a
+    resources server's own refusal reads, so the model sees one shape whoever refused."""
+    return orjson.dumps({"error": message}).decode()
+
+
 TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 """The names a function call may send to a resources server as ``POST /<name>``: ASCII
 letters, digits and ``_``, a letter first, at most 64 characters (OpenAI's bound)."""
 
 
-def is_tool_name(name: object) -> bool:
+def is_tool_name(name: object) -> TypeGuard[str]:
     """Whether a function call naming ``name`` may reach a resources server as a tool.
 
     Model output is hostile input: only a plain ASCII name (``TOOL_NAME``) passes, so neither a
@@ -185,6 +191,12 @@ def is_tool_name(name: object) -> bool:
     if not isinstance(name, str) or len(name) > 64:
         return False
     # Folded first, so the rule stays whole if the pattern ever admits more than ASCII.
-    if unicodedata.normalize("NFKC", name).casefold() in RESERVED_ENDPOINTS:
+    if is_reserved_name(name):
         return False
     return TOOL_NAME.fullmatch(name) is not None
+
+
+def is_reserved_name(name: str) -> bool:
+    """Whether ``name`` is, in some spelling (NFKC, casefold), one a resources server keeps for
+    itself (``rollgym.wire.RESERVED_ENDPOINTS``: its endpoints and its hooks)."""
+    return unicodedata.normalize("NFKC", name).casefold() in RESERVED_ENDPOINTS

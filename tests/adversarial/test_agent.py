@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from rollgym.agents.tool_agent import ToolAgent
+from rollgym.agents.tool_agent import ToolAgent, unsent_calls
 from rollgym.http import HttpClient, Target
 from rollgym.reverify import replay_tools
 from rollgym.server.episode import ResourcesClient
@@ -183,6 +183,46 @@ async def test_a_replay_of_a_capped_rollout_sends_only_what_the_agent_sent() -> 
             await client.close()
         assert stack.env.calls["echo"] == 8  # 4 more, not 10
     assert status == 200, body
+
+
+async def test_a_replay_sends_the_sent_one_of_two_calls_sharing_an_id() -> None:
+    # A model may give two calls one id: the first sent, the second past the cap. Keyed by
+    # call_id, a replay left out both, and verified against a session that lacked the first.
+    row = task_row(0, turns=[{"calls": _echo_calls(2)}, {"say": "The answer is v0"}])
+    options = {"max_tool_calls_per_message": 1}
+    async with running_stack(env=Watching, agent_options=options) as stack:
+        status, body = await post_run(stack.agent_url, row)
+        assert status == 200, body
+        assert stack.env.calls["echo"] == 1
+        response = body["response"]
+        for item in response["output"]:  # the model's two calls, one id
+            if item["type"] in ("function_call", "function_call_output"):
+                item["call_id"] = "call_same"
+        assert _tool_errors(body) == ["", _past(1)]
+        assert unsent_calls(response) == {1}  # the second call, by its place
+        client = HttpClient()
+        try:
+            resources = ResourcesClient(client, Target.single("env", stack.urls["env"][0]))
+            await replay_tools(resources.episode("replay"), row, response)
+        finally:
+            await client.close()
+        assert stack.env.calls["echo"] == 2  # the sent one again, not the unsent one
+
+
+def test_unsent_calls_pairs_each_output_with_the_earliest_open_call_of_its_id() -> None:
+    def call(call_id: str) -> dict[str, Any]:
+        return {"type": "function_call", "call_id": call_id, "name": "echo", "arguments": "{}"}
+
+    def answer(call_id: str, error: str | None) -> dict[str, Any]:
+        output = orjson.dumps({"error": error} if error else {"echo": "v0"}).decode()
+        return {"type": "function_call_output", "call_id": call_id, "output": output}
+
+    output = [
+        call("a"), call("a"), call("b"), answer("a", None), answer("a", _past(1)),
+        answer("b", _past(1)), call("a"), answer("a", "a tool's own refusal"),
+        {"type": "message", "role": "assistant", "content": []},
+    ]  # fmt: skip
+    assert unsent_calls({"output": output}) == {1, 2}
 
 
 async def test_a_rollout_that_spends_its_calls_exactly_may_still_answer() -> None:

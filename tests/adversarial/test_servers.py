@@ -25,8 +25,22 @@ def test_a_tool_named_like_a_reserved_endpoint_is_refused_at_definition(name: st
         return text
 
     handler.__name__ = name
-    with pytest.raises(TypeError, match="clashes with an endpoint"):
+    with pytest.raises(TypeError, match=r"clashes with a reserved name \(an endpoint or a server"):
         type("Hijack", (ResourcesServer,), {name: tool(handler)})
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("Verify", "clashes with a reserved name"), ("_private", "is no name an agent calls")],
+)
+def test_a_tool_no_agent_would_call_is_refused_at_definition(name: str, why: str) -> None:
+    # Served at /Verify or /_private, it would be refused by every agent (is_tool_name).
+    async def handler(self: Any, session: Session, text: str) -> str:
+        return text
+
+    handler.__name__ = name
+    with pytest.raises(TypeError, match=why):
+        type("Unreachable", (ResourcesServer,), {name: tool(handler)})
 
 
 async def test_a_row_nested_past_what_orjson_writes_is_answered(

@@ -75,7 +75,9 @@ def test_rewards_equal_rollgyms_own_for_the_same_model_outputs(run: dict[str, An
             assert trace["errors"] == []
             assert trace["rewards"] == {"rollgym": ours["reward"]}
             assert trace["last_reply"] == ours["text"]  # the same model output ...
-            assert trace["metrics"] == {"tool_called": 1.0}  # ... and the verifier's metric
+            # ... and the verifier's metric (a lookup of a key that is not there, as row 3's
+            # Atlantis, found nothing: not a use of the tool)
+            assert trace["metrics"] == {"tool_called": ours["tool_called"]}
             seen.append(ours["reward"])
     assert sorted(set(seen)) == [0.0, 1.0]  # real zeros and real ones, both measured
 

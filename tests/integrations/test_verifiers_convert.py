@@ -143,6 +143,18 @@ def test_names_that_reach_a_servers_own_endpoints_are_no_tools() -> None:
     assert mcp_tools(hostile) == []
 
 
+def test_a_tool_is_offered_only_under_a_name_an_episode_would_call() -> None:
+    # One rule (rollgym.protocol.is_tool_name): isidentifier() let these through, to be
+    # offered to the model and then refused by the episode at every call.
+    names = [
+        "_session", "__init__", "VERIFY", "Seed_Session", "\uff56\uff45\uff52\uff49\uff46\uff59",
+        "verify\u200b", "\u00f1ame", "x" * 65, "startup",
+    ]  # fmt: skip
+    kept = ["get_weather", "Lookup2", "x" * 64]
+    specs = mcp_tools([{**LOOKUP, "name": name} for name in [*names, *kept]])
+    assert [spec["name"] for spec in specs] == kept
+
+
 def test_junk_tools_are_skipped_and_duplicates_kept_once() -> None:
     tools = [
         None,

@@ -167,7 +167,14 @@ async def run_rollgym(model_url: str, env_url: str) -> list[dict[str, Any]]:
         else:
             assert isinstance(record, ScoredRollout)
             text = output_text(record.response)
-            out.append({"reward": record.reward, "masked": record.masked, "text": text})
+            out.append(
+                {
+                    "reward": record.reward,
+                    "masked": record.masked,
+                    "text": text,
+                    "tool_called": float(record.verified.get("tool_called", 0)),
+                }
+            )
     return out
 
 

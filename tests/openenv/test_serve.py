@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from rollgym.envs.lookup.server import LookupEnv
 from rollgym.http import Target
 from rollgym.openenv.serve import openenv_app, shown_verdict
-from rollgym.server.resources import Session
+from rollgym.server.resources import Session, tool
 from rollgym.testing import serve_asgi, serve_server
 from rollgym.wire import MASK_SAMPLE
 
@@ -228,3 +228,36 @@ def test_a_verdict_shows_the_client_its_numbers_and_flags_only() -> None:
     }  # fmt: skip
     shown = shown_verdict(verified, {"expected_answer": "Paris", "responses_create_params": {}})
     assert shown == {"accuracy": 1.0, "answer_found": True, "missing": None}
+
+
+class CountingLookup(LookupEnv):
+    """lookup, counting the tool calls that reach it."""
+
+    looked = 0
+
+    @tool
+    async def lookup(self, session: Session, key: str) -> dict[str, Any]:
+        """Look up a Norrowvale registry entry by key."""
+        type(self).looked += 1
+        return await super().lookup(session, key)
+
+
+async def test_an_episode_sends_at_most_max_tool_calls() -> None:
+    # Each step of a client was one tool call on the rollgym server, without a bound.
+    CountingLookup.looked = 0
+    async with serve_server(CountingLookup, name="lookup") as (lookup_url, _):
+        app = openenv_app(Target.single("lookup", lookup_url), tasks=rows(), max_tool_calls=3)
+        async with serve_asgi(app) as url, client(url) as env:
+            await env.reset(task_index=0)
+            steps = [
+                await env.step({"tool": "lookup", "arguments": {"key": "Brackenholt"}})
+                for _ in range(5)
+            ]
+            assert CountingLookup.looked == 3
+            spent = "not run: the rollout's 3 tool calls (max_tool_calls) are spent"
+            assert [json.loads(s.observation["output"]).get("error") for s in steps] == [
+                *[None] * 3, spent, spent,
+            ]  # fmt: skip
+            await env.reset(task_index=0)  # a new episode has its own budget
+            await env.step({"tool": "lookup", "arguments": {"key": "Brackenholt"}})
+            assert CountingLookup.looked == 4

@@ -12,7 +12,9 @@ Tool calls are bounded too, as ``max_steps`` bounds model calls: a model message
 ``max_tool_calls_per_message`` of its calls (default 64) and a rollout at most
 ``max_tool_calls`` (default 256; in an agent session, per turn, as ``max_steps``); the calls
 past either are answered with a tool error and never sent. A message whose calls find the
-rollout's calls spent ends the loop there, ``truncated``, as running out of steps does.
+rollout's calls spent ends the loop there, ``truncated``, as running out of steps does. The
+rollout's count is its episode's (``rollgym.server.episode``), the budget every path that runs
+a model's tool calls draws on.
 
 When its model server attaches training token data (``openai_proxy``'s ``return_token_ids``),
 the rollout records ``drifted_turns``: how many calls' prompts do not extend the previous call's
@@ -41,9 +43,9 @@ from pydantic import Field
 
 from rollgym.agents.response import final_response, function_call_output
 from rollgym.models.tokens import DRIFT_FIELD, DRIFTED_TURNS, CallTokens, drifted_turns
-from rollgym.protocol import function_calls
+from rollgym.protocol import function_calls, tool_error
 from rollgym.server.agent import AgentServer, RunContext
-from rollgym.server.episode import Episode
+from rollgym.server.episode import MAX_TOOL_CALLS, NOT_RUN, SPENT, Episode
 
 
 class ToolAgent(AgentServer):
@@ -72,7 +74,7 @@ class ToolAgent(AgentServer):
             default=64, ge=1, description="a message's tool calls past this are refused"
         )
         max_tool_calls: int = Field(
-            default=256,
+            default=MAX_TOOL_CALLS,
             ge=1,
             description="tool calls per rollout (per turn in an agent session); past this the "
             "calls are refused and the rollout ends truncated",
@@ -115,10 +117,11 @@ class ToolAgent(AgentServer):
         outputs: list[Any] = []
         response: dict[str, Any] = {}
         turns: list[dict[str, Any]] = []  # every model response, for per-turn token data
-        steps = called = 0
+        steps = 0
         truncated = False
         started = time.monotonic()
         opts = self.options
+        episode.max_tool_calls = opts.max_tool_calls  # a fresh episode per rollout (or turn)
         while steps < opts.max_steps:
             steps += 1
             response = await ctx.respond({**params, "input": items + outputs})
@@ -127,8 +130,9 @@ class ToolAgent(AgentServer):
             calls = function_calls(response)
             if not calls:
                 break
-            run = min(len(calls), opts.max_tool_calls_per_message, opts.max_tool_calls - called)
-            called += run
+            # Taken from the rollout's budget up front, the calls refused here included: each
+            # is a call the model made, answered in the episode's place.
+            run = episode.take_calls(min(len(calls), opts.max_tool_calls_per_message))
             limit = opts.max_tool_argument_bytes
             outputs.extend(
                 await asyncio.gather(
@@ -136,10 +140,10 @@ class ToolAgent(AgentServer):
                 )
             )
             # Every call gets its output (a model is owed an answer to each), the rest unsent.
-            spent = called >= opts.max_tool_calls
-            why = _SPENT.format(opts.max_tool_calls) if spent else _PAST.format(run)
+            spent = episode.tool_calls >= episode.max_tool_calls
+            why = SPENT.format(opts.max_tool_calls) if spent else _PAST.format(run)
             outputs.extend(
-                function_call_output(c.get("call_id", ""), _error(why)) for c in calls[run:]
+                function_call_output(c.get("call_id", ""), tool_error(why)) for c in calls[run:]
             )
             if spent and len(calls) > run:
                 truncated = True  # out of tool calls while the model wanted more: as max_steps
@@ -169,31 +173,43 @@ class Turn:
     seconds: float
 
 
-NOT_RUN = "not run: "
-"""How the agent's answer to a call past a cap begins: a replay of the rollout
-(``rollgym reverify``) leaves those calls out too (``unsent_calls``)."""
 _PAST = NOT_RUN + "a message may make at most {} tool calls (max_tool_calls_per_message)"
-_SPENT = NOT_RUN + "the rollout's {} tool calls (max_tool_calls) are spent"
 
 
-def unsent_calls(response: dict[str, Any]) -> set[str]:
-    """The ``call_id`` of every call in a rollout's ``response`` that the agent answered as
-    past a cap, without sending it."""
-    unsent = set()
+def unsent_calls(response: dict[str, Any]) -> set[int]:
+    """The positions, among the ``function_call`` items of a rollout's ``response``
+    (``function_calls``), of the calls answered as past a cap, without being sent.
+
+    By position, not ``call_id``: a model may give two calls one id, one sent and one not. An
+    output answers the earliest call before it with its id that has no answer yet, as the agent
+    answers a message's calls in order."""
+    unsent: set[int] = set()
+    waiting: dict[str, list[int]] = {}  # call_id -> positions of its calls not yet answered
+    position = 0
     for item in response.get("output") or []:
-        if not (isinstance(item, dict) and item.get("type") == "function_call_output"):
-            continue
-        output = item.get("output")
-        if not (isinstance(output, str) and NOT_RUN in output):  # cheap before a decode
-            continue
-        try:
-            decoded = orjson.loads(output)
-        except orjson.JSONDecodeError:
-            continue  # a tool's own output
-        error = decoded.get("error") if isinstance(decoded, dict) else None
-        if isinstance(error, str) and error.startswith(NOT_RUN):
-            unsent.add(str(item.get("call_id", "")))
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "function_call":
+            waiting.setdefault(str(item.get("call_id", "")), []).append(position)
+            position += 1
+        elif kind == "function_call_output":
+            calls = waiting.get(str(item.get("call_id", "")))
+            if calls and _not_run(item.get("output")):
+                unsent.add(calls.pop(0))
+            elif calls:
+                calls.pop(0)
     return unsent
+
+
+def _not_run(output: Any) -> bool:
+    """Whether a call's output is the agent's answer to a call it did not send."""
+    if not (isinstance(output, str) and NOT_RUN in output):  # cheap before a decode
+        return False
+    try:
+        decoded = orjson.loads(output)
+    except orjson.JSONDecodeError:
+        return False  # a tool's own output
+    error = decoded.get("error") if isinstance(decoded, dict) else None
+    return isinstance(error, str) and error.startswith(NOT_RUN)
 
 
 async def _call_tool(
@@ -202,11 +218,11 @@ async def _call_tool(
     name, call_id = call.get("name"), call.get("call_id", "")
     if not isinstance(name, str) or name not in declared:
         # Only the task's declared tools are callable (the episode also refuses endpoints).
-        return function_call_output(call_id, _error(f"unknown tool {name!r}"))
+        return function_call_output(call_id, tool_error(f"unknown tool {name!r}"))
     args = tool_arguments(call.get("arguments"), limit)
     if isinstance(args, ToolCallError):
-        return function_call_output(call_id, _error(args.message))
-    return function_call_output(call_id, await episode.call_tool(name, args))
+        return function_call_output(call_id, tool_error(args.message))
+    return function_call_output(call_id, await episode.send_tool(name, args))  # taken in loop
 
 
 class ToolCallError:
@@ -240,10 +256,6 @@ def tool_arguments(raw: Any, limit: int) -> bytes | ToolCallError:
     if len(encoded) > limit:
         return ToolCallError(f"arguments of {len(encoded)} bytes exceed the {limit} allowed")
     return encoded
-
-
-def _error(message: str) -> str:
-    return orjson.dumps({"error": message}).decode()
 
 
 def drift_fields(turns: list[dict[str, Any]]) -> dict[str, Any]:

@@ -21,14 +21,20 @@ reward entry ``None``: "scoring didn't run"), and the error's plain fields are k
 ``trace.info["rollgym_error"]``. A tool whose server fails answers the model with an error result
 and marks the rollout failed; the rollout stops before its next model call and its scoring
 raises that error. A tool's own refusal (a 4xx) is the tool's answer, as in rollgym's agent.
+A rollout sends at most ``max_tool_calls`` tool calls (its episode's budget, as in rollgym's
+agent; the count travels in the rollout state): a call past them is answered, never sent, and
+the rollout stops before its next model call.
 
-This module is pure (no verifiers import): the conversions and checks, tested in the normal
-suite. ``rollgym.integrations.verifiers_taskset`` holds the verifiers classes.
+This module is pure (no verifiers import): the conversions, the checks and the tool call
+(``call_tool`` on the rollout state), tested in the normal suite.
+``rollgym.integrations.verifiers_taskset`` holds the verifiers classes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,14 +42,19 @@ from typing import Any
 
 import orjson
 
+from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.errors import ConfigError, InputError, ProtocolError, RollgymError
+from rollgym.http import HttpClient, Target
 from rollgym.nemo_gym.mask import mask_sample
-from rollgym.wire import INDEX_FIELDS, RESERVED_ENDPOINTS
+from rollgym.protocol import is_tool_name
+from rollgym.server.episode import Episode, ResourcesClient
+from rollgym.wire import INDEX_FIELDS
 
 __all__ = [
     "TASKSET_MODULE",
     "Verdict",
     "bundled_dataset",
+    "call_tool",
     "failure_fields",
     "load_rows",
     "mcp_tools",
@@ -113,8 +124,9 @@ def verdict(verified: Any, *, server: str | None = None) -> Verdict:
 def mcp_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
     """A row's (or ``GET /tools``'s) Responses API function tools as MCP tool specs
     (``name``, ``description``, ``input_schema``). Tools that are not functions, and names
-    that are no tool of a rollgym server (``verify``, ``seed_session``, ... or not an
-    identifier), are left out: a model must not reach those endpoints by naming them."""
+    that are no tool of a rollgym server (``rollgym.protocol.is_tool_name``: ``verify``,
+    ``seed_session``, ``_session``, a lookalike, ...), are left out: a model must not reach
+    those endpoints by naming them, and the episode would refuse such a call anyway."""
     specs: dict[str, dict[str, Any]] = {}
     for tool in tools:
         if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
@@ -122,7 +134,7 @@ def mcp_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
         fn = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
         assert isinstance(fn, Mapping)
         name = fn.get("name")
-        if not isinstance(name, str) or not name.isidentifier() or name in RESERVED_ENDPOINTS:
+        if not is_tool_name(name):
             continue
         schema = fn.get("parameters")
         description = fn.get("description")
@@ -174,6 +186,67 @@ def bundled_dataset(env: str) -> Path:
         known = sorted(p.parent.parent.name for p in root.glob("*/data/example.jsonl"))
         raise ConfigError(f"no bundled environment {env!r} with example data (known: {known})")
     return path
+
+
+# -- the tool calls: rollgym's client side, one per event loop (the host's and the tool server's)
+
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpClient] = (
+    weakref.WeakKeyDictionary()
+)
+_resources: dict[tuple[int, str, str, float, float], ResourcesClient] = {}
+
+
+def rollout_episode(state: Any, verify_timeout: float = 300.0) -> Episode:
+    """The episode of the rollout whose verifiers state is ``state`` (a ``RollgymState``): its
+    session id, its own cookie jar (a copy: the state is written back whole) and its tool-call
+    budget, as far as the state says it is spent."""
+    loop = asyncio.get_running_loop()
+    pool = _pools.get(loop)
+    if pool is None:
+        pool = _pools[loop] = HttpClient()
+    key = (id(pool), state.server, state.resources_url, state.tool_timeout, verify_timeout)
+    client = _resources.get(key)
+    if client is None or client.http is not pool:
+        policy = RetryPolicy.model_validate(kind_defaults("resources"))
+        target = Target.single(state.server, state.resources_url, policy)
+        client = _resources[key] = ResourcesClient(
+            pool, target, tool_timeout=state.tool_timeout, verify_timeout=verify_timeout
+        )
+    episode = client.episode(state.rollout)
+    episode.session_id = state.session_id
+    episode.cookies = dict(state.cookies)
+    episode.max_tool_calls = state.max_tool_calls
+    episode.tool_calls = state.tool_calls_taken
+    return episode
+
+
+async def call_tool(state: Any, name: str, arguments: Any) -> tuple[str, bool]:
+    """One MCP tool call of the rollout whose verifiers state is ``state``: the text the model
+    gets, and whether it is an error result. A tool's refusal (a 4xx) is its answer; a failing
+    server marks the state ``failure``; a call past the rollout's ``max_tool_calls`` is answered
+    ``rollgym.server.episode.SPENT``, never sent, and marks it ``calls_spent`` (both stop the
+    rollout before its next model call). verifiers writes a tool server's state back whole,
+    last write wins: its chat loop makes a message's calls one after the other."""
+    if state.failure is not None:
+        return "this rollout has already failed; no more tool calls", True
+    if name not in {spec["name"] for spec in state.tools}:
+        return f"unknown tool {name!r}", True
+    episode = rollout_episode(state)
+    taken = episode.tool_calls
+    try:
+        output = await episode.call_tool(name, arguments)
+    except RollgymError as err:
+        # The server failed (not the tool refusing): the rollout is lost, and says why.
+        state.failure = failure_fields(err)
+        return f"tool {name!r} failed: {err.message}", True
+    finally:
+        state.cookies = dict(episode.cookies)
+        state.tool_calls_taken = episode.tool_calls
+    if episode.tool_calls == taken:  # the budget refused it: nothing was sent
+        state.calls_spent = True
+        return output, True
+    state.tool_calls = [*state.tool_calls, name]
+    return output, False
 
 
 def failure_fields(error: RollgymError) -> dict[str, Any]:

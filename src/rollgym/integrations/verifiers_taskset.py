@@ -10,7 +10,8 @@ Importing this module imports verifiers. An Environments Hub package (what prime
   ``env`` (a bundled environment's example rows); ``task.resources_url`` is the rollgym
   resources server.
 - ``RollgymTask``: ``setup`` seeds the rollout's session; the reward ``rollgym`` verifies; a
-  ``@stop`` ends the rollout once one of its tools' servers failed.
+  ``@stop`` ends the rollout once one of its tools' servers failed, another once a call found
+  its ``max_tool_calls`` spent.
 - ``RollgymToolset``: the taskset-wide MCP tool server (a process verifiers starts with
   ``python -m`` this module), calling the rollout's session; it is stateless between calls
   (the session travels in verifiers' rollout state).
@@ -20,8 +21,6 @@ Importing this module imports verifiers. An Environments Hub package (what prime
 
 from __future__ import annotations
 
-import asyncio
-import weakref
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer  # type: ignore[import-not-found, import-untyped, unused-ignore]
@@ -56,18 +55,18 @@ from verifiers.v1.tasksets.nemo_gym.response import (  # type: ignore[import-not
     trace_to_nemo_response,
 )
 
-from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.errors import ConfigError, RollgymError
-from rollgym.http import HttpClient, Target
 from rollgym.integrations.verifiers import (
     bundled_dataset,
+    call_tool,
     failure_fields,
     load_rows,
     mcp_tools,
     recorded_failure,
+    rollout_episode,
     verdict,
 )
-from rollgym.server.episode import Episode, ResourcesClient
+from rollgym.server.episode import MAX_TOOL_CALLS
 
 __all__ = [
     "RollgymData",
@@ -94,6 +93,12 @@ class RollgymState(State):  # type: ignore[misc, unused-ignore]
     """The MCP specs of the rollout's tools (``mcp_tools``)."""
     tool_calls: list[str] = Field(default_factory=list)
     """The tools called, in order (a tool's refusal counts; a failed call does not)."""
+    max_tool_calls: int = MAX_TOOL_CALLS
+    """The tool calls the rollout sends at most (the task config's)."""
+    tool_calls_taken: int = 0
+    """The calls taken from that budget so far (``Episode.tool_calls``)."""
+    calls_spent: bool = False
+    """A call found the budget spent: it was answered, not sent, and the rollout stops."""
     failure: dict[str, Any] | None = None
     """The first tool call whose server failed: the ``RollgymError`` as a dict."""
 
@@ -107,6 +112,9 @@ class RollgymTaskConfig(TaskConfig):  # type: ignore[misc, unused-ignore]
     """Seconds for seed and each tool call, retries included."""
     verify_timeout: float = Field(300.0, gt=0)
     """Seconds for the verify call, retries included."""
+    max_tool_calls: int = Field(MAX_TOOL_CALLS, ge=1)
+    """Tool calls a rollout sends at most; a call past them is answered, never sent, and the
+    rollout stops (as rollgym's tool agent's ``max_tool_calls``)."""
 
 
 class RollgymTasksetConfig(TasksetConfig):  # type: ignore[misc, unused-ignore]
@@ -123,39 +131,6 @@ class RollgymData(TaskData):  # type: ignore[misc, unused-ignore]
     """The task row as the file holds it: sent to ``/seed_session`` and ``/verify``."""
 
 
-# -- rollgym's client side, one per event loop (the host's and the tool server's) -------------
-
-_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpClient] = (
-    weakref.WeakKeyDictionary()
-)
-_resources: dict[tuple[int, str, str, float, float], ResourcesClient] = {}
-
-
-def _client(state: Any, verify_timeout: float = 300.0) -> ResourcesClient:
-    loop = asyncio.get_running_loop()
-    pool = _pools.get(loop)
-    if pool is None:
-        pool = _pools[loop] = HttpClient()
-    key = (id(pool), state.server, state.resources_url, state.tool_timeout, verify_timeout)
-    client = _resources.get(key)
-    if client is None or client.http is not pool:
-        policy = RetryPolicy.model_validate(kind_defaults("resources"))
-        target = Target.single(state.server, state.resources_url, policy)
-        client = _resources[key] = ResourcesClient(
-            pool, target, tool_timeout=state.tool_timeout, verify_timeout=verify_timeout
-        )
-    return client
-
-
-def _episode(state: Any, verify_timeout: float = 300.0) -> Episode:
-    """The rollout's episode: its session id and its own cookie jar (a copy: the state is
-    written back whole)."""
-    episode = _client(state, verify_timeout).episode(state.rollout)
-    episode.session_id = state.session_id
-    episode.cookies = dict(state.cookies)
-    return episode
-
-
 # -- the task -----------------------------------------------------------------------------------
 
 
@@ -169,7 +144,8 @@ class RollgymTask(Task[RollgymData, RollgymState, RollgymTaskConfig]):  # type: 
         state.server = self.config.server
         state.rollout = trace.id
         state.tool_timeout = self.config.tool_timeout
-        episode = _episode(state)
+        state.max_tool_calls = self.config.max_tool_calls
+        episode = rollout_episode(state)
         await self._raising(trace, episode.seed(self.data.row))
         state.session_id = episode.session_id
         state.cookies = dict(episode.cookies)
@@ -182,6 +158,12 @@ class RollgymTask(Task[RollgymData, RollgymState, RollgymTaskConfig]):  # type: 
         """Stop before the next model call once a tool's server failed: the rollout is lost."""
         return trace.state.failure is not None
 
+    @stop  # type: ignore[untyped-decorator, misc, unused-ignore]
+    async def tool_calls_spent(self, trace: Trace) -> bool:
+        """Stop before the next model call once a call found ``max_tool_calls`` spent: the
+        rollout is scored as it stands, as rollgym's agent ends one truncated."""
+        return bool(trace.state.calls_spent)
+
     @reward(weight=1.0)  # type: ignore[untyped-decorator, misc, unused-ignore]
     async def rollgym(self, trace: Any) -> float:
         """The rollgym verifier's reward (``/verify``); a failure raises, never scores 0."""
@@ -191,7 +173,7 @@ class RollgymTask(Task[RollgymData, RollgymState, RollgymTaskConfig]):  # type: 
         params = self.data.row["responses_create_params"]
         names = [spec["name"] for spec in state.tools]
         response = trace_to_nemo_response(trace, params, names)
-        episode = _episode(state, self.config.verify_timeout)
+        episode = rollout_episode(state, self.config.verify_timeout)
         verified = await self._raising(trace, episode.verify(self.data.row, response))
         try:
             checked = verdict(verified, server=state.server)
@@ -245,26 +227,8 @@ class RollgymToolset(Toolset[SharedToolsetConfig, RollgymState]):  # type: ignor
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Any = None
     ) -> CallToolResult:
-        state = self.state
-        if state.failure is not None:
-            return _tool_error("this rollout has already failed; no more tool calls")
-        if name not in {spec["name"] for spec in state.tools}:
-            return _tool_error(f"unknown tool {name!r}")
-        episode = _episode(state)
-        try:
-            output = await episode.call_tool(name, arguments)
-        except RollgymError as err:
-            # The server failed (not the tool refusing): the rollout is lost, and says why.
-            state.failure = failure_fields(err)
-            return _tool_error(f"tool {name!r} failed: {err.message}")
-        finally:
-            state.cookies = dict(episode.cookies)
-        state.tool_calls = [*state.tool_calls, name]
-        return CallToolResult(content=[TextContent(type="text", text=output)], is_error=False)
-
-
-def _tool_error(text: str) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+        text, is_error = await call_tool(self.state, name, arguments)
+        return CallToolResult(content=[TextContent(type="text", text=text)], is_error=is_error)
 
 
 # -- the taskset and its harness ----------------------------------------------------------------

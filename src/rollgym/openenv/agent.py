@@ -57,7 +57,7 @@ from rollgym.errors import (
 from rollgym.http import Target
 from rollgym.openenv import translate
 from rollgym.openenv.session import Observation, OpenEnvSession, Refused
-from rollgym.protocol import function_calls, output_text
+from rollgym.protocol import function_calls, output_text, tool_error
 from rollgym.server.agent import AgentServer, RunContext
 from rollgym.wire import OPENENV_SCHEMA_PATH
 
@@ -167,7 +167,7 @@ class OpenEnvAgent(AgentServer):
                 break
             for call in calls:
                 if not done and sent >= self.options.max_steps:
-                    text, result = _error(SPENT.format(self.options.max_steps)), None
+                    text, result = tool_error(SPENT.format(self.options.max_steps)), None
                 else:
                     text, result, stepped = await self._act(call, session, ctx, done)
                     sent += stepped
@@ -205,16 +205,16 @@ class OpenEnvAgent(AgentServer):
         """One function call of the model: the text it gets back, the step it made, and
         whether a step was sent (a refused one was: it counts against ``max_steps``)."""
         if over:
-            return _error(OVER), None, False
+            return tool_error(OVER), None, False
         if call.get("name") != self.options.tool:
-            text = _error(f"unknown tool {call.get('name')!r}; use {self.options.tool!r}")
+            text = tool_error(f"unknown tool {call.get('name')!r}; use {self.options.tool!r}")
             return text, None, False
         args = tool_arguments(call.get("arguments"), self.options.max_tool_argument_bytes)
         if isinstance(args, ToolCallError):
-            return _error(args.message), None, False
+            return tool_error(args.message), None, False
         result = await ctx.hops.timed("step", session.step(orjson.loads(args)))
         if isinstance(result, Refused):
-            return _error(result.message), None, True
+            return tool_error(result.message), None, True
         return _show(result), result, True
 
     async def _action_tool(self, target: Target) -> dict[str, Any]:
@@ -309,7 +309,3 @@ def _show(result: Observation) -> str:
     return orjson.dumps(
         {"observation": result.observation, "reward": result.reward, "done": result.done}
     ).decode()
-
-
-def _error(message: str) -> str:
-    return orjson.dumps({"error": message}).decode()

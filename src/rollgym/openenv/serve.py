@@ -16,7 +16,9 @@ One OpenEnv session is one rollgym session (``/seed_session``) of its own:
   nothing on the rollgym server.
 - ``step({"tool": NAME, "arguments": {...}})`` calls one of those tools in the session; the
   observation's ``output`` is its answer (a tool not offered is refused, never sent: a client
-  cannot reach ``/verify`` or ``/seed_session`` by naming them). ``reward`` is null.
+  cannot reach ``/verify`` or ``/seed_session`` by naming them). ``reward`` is null. An
+  episode sends at most ``max_tool_calls`` calls (default 256, the episode's budget as in
+  rollgym's agent): a step past them answers that they are spent and sends nothing.
 - ``step({"answer": TEXT})`` ends the episode: the episode so far (each tool call and its output,
   then ``TEXT`` as the assistant's message) is one Responses API response, scored by the
   server's ``/verify``; ``reward`` is its reward, ``done`` true, ``verified`` its numbers
@@ -46,7 +48,8 @@ from pydantic import Field
 
 from rollgym.errors import RollgymError
 from rollgym.http import HttpClient, Target
-from rollgym.server.episode import Episode, ResourcesClient
+from rollgym.protocol import tool_error
+from rollgym.server.episode import MAX_TOOL_CALLS, Episode, ResourcesClient
 from rollgym.wire import CLOSE_SESSION_ENDPOINT, MASK_SAMPLE
 
 log = logging.getLogger("rollgym.openenv")
@@ -87,9 +90,15 @@ class Link:
     """What every session of one app shares: the rollgym server and its client, the tasks."""
 
     def __init__(
-        self, target: Target, tasks: list[dict[str, Any]], timeout: float, rows: bool = False
+        self,
+        target: Target,
+        tasks: list[dict[str, Any]],
+        timeout: float,
+        rows: bool = False,
+        max_tool_calls: int = MAX_TOOL_CALLS,
     ) -> None:
         self.target, self.tasks, self.timeout, self.rows = target, tasks, timeout, rows
+        self.max_tool_calls = max_tool_calls
         self._client: ResourcesClient | None = None
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -129,7 +138,9 @@ class Link:
             self._client = ResourcesClient(
                 HttpClient(), self.target, tool_timeout=self.timeout, verify_timeout=self.timeout
             )
-        return self._client.episode(rollout)
+        episode = self._client.episode(rollout)
+        episode.max_tool_calls = self.max_tool_calls
+        return episode
 
 
 class RollgymEnvironment(Environment):  # type: ignore[misc]
@@ -189,14 +200,16 @@ class RollgymEnvironment(Environment):  # type: ignore[misc]
         if self._episode is None or self._done:
             raise RuntimeError("no episode: reset first (an answered episode is over)")
         if (action.tool is None) == (action.answer is None):
-            return RollgymObservation(output=_error("give either 'tool' or 'answer'"))
+            return RollgymObservation(output=tool_error("give either 'tool' or 'answer'"))
         self._state.step_count += 1
         if action.answer is not None:
             return await self._answer(self._episode, action.answer)
         names = {t.get("name") for t in self._tools}
         if action.tool not in names:
             return RollgymObservation(
-                output=_error(f"unknown tool {action.tool!r} (offered: {sorted(map(str, names))})")
+                output=tool_error(
+                    f"unknown tool {action.tool!r} (offered: {sorted(map(str, names))})"
+                )
             )
         assert action.tool is not None
         output = await self._episode.call_tool(action.tool, action.arguments)
@@ -264,13 +277,14 @@ def openenv_app(
     max_concurrent_envs: int = 64,
     timeout: float = 300.0,
     rows: bool = False,
+    max_tool_calls: int = MAX_TOOL_CALLS,
 ) -> Any:
     """openenv-core's app serving rollgym resources server ``target`` (its tools' and verify's
     calls each within ``timeout`` seconds, retried per ``target.policy``). ``reset`` takes
     ``task_index``/``seed`` into ``tasks``; with ``rows=True`` also a task row of the caller's
     (a row names its own expected answer: only for callers trusted to choose the answer key,
-    as a trainer's own dataset is)."""
-    link = Link(target, list(tasks or []), timeout, rows)
+    as a trainer's own dataset is). An episode sends at most ``max_tool_calls`` tool calls."""
+    link = Link(target, list(tasks or []), timeout, rows, max_tool_calls)
     factory: Callable[[], RollgymEnvironment] = lambda: RollgymEnvironment(link)  # noqa: E731
     app = create_app(
         factory, RollgymAction, RollgymObservation, env_name=target.name,
@@ -278,7 +292,3 @@ def openenv_app(
     )  # fmt: skip
     app.router.on_shutdown.append(link.close)
     return app
-
-
-def _error(message: str) -> str:
-    return orjson.dumps({"error": message}).decode()

@@ -37,16 +37,18 @@ async def replay_tools(episode: Episode, row: dict[str, Any], response: dict[str
         if isinstance(t, dict)
     }
     unsent = unsent_calls(response)
-    for call in function_calls(response):
+    for position, call in enumerate(function_calls(response)):
         name = str(call.get("name", ""))
-        if (declared and name not in declared) or str(call.get("call_id", "")) in unsent:
+        if (declared and name not in declared) or position in unsent:
             continue
         raw = call.get("arguments") or "{}"
         try:
             args = orjson.loads(raw) if isinstance(raw, str) else raw
         except orjson.JSONDecodeError:
             continue  # the agent answered it itself: nothing reached the environment
-        await episode.call_tool(name, args)
+        # Sent past this episode's own budget: the agent took these calls from its rollout's
+        # (whose max_tool_calls may be above the default) when it made them.
+        await episode.send_tool(name, args)
 
 
 @dataclass(slots=True)

@@ -189,8 +189,8 @@ class TimedEpisode(Episode):
     async def seed(self, row: dict[str, Any]) -> None:
         await self.hops.timed("seed", super().seed(row))
 
-    async def call_tool(self, name: str, arguments: Any) -> str:
-        output: str = await self.hops.timed("tool", super().call_tool(name, arguments))
+    async def send_tool(self, name: str, arguments: Any) -> str:
+        output: str = await self.hops.timed("tool", super().send_tool(name, arguments))
         return output
 
     async def verify(self, row: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,13 @@ A ``Grant`` is a session someone else seeded (NeMo Gym 0.7's Environment Server 
 resources and grants an agent session ``direct_http`` access: a base URL, cookies, headers): an
 episode resumed from it calls that server's tools with those cookies and headers, and keeps the
 cookies the server sets in the grant, for the caller to read back when the session closes.
+
+An episode also holds its rollout's tool-call budget, so every path that runs a model's tool
+calls (the tool agent, an agent-session turn, verifiers' MCP tools, an OpenEnv client of
+``serve-openenv``) is bounded in one place: at most ``max_tool_calls`` calls (default
+``MAX_TOOL_CALLS``); a call past them is answered ``SPENT`` and never sent. ``call_tool`` takes
+one call from the budget; an agent that answers a whole model message at once takes its share
+first (``take_calls``) and sends each with ``send_tool``.
 """
 
 from __future__ import annotations
@@ -29,8 +36,17 @@ import orjson
 
 from rollgym.errors import ConfigError, HTTPStatusError, ProtocolError
 from rollgym.http import HttpClient, JsonValue, Target
-from rollgym.protocol import is_tool_name
+from rollgym.protocol import is_tool_name, tool_error
 from rollgym.wire import HEADER_ROLLOUT, SESSION_HEADER
+
+MAX_TOOL_CALLS = 256
+"""The tool calls a rollout sends at most unless told otherwise (``Episode.max_tool_calls``,
+the tool agent's ``max_tool_calls``)."""
+
+NOT_RUN = "not run: "
+"""How the answer to a call refused for a budget begins (``tool_error``): a replay of the
+rollout (``rollgym reverify``) leaves those calls out too."""
+SPENT = NOT_RUN + "the rollout's {} tool calls (max_tool_calls) are spent"
 
 
 class ResourcesClient:
@@ -80,12 +96,17 @@ class Episode:
         *,
         cookies: dict[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
+        max_tool_calls: int = MAX_TOOL_CALLS,
     ) -> None:
         self.resources = resources
         self.rollout = rollout
         self.session_id: str | None = None
         self.cookies: dict[str, str] = {} if cookies is None else cookies
         self.headers: Mapping[str, str] = headers or {}
+        self.max_tool_calls = max_tool_calls
+        self.tool_calls = 0
+        """Calls taken from the budget so far (a caller that keeps the count elsewhere between
+        episodes of one rollout, as verifiers' state does, sets it back)."""
 
     async def seed(self, row: dict[str, Any]) -> None:
         """Open the session for task ``row`` (``/seed_session``)."""
@@ -97,18 +118,31 @@ class Episode:
     async def tools(self) -> list[dict[str, Any]]:
         return await self.resources.tools()
 
+    def take_calls(self, wanted: int) -> int:
+        """Take up to ``wanted`` tool calls from the rollout's budget: how many it granted."""
+        granted = max(0, min(wanted, self.max_tool_calls - self.tool_calls))
+        self.tool_calls += granted
+        return granted
+
     async def call_tool(self, name: str, arguments: Any) -> str:
-        """The output of tool ``name`` for the model. A refusal (a 4xx: bad arguments, unknown
-        key) is the tool's answer, ``{"error": message}``; a failing server raises."""
+        """The output of tool ``name`` for the model, one call of the rollout's budget (past
+        it, ``SPENT``, unsent). A refusal (a 4xx: bad arguments, unknown key) is the tool's
+        answer, ``{"error": message}``; a failing server raises."""
+        if not self.take_calls(1):
+            return tool_error(SPENT.format(self.max_tool_calls))
+        return await self.send_tool(name, arguments)
+
+    async def send_tool(self, name: str, arguments: Any) -> str:
+        """``call_tool`` for a call already taken from the budget (``take_calls``)."""
         if not is_tool_name(name):
             # A model must not reach /verify, /seed_session or anything but a tool by naming
             # it as one (``__init__``, a fullwidth ``verify``).
-            return _error(f"unknown tool {name!r}")
+            return tool_error(f"unknown tool {name!r}")
         try:
             result = await self.post(f"/{name}", arguments, self.resources.tool_timeout)
         except HTTPStatusError as err:
             if err.status is not None and 400 <= err.status < 500 and err.status not in (408, 429):
-                return _error(err.message)
+                return tool_error(err.message)
             raise
         return result if isinstance(result, str) else orjson.dumps(result).decode()
 
@@ -164,6 +198,8 @@ class Ungranted(Episode):
         self.session_id = None
         self.cookies = {}
         self.headers = {}
+        self.max_tool_calls = MAX_TOOL_CALLS
+        self.tool_calls = 0
 
     async def seed(self, row: dict[str, Any]) -> None:
         self._refuse("/seed_session")
@@ -171,7 +207,7 @@ class Ungranted(Episode):
     async def tools(self) -> list[dict[str, Any]]:
         return []
 
-    async def call_tool(self, name: str, arguments: Any) -> str:
+    async def send_tool(self, name: str, arguments: Any) -> str:
         self._refuse(f"tool {name!r}")
 
     async def verify(self, row: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +222,3 @@ class Ungranted(Episode):
             "resources access (the environment server grants one with a direct_http tool "
             "access: resources_tool_transports: [direct_http] in NeMo Gym 0.7)"
         )
-
-
-def _error(message: str) -> str:
-    return orjson.dumps({"error": message}).decode()

@@ -41,7 +41,7 @@ from starlette.routing import BaseRoute, Route
 
 from rollgym.config import format_validation_error
 from rollgym.errors import DeadlineExceeded, InternalError, InvalidRequest, WaitedTooLong
-from rollgym.protocol import output_text
+from rollgym.protocol import is_reserved_name, is_tool_name, output_text
 from rollgym.server.aggregate import AggregateMetricsRequest, aggregate, measured
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.server.cpu_pool import CpuPool, warm
@@ -66,7 +66,6 @@ from rollgym.server.sessions import (
 )
 from rollgym.wire import (
     CLOSE_SESSION_ENDPOINT,
-    RESERVED_ENDPOINTS,
     RESOURCES_SESSION_ID,
     REVERIFY_MODE_ENDPOINT,
     session_cookie,
@@ -140,8 +139,18 @@ class ResourcesServer(BaseServer):
             if getattr(fn, "__rollgym_tool__", False)
         }
         for name in cls.tools:
-            if name in RESERVED_ENDPOINTS:
-                raise TypeError(f"{cls.__name__}: tool name {name!r} clashes with an endpoint")
+            # The rule agents call tools by (``is_tool_name``): a tool it refuses would be
+            # served and never called.
+            if is_reserved_name(name):
+                raise TypeError(
+                    f"{cls.__name__}: tool name {name!r} clashes with a reserved name (an "
+                    "endpoint or a server hook)"
+                )
+            if not is_tool_name(name):
+                raise TypeError(
+                    f"{cls.__name__}: tool name {name!r} is no name an agent calls (ASCII "
+                    "letters, digits and _, a letter first, at most 64)"
+                )
         if cls.reverify_mode not in get_args(ReverifyMode):
             raise TypeError(
                 f"{cls.__name__}: reverify_mode {cls.reverify_mode!r} is not one of "
