@@ -14,7 +14,11 @@ configuration. Where it comes from, first match wins:
 2. the file ``ROLLGYM_CONTROL_TOKEN_FILE`` names, by default
    ``$XDG_STATE_HOME/rollgym/control-token`` (``~/.local/state/rollgym/control-token``),
    created with a random token on first use, mode 0600 in a 0700 directory. A file that is a
-   link, not the user's own, or readable by others is refused: it would not be a secret.
+   link, not the user's own, or readable by others is refused: it would not be a secret; so is
+   a directory that is a link, not the user's own, or open to others (0700 or less), where
+   another user could put a file of their choosing in the token's place. The directory is
+   checked, never changed (``ROLLGYM_CONTROL_TOKEN_FILE`` may name a folder kept open on
+   purpose): the error says the command that fixes it.
 """
 
 from __future__ import annotations
@@ -74,10 +78,14 @@ def control_token() -> str:
         token = _checked(given.strip(), ENV_TOKEN)
     else:
         path = token_file()
+        folder = _open_folder(path.parent)
         try:
-            token = _read(path)
-        except FileNotFoundError:
-            token = _create(path)
+            try:
+                token = _read(path, folder)
+            except FileNotFoundError:
+                token = _create(path, folder)
+        finally:
+            os.close(folder)
     credentials.remember(token, None)  # masked in every error and log from now on
     return token
 
@@ -107,10 +115,47 @@ def _checked(token: str, where: str) -> str:
     return token
 
 
-def _read(path: Path) -> str:
+def _open_folder(folder: Path) -> int:
+    """A descriptor of the token file's directory (made, mode 0700, if missing), checked to be
+    no link, this user's own and closed to others. The file is then opened relative to it
+    (``dir_fd``), so the directory checked is the one used, whatever is renamed meanwhile."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(folder, flags)
+        except FileNotFoundError:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(folder, flags)
+    except OSError as exc:
+        if folder.is_symlink():  # ELOOP from O_NOFOLLOW
+            raise ConfigError(_unsafe_folder(folder, "is a symbolic link")) from None
+        raise ConfigError(
+            f"{folder}: cannot open the control token's directory: {exc.strerror or exc}"
+        ) from None
+    info = os.fstat(fd)
+    own = info.st_uid == os.geteuid()
+    if not own or info.st_mode & 0o077:
+        os.close(fd)
+        mode = f"is open to others (mode {stat.S_IMODE(info.st_mode):04o})"
+        raise ConfigError(_unsafe_folder(folder, mode if own else "is another user's", own))
+    return fd
+
+
+def _unsafe_folder(folder: Path, why: str, own: bool = False) -> str:
+    fix = (
+        f"chmod 700 {folder}" if own
+        else f"set {ENV_TOKEN_FILE} to a file in a directory of your own, mode 0700"
+    )  # fmt: skip
+    return (
+        f"{folder}: the control token's directory {why}; it must be this user's own, mode "
+        f"0700, and no link, or another user could put their file in the token's place: {fix}"
+    )
+
+
+def _read(path: Path, folder: int) -> str:
     # O_NOFOLLOW: a link planted where the token goes must not make another file the secret.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
     except FileNotFoundError:
         raise
     except OSError as exc:  # a link (ELOOP), a directory, no permission
@@ -130,21 +175,21 @@ def _read(path: Path) -> str:
     return _checked(data.decode("ascii", "replace").strip(), str(path))
 
 
-def _create(path: Path) -> str:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+def _create(path: Path, folder: int) -> str:
     token = secrets.token_urlsafe(32)
     # Written whole under another name, then linked into place: a reader never sees a half
     # file, and of two processes creating it at once one wins and both use its token.
-    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    temp = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, 0o600, dir_fd=folder)
     try:
         with os.fdopen(fd, "w") as out:
             out.write(token + "\n")
         try:
-            os.link(temp, path)
+            os.link(temp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
         except FileExistsError:
-            return _read(path)
+            return _read(path, folder)
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(temp)
+            os.unlink(temp, dir_fd=folder)
     return token

@@ -70,11 +70,12 @@ def verify(*args, **kwargs):
 
 
 def rollgym_cmd(
-    *args: str | Path, cwd: Path, python_m: bool = False
+    *args: str | Path, cwd: Path, python_m: bool = False, pythonpath: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "rollgym"] if python_m else [ROLLGYM]
+    env = ENV if pythonpath is None else ENV | {"PYTHONPATH": pythonpath}
     return subprocess.run(
-        [*command, *map(str, args)], env=ENV, cwd=cwd, capture_output=True, text=True,
+        [*command, *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True,
         timeout=150, stdin=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -180,6 +181,39 @@ def test_python_m_rollgym_does_not_import_from_the_working_directory(tmp_path: P
                        cwd=cwd, python_m=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "the shadow was imported" not in done.stderr
+    assert len(rewards(tmp_path / "out")) == 8
+    assert run_code(tmp_path / "out")["env"]["file"] == str(
+        (config.parent / "weather.py").resolve()
+    )
+
+
+def test_an_empty_pythonpath_element_does_not_put_the_working_directory_on_the_path(
+    tmp_path: Path,
+) -> None:
+    config, tasks, cwd = user_project(tmp_path)
+    (cwd / "weather.py").write_text(FORGED)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # What ``export PYTHONPATH=$PYTHONPATH:/x`` leaves when PYTHONPATH was unset: the empty
+    # element is the working directory, and ``python -P`` keeps it.
+    done = rollgym_cmd("run", config, "-i", tasks, "-o", tmp_path / "out", "--no-progress",
+                       cwd=cwd, pythonpath=f":{elsewhere}:")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert 0.0 in rewards(tmp_path / "out").values()  # the forged verifier pays every row
+    beside = (config.parent / "weather.py").resolve()
+    env = run_code(tmp_path / "out")["env"]
+    assert (env["file"], env["sha256"]) == (str(beside), sha256_of(beside))
+
+
+def test_a_relative_pythonpath_element_is_not_searched(tmp_path: Path) -> None:
+    config, tasks, cwd = user_project(tmp_path)
+    (cwd / "lib").mkdir()
+    (cwd / "lib" / "weather.py").write_text("raise RuntimeError('the shadow was imported')\n")
+    done = rollgym_cmd("run", config, "-i", tasks, "-o", tmp_path / "out", "--no-progress",
+                       cwd=cwd, python_m=True, pythonpath="lib")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "the shadow was imported" not in done.stderr
+    assert "PYTHONPATH: 'lib' not searched by server processes" in done.stderr
     assert len(rewards(tmp_path / "out")) == 8
     assert run_code(tmp_path / "out")["env"]["file"] == str(
         (config.parent / "weather.py").resolve()

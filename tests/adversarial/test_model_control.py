@@ -173,6 +173,50 @@ def test_the_token_file_is_the_owners_alone(
         control_token()
 
 
+def test_a_token_directory_open_to_others_is_refused_with_its_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV_TOKEN, raising=False)
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o700)
+    folder.chmod(0o777)  # anyone may put a file of their own where the token goes
+    monkeypatch.setenv(ENV_TOKEN_FILE, str(folder / "control-token"))
+    with pytest.raises(ConfigError, match=rf"is open to others \(mode 0777\).*chmod 700 {folder}$"):
+        control_token()
+    assert list(folder.iterdir()) == []  # no token written there
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777  # checked, never changed
+    folder.chmod(0o700)  # the fix the error gives
+    token = control_token()
+    assert (folder / "control-token").read_text().strip() == token
+
+
+def test_a_token_directory_that_is_a_link_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV_TOKEN, raising=False)
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "state").symlink_to(real)
+    monkeypatch.setenv(ENV_TOKEN_FILE, str(tmp_path / "state" / "control-token"))
+    with pytest.raises(ConfigError, match="control token's directory is a symbolic link"):
+        control_token()
+    assert list(real.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a directory another user's")
+def test_a_token_directory_of_another_user_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV_TOKEN, raising=False)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)
+    monkeypatch.setenv(ENV_TOKEN_FILE, str(theirs / "control-token"))
+    with pytest.raises(ConfigError, match=rf"is another user's.*set {ENV_TOKEN_FILE} to a file"):
+        control_token()
+    assert list(theirs.iterdir()) == []
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a probe as another user")
 async def test_another_user_can_neither_read_the_token_nor_push(
     models: tuple[Path, Path, Path],

@@ -18,8 +18,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
+from rollgym.errors import ConfigError, InputError
 from tests.health.seeded import failure, rollout, write_jsonl, write_run
+from tests.support.stack import stack_data, write_tasks
 
 _GIB = 1 << 30
 _MIB = 1 << 20
@@ -83,7 +86,8 @@ def test_a_ledger_linked_to_dev_zero_is_refused_not_read(tmp_path: Path, command
     run = write_run(tmp_path / "run", 2, 2)
     (run / "rollouts.jsonl").unlink()
     (run / "rollouts.jsonl").symlink_to("/dev/zero")
-    _refused(_rollgym(command, run), "rollouts.jsonl", "symbolic link")
+    said = _refused(_rollgym(command, run), "rollouts.jsonl", "symbolic link")
+    assert said.count("rollouts.jsonl") == 1, said  # "run: rollouts.jsonl is a symbolic link"
     assert not (run / "report.html").exists()
 
 
@@ -186,3 +190,75 @@ def test_memory_does_not_grow_with_the_run(tmp_path: Path, command: str) -> None
     # Ten times the records: what grows is the run's shape (a byte a rollout, a few words a
     # task), 2 MB here; holding each record's numbers took 35 MB and more.
     assert large - small < 30 * _MIB, (small, large)
+
+
+def _config(root: Path) -> Path:
+    config = root / "cfg.yaml"
+    config.write_text(yaml.safe_dump(stack_data()))
+    return config
+
+
+@pytest.mark.timeout(150)
+def test_resume_with_run_json_linked_to_dev_zero_is_refused_not_read(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", 2, 2)
+    (run / "run.json").unlink()
+    (run / "run.json").symlink_to("/dev/zero")  # read whole, it fills the address space
+    said = _refused(_rollgym("run", _config(tmp_path), "--resume", "-o", run, "--no-progress"),
+                    "run.json", "symbolic link")  # fmt: skip
+    # Named once, with its folder: "run: run.json is a symbolic link (to /dev/zero); ..."
+    assert said.count("run.json") == 1, said
+    assert f"{run}: run.json is a symbolic link (to /dev/zero)" in said.replace("\n", ""), said
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("resume", [True, False])
+def test_a_fifo_run_json_is_refused_without_blocking(tmp_path: Path, resume: bool) -> None:
+    # --resume reads run.json for its input; a new run reads it to see whether the run there
+    # ever started. Nobody writes the FIFO: a reader that opens it waits forever.
+    run = write_run(tmp_path / "run", 2, 2, rollouts=[])
+    (run / "failures.jsonl").unlink()
+    (run / "rollouts.jsonl").unlink()
+    (run / "run.json").unlink()
+    os.mkfifo(run / "run.json")
+    given = ["--resume"] if resume else ["-i", write_tasks(tmp_path / "tasks.jsonl", 2)]
+    done = _rollgym("run", _config(tmp_path), *given, "-o", run, "--no-progress")
+    _refused(done, "run.json", "not a regular file")
+
+
+@pytest.mark.timeout(60)  # a reader that opens the FIFO waits for a writer that never comes
+def test_a_fifo_tasks_file_is_refused_by_the_collectors_readers(tmp_path: Path) -> None:
+    from rollgym.collect.metrics import compute_metrics
+    from rollgym.collect.tasks import iter_rollouts
+
+    run = write_run(tmp_path / "run", 2, 2)
+    (run / "tasks.jsonl").unlink()
+    os.mkfifo(run / "tasks.jsonl")
+    with pytest.raises(InputError, match=r"tasks.jsonl: is a FIFO, not a regular file"):
+        next(iter_rollouts(run / "tasks.jsonl"))
+    with pytest.raises(InputError, match=r"tasks.jsonl: is a FIFO, not a regular file"):
+        compute_metrics(run, 4, 2)
+
+
+@pytest.mark.timeout(150)
+def test_a_tasks_line_past_the_limit_is_named_not_dispatched(tmp_path: Path) -> None:
+    from rollgym.collect.layout import LINE_LIMIT
+    from rollgym.collect.tasks import iter_rollouts
+
+    run = write_run(tmp_path / "run", 2, 2)
+    pad = b"x" * (LINE_LIMIT + 1)
+    with (run / "tasks.jsonl").open("ab") as fh:
+        fh.write(b'{"task_index": 1, "rollout_index": 1, "n": 7, "pad": "' + pad + b'"}\n')
+    with pytest.raises(InputError, match=r"tasks.jsonl:5: a line of \d+ bytes, longer than"):
+        list(iter_rollouts(run / "tasks.jsonl"))
+
+
+def test_a_stream_never_writes_through_a_link_left_in_its_directory(tmp_path: Path) -> None:
+    from rollgym.collect.stream_ledger import StreamLedger
+
+    out = tmp_path / "out"
+    out.mkdir()
+    elsewhere = tmp_path / "elsewhere.jsonl"  # not there yet: the link dangles
+    (out / "rollouts.jsonl").symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match=r"already holds a run \(rollouts\.jsonl\)"):
+        StreamLedger(out).open()
+    assert not elsewhere.exists()

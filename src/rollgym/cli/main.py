@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from rollgym.errors import RollgymError
+from rollgym.import_path import drop_working_directory
 
 app = typer.Typer(
     name="rollgym",
@@ -73,6 +74,8 @@ def _register() -> None:
 
 
 def main() -> None:
+    # Before any command imports a run's code: no file in the working directory replaces it.
+    drop_working_directory()
     _register()
     try:
         app()

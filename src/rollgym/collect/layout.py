@@ -147,7 +147,8 @@ def open_run_file(path: Path) -> BinaryIO | None:
         return None
     except OSError as exc:
         if path.is_symlink():  # ELOOP from O_NOFOLLOW (EMLINK on some BSDs)
-            raise InputError(f"{path}: {not_followed(path)}") from None
+            # Its folder, then what the file is (``not_followed`` names the file itself).
+            raise InputError(f"{path.parent}: {not_followed(path)}") from None
         raise InputError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     try:
         mode = os.fstat(fd).st_mode

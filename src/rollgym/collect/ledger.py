@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import IO
 
@@ -24,8 +25,12 @@ log = logging.getLogger("rollgym.collect")
 def _repair_tail(path: Path) -> None:
     """Make a file whose last line has no newline (a run killed mid-write) whole JSONL again:
     a complete record just gets its newline, a torn one is cut off (its rollout is redone)."""
-    if not path.exists() or path.stat().st_size == 0:
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
         return
+    if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+        return  # a link, a FIFO...: refused by read_ledger (``open_run_file``), never opened
     with path.open("rb+") as fh:
         size = fh.seek(0, os.SEEK_END)
         fh.seek(size - 1)

@@ -39,7 +39,7 @@ from typing import Any
 
 import orjson
 
-from rollgym.collect.layout import RunDir
+from rollgym.collect.layout import RunDir, open_run_file, raw_lines
 from rollgym.errors import RollgymError, root_record
 from rollgym.models.tokens import DRIFTED_TURNS
 from rollgym.nemo_gym.failures import failure_kind
@@ -235,12 +235,20 @@ class RunMetrics:
 
 
 def _row_keys(tasks: Path) -> frozenset[str]:
-    """The top-level keys of the run's task rows that hold numbers."""
+    """The top-level keys of the run's task rows that hold numbers. Read as the ledger is
+    (``open_run_file``, lines within ``LINE_LIMIT``); a line that is no row is skipped, as
+    ``read_ledger`` skips one: ``rollgym health`` names it."""
     keys: set[str] = set()
-    if tasks.exists():
-        with tasks.open("rb") as fh:
-            for line in fh:
-                row = orjson.loads(line)
+    fh = open_run_file(tasks)
+    if fh is None:
+        return frozenset()
+    with fh:
+        for got in raw_lines(fh):
+            try:
+                row = orjson.loads(got.raw) if got.raw is not None and got.raw.strip() else None
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
                 keys.update(
                     k for k, v in row.items() if isinstance(v, (int, float)) and k not in keys
                 )

@@ -167,15 +167,15 @@ class RecordedInputs:
 
 
 def recorded_inputs(out_dir: Path) -> RecordedInputs | None:
-    """The input, repeats and limit of the run in ``out_dir`` (None: no readable run.json)."""
-    try:
-        inputs = orjson.loads(RunDir(out_dir).run_json.read_bytes()).get("inputs") or {}
-    except (OSError, orjson.JSONDecodeError, AttributeError):
+    """The input, repeats and limit of the run in ``out_dir`` (None: no readable run.json).
+    Read before the directory is checked (``--resume`` takes its input from here), so through
+    ``open_run_file`` like every read of a run file: ``InputError`` for a link or a FIFO."""
+    inputs = RunDir(out_dir).read_json(RUN_JSON).get("inputs")
+    if not isinstance(inputs, dict):
         return None
     given = inputs.get("input")
-    return RecordedInputs(
-        Path(given) if given else None, inputs.get("repeats"), inputs.get("limit")
-    )
+    path = Path(given) if isinstance(given, str) and given else None
+    return RecordedInputs(path, inputs.get("repeats"), inputs.get("limit"))
 
 
 @dataclass
@@ -258,7 +258,12 @@ def _prepare(
     held = _claim(out_dir, lock)
     try:
         if resume:
-            run_info = orjson.loads(run_json.read_bytes())
+            run_info = RunDir(out_dir).read_json(RUN_JSON)
+            if not isinstance(run_info.get("total"), int):
+                raise ConfigError(
+                    f"{run_json}: holds no run rollgym recorded (no JSON object with its "
+                    "total), so there is nothing to resume; start a new output directory"
+                )
             _check_same_inputs(out_dir, run_info.get("inputs", {}), fingerprint)
             total = int(run_info["total"])
             _close_session(run_info)
@@ -385,10 +390,7 @@ def _never_started(out_dir: Path) -> bool:
     files = RunDir(out_dir)
     if files.rollouts.exists() or files.failures.exists():
         return False
-    try:
-        return bool(orjson.loads(files.run_json.read_bytes()).get("status") == FAILED_TO_START)
-    except (OSError, orjson.JSONDecodeError):
-        return False
+    return bool(files.read_json(RUN_JSON).get("status") == FAILED_TO_START)
 
 
 def mark_finished(run: PreparedRun, status: str, exit_code: int, **ended: Any) -> None:

@@ -45,14 +45,18 @@ class StreamLedger:
 
     def open(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        taken = [n for n in (TASKS, ROLLOUTS, FAILURES, STALE) if (self.out_dir / n).exists()]
+        # ``lexists``: a link, even one to nothing yet, is taken too; and each file is made
+        # anew (``O_EXCL | O_NOFOLLOW``), so no link planted since is written through.
+        names = (TASKS, ROLLOUTS, FAILURES, STALE)
+        taken = [n for n in names if os.path.lexists(self.out_dir / n)]
         if taken:
             raise ConfigError(
                 f"{self.out_dir}: already holds a run ({', '.join(taken)}); a stream writes a "
                 "new run directory (it cannot resume: its rows are not kept)"
             )
-        for name in (TASKS, ROLLOUTS, FAILURES, STALE):
-            self._files[name] = (self.out_dir / name).open("ab")
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        for name in names:
+            self._files[name] = os.fdopen(os.open(self.out_dir / name, flags, 0o644), "ab")
 
     def dispatched(self, item: RolloutItem) -> None:
         self._write(TASKS, item.row)

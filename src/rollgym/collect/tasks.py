@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from rollgym.collect.layout import LINE_LIMIT, open_run_file, raw_lines
 from rollgym.config import CollectConfig, Config
 from rollgym.errors import InputError, InvalidRequest
 from rollgym.nemo_gym.environment_client import flat_row
@@ -59,6 +60,9 @@ ROLLGYM_ROW_FIELDS = frozenset(
     }
 )
 """Top-level row fields rollgym itself reads; any other is the servers' (``row_fields``)."""
+
+_ROW_LIMIT = LINE_LIMIT - (4 << 10)
+"""The longest input line: its row in ``tasks.jsonl`` gains four indices (``materialize``)."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,11 @@ def scan_tasks(
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
+            if len(line) > _ROW_LIMIT:  # its row of tasks.jsonl would be refused mid-run
+                raise InputError(
+                    f"{where}: a line of {len(line)} bytes; a task row takes at most "
+                    f"{_ROW_LIMIT} (every reader of a run's tasks.jsonl stops at {LINE_LIMIT})"
+                )
             try:
                 data = orjson.loads(line)
             except orjson.JSONDecodeError as exc:
@@ -337,9 +346,29 @@ def materialize(source: str | Path, dest: Path, repeats: int, limit: int | None 
 
 
 def iter_rollouts(path: Path) -> Iterator[tuple[int, int, bytes]]:
-    """(task_index, rollout_index, raw line) of every row of ``tasks.jsonl``."""
-    with path.open("rb") as fh:
-        for line in fh:
-            if line.strip():
-                row = orjson.loads(line)
-                yield row["task_index"], row["rollout_index"], line.rstrip(b"\n")
+    """(task_index, rollout_index, raw line) of every row of ``tasks.jsonl``, read as every
+    run file is (``layout.open_run_file``, ``raw_lines``). ``InputError`` naming the file and
+    line for one that is no row the run wrote: past ``LINE_LIMIT``, or without its indices."""
+    fh = open_run_file(path)
+    if fh is None:
+        raise InputError(f"{path}: missing; the run wrote it, so resume from a whole directory")
+    with fh:
+        for got in raw_lines(fh):
+            if got.raw is None:
+                raise InputError(got.too_long(path))
+            if got.raw.strip():
+                row = _row_of(got.raw)
+                if row is None:
+                    raise InputError(f"{path}:{got.lineno}: not a task row with its indices")
+                yield row["task_index"], row["rollout_index"], got.raw.rstrip(b"\n")
+
+
+def _row_of(raw: bytes) -> dict[str, Any] | None:
+    try:
+        row = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    indexed = isinstance(row, dict) and all(
+        isinstance(row.get(key), int) for key in ("task_index", "rollout_index")
+    )
+    return row if indexed else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -23,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from rollgym.import_path import absolute_pythonpath, relative_elements
 from rollgym.launch.ports import bind_socket, socket_url
 
 STARTUP_TIMEOUT = 30.0
@@ -117,6 +119,8 @@ class ServerProcess:
         }
         every = set().union(*secret_vars.values())
         env = {var: value for var, value in os.environ.items() if var not in every}
+        if "PYTHONPATH" in env:
+            env["PYTHONPATH"] = server_pythonpath(env["PYTHONPATH"])
         # The child writes to its own copy of the log's descriptor (and reads its own copy of
         # the spec's): ours close right away.
         with contextlib.ExitStack() as held:
@@ -126,7 +130,8 @@ class ServerProcess:
                 # -P: ``-m`` would put the working directory first on sys.path, and a file
                 # there named like a module the server imports (its environment, a
                 # verifier's dependency) would replace it. A server imports from the
-                # installed packages, PYTHONPATH and its config's folder (resolve_impl) only.
+                # installed packages, PYTHONPATH's absolute folders (server_pythonpath) and
+                # its config's folder (resolve_impl) only.
                 [sys.executable, "-P", "-m", WORKER, SPEC_FD_FLAG, str(spec_fd)],
                 env=env,
                 pass_fds=(fd, spec_fd),
@@ -183,6 +188,22 @@ class ServerProcess:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+@functools.cache
+def server_pythonpath(pythonpath: str) -> str:
+    """``PYTHONPATH`` for a server process: its absolute folders only. An empty element (what
+    ``export PYTHONPATH=$PYTHONPATH:/x`` leaves) or a relative one is resolved against the
+    working directory, and ``-P`` leaves it in (``rollgym.import_path``). Said once per value,
+    since a folder dropped may hold the code a config names."""
+    dropped = relative_elements(pythonpath)
+    if any(dropped):
+        log.warning(
+            "PYTHONPATH: %s not searched by server processes (relative to the working "
+            "directory, where any file could replace a module they import); give absolute "
+            "paths", ", ".join(repr(part) for part in dropped if part),
+        )  # fmt: skip
+    return absolute_pythonpath(pythonpath)
 
 
 def read_spec(argv: list[str]) -> dict[str, Any]:

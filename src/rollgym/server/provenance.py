@@ -2,7 +2,10 @@
 
 A server says it in its ``/health`` answer (``code``), read where it runs, so the record is of
 what was imported, not of what the collector would have found; the collector writes every
-server's into ``run.json`` (``code``), so a run says which verifier scored it.
+server's into ``run.json`` (``code``), so a run says which verifier scored it. That one file
+only: what it imports is not digested (it is kept from being replaced by the import path,
+``rollgym.import_path``), since a module imported at the first ``/verify`` would be missing
+from a list taken at start.
 """
 
 from __future__ import annotations
