@@ -299,13 +299,13 @@ async def test_model_output_never_crashes_a_verifier(code_env: EnvClient) -> Non
     )
     collide = (
         b'[["ok", ["S", ['
-        + b", ".join(b'["i", "%d"]' % (k * (2**61 - 1)) for k in range(1, 20001))
+        + b", ".join(b'["i", "%x"]' % (k * (2**61 - 1)) for k in range(1, 20001))
         + b"]]]]"
     )
     for report in (
         b'[["ok", ["f", 1' + b"0" * 400 + b"]]]",
         b'[["ok", ["c", [1' + b"0" * 400 + b", 1]]]]",
-        b'[["ok", ["i", "' + b"9" * 5000 + b'"]]]',
+        b'[["ok", ["i", "' + b"f" * (2**18 + 3) + b'"]]]',  # hex: past 2**20 bits
         b'[["ok", ' + b'["l", [' * 2000 + b"]]" * 2000 + b"]]",
         collide,
         b'{"not": "a list"}',
@@ -520,6 +520,12 @@ print(os.getuid(), int(cap, 16), tried)
 """
 
 
+HARNESS = [f"rollgym/{name}" for name in ("__init__.py", "envs/__init__.py")] + [
+    f"rollgym/envs/code/{name}.py"
+    for name in ("__init__", "launcher", "codec", "confine", "isolation")
+]
+
+
 def _as_nobody(*command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command],
@@ -537,14 +543,16 @@ def test_as_a_normal_user_the_run_keeps_no_capability() -> None:
         pytest.skip("user namespaces are not available to a normal user here")
     work = Path(tempfile.mkdtemp(prefix="rollgym-userns-"))
     try:
-        os.chmod(work, 0o755)
-        shutil.copy(ROOT / "src/rollgym/envs/code/launcher.py", work / "launcher.py")
+        # Only the harness's files, run by the system's interpreter (no third-party package):
+        # what the launcher imports is the standard library and these.
+        for name in HARNESS:
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / "src" / name, work / name)
         (work / "driver.py").write_text(_DRIVER)
-        for path in work.iterdir():
-            os.chmod(path, 0o644)
-        done = _as_nobody(
-            system, "-I", str(work / "driver.py"), str(work / "launcher.py"), _ESCAPES
-        )
+        for path in [work, *work.rglob("*")]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        launcher = str(work / "rollgym/envs/code/launcher.py")
+        done = _as_nobody(system, "-I", str(work / "driver.py"), launcher, _ESCAPES)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     assert done.returncode == 0, done.stderr
@@ -557,8 +565,8 @@ def test_as_a_normal_user_the_run_keeps_no_capability() -> None:
 _FILTERED = """
 import ctypes, json, os, socket, subprocess, sys, threading
 sys.path.insert(0, sys.argv[1])
-import launcher
-launcher._seccomp(fallback=sys.argv[2] == "fallback")
+from rollgym.envs.code import confine
+confine.seccomp(fallback=sys.argv[2] == "fallback")
 libc = ctypes.CDLL(None, use_errno=True)
 out = {}
 def attempt(name, fn):
@@ -588,9 +596,8 @@ print(json.dumps(out))
 def test_the_kernel_filter_holds_whatever_python_code_does(mode: str) -> None:
     # The audit hook of the fallback is Python's: a module loaded under another name gets
     # round it. The seccomp filter is the kernel's, inherited by every child, never removed.
-    launcher_dir = str(ROOT / "src/rollgym/envs/code")
     done = subprocess.run(
-        [sys.executable, "-I", "-c", _FILTERED, launcher_dir, mode],
+        [sys.executable, "-I", "-c", _FILTERED, str(ROOT / "src"), mode],
         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from rollgym.envs.code.asserts import parse_assert
+from rollgym.envs.code.codec import MAX_BITS, MAX_COLLISIONS, Decoder, HashBudget, encode
 from rollgym.envs.code.server import CodeEnv
+from rollgym.errors import InvalidRequest
 from rollgym.testing import serve_server
 from tests.adversarial.test_code import LIMITS, row, solution, verify
 from tests.envs.env_client import EnvClient
@@ -74,6 +76,32 @@ SHAPES: dict[str, tuple[str, str]] = {
     "comprehension over the result": (
         "assert [len(w) for w in words('ab c')] == [2, 1]",
         "def words(s):\n    return s.split()\n",
+    ),
+    # Shapes an honest solution failed before (issue 36): a type judged, a dict's view in its
+    # order, an integer past Python's str <-> int digit limit, pairs of which some share a
+    # hash (hash(-1) == hash(-2), so (-1, j) and (-2, j) do too).
+    "type of the result": ("assert type(add(1, 2)) == int", "def add(a, b):\n    return a + b\n"),
+    "type is": ("assert type(pair(1)) is tuple", "def pair(x):\n    return (x, x)\n"),
+    "__class__": ("assert add(1, 2).__class__ is int", "def add(a, b):\n    return a + b\n"),
+    "keys in order": (
+        "assert list(order({'e': 1, 'd': 2, 'c': 3, 'b': 4})) == ['e', 'd', 'c', 'b']",
+        "def order(d):\n    return d.keys()\n",
+    ),
+    "keys as a set": (
+        "assert order({'b': 1, 'a': 2}) == {'a', 'b'}",
+        "def order(d):\n    return d.keys()\n",
+    ),
+    "items in order": (
+        "assert list(pairs({'e': 1, 'd': 2, 'c': 3})) == [('e', 1), ('d', 2), ('c', 3)]",
+        "def pairs(d):\n    return d.items()\n",
+    ),
+    "a big integer": (
+        "assert fact(2000) % 10 == 0",
+        "import math\ndef fact(n):\n    return math.factorial(n)\n",
+    ),
+    "pairs sharing hashes": (
+        "assert set(map(tuple, grid(30))) == {(i, j) for i in range(-30, 30) for j in range(-30, 30)}",
+        "def grid(n):\n    return [[i, j] for i in range(-n, n) for j in range(-n, n)]\n",
     ),
 }
 
@@ -180,3 +208,77 @@ def test_the_sandbox_is_asked_only_for_the_solutions_calls(shape: str) -> None:
 def test_a_judgement_over_the_solutions_values_stays_bounded(source: str, value: object) -> None:
     held, why = parse_assert(source, "asserts[0]").judge([value])
     assert not held and why in ("the assertion raised ValueError", "the assertion raised TypeError")
+
+
+def _colliding_pairs(count: int) -> list[list[int]]:
+    """``count`` pairs ``[a, b]`` whose tuples share one hash: CPython's tuple hash (xxHash's
+    round) inverted for the second item, whose hash is the integer itself below 2**61 - 1."""
+    mask, p1, p2, p5 = 2**64 - 1, 11400714785074694791, 14029467366897019727, 2870177450012600261
+
+    def first_round(h: int) -> int:
+        acc = (p5 + h * p2) & mask
+        return (((acc << 31) | (acc >> 33)) & mask) * p1 & mask
+
+    pairs = []
+    a = 1
+    while len(pairs) < count:
+        a += 1
+        b = ((12345 - first_round(a)) * pow(p2, -1, 2**64)) & mask
+        if 0 < b < 2**61 - 1:
+            pairs.append([a, b])
+    assert len({hash(tuple(p)) for p in pairs}) == 1  # CPython's hash, which this inverts
+    return pairs
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "assert set(map(tuple, f(3))) == {(1, 2)}",  # the review's: 15,000 pairs took 3.3 s
+        "assert {tuple(p) for p in f(3)} == {(1, 2)}",
+        "assert len(dict([(tuple(p), 0) for p in f(3)])) == 1",
+        "assert all(tuple(p) in {(1, 2)} | set(map(tuple, f(3))) for p in [[1, 2]])",
+    ],
+)
+def test_keys_the_judgement_builds_cannot_be_chosen_to_collide(source: str) -> None:
+    # Before, only decoded values were counted: tuples the server's interpreter built itself
+    # went into a set unchecked, n * n / 2 comparisons. 2,000 pairs keep this quick either way.
+    held, why = parse_assert(source, "asserts[0]").judge([_colliding_pairs(2000)])
+    assert not held and why == "the assertion raised ValueError", why
+
+
+def test_hash_clashes_are_counted_in_comparisons_not_seconds() -> None:
+    pairs = [tuple(p) for p in _colliding_pairs(2000)]
+    budget = HashBudget()
+    with pytest.raises(ValueError, match="collide"):
+        budget.admit(pairs)
+    # Stopped at the budget: about MAX_COLLISIONS comparisons (each weighted by the tuple's
+    # length), where building the set would have made 2,000 * 2,000 / 2.
+    assert MAX_COLLISIONS < budget.compared <= MAX_COLLISIONS + 3 * len(pairs)
+    honest = HashBudget()
+    honest.admit([(i, j) for i in range(-300, 300) for j in range(-300, 300)])  # 360,000 keys
+    assert honest.compared < 5000  # (-1, j) and (-2, j) share a hash: one comparison each
+
+
+def test_a_dict_view_reported_keeps_its_order_and_its_set_comparison() -> None:
+    # A keys view went as a set before: in no particular order, so list(f()) failed.
+    view = Decoder().decode(encode({"b": 1, "a": 2, "c": 3}.keys()))
+    assert list(view) == ["b", "a", "c"] and view == {"a", "b", "c"} and view != ["b", "a", "c"]
+    items = Decoder().decode(encode({"b": [1], "a": [2]}.items()))
+    assert list(items) == [("b", [1]), ("a", [2])]
+    # A forged view with a key twice claims no more than a dict's view: the key once.
+    assert list(Decoder().decode(["K", [["s", "a"], ["s", "a"]]])) == ["a"]
+
+
+def test_integers_cross_as_hex_up_to_the_bit_cap() -> None:
+    big = 7**9000  # 7,606 digits: past Python's 4,300-digit limit for str <-> int
+    assert Decoder().decode(encode(big)) == big
+    with pytest.raises(ValueError, match="bits"):
+        encode(1 << MAX_BITS)
+    with pytest.raises(ValueError, match="bits"):
+        Decoder().decode(["i", "f" * (MAX_BITS // 4 + 3)])
+
+
+def test_a_humaneval_check_function_is_refused_naming_why() -> None:
+    source = "def check(candidate):\n    assert candidate(1) == 1\n\ncheck(f)\n"
+    with pytest.raises(InvalidRequest, match="not an assert statement"):
+        parse_assert(source, "asserts[0]")

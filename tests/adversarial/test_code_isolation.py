@@ -83,8 +83,8 @@ def test_the_hosts_proc_files_are_masked() -> None:
 _FILTERED = """
 import ctypes, json, os, socket, sys
 sys.path.insert(0, sys.argv[1])
-import launcher
-launcher._seccomp(fallback=sys.argv[2] == "fallback")
+from rollgym.envs.code import confine
+confine.seccomp(fallback=sys.argv[2] == "fallback")
 libc = ctypes.CDLL(None, use_errno=True)
 out = {}
 def attempt(name, fn):
@@ -112,13 +112,73 @@ def test_vsock_netlink_memfd_and_personality_are_refused_by_the_kernel(mode: str
     # vsock reaches the hypervisor's host and some netlink families are host-wide: a network
     # namespace does not stop them. memfd_create + execve runs a binary on no mount.
     done = subprocess.run(
-        [sys.executable, "-I", "-c", _FILTERED, str(ROOT / "src/rollgym/envs/code"), mode],
+        [sys.executable, "-I", "-c", _FILTERED, str(ROOT / "src"), mode],
         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     assert got == dict.fromkeys(("vsock", "netlink", "memfd_create", "personality",
                                  "execveat"), EPERM), got  # fmt: skip
+
+
+_OTHERS = """
+import ctypes, json, os, sys
+sys.path.insert(0, sys.argv[1])
+from rollgym.envs.code import confine
+confine.seccomp(fallback=sys.argv[2] == "fallback")
+libc = ctypes.CDLL(None, use_errno=True)
+x86 = os.uname().machine == "x86_64"
+NR = dict(zip(("rt_sigqueueinfo", "rt_tgsigqueueinfo", "tkill", "pidfd_open", "ptrace",
+               "process_vm_readv", "kcmp"),
+              (129, 297, 200, 434, 101, 310, 312) if x86 else (138, 240, 130, 434, 117, 270, 272)))
+info = (ctypes.c_int * 32)()
+info[2] = -1  # si_code SI_QUEUE, as sigqueue(3) sends (signal 0: a permission check only)
+def calls(pid):
+    return {
+        "kill": lambda: libc.kill(pid, 0),
+        "tgkill": lambda: libc.tgkill(pid, pid, 0),
+        "rt_sigqueueinfo": lambda: libc.syscall(NR["rt_sigqueueinfo"], pid, 0, info),
+        "rt_tgsigqueueinfo": lambda: libc.syscall(NR["rt_tgsigqueueinfo"], pid, pid, 0, info),
+        "tkill": lambda: libc.syscall(NR["tkill"], pid, 0),
+        "pidfd_open": lambda: libc.syscall(NR["pidfd_open"], pid, 0),
+        "ptrace": lambda: libc.syscall(NR["ptrace"], 0x4206, pid, 0, 0),  # PTRACE_SEIZE
+        "process_vm_readv": lambda: libc.syscall(NR["process_vm_readv"], pid, None, 0, None, 0, 0),
+        "kcmp": lambda: libc.syscall(NR["kcmp"], os.getpid(), pid, 0, 0, 0),  # KCMP_FILE
+    }
+def attempt(fn):
+    return "ok" if fn() >= 0 else ctypes.get_errno()
+print(json.dumps({who: {name: attempt(fn) for name, fn in calls(pid).items()}
+                  for who, pid in (("other", int(sys.argv[3])), ("self", os.getpid()))}))
+"""
+
+
+@filtered_arch
+@pytest.mark.parametrize("mode", ["fallback", "namespaces"])
+def test_no_signal_trace_or_peek_reaches_another_process(mode: str) -> None:
+    # rt_sigqueueinfo (sigqueue) and rt_tgsigqueueinfo name a pid just as kill does: in the
+    # fallback, where every process of the host is in sight, they killed another process.
+    # Tracing, reading and comparing another process are refused in both modes; with
+    # namespaces the rest is the PID namespace's business (a victim outside it is unseen).
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", _OTHERS, str(ROOT / "src"), mode, str(victim.pid)],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert victim.poll() is None  # signal 0 only: it must still be there
+    finally:
+        victim.kill()
+        victim.wait()
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    never = ("ptrace", "process_vm_readv", "kcmp")
+    assert {name: got["other"][name] for name in never} == dict.fromkeys(never, EPERM), got
+    signals = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "tkill", "pidfd_open")
+    expected = EPERM if mode == "fallback" else "ok"
+    assert {name: got["other"][name] for name in signals} == dict.fromkeys(signals, expected)
+    # To itself, a signal is still the program's own business (raise(), a timer's alarm).
+    mine = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
+    assert {name: got["self"][name] for name in mine} == dict.fromkeys(mine, "ok"), got
 
 
 @needs_namespaces

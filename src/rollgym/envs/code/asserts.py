@@ -19,9 +19,8 @@ passing when that process exited 0, so ``os._exit(0)``, an ``atexit`` hook, an o
    range(3))``) is unrolled over its items, computed here: one probe per call, the comparison
    in the judgement. One over the solution's own values (``for i in f(3)``) is refused.
 3. The launcher evaluates the probes after the solution ran and reports their values as plain
-   tagged JSON (``launcher.encode``); the server decodes them (``decode.py``, bounded) and
-   evaluates the
-   judgement. A missing or unreadable report is a ``runtime_error``; a false judgement a
+   tagged JSON (``codec.encode``); the server decodes them (``decode.py``, bounded) and
+   evaluates the judgement. A missing or unreadable report is a ``runtime_error``; a false judgement a
    ``wrong_answer``.
 
 Why the report needs no secret: the solution runs in the interpreter that evaluates the
@@ -46,6 +45,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from rollgym.envs.code.codec import ProbeSpec, encode
 from rollgym.envs.code.interpret import (
     CALLS,
     CONSTANTS,
@@ -60,7 +60,6 @@ from rollgym.envs.code.interpret import (
     show,
     targets,
 )
-from rollgym.envs.code.launcher import ProbeSpec, encode
 from rollgym.errors import InvalidRequest
 
 _MAX_PROBES = 2000  # per assert, unrolled ones included: about 0.3 s to split, once per row
@@ -96,6 +95,18 @@ class Judged:
         except Exception as exc:  # the assert raising on the values, as it would in Python
             return False, f"the assertion raised {type(exc).__name__}"
         return True, None
+
+
+class _ClassAsType(ast.NodeTransformer):
+    """``x.__class__`` read as ``type(x)``: the server's ``type`` of the reported value, never
+    an attribute read of the solution's object in the sandbox (a type cannot be reported)."""
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.expr:
+        self.generic_visit(node)
+        if node.attr != "__class__" or not isinstance(node.ctx, ast.Load):
+            return node
+        call = ast.Call(ast.Name("type", ast.Load()), [node.value], [])
+        return ast.copy_location(call, node)
 
 
 def _elements(node: ast.expr) -> list[ast.expr]:
@@ -386,7 +397,7 @@ def parse_assert(source: str, where: str) -> Judged:
                     f"line {stmt.lineno} is not an assert statement: only asserts can be "
                     "judged outside the solution's process"
                 )
-            tests.append(split.visit(stmt.test))
+            tests.append(split.visit(_ClassAsType().visit(stmt.test)))
     except (SyntaxError, ValueError, RecursionError) as exc:
         raise InvalidRequest(f"{where}: {exc}", status=422) from None
     return Judged(source, tuple(split.probes), tuple(tests))

@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rollgym.config import format_validation_error
 from rollgym.envs.code.asserts import Judged, parse_assert
+from rollgym.envs.code.codec import ProbeSpec
 from rollgym.envs.code.decode import read_report
-from rollgym.envs.code.launcher import READY, ProbeSpec
+from rollgym.envs.code.launcher import READY
 from rollgym.envs.code.sandbox import Mode, RunResult
 from rollgym.errors import InvalidRequest
 

@@ -7,8 +7,10 @@ pure builtins (``CALLS``) and an allow-list of pure methods of exact ``str``, ``
 ``list``, ``tuple``, ``dict``, ``set``, ``int`` and ``float`` values (``METHODS``); ``check``
 refuses anything else before a run, as ``Unjudgeable``, naming the part. Every value it builds
 is charged to a budget, and where one step could amplify (repetition, ``join``, ``replace``,
-padding, format widths) the size is checked before it is built: neither the task's assert nor
-the solution's values can make the server work for long.
+padding, format widths) the size is checked before it is built; every key of a set or dict it
+builds, or looks up, is charged to a ``HashBudget`` first (keys chosen to share one hash make
+a table quadratic): neither the task's assert nor the solution's values can make the server
+work for long.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import math
 import re
 import string
 from collections import ChainMap
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
+
+from rollgym.envs.code.codec import MAX_BITS, HashBudget
 
 MAX_ITEMS = 10**6  # the largest value one step may build (items or characters)
 MAX_WORK = 10**7  # all the items and characters one judgement may build
 _STEP = 50  # what one comprehension item costs of MAX_WORK: 200,000 items at most (~1 s)
-_MAX_BITS = 2**20  # the largest integer ``**`` or ``<<`` may build, in bits
 _FORMAT_FIELD = re.compile(r"\d*|[A-Za-z_]\w*")
 _WIDE = re.compile(r"\d{7,}")  # a width or precision of a million or more
 _MAX_DIGITS = 4300  # Python's own default for str <-> int
@@ -48,19 +51,6 @@ class Failed:
 
     def __init__(self, why: str) -> None:
         self.why = why
-
-
-class Iterated:
-    """What an iterator or generator gave: iterable (``list(x)``, ``sorted(x)``), but equal
-    to nothing else, as a generator is in Python."""
-
-    __slots__ = ("items",)
-
-    def __init__(self, items: list[Any]) -> None:
-        self.items = items
-
-    def __iter__(self) -> Any:
-        return iter(self.items)
 
 
 class Value(ast.Constant):
@@ -94,6 +84,10 @@ def _round(number: Any, ndigits: Any = None) -> Any:
     return round(number, ndigits)
 
 
+def _type(value: Any) -> type:
+    return type(value)  # one argument only: type(name, bases, namespace) makes a class
+
+
 def _sum(items: Any, start: Any = 0) -> Any:
     if not isinstance(start, (int, float, complex)):  # sum(lists, []) copies quadratically
         raise TypeError("sum is judged over numbers only")
@@ -109,6 +103,7 @@ CALLS: dict[str, Callable[..., Any]] = {
     "range": _range,
     "round": _round,
     "sum": _sum,
+    "type": _type,
     **{f"math.{n}": getattr(math, n) for n in ("isclose", "fabs", "sqrt", "floor", "ceil",
                                                 "isnan", "isinf", "isfinite", "gcd", "log")},
 }  # fmt: skip
@@ -209,9 +204,15 @@ def check(node: ast.AST) -> None:
 class Interpreter:
     """Evaluates what ``check`` allows, over ``names`` (probe values and bound variables)."""
 
-    def __init__(self, names: MutableMapping[str, Any], spent: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        names: MutableMapping[str, Any],
+        spent: list[int] | None = None,
+        budget: HashBudget | None = None,
+    ) -> None:
         self.names = names
         self._spent = spent if spent is not None else [0]
+        self.budget = budget if budget is not None else HashBudget()
 
     def charge(self, value: Any, size: int | None = None) -> Any:
         if size is None:
@@ -223,7 +224,16 @@ class Interpreter:
         return value
 
     def within(self, bound: dict[str, Any]) -> Interpreter:
-        return Interpreter(ChainMap(bound, self.names), self._spent)
+        return Interpreter(ChainMap(bound, self.names), self._spent, self.budget)
+
+    def keys(self, items: Iterable[Any]) -> list[Any]:
+        """``items`` as a list, charged to the hash budget: before a table holds them."""
+        return self.budget.admit(items)
+
+    def _pairs(self, pairs: Iterable[tuple[Any, Any]]) -> dict[Any, Any]:
+        listed = list(pairs)
+        self.keys(k for k, _ in listed)
+        return dict(listed)
 
     def run(self, node: ast.expr) -> Any:
         if isinstance(node, ast.Constant):  # Value too
@@ -256,6 +266,9 @@ class Interpreter:
         left = self.run(node.left)
         for op, comparator in zip(node.ops, node.comparators, strict=True):
             right = self.run(comparator)
+            if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, TABLES):
+                items = isinstance(right, _ITEMS) and isinstance(left, tuple) and len(left) == 2
+                self.keys([left[0] if items else left])  # a lookup walks the key's chain
             if not _COMPARE[type(op)](left, right):
                 return False
             left = right
@@ -278,7 +291,13 @@ class Interpreter:
         return +value if isinstance(node.op, ast.UAdd) else ~value
 
     def _BinOp(self, node: ast.BinOp) -> Any:
-        return binary(node.op, self.run(node.left), self.run(node.right))
+        left, right = self.run(node.left), self.run(node.right)
+        if isinstance(node.op, _SET_OPS) and (
+            isinstance(left, TABLES) or isinstance(right, TABLES)
+        ):
+            self.keys(left)  # | & - ^ of a table: a table of both sides' items
+            self.keys(right)
+        return binary(node.op, left, right)
 
     def _IfExp(self, node: ast.IfExp) -> Any:
         return self.run(node.body) if self.run(node.test) else self.run(node.orelse)
@@ -290,14 +309,17 @@ class Interpreter:
         return tuple(self._items(node.elts))
 
     def _Set(self, node: ast.Set) -> set[Any]:
-        return set(self._items(node.elts))
+        return set(self.keys(self._items(node.elts)))
 
     def _Dict(self, node: ast.Dict) -> dict[Any, Any]:
         pairs = zip(node.keys, node.values, strict=True)
-        return {self.run(k): self.run(v) for k, v in pairs if k is not None}
+        return self._pairs((self.run(k), self.run(v)) for k, v in pairs if k is not None)
 
     def _Subscript(self, node: ast.Subscript) -> Any:
-        return self.run(node.value)[self.run(node.slice)]
+        value, key = self.run(node.value), self.run(node.slice)
+        if isinstance(value, dict):
+            self.keys([key])
+        return value[key]
 
     def _Slice(self, node: ast.Slice) -> slice:
         parts = (node.lower, node.upper, node.step)
@@ -319,11 +341,23 @@ class Interpreter:
         args = self._items(node.args)
         kwargs = {k.arg: self.run(k.value) for k in node.keywords if k.arg}
         name = name_of(node.func)
+        if name in ("set", "frozenset") and args:
+            args = [self.keys(args[0]), *args[1:]]
+        elif name == "dict" and args:
+            given = args[0].items() if isinstance(args[0], dict) else args[0]
+            pairs = [tuple(pair) for pair in given]
+            self.keys(pair[0] for pair in pairs if pair)
+            args = [pairs, *args[1:]]
         if name in CALLS:
             return CALLS[name](*args, **kwargs)
         if not isinstance(node.func, ast.Attribute):
             raise Unjudgeable(f"cannot call {show(node.func)!r}")
-        return call_method(self.run(node.func.value), node.func.attr, args, kwargs)
+        receiver, method = self.run(node.func.value), node.func.attr
+        if isinstance(receiver, (set, frozenset)):  # each argument's items meet the table
+            args = [self.keys(arg) for arg in args]
+        elif isinstance(receiver, dict) and method == "get":
+            self.keys(args[:1])
+        return call_method(receiver, method, args, kwargs)
 
     def _bindings(self, generators: list[ast.comprehension]) -> Iterator[Interpreter]:
         def step(at: int, scope: Interpreter) -> Iterator[Interpreter]:
@@ -343,11 +377,11 @@ class Interpreter:
         return [scope.run(node.elt) for scope in self._bindings(node.generators)]
 
     def _SetComp(self, node: ast.SetComp) -> set[Any]:
-        return {scope.run(node.elt) for scope in self._bindings(node.generators)}
+        return set(self.keys(scope.run(node.elt) for scope in self._bindings(node.generators)))
 
     def _DictComp(self, node: ast.DictComp) -> dict[Any, Any]:
         scopes = self._bindings(node.generators)
-        return {s.run(node.key): s.run(node.value) for s in scopes}
+        return self._pairs((s.run(node.key), s.run(node.value)) for s in scopes)
 
     def _GeneratorExp(self, node: ast.GeneratorExp) -> Iterator[Any]:
         # Lazy, as in Python: all() and any() stop at the first item that decides.
@@ -356,11 +390,11 @@ class Interpreter:
     def _Unrolled(self, node: Unrolled) -> Any:
         kept = [parts for conds, parts in node.items if all(self.run(c) for c in conds)]
         if node.kind == "dict":
-            return {self.run(k): self.run(v) for k, v in kept}
+            return self._pairs((self.run(k), self.run(v)) for k, v in kept)
         values = (self.run(parts[0]) for parts in kept)
         if node.kind == "gen":
             return values
-        return set(values) if node.kind == "set" else list(values)
+        return set(self.keys(values)) if node.kind == "set" else list(values)
 
 
 def bind(target: ast.expr, value: Any, dry: bool = False) -> dict[str, Any]:
@@ -426,6 +460,10 @@ _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
     ast.Is: lambda a, b: a is b, ast.IsNot: lambda a, b: a is not b,
 }  # fmt: skip
 _SEQUENCES = (str, bytes, list, tuple)
+_ITEMS: type[Any] = type({}.items())
+TABLES: tuple[type[Any], ...] = (set, frozenset, dict, type({}.keys()), _ITEMS)
+"""Values that are hash tables: a key looked up in one, or an item added, is charged."""
+_SET_OPS = (ast.BitOr, ast.BitAnd, ast.BitXor, ast.Sub)
 _NUMBERS = (int, float, complex)
 _OPERATORS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: lambda x, y: x + y, ast.Sub: lambda x, y: x - y,
@@ -447,7 +485,7 @@ def binary(op: ast.operator, a: Any, b: Any) -> Any:
         raise TypeError("% is judged between numbers only (a format string could be huge)")
     if isinstance(op, (ast.Pow, ast.LShift)) and isinstance(a, int) and isinstance(b, int):
         bits = b if isinstance(op, ast.LShift) else a.bit_length() * b
-        if bits > _MAX_BITS:
+        if bits > MAX_BITS:
             raise ValueError("an integer too large to judge")
     if type(op) not in _OPERATORS:
         raise TypeError(f"operator {type(op).__name__} is not judged")

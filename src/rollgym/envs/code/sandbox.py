@@ -34,7 +34,9 @@ from typing import Any, Literal
 import orjson
 
 from rollgym import tracing
-from rollgym.envs.code.launcher import READY, WORK_DIR, ProbeSpec, interpreter_files
+from rollgym.envs.code.codec import ProbeSpec
+from rollgym.envs.code.isolation import WORK_DIR, interpreter_files
+from rollgym.envs.code.launcher import READY
 from rollgym.errors import SandboxError
 from rollgym.tracing.names import (
     SANDBOX_EXIT,
