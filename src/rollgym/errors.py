@@ -60,7 +60,7 @@ like the others, and every other class's JSON form is unchanged.
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Self, SupportsIndex
+from typing import Any, ClassVar, NamedTuple, Self, SupportsIndex
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
@@ -130,7 +130,7 @@ def _valid_text(text: str) -> str:
 
 def bound_message(message: object) -> str:
     """Redact and cut a message to ``MESSAGE_LIMIT`` characters, saying how much was cut."""
-    text = redact_text(_valid_text(str(message)))
+    text = _redacted_prefix(str(message), MESSAGE_LIMIT)
     if len(text) <= MESSAGE_LIMIT:
         return text
     # The result is at most MESSAGE_LIMIT long, so bounding it again (from_dict) keeps it.
@@ -149,10 +149,21 @@ def bound_body(body: str | bytes | bytearray | None) -> tuple[str | None, bool]:
         # characters; anything past it was cut even when the decoded text fits the limit.
         truncated = len(raw) > BODY_LIMIT * 4
         body = raw[: BODY_LIMIT * 4].decode("utf-8", errors="replace")
-    # Redact before cutting, so a secret that straddles the cut is still recognised whole.
-    text = redact_text(_valid_text(body))
+    text = _redacted_prefix(body, BODY_LIMIT)
     truncated = truncated or len(text) > BODY_LIMIT
     return text[:BODY_LIMIT], truncated
+
+
+_REDACT_MARGIN = 4096
+"""Characters past a limit still read by the redaction: a secret (shorter than this) that
+straddles the cut is recognised whole, and nothing past the margin is scanned at all (every
+remembered credential's pattern over a 10 MB body held a test for minutes)."""
+
+
+def _redacted_prefix(text: str, limit: int) -> str:
+    """``text``'s first ``limit`` characters and the margin after them, redacted; a text cut
+    here stays longer than ``limit``, so its caller still says that it was cut."""
+    return redact_text(_valid_text(text[: limit + _REDACT_MARGIN]))
 
 
 class RollgymError(Exception):
@@ -371,6 +382,82 @@ def _started_upstream(type_: object, server: object, origin_server: object) -> b
     return origin_server != server or issubclass(klass, HTTPStatusError)
 
 
+CONTEXT_TYPES = frozenset(
+    {"rollgym_error", "http_status", "deadline_exceeded", "budget_exhausted", "circuit_open",
+     "run_aborted"}
+)  # fmt: skip
+"""Error types that are context when they have an ``origin``: they pass a failure on or say
+what stopped it, and the origin names the cause (``root_cause``)."""
+ENDING_TYPES = frozenset({"deadline_exceeded", "budget_exhausted", "circuit_open", "run_aborted"})
+"""The context types worth naming beside a cause: the deadline, budget or breaker that ended
+the failure (``http_status`` and ``rollgym_error`` only pass it along)."""
+CAUSE_TYPES = frozenset(
+    {"config_error", "input_error", "invalid_request", "request_too_large", "bad_checkpoint",
+     "capacity_reached", "protocol_error", "unparseable_verdict", "token_data",
+     "transport_error", "connect_error", "session_lost", "connection_lost", "read_timeout",
+     "replica_down", "replica_stalled", "answer_too_large", "paused_too_long", "waited_too_long",
+     "rollout_error",
+     "stale_rollout", "environment_failure", "internal_error", "sandbox_error", "scorer_error",
+     "weights_not_restored", "launch_error"}
+)  # fmt: skip
+"""Error types that are a cause wherever they are in a chain (``root_cause``)."""
+
+
+class RootCause(NamedTuple):
+    """What a failure is counted by: ``type``, the type of its cause, and ``context``, the
+    deadline, budget or breaker that ended it (an ``ENDING_TYPES`` type), or None."""
+
+    type: str
+    context: str | None
+
+
+def root_cause(error: RollgymError | dict[str, Any]) -> RootCause:
+    """The root cause of a failure (an error, or its JSON form as ``failures.jsonl`` holds it):
+    the deepest error of its ``origin`` chain that is a cause, with the outermost deadline,
+    budget or breaker above it as context. The one rule every count of failures by cause uses
+    (run summary, ``metrics.json``'s ``by_root``, ``run.json``'s abort, ``rollgym health``,
+    ``rollgym report``, Prometheus).
+
+    - Context (``CONTEXT_TYPES``), when it has an origin: ``http_status`` (a server's status
+      answer passing on its upstream's error: a gateway's 502, a proxy's 504),
+      ``budget_exhausted`` (a retry refused: the origin is the failure it would have retried),
+      ``circuit_open`` (a call refused: the origin is the call's own last failure, else the
+      failure that opened the breaker), ``deadline_exceeded`` (time ran out after the origin
+      failed), ``run_aborted`` and ``rollgym_error`` (a plain wrapper, or a foreign exception's
+      text). Without an origin such an error is its own cause: a 500 with no rollgym error
+      behind it is an ``http_status``, a rollout deadline a ``deadline_exceeded``.
+    - Causes (``CAUSE_TYPES``): every other type of the tree (``connect_error``,
+      ``read_timeout``, ``replica_down``, ``internal_error``, ...). A cause with an origin
+      of its own (a ``session_lost`` whose replica refused the connection) yields to a cause
+      deeper in the chain.
+    - A type this tree does not know (a newer rollgym's) is a cause, and keeps its name.
+
+    A test holds every type of the tree to exactly one of the two sets."""
+    context: str | None = None
+    cause: str | None = None
+    node: Any = error
+    last = "unknown"
+    for _ in range(ORIGIN_DEPTH + 1):
+        if isinstance(node, RollgymError):
+            kind: Any = node.type
+            origin: Any = node.origin
+        elif isinstance(node, dict):
+            kind, origin = node.get("type"), node.get("origin")
+        else:
+            break
+        last = kind if isinstance(kind, str) else "unknown"
+        if last in CONTEXT_TYPES:
+            if context is None and last in ENDING_TYPES and cause is None:
+                context = last
+        else:
+            cause = last
+        node = origin
+    if cause is None:  # only context: the deepest one is the cause
+        cause = last
+        context = None if context == cause else context
+    return RootCause(cause, context)
+
+
 def is_known_type(name: object) -> bool:
     """Whether ``name`` is the ``type`` of a class in this tree."""
     return isinstance(name, str) and name in _REGISTRY
@@ -538,7 +625,10 @@ class DeadlineExceeded(TransportError):
 
 class WaitedTooLong(DeadlineExceeded):
     """A deadline that ran out before the work began (it waited for a free worker): the
-    server's load, never its input's doing. On the wire it is a ``deadline_exceeded``."""
+    server's load, never its input's doing. Its own wire type, so a failure record tells
+    "never got a worker" from a deadline that ran out while the work ran."""
+
+    type = "waited_too_long"
 
 
 class PausedTooLong(DeadlineExceeded):

@@ -177,7 +177,8 @@ class RolloutStream:
         self._paused_until: float | None = None
         self._pause_timeout = 0.0
         self._last_take = time.monotonic()
-        self._closed = False
+        self._closing = False  # aclose began: nothing new starts
+        self._closed = False  # aclose ended: nothing of the stream runs
         self._entered = False
 
     # -- state ----------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ class RolloutStream:
             self.ledger.add(record)
 
     def accepting(self) -> bool:
-        return not self._closed and self._error is None
+        return not self._closing and self._error is None
 
     def item(self, row: dict[str, Any], task_index: int, rollout_index: int) -> RolloutItem:
         stamped = orjson.dumps({**row, "task_index": task_index, "rollout_index": rollout_index})
@@ -291,9 +292,16 @@ class RolloutStream:
     async def aclose(self) -> None:
         """Stop: cancel what is in flight (unrecorded), release the model servers (a pause
         this stream holds, the staleness bound it set), close the run directory."""
-        if self._closed:
+        if self._closing:
             return
-        self._closed = True
+        self._closing = True
+        try:
+            await self._shut()
+        finally:
+            # Only now: ``closed`` promises that nothing of the stream runs any more.
+            self._closed = True
+
+    async def _shut(self) -> None:
         if self._dispatcher is not None:
             self._dispatcher.cancel()
         self._feed.stop()
@@ -342,7 +350,7 @@ class RolloutStream:
         # worth of groups) and another loop go on. Used bare, the loop owns it: an async
         # generator, which asyncio closes when the loop leaves it (``break``, an exception),
         # and closing it closes the stream (no dispatcher, watchdog or HTTP session left).
-        if self._entered or self._closed:
+        if self._entered or self._closing:
             return self
         return self._owned()
 
@@ -358,7 +366,7 @@ class RolloutStream:
             await self.aclose()
 
     async def __anext__(self) -> TaskGroup:
-        if self._closed:
+        if self._closing:
             self._raise_if_ended()
             raise StopAsyncIteration
         await self.start()
@@ -448,7 +456,7 @@ class RolloutStream:
         self._release()
 
     def _check_open(self, what: str) -> None:
-        if self._closed:
+        if self._closing:
             # Its control is closed and its model servers released: a pause now would hold
             # them with nothing left to resume it.
             raise RuntimeError(

@@ -31,7 +31,8 @@ def test_default_budget_stops_a_broken_run_after_50_samples() -> None:
     b = budget()
     assert all(b.observe(model_error(500)) is None for _ in range(49))
     assert b.observe(model_error(500)) == (
-        "50 of the last 50 rollouts failed, rate 100% >= --max-failure-rate 0.5"
+        "50 of the last 50 rollouts failed, rate 100% >= --max-failure-rate 0.5; "
+        "by root cause: http_status 50"
     )
 
 
@@ -45,7 +46,7 @@ def test_max_failures_counts_failures_only() -> None:
     b = budget(max_failures=3)
     assert [b.observe(e) for e in (None, model_error(500), None, model_error(500))] == [None] * 4
     reason = b.observe(model_error(503))
-    assert reason == "3 rollouts failed (--max-failures 3)"
+    assert reason == "3 rollouts failed (--max-failures 3); by root cause: http_status 3"
     summary = b.summary.to_dict()
     assert summary["by_server"] == {"model": 3}
     assert summary["by_status"] == {"500": 2, "503": 1}

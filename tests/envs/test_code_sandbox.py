@@ -51,8 +51,15 @@ async def verify(client: EnvClient, row: dict[str, Any], code: str) -> dict[str,
 
 
 async def still_serving(client: EnvClient) -> None:
-    status, body = await verify_ok(client)
-    assert status == 200 and body["reward"] == 1.0, body
+    # An honest run may miss its wall-clock limit on a machine this busy (CI beside stress):
+    # that verdict is asked again, a few times; any other verdict, or a server error, fails.
+    for _ in range(3):
+        status, body = await verify_ok(client)
+        assert status == 200, body
+        if body["reward"] == 1.0 or body.get("test_results") != ["time_limit"]:
+            break
+        await asyncio.sleep(1.0)
+    assert body["reward"] == 1.0, body
 
 
 async def verify_ok(client: EnvClient) -> tuple[int, Any]:

@@ -12,6 +12,7 @@ freeze is a figure of ``bench/freeze.py``, not an assertion here.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,6 +117,13 @@ def test_a_model_server_frozen_mid_run_ends_the_run_naming_the_cause(
     assert set(abort["by_type"]) <= {"replica_down", "circuit_open"}, abort
     assert abort["by_server"].keys() == {"model.upstream"}
     assert "liveness probe (POST /ping: no answer within 0.5s)" in abort["sample_error"]["message"]
+    # Counted by root cause: a call the open breaker refused counts as what opened it.
+    assert abort["by_root"].keys() == {"replica_down"}, abort
+    assert abort["by_root_context"].get("replica_down", {}).keys() <= {"circuit_open"}
+    assert "by root cause: replica_down" in abort["reason"]
+    assert re.search(r"failures\s+│ replica_down \d+", done.stdout), done.stdout
+    metrics = orjson.loads((out / "metrics.json").read_bytes())["failures"]
+    assert metrics["by_root"].keys() == {"replica_down"}, metrics
 
     ok, failures = assert_recorded_once(out)
     assert len(ok) + len(failures) < rollouts  # aborted: the rest is --resume's

@@ -296,6 +296,25 @@ async def test_an_engine_that_stops_generating_is_typed_as_stalled() -> None:
     assert breaker is not None and breaker.state == OPEN
 
 
+async def test_an_engine_stopped_while_idle_is_typed_as_stalled() -> None:
+    # As a real vLLM 0.32 whose EngineCore was SIGSTOPped between calls: /ping answers 200,
+    # /metrics what the engine last reported (idle, counters still), and a call sent then
+    # never reaches the engine. Its gauges say idle, but not one call was started since.
+    double = VllmDouble()
+    async with proxy(double, stall_timeout=0.6, **BEAT) as (url, server):
+        status, _ = await post(url + "/v1/responses", ask())
+        assert status == 200  # the engine moved its counters, then went idle
+        double.engine_stopped = True
+        status, body = await post(url + "/v1/responses", ask())
+        breaker = server.client.breaker("model.upstream")
+    assert status == 504, body
+    origin = body["error"]["origin"]
+    assert origin["type"] == ReplicaStalled.type
+    assert "none in its engine by its last report" in origin["message"]
+    assert len(double.requests) == 2 and double.running == 0
+    assert breaker is not None and breaker.state == OPEN
+
+
 async def test_a_slow_generation_that_progresses_is_never_cut() -> None:
     double = VllmDouble()
     double.generate_seconds = 3.0  # five times the stall timeout, its counter moving
@@ -429,7 +448,7 @@ async def test_a_failed_probe_fails_every_attempt_after_telling_on_down() -> Non
     )
     told: list[str] = []
     transport = LivenessTransport(
-        inner, probe_transport=inner, on_down=lambda w, why: told.append(why)
+        inner, probe_transport=inner, on_down=lambda w, why, err: told.append(why)
     )
     with watching(watch()):
         attempts = [asyncio.ensure_future(send(transport)) for _ in range(3)]
@@ -523,6 +542,24 @@ def test_progress_is_stalled_only_with_work_in_the_engine() -> None:
     assert progress.stalled(Reading(6, 0), 50) is None  # an idle engine is not stalled
     assert progress.stalled(Reading(6, None), 55) is None  # ... and its idle time not counted
     assert progress.stalled(Reading(6, None), 61) == 11
+
+
+def test_an_idle_engine_that_took_no_call_sent_since_it_last_moved_is_stalled() -> None:
+    # A stopped engine's gauges say what it last reported (idle, for one stopped between
+    # calls): a call that waited stall_timeout since it was sent, with the counters standing
+    # still since before it, never reached the engine.
+    progress = Progress(stall_timeout=10)
+    progress.restart(0)
+    assert progress.stalled(Reading(5, 0), 5, [0]) is None
+    assert progress.stalled(Reading(5, 0), 9, [0]) is None
+    assert progress.stalled(Reading(5, 0), 11, [0]) == 11
+    # A call sent before the counters last moved is a lost call (the hedge's), not a stall.
+    progress.restart(20)
+    assert progress.stalled(Reading(7, 0), 25, [20]) is None  # moved since the last reading
+    assert progress.stalled(Reading(7, 0), 40, [20]) is None
+    # ... but one sent after that, which waited stall_timeout, never reached the engine.
+    assert progress.stalled(Reading(7, 0), 50, [20, 41]) is None  # 9 s since 41
+    assert progress.stalled(Reading(7, 0), 52, [20, 41]) == 11
 
 
 def test_hedges_wait_for_enough_answers_of_the_size_and_stay_within_their_share() -> None:

@@ -29,77 +29,25 @@ answers differ, which ``upstream_stream: true`` would hand on).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import aiohttp
 import pytest
 
 from rollgym.models.tokens import token_request
 from rollgym.models.translate import responses_to_chat
-from rollgym.testing import bind_socket, serve_server
+from rollgym.testing import serve_server
 
-PYTHON = os.environ.get("ROLLGYM_VLLM_PYTHON", "")
+from .vllm_real_support import Vllm, make_model, real_vllm, serve_vllm
 
-pytestmark = [
-    pytest.mark.skipif(
-        os.environ.get("ROLLGYM_REAL_SERVER") != "1" or not PYTHON,
-        reason="opt-in: set ROLLGYM_REAL_SERVER=1 and ROLLGYM_VLLM_PYTHON (see the docstring)",
-    ),
-    pytest.mark.timeout(600),
-]
+pytestmark = [real_vllm, pytest.mark.timeout(600)]
 
-STARTUP_SECONDS = 300.0
 MAX_TOKENS = 8
-
-MAKE_MODEL = r"""
-import sys
-from pathlib import Path
-
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-out = Path(sys.argv[1])
-specials = ["<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
-tok = Tokenizer(models.BPE())
-tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-tok.decoder = decoders.ByteLevel()
-trainer = trainers.BpeTrainer(
-    vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-)
-corpus = ["the quick brown fox jumps over the lazy dog", "hello world"] * 50
-tok.train_from_iterator(corpus, trainer)
-template = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] or '' }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-PreTrainedTokenizerFast(
-    tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>",
-    chat_template=template,
-).save_pretrained(out)
-# head_dim 64: vLLM's CPU attention has no kernel for head_dim 16.
-config = LlamaConfig(
-    vocab_size=tok.get_vocab_size(), hidden_size=128, intermediate_size=256,
-    num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-    max_position_embeddings=512, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-    tie_word_embeddings=False,
-)
-LlamaForCausalLM(config).save_pretrained(out)
-"""
-
-
-class Vllm(NamedTuple):
-    url: str
-    pid: int
-    """The API server's process (its engine runs in another)."""
 
 
 @pytest.fixture(scope="module")
@@ -111,68 +59,10 @@ def vllm_url(vllm: Vllm) -> str:
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
     """A real vLLM OpenAI server on 127.0.0.1 serving the tiny model as ``tiny``."""
     root = tmp_path_factory.mktemp("vllm")
-    model = root / "tiny"
-    subprocess.run([PYTHON, "-c", MAKE_MODEL, str(model)], check=True, timeout=300)
-    sock = bind_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default takes a large share of the memory
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # a container may not allow pinning threads
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-    }
-    # The module, not the ``vllm`` script: the script looks up the "vllm" distribution's
-    # version, and vllm-cpu installs under another name.
-    command = [
-        PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "256", "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32",
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-    ]  # fmt: skip
-    log = (root / "vllm.log").open("wb")
-    # Its own session: vLLM starts an engine process and workers, stopped with it below.
-    proc = subprocess.Popen(
-        command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(proc, url, root / "vllm.log")
-        yield Vllm(url, proc.pid)
-    finally:
-        _stop(proc)
-        log.close()
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the server and the engine processes it started (its own process group)."""
-    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-3000:]
-            pytest.fail(f"vLLM exited with {proc.returncode} before it was healthy:\n{tail}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"vLLM not healthy after {STARTUP_SECONDS:g}s (log: {log})")
+    model = make_model(root / "tiny")
+    args = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    with serve_vllm(model, root / "vllm.log", args=args) as served:
+        yield served
 
 
 @asynccontextmanager

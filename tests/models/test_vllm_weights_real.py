@@ -17,9 +17,7 @@ Skipped unless ``ROLLGYM_REAL_SERVER=1`` and ``ROLLGYM_VLLM_PYTHON`` (see ``test
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,18 +29,12 @@ from rollgym.errors import BadCheckpoint, HTTPStatusError, WeightsNotRestored
 from rollgym.integrations import weights as weights_module
 from rollgym.integrations.weights import VllmWeights
 from rollgym.models.translate import UPSTREAM_KEY
-from rollgym.testing import bind_socket, serve_server
+from rollgym.testing import serve_server
 from rollgym.wire import POLICY_VERSION
 
-from .test_vllm_real import MAKE_MODEL, PYTHON, _stop, _wait_healthy
+from .vllm_real_support import make_model, real_vllm, serve_vllm
 
-pytestmark = [
-    pytest.mark.skipif(
-        os.environ.get("ROLLGYM_REAL_SERVER") != "1" or not PYTHON,
-        reason="opt-in: set ROLLGYM_REAL_SERVER=1 and ROLLGYM_VLLM_PYTHON (see test_vllm_real)",
-    ),
-    pytest.mark.timeout(600),
-]
+pytestmark = [real_vllm, pytest.mark.timeout(600)]
 
 
 def copy_model(source: Path, out: Path, change: str) -> Path:
@@ -68,8 +60,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, 
     """The tiny model, a perturbed copy, one with another vocabulary size, and one whose
     file is cut short (its header intact)."""
     root = tmp_path_factory.mktemp("weights")
-    tiny = root / "tiny"
-    subprocess.run([PYTHON, "-c", MAKE_MODEL, str(tiny)], check=True, timeout=300)
+    tiny = make_model(root / "tiny")
     torn = shutil.copytree(tiny, root / "torn")
     file = torn / "model.safetensors"
     with file.open("r+b") as f:
@@ -81,32 +72,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, 
 @pytest.fixture(scope="module")
 def vllm_url(models: tuple[Path, Path, Path, Path]) -> Iterator[str]:
     tiny = models[0]
-    sock = bind_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    env = {
-        **os.environ,
-        "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /weight_info ...
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-    }
-    command = [
-        PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny),
-        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "256", "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32",
-    ]  # fmt: skip
-    log_path = tiny.parent / "vllm.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            _wait_healthy(proc, f"http://127.0.0.1:{port}", log_path)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            _stop(proc)
+    dev = {"VLLM_SERVER_DEV_MODE": "1"}  # /pause, /resume, /collective_rpc, /weight_info ...
+    with serve_vllm(tiny, tiny.parent / "vllm.log", env=dev) as served:
+        yield served.url
 
 
 async def generate(proxy_url: str) -> tuple[list[int], int]:

@@ -30,6 +30,10 @@ Faults of a real vLLM, on demand:
   (``wait_for_probes`` waits for them too);
 - ``engine_stalled``: its engine froze while its HTTP server answers: ``/ping`` answers 200,
   chat requests are taken (and counted running) but no token is generated until ``release``;
+- ``engine_stopped``: its engine process stopped (``SIGSTOP``) while idle, as vLLM 0.32 shows
+  it (``test_vllm_freeze_real``): ``/ping`` answers 200 and ``/metrics`` what the engine last
+  reported (it reports its gauges itself, with its steps), so chat requests taken from then on
+  never reach it: not counted running, no token, until ``release``;
 - ``lose``: the chat requests of these numbers (from 1) are taken and never answered (until
   ``release``), while the server and its engine serve every other one: a call the upstream
   lost (not counted running: the engine never saw it);
@@ -239,6 +243,7 @@ class VllmDouble(_WeightSync):
         self.engine_dead = False
         self.hold_for_probes = 0
         self.engine_stalled = False
+        self.engine_stopped = False
         self.lose: set[int] = set()
         self.freeze_after = 0
         self.metrics = True
@@ -369,7 +374,7 @@ class VllmDouble(_WeightSync):
         self.requests.append(body)
         if self.freeze_after and len(self.requests) >= self.freeze_after:
             os.kill(os.getpid(), signal.SIGSTOP)  # the whole server freezes, as vLLM would
-        if len(self.requests) in self.lose:
+        if len(self.requests) in self.lose or self.engine_stopped:
             await self.release.wait()
         self.running += 1
         try:

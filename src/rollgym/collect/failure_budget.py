@@ -11,7 +11,8 @@ Three rules, each independent of how long the run has been going:
   success in between (the server stayed down past its breaker's probes): held rollouts record
   no outcome, so the rate alone would wait for their holds to run out.
 A 401/403/404 among the first ``config_error_window`` finished rollouts is a configuration
-error (wrong URL, key or route): abort at once.
+error (wrong URL, key or route): abort at once; so is a rollout failed with a ``ConfigError``
+(a server of the wrong kind: a NeMo Gym 0.7 Environment Server given as an agent).
 
 A stale rollout (``StaleRollout``: asynchronous training left it too many policy versions
 behind) is no failure of any server: it is not counted at all, neither as a failure nor as a
@@ -26,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rollgym.collect.metrics import CauseCounts
 from rollgym.config import CollectConfig
-from rollgym.errors import RollgymError, StaleRollout
+from rollgym.errors import RollgymError, StaleRollout, root_cause
 
 CONFIG_STATUSES = (401, 403, 404)
 CIRCUIT_ABORT_AFTER = 8.0
@@ -38,19 +40,24 @@ nothing, while a server that stays down stops the run within about 10 s of its f
 
 @dataclass
 class FailureSummary:
-    """What failed so far, for the abort message and ``run.json``."""
+    """What failed so far, for the abort message and ``run.json``: by the server, status and
+    type of the error where each failure started (``RollgymError.root``), and by root cause
+    with its context (``by_root``, ``by_root_context``: ``rollgym.errors.root_cause``)."""
 
     by_server: Counter[str] = field(default_factory=Counter)
     by_status: Counter[str] = field(default_factory=Counter)
     by_type: Counter[str] = field(default_factory=Counter)
+    causes: CauseCounts = field(default_factory=CauseCounts)
     sample: dict[str, Any] | None = None
     max_attempts: int = 0
 
     def add(self, err: RollgymError) -> None:
         root = err.root()
+        cause = root_cause(err)
         self.by_server[root.server or "?"] += 1
         self.by_status[str(root.status) if root.status is not None else root.type] += 1
         self.by_type[root.type] += 1
+        self.causes.add(cause.type, cause.context)
         self.max_attempts = max(self.max_attempts, root.attempts, err.attempts)
         if self.sample is None or (root.body and not self.sample.get("body")):
             self.sample = {
@@ -59,18 +66,34 @@ class FailureSummary:
                 "endpoint": root.endpoint,
                 "status": root.status,
                 "message": root.message,
-                "body": (root.body or "")[:500],
+                "body": (root.body or _cause_body(root) or "")[:500],
                 "attempts": root.attempts,
+                "root_cause": cause.type,
+                "context": cause.context,
             }
+
+    def describe(self) -> str:
+        """The failures by root cause, the most frequent first, with their context."""
+        return self.causes.describe(limit=3)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "by_server": dict(self.by_server),
             "by_status": dict(self.by_status),
             "by_type": dict(self.by_type),
+            "by_root": self.causes.totals(),
+            "by_root_context": self.causes.contexts(),
             "max_attempts_per_request": self.max_attempts,
             "sample_error": self.sample,
         }
+
+
+def _cause_body(err: RollgymError) -> str | None:
+    """The first body down ``err``'s chain (a refused retry keeps none of its own)."""
+    node: RollgymError | None = err
+    while node is not None and not node.body:
+        node = node.origin
+    return None if node is None else node.body
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +157,8 @@ class FailureBudget:
         self.summary.add(err)
         root = err.root()
         cfg = self.config
+        if root.type == "config_error" and self.finished <= cfg.config_error_window:
+            return f"configuration error: {root.message}"  # it says what to change
         if (
             root.status in CONFIG_STATUSES
             and root.type != "invalid_request"  # a rollgym server's own 404 (unknown session)
@@ -144,7 +169,10 @@ class FailureBudget:
                 f"{root.endpoint or 'a request'} ({root.message})"
             )
         if cfg.max_failures is not None and self.failed >= cfg.max_failures:
-            return f"{self.failed} rollouts failed (--max-failures {cfg.max_failures})"
+            return (
+                f"{self.failed} rollouts failed (--max-failures {cfg.max_failures}); "
+                f"by root cause: {self.summary.describe()}"
+            )
         window = len(self._recent)
         if (
             cfg.max_failure_rate is not None
@@ -154,7 +182,7 @@ class FailureBudget:
             return (
                 f"{self._recent_failed} of the last {window} rollouts failed, rate "
                 f"{self._recent_failed / window:.0%} >= --max-failure-rate "
-                f"{cfg.max_failure_rate:g}"
+                f"{cfg.max_failure_rate:g}; by root cause: {self.summary.describe()}"
             )
         return None
 
@@ -177,7 +205,8 @@ class FailureBudget:
         root = err.root()
         return (
             f"{root.server or 'a server'} stayed down: every rollout for "
-            f"{now - self._held_since:.0f}s was refused by its open circuit ({root.message})"
+            f"{now - self._held_since:.0f}s was refused by its open circuit ({root.message}); "
+            f"by root cause: {self.summary.describe()}"
         )
 
 

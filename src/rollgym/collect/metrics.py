@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 
 from rollgym.collect.layout import RunDir, open_run_file, raw_lines
-from rollgym.errors import RollgymError, root_record
+from rollgym.errors import RollgymError, root_cause, root_record
 from rollgym.models.tokens import DRIFTED_TURNS
 from rollgym.nemo_gym.failures import failure_kind
 from rollgym.nemo_gym.mask import is_masked
@@ -154,6 +154,62 @@ class Coverage:
     fully_masked_tasks: int = 0
 
 
+class CauseCounts:
+    """Failures by root cause, and per cause by the context that ended them
+    (``rollgym.errors.root_cause``): ``replica_down 180 (circuit_open 120, budget_exhausted
+    20)``. The one tally behind ``metrics.json``'s ``by_root``, ``run.json``'s abort summary,
+    ``rollgym health`` and ``rollgym report``."""
+
+    def __init__(self) -> None:
+        self.total: Counter[str] = Counter()
+        self.context: dict[str, Counter[str]] = {}
+
+    @classmethod
+    def of(cls, failures: dict[str, Any]) -> CauseCounts:
+        """The counts of a ``failures`` section (``metrics.json``'s, ``run.json``'s abort):
+        its ``by_root`` and ``by_root_context``, else (written before them) ``by_type``."""
+        counts = cls()
+        by_root = failures.get("by_root")
+        if not isinstance(by_root, dict):
+            by_root = failures.get("by_type") or {}
+        contexts = failures.get("by_root_context") or {}
+        for cause, n in by_root.items():
+            counts.total[str(cause)] += int(n)
+        for cause, ends in contexts.items():
+            if isinstance(ends, dict):
+                counts.context[str(cause)] = Counter({str(c): int(k) for c, k in ends.items()})
+        return counts
+
+    def add(self, cause: str, context: str | None, n: int = 1) -> None:
+        self.total[cause] += n
+        if context is not None:
+            self.context.setdefault(cause, Counter())[context] += n
+
+    def totals(self) -> dict[str, int]:
+        """Cause -> failures, most frequent first."""
+        return dict(self.total.most_common())
+
+    def contexts(self) -> dict[str, dict[str, int]]:
+        """Cause -> {context -> failures}, for the causes with any, in the order of ``totals``."""
+        return {
+            cause: dict(self.context[cause].most_common())
+            for cause in self.totals()
+            if cause in self.context
+        }
+
+    def describe(self, limit: int | None = None) -> str:
+        """``replica_down 180 (circuit_open 120, budget_exhausted 20), connect_error 3``; the
+        first ``limit`` causes and how many more."""
+        parts = []
+        causes = list(self.totals().items())
+        for cause, n in causes[:limit]:
+            ends = self.context.get(cause)
+            beside = ", ".join(f"{c} {k}" for c, k in ends.most_common()) if ends else ""
+            parts.append(f"{cause} {n}" + (f" ({beside})" if beside else ""))
+        more = len(causes) - len(parts)
+        return ", ".join(parts) + (f" +{more} more" if more > 0 else "")
+
+
 class _Group:
     """One environment's share of a run (``by_environment``)."""
 
@@ -161,6 +217,7 @@ class _Group:
         self.count, self.mean, self.m2 = 0, 0.0, 0.0
         self.masked = 0
         self.failed: Counter[str] = Counter()
+        self.causes = CauseCounts()
 
     def add(self, reward: float) -> None:
         self.count += 1
@@ -181,6 +238,8 @@ class _Group:
             },
             "pass_at_k": {f"pass@{k}": v for k, v in curve.items()},
             "failures_by_type": dict(self.failed),
+            "failures_by_root": self.causes.totals(),
+            "failures_by_root_context": self.causes.contexts(),
         }
 
 
@@ -199,6 +258,11 @@ class RunMetrics:
     failures_by_status: dict[str, int] = field(default_factory=dict)
     failures_by_kind: dict[str, int] = field(default_factory=dict)
     """By NeMo Gym 0.7's ``failure_kind`` (``rollgym.nemo_gym.failures``)."""
+    failures_by_root: dict[str, int] = field(default_factory=dict)
+    """By root cause (``rollgym.errors.root_cause``), most frequent first."""
+    failures_by_root_context: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per root cause, the deadline, budget or breaker that ended its failures (those that
+    had one)."""
     env_metrics: dict[str, float] = field(default_factory=dict)
     agent_fields: dict[str, float] = field(default_factory=dict)
     """Means of ``AGENT_FIELDS`` over the rollouts that carry them."""
@@ -225,6 +289,8 @@ class RunMetrics:
                 "by_server": self.failures_by_server,
                 "by_status": self.failures_by_status,
                 "by_kind": self.failures_by_kind,
+                "by_root": self.failures_by_root,
+                "by_root_context": self.failures_by_root_context,
             },
             "env_metrics": self.env_metrics,
             "agent_fields": self.agent_fields,
@@ -338,6 +404,7 @@ def compute_metrics(
     by_server: Counter[str] = Counter()
     by_status: Counter[str] = Counter()
     by_kind: Counter[str] = Counter()
+    causes = CauseCounts()
     for got in files.failed():
         rec = got.record
         m.failed += 1
@@ -349,13 +416,18 @@ def compute_metrics(
         by_server[str(err.get("server"))] += 1
         by_status[str(err.get("status") if err.get("status") is not None else err.get("type"))] += 1
         by_kind[_kind(rec)] += 1
+        cause = root_cause(rec.get("error") or {})
+        causes.add(cause.type, cause.context)
         env = group(rec["task_index"])
         if env is not None:
             env.failed[str(err.get("type"))] += 1
+            env.causes.add(cause.type, cause.context)
     m.failures_by_type = dict(by_type)
     m.failures_by_kind = dict(by_kind)
     m.failures_by_server = dict(by_server)
     m.failures_by_status = dict(by_status)
+    m.failures_by_root = causes.totals()
+    m.failures_by_root_context = causes.contexts()
     passes = pass_at_ks(zip(tasks.n, tasks.passed, strict=True), repeats)
     m.pass_at_k = {f"pass@{k}": value for k, value in passes.items()}
     m.env_metrics = {k: metric_sums[k] / metric_counts[k] for k in sorted(metric_sums)}

@@ -116,28 +116,57 @@ def _status_failure(answer: RawAnswer, server: str, url: str, endpoint: str) -> 
 
 
 def status_error(server: str, url: str, endpoint: str, status: int, raw: bytes) -> HTTPStatusError:
-    """An ``HTTPStatusError`` from a non-2xx answer; a rollgym error body becomes the origin."""
+    """An ``HTTPStatusError`` from a non-2xx answer; a rollgym error body becomes the origin.
+
+    Each fact is kept once: what the origin holds is cut from the message (a gateway's
+    ``model failed: <the model's message>`` leaves ``model failed``) and from the body (kept as
+    the rollgym error body without its ``origin``, and without its ``message`` when that was
+    cut), so a record does not grow by a copy of its chain at every hop. A server's own typed
+    error (no origin of its own) becomes the origin and is kept as it came."""
     message = f"{server} answered {status} on POST {endpoint}"
     origin: RollgymError | None = None
+    body: bytes | None = raw
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         inner = data["error"]
-        if inner.get("message"):
-            message += f": {inner['message']}"
+        text = inner.get("message")
         if isinstance(inner.get("origin"), dict):
             origin = RollgymError.from_dict(inner["origin"])
+            own = _own_part(text, origin)
+            # What the record holds already leaves the body: the origin, and the message once
+            # it is cut to its own part (the rest is the origin's).
+            held = ("origin", "message") if own != text else ("origin",)
+            text = own
+            body = orjson.dumps(
+                {**data, "error": {k: v for k, v in inner.items() if k not in held}}
+            )
         elif is_known_type(inner.get("type")) and inner.get("type") != "http_status":
             # The server's own typed error (a verify deadline, a crash): keep it as the cause.
+            # Its message stays in ours too: callers show it (a tool's refusal, to the model).
             origin = RollgymError.from_dict(inner)
+        if text:
+            message += f": {text}"
     elif isinstance(data, dict) and isinstance(data.get("detail"), (str, list)):
         message += f": {str(data['detail'])[:300]}"
     return HTTPStatusError(
-        message, status=status, body=raw, url=url, method="POST", server=server,
+        message, status=status, body=body, url=url, method="POST", server=server,
         endpoint=endpoint, origin=origin,
     )  # fmt: skip
+
+
+def _own_part(text: object, origin: RollgymError) -> str | None:
+    """A gateway's message without what its ``origin`` says already: rollgym servers write
+    ``<server> failed: <the origin's message and causes>``; the part before the origin's own
+    message is the gateway's. A message that does not hold the origin's is kept whole."""
+    if not isinstance(text, str):
+        return None
+    at = text.find(origin.message) if origin.message else -1
+    if at < 0:
+        return text
+    return text[:at].rstrip(": ") or None
 
 
 def _declared_final(raw: bytes) -> bool:

@@ -7,7 +7,8 @@ requests fail at once as ``circuit_open`` without being sent. After ``cooldown``
 through (half-open); its success closes the breaker, its failure opens it again.
 Only server-side failures count (5xx, transport); a 4xx is the caller's problem. A watcher that
 knows the server is down (a proxy's liveness heartbeat: ``rollgym.models.liveness``) opens it
-at once with ``trip``; ``reason`` says why it last opened, for the errors of refused calls.
+at once with ``trip``; ``reason`` says why it last opened, and ``cause`` which failure did (an
+error, when known), for the errors of refused calls.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from rollgym.errors import RollgymError
 from rollgym.http.policy import BreakerConfig
 
 log = logging.getLogger("rollgym.http.breaker")
@@ -47,6 +49,11 @@ class CircuitBreaker:
         self.rejected = 0
         self.reason: str | None = None
         """Why the circuit last opened (``None`` before it ever did)."""
+        self.cause: RollgymError | None = None
+        """The failure that last opened it, when known: the origin of the ``circuit_open``
+        errors of calls it refuses before they failed themselves (``rollgym.errors.root_cause``
+        counts them by it)."""
+        self._last_failure: RollgymError | None = None
 
     def _now(self) -> float:
         return self._clock()
@@ -84,38 +91,41 @@ class CircuitBreaker:
         if self.state == HALF_OPEN:
             self._probing = False
 
-    def trip(self, why: str) -> None:
-        """Open the circuit now, whatever its state (the server is known to be down: ``why``);
-        the cooldown starts again, and a half-open probe in flight no longer decides."""
+    def trip(self, why: str, cause: RollgymError | None = None) -> None:
+        """Open the circuit now, whatever its state (the server is known to be down: ``why``,
+        and as an error ``cause``); the cooldown starts again, and a half-open probe in flight
+        no longer decides."""
         if not self.config.enabled:
             return
         self._probing = False
-        self._open(self._now(), why)
+        self._open(self._now(), why, cause)
 
-    def record(self, ok: bool) -> None:
-        """Report the outcome of one request that was sent: ``ok`` unless the server failed."""
+    def record(self, ok: bool, error: RollgymError | None = None) -> None:
+        """Report the outcome of one request that was sent: ``ok`` unless the server failed
+        (``error``: how, the cause it names if this failure opens the circuit)."""
         if not self.config.enabled:
             return
         now = self._now()
+        if not ok:
+            self._last_failure = error
         if self.state == HALF_OPEN:
             self._probing = False
             if ok:
                 self._close()
             else:
-                self._open(now, "probe failed")
+                self._open(now, "probe failed", error)
             return
         self._count(now, ok)
         self._consecutive = 0 if ok else self._consecutive + 1
         if self.state != CLOSED:
             return
         if self._consecutive >= self.config.consecutive_failures:
-            self._open(now, f"{self._consecutive} failures in a row")
+            self._open(now, f"{self._consecutive} failures in a row", self._last_failure)
             return
         n = self._requests
         if n >= self.config.min_requests and self._failures / n >= self.config.failure_rate:
-            self._open(
-                now, f"{self._failures:.0f}/{n:.0f} requests failed in {self.config.window:g}s"
-            )
+            why = f"{self._failures:.0f}/{n:.0f} requests failed in {self.config.window:g}s"
+            self._open(now, why, self._last_failure)
 
     def _count(self, now: float, ok: bool) -> None:
         start = now - now % _BUCKET
@@ -133,11 +143,13 @@ class CircuitBreaker:
             bucket[2] += 1
             self._failures += 1
 
-    def _open(self, now: float, why: str) -> None:
+    def _open(self, now: float, why: str, cause: RollgymError | None) -> None:
         self.state = OPEN
         self._opened_at = now
         self.opened += 1
         self.reason = why
+        # Its body stays with the call that failed; the calls refused need only what it was.
+        self.cause = None if cause is None else cause.with_fields(body=None)
         log.warning(
             "circuit for %s opened (%s); cooling down %gs", self.name, why, self.config.cooldown
         )

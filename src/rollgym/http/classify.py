@@ -124,12 +124,16 @@ def circuit_open(
     attempts: int,
     last: RollgymError | None,
     why: str | None = None,
+    cause: RollgymError | None = None,
 ) -> CircuitOpen:
     """The breaker of ``server`` refused attempt ``attempts + 1`` (``last`` failed before);
-    ``why`` is what opened it (``CircuitBreaker.reason``), named in the message."""
+    ``why`` is what opened it (``CircuitBreaker.reason``), named in the message, and ``cause``
+    the failure that did (``CircuitBreaker.cause``): the origin when this call had no failure
+    of its own before, so a refusal is counted by what opened the breaker."""
     return CircuitOpen(
         f"circuit for {server} is open ({why or 'after repeated failures'}); not sent",
-        server=server, endpoint=endpoint, method="POST", attempts=attempts or 1, origin=last,
+        server=server, endpoint=endpoint, method="POST", attempts=attempts or 1,
+        origin=last if last is not None else cause,
     )  # fmt: skip
 
 
@@ -145,9 +149,10 @@ def replica_lost(
 
 
 def budget_exhausted(err: RollgymError) -> BudgetExhausted:
-    """The retry budget of the server refused to retry ``err``."""
+    """The retry budget of the server refused to retry ``err``. Its body stays with ``err``
+    (the origin): a record keeps it once."""
     return BudgetExhausted(
         f"retry budget for {err.server} is spent; not retrying {err.type}",
         server=err.server, endpoint=err.endpoint, method=err.method, url=err.url,
-        status=err.status, body=err.body, attempts=err.attempts, origin=err,
+        status=err.status, attempts=err.attempts, origin=err,
     )  # fmt: skip

@@ -394,7 +394,7 @@ class HttpClient:
             )  # fmt: skip
             refused = decision.retry and not state.budget.try_retry()
             ends = refused or not decision.retry
-            _report(breaker, decision.blame, ends)
+            _report(breaker, decision.blame, ends, err)
             if span is not None:
                 span.failed(err, not ends)
             if ends:
@@ -444,8 +444,9 @@ class HttpClient:
             state.stats.circuit_rejected += 1
             state.stats.failures += 1
             raise circuit_open(
-                target.name, endpoint, attempts=attempt - 1, last=last, why=breaker.reason
-            )
+                target.name, endpoint, attempts=attempt - 1, last=last, why=breaker.reason,
+                cause=breaker.cause,
+            )  # fmt: skip
         return replica
 
 
@@ -458,7 +459,7 @@ def _breakers(target: Target, policy: RetryPolicy) -> tuple[CircuitBreaker, ...]
     )
 
 
-def _report(breaker: CircuitBreaker, blame: bool, ends: bool) -> None:
+def _report(breaker: CircuitBreaker, blame: bool, ends: bool, error: RollgymError) -> None:
     """Tell the breaker about a failed attempt. A failure the server is not to blame for (a
     4xx: it answered) counts as healthy. The breaker counts failed calls, not attempts: a burst
     of errors that retries absorb is no reason to stop calling a server; but a failed half-open
@@ -466,4 +467,4 @@ def _report(breaker: CircuitBreaker, blame: bool, ends: bool) -> None:
     if not blame:
         breaker.record(True)
     elif ends or breaker.state != CLOSED:
-        breaker.record(False)
+        breaker.record(False, error)

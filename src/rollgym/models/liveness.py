@@ -20,8 +20,9 @@ every call in flight there:
    call over to another, and with one replica the call fails at once;
 3. in the same beat, a replica whose engine exports token counters (``Watch.metrics_url``:
    vLLM's and SGLang's ``/metrics``) and whose counters stood still for ``stall_timeout`` with
-   requests in its engine fails its watched attempts the same way, as ``ReplicaStalled``
-   (``rollgym.models.progress``): its server answers, its engine makes no progress;
+   requests in its engine, or since a call sent there that its engine never started, fails its
+   watched attempts the same way, as ``ReplicaStalled`` (``rollgym.models.progress``): its
+   server answers, its engine makes no progress;
 4. a call that has run far longer than the replica's recent answers of its size is sent again
    (a hedge, ``rollgym.models.hedge``): the first answer wins, the other request is
    cancelled; a bounded share of calls, counted in ``hedges`` and, per call, in the
@@ -159,8 +160,9 @@ class LivenessTransport:
     the module docstring); every other attempt is ``inner``'s, unchanged. Probes go through
     ``probe_transport``: by default a ``default_transport()`` of their own without a pool
     limit, never ``inner``'s pool; ``/metrics`` is read with ``metrics_get`` (by default an
-    aiohttp session of its own: a GET). ``on_down(watch, reason)`` hears of a replica found
-    down or stalled, before its attempts see their errors. ``hedging`` off sends no hedges."""
+    aiohttp session of its own: a GET). ``on_down(watch, reason, error)`` hears of a replica
+    found down or stalled (``error``: a ``ReplicaDown`` or ``ReplicaStalled`` saying so, what
+    opened its breakers), before its attempts see their errors. ``hedging`` off sends no hedges."""
 
     def __init__(
         self,
@@ -168,7 +170,7 @@ class LivenessTransport:
         *,
         probe_transport: Transport | None = None,
         metrics_get: MetricsGet | None = None,
-        on_down: Callable[[Watch, str], None] | None = None,
+        on_down: Callable[[Watch, str, ReplicaDown], None] | None = None,
         hedging: bool = True,
         latencies: Latencies | None = None,
         budget: HedgeBudget | None = None,
@@ -308,6 +310,21 @@ class LivenessTransport:
             url=request.url, retryable=False,
         )  # fmt: skip
 
+    @staticmethod
+    def _found_down(beat: _Beat, down: _Down) -> ReplicaDown:
+        """The replica's state as an error: what opens its breakers (``CircuitBreaker.cause``)."""
+        watch, server = beat.watch, beat.server or beat.watch.url
+        if down.stalled is not None:
+            return ReplicaStalled(
+                f"{server} made no progress for {down.stalled:.0f}s ({down.problem})",
+                server=beat.server, endpoint=watch.path, method="POST", url=watch.url,
+                retryable=False,
+            )  # fmt: skip
+        return ReplicaDown(
+            f"{server} failed its liveness probe ({down.problem})", server=beat.server,
+            endpoint=watch.path, method="POST", url=watch.url, retryable=False,
+        )  # fmt: skip
+
     # -- the heartbeat of one replica ----------------------------------------------------------
 
     def _enter(
@@ -343,9 +360,11 @@ class LivenessTransport:
             if problem is not None:
                 down = _Down(f"POST {watch.path}: {problem}")
             elif reading is not None and beat.progress is not None:
-                stalled = beat.progress.stalled(reading, self._clock())
+                stalled = beat.progress.stalled(reading, self._clock(), beat.waiting.values())
                 if stalled is not None:
                     busy = "" if reading.busy is None else f", {reading.busy:g} in its engine"
+                    if reading.busy == 0:
+                        busy = ", none in its engine by its last report"
                     down = _Down(
                         f"its token counters at GET /metrics stood still with calls in flight"
                         f"{busy}; POST {watch.path} answers",
@@ -361,7 +380,7 @@ class LivenessTransport:
         self.downs += 1
         log.warning("%s is down: %s", beat.server or beat.watch.url, down.problem)
         if self.on_down is not None:
-            self.on_down(beat.watch, down.problem)
+            self.on_down(beat.watch, down.problem, self._found_down(beat, down))
         for alarm, sent in list(beat.waiting.items()):
             if sent <= before and not alarm.done():
                 alarm.set_result(down)

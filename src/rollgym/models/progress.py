@@ -12,7 +12,13 @@ vLLM exports ``vllm:generation_tokens_total`` and ``vllm:prompt_tokens_total`` (
 proxy has calls in flight there, a replica whose counters stood still for ``stall_timeout``
 seconds, with requests running or waiting in its engine (or, without those gauges, with the
 proxy's calls in flight), is stalled. A replica whose engine is idle (nothing running or
-waiting) is not: a call it lost is ``rollgym.models.hedge``'s case. An upstream without these
+waiting) is not: a call it lost is ``rollgym.models.hedge``'s case (a hedge that reaches a live
+engine moves its counters). Except: vLLM's engine reports those gauges itself, with its steps,
+so an engine that stopped while idle (seen with vLLM 0.32: ``SIGSTOP`` of its ``EngineCore``;
+its API server answers ``/ping`` 200 and ``/metrics``) still says it is idle while calls pile
+up in front of it; a call sent since the counters last moved that has waited ``stall_timeout``
+with them standing still never reached the engine, and the replica is stalled too (without
+this, each such call waited for its attempt timeout). An upstream without these
 counters (``/metrics`` answers 404, e.g. OpenAI; or names none of them) is not watched for
 progress at all: its calls are bounded by the liveness probe, the hedge and the attempt timeout,
 as before.
@@ -20,6 +26,7 @@ as before.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 COUNTERS = (
@@ -94,21 +101,29 @@ class Progress:
         self.stall_timeout = stall_timeout
         self._tokens: float | None = None
         self._moved = 0.0
+        self._last: float | None = None  # the counters' last reading, kept across restarts
+        self._changed = 0.0  # when they were last seen to move (or calls came to an idle one)
 
     def restart(self, now: float) -> None:
         """Calls are in flight again after none were: idle time before now is no stall."""
         self._tokens = None
-        self._moved = now
+        self._moved = self._changed = now
 
-    def stalled(self, reading: Reading, now: float) -> float | None:
+    def stalled(self, reading: Reading, now: float, sent: Iterable[float] = ()) -> float | None:
         """Seconds the counters have stood still with work in the engine, once that reaches
-        ``stall_timeout`` (else ``None``)."""
+        ``stall_timeout`` (else ``None``); ``sent``: when the calls in flight were sent."""
+        if self._last is not None and reading.tokens != self._last:
+            self._changed = now  # the first reading after a restart compares with the last
+        self._last = reading.tokens
         if self._tokens is None or reading.tokens != self._tokens:
             self._tokens = reading.tokens
             self._moved = now
             return None
         if reading.busy is not None and reading.busy <= 0:
-            self._moved = now  # an idle engine is not stalled (a lost call is the hedge's)
-            return None
+            self._moved = now  # an idle engine is not stalled (a lost call is the hedge's)...
+            # ... unless it stopped idle: calls sent since it last moved, not one started.
+            unseen = [at for at in sent if at >= self._changed]
+            waited = now - min(unseen) if unseen else 0.0
+            return waited if waited >= self.stall_timeout else None
         still = now - self._moved
         return still if still >= self.stall_timeout else None

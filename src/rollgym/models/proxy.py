@@ -49,8 +49,9 @@ SGLang's ``sglang:generation_tokens_total``, with prompt tokens; ``rollgym.model
   replica is caught within ``heartbeat + probe_timeout`` (10 s) of the freeze, whatever the
   number of calls, and the run's failure budget stops a run whose only replica stays down.
 - A replica that answers its probe while its counters stand still for ``stall_timeout`` seconds
-  (45) with requests in its engine fails them the same way, as ``replica_stalled``: caught
-  within a minute. An upstream without such counters (``/metrics`` answers 404, e.g. OpenAI;
+  (45) with requests in its engine, or since a call sent there that its engine never started
+  (vLLM's engine reports its gauges itself: stopped idle, it says idle), fails them the same
+  way, as ``replica_stalled``: caught within a minute. An upstream without such counters (``/metrics`` answers 404, e.g. OpenAI;
   ``metrics_path: null``; ``stall_timeout: null``) is not watched for progress.
 - A generation that progresses is never cut, however long: only the attempt timeout
   (``timeout``, 600 s) bounds it.
@@ -80,8 +81,12 @@ answer without usable token data fails the call (``ProtocolError``), never a rec
 them. The raw fields stay under ``rollgym_upstream``. A call at NeMo Gym 0.7's
 ``/ng-rollout/<id>/training-token-capture/v1/responses`` asks for the same token data for that
 call alone, whatever ``return_token_ids`` says (0.7's own model servers record it in a capture
-store instead; rollgym puts it where NeMo RL reads it in 0.4's protocol). Chat completions pass
-through unchanged either way: a client asks vLLM for token ids in its own request.
+store instead; rollgym puts it where NeMo RL reads it in 0.4's protocol). Such a call without
+usable token data (an upstream that gives no per-token logprobs, or no ``/tokenize``) is answered
+200 as 0.7 answers it, its ``rollgym_upstream`` entry saying ``rollgym_token_capture: {complete:
+false, reason}`` (0.7 marks the rollout's capture incomplete), with one warning per server.
+Chat completions pass through unchanged either way: a client asks vLLM for token ids in its own
+request.
 
 **Several replicas** (``base_url: [http://gpu-0:8000/v1, http://gpu-1:8000/v1]``, e.g. vLLM's
 data-parallel servers with no load balancer): each call goes to the replica with the fewest
@@ -114,6 +119,7 @@ starts).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -125,7 +131,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from rollgym.config import RetryPolicy, kind_defaults
-from rollgym.errors import HTTPStatusError, RollgymError, redact_url
+from rollgym.errors import HTTPStatusError, ProtocolError, ReplicaDown, RollgymError, redact_url
 from rollgym.http.client import HttpClient, Streamed
 from rollgym.http.default import default_transport
 from rollgym.http.sse import encode_events
@@ -143,8 +149,10 @@ from rollgym.models.progress import STALL_TIMEOUT_S
 from rollgym.models.replicas import Replica, Replicas, replica_targets
 from rollgym.models.stream import EventStreamResponse, chat_stream
 from rollgym.models.tokens import (
+    CAPTURE_FIELD,
     attach,
     call_tokens,
+    has_logprobs,
     needs_tokenize,
     token_request,
     tokenize_request,
@@ -173,6 +181,7 @@ _REDACTED = "REDACTED"
 _MIN_SCRUB_LEN = 6  # a shorter "key" would blank out ordinary words in error messages
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def _http_url(url: str) -> str:
@@ -332,6 +341,7 @@ class OpenAIProxy(ModelServer):
             sticky=opts.sticky_replicas,
             deadline=policy.deadline,
         )
+        self._warned_capture = False
         idle = opts.idle_timeout
         self._watches = None
         if idle is not None and not opts.upstream_stream:
@@ -350,13 +360,14 @@ class OpenAIProxy(ModelServer):
             None if metrics is None else root + metrics, opts.stall_timeout, replica.index,
         )  # fmt: skip
 
-    def _replica_down(self, watch: Watch, why: str) -> None:
-        """The watch found replica ``watch.replica`` down or stalled: open its breakers (chat
-        and root), so that retries and new calls go elsewhere or fail at once."""
+    def _replica_down(self, watch: Watch, why: str, cause: ReplicaDown) -> None:
+        """The watch found replica ``watch.replica`` down or stalled (``cause``): open its
+        breakers (chat and root), so that retries and new calls go elsewhere or fail at once,
+        refused as ``circuit_open`` errors whose origin is ``cause``."""
         replica = self.replicas.all[watch.replica]
         for name in {replica.chat.name, replica.root.name}:
             for breaker in self.client.breakers(name):
-                breaker.trip(why)
+                breaker.trip(why, cause)
 
     async def shutdown(self) -> None:
         await super().shutdown()
@@ -394,21 +405,34 @@ class OpenAIProxy(ModelServer):
 
     async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
         chat = responses_to_chat(params, model=self.options.model)
-        with_tokens = self.options.return_token_ids or call.token_capture
+        # ``return_token_ids`` promises token data on every call: without it a call fails. A
+        # 0.7 capture call alone asks; 0.7 answers it 200 without them, and so does rollgym.
+        required = self.options.return_token_ids
+        with_tokens = required or call.token_capture
         if with_tokens:
             chat = token_request(chat)
 
         async def generate(replica: Replica, deadline: float | None) -> _Generated:
             completion = await self._complete(chat, replica, deadline)
             tokenized = None
-            if with_tokens and needs_tokenize(completion):
+            if (
+                with_tokens
+                and needs_tokenize(completion)
+                and (required or has_logprobs(completion))
+            ):
                 # The prompt as the generation saw it: the same messages, tools and template
                 # options (extra_body may carry chat_template_kwargs), rendered by the replica
                 # that generated (replicas may differ in version or template).
                 body = tokenize_request(self._with_extras(chat))
-                tokenized = await self.client.call(
-                    replica.root, TOKENIZE_ENDPOINT, body, headers=self._auth(), deadline=deadline
-                )
+                try:
+                    tokenized = await self.client.call(
+                        replica.root, TOKENIZE_ENDPOINT, body, headers=self._auth(),
+                        deadline=deadline,
+                    )  # fmt: skip
+                except RollgymError:
+                    if required:
+                        raise
+                    # A capture call's answer stands without its prompt ids (noted below).
             return _Generated(replica, completion, tokenized)
 
         answer = await self._scrubbed(self.replicas.run(call.rollout, generate))
@@ -417,12 +441,37 @@ class OpenAIProxy(ModelServer):
             answer.completion, params, upstream=upstream, model=chat.get("model")
         )
         if with_tokens:
-            tokens = call_tokens(answer.completion, upstream=upstream, tokenized=answer.tokenized)
-            attach(response["output"], tokens)
+            try:
+                tokens = call_tokens(
+                    answer.completion, upstream=upstream, tokenized=answer.tokenized
+                )
+            except ProtocolError as err:
+                if required:
+                    raise
+                self._capture_missing(response, call.rollout, err)
+            else:
+                attach(response["output"], tokens)
         hedged = answer.completion.get(HEDGED)
         if hedged and isinstance(response.get(UPSTREAM_KEY), dict):
             response[UPSTREAM_KEY][HEDGED] = hedged
         return response  # streamed, if asked, by the base
+
+    def _capture_missing(
+        self, response: dict[str, Any], rollout: str | None, err: ProtocolError
+    ) -> None:
+        """A 0.7 capture call answered without token data: the answer goes back (200, as 0.7's
+        model servers answer), saying so in its ``rollgym_upstream`` entry; warned once."""
+        entry = response.setdefault(UPSTREAM_KEY, {})
+        if isinstance(entry, dict):
+            entry[CAPTURE_FIELD] = {"complete": False, "reason": err.message}
+        if not self._warned_capture:
+            self._warned_capture = True
+            log.warning(
+                "%s: training-token-capture call of rollout %s answered without token data "
+                "(%s); as in NeMo Gym 0.7 the answer stands, marked %s.complete=false (this "
+                "warning is given once). Token data needs a vLLM upstream.",
+                self.name, rollout, err.message, CAPTURE_FIELD,
+            )  # fmt: skip
 
     async def _chat(self, raw: Any, call: Call) -> Any:
         body = json_object(raw)
