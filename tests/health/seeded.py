@@ -39,11 +39,12 @@ def rollout(
     at: float = T0,
     **fields: Any,
 ) -> dict[str, Any]:
-    """A ``rollouts.jsonl`` record: one tool call, then an answer."""
+    """A ``rollouts.jsonl`` record: one tool call, then an answer; rewarded 1 on even
+    repeats and 0 on odd ones, so a task's repeats differ (a group with a learning signal)."""
     return {
         "task_index": task,
         "rollout_index": rollout_index,
-        "reward": 1.0,
+        "reward": 1.0 if rollout_index % 2 == 0 else 0.0,
         "response": {
             "status": "completed",
             "output": [*tool_turn(), answer()] if output is None else output,

@@ -308,7 +308,7 @@ def test_the_report_section_shows_the_checks(tmp_path: Path) -> None:
     page = report_section(root, "step-<1>")
     assert "Health: step-&lt;1&gt; (1 failed: hollow_turns)" in page
     assert page.index("hollow_turns") < page.index("duplicate_records")  # failures first
-    assert "rollouts.jsonl:11 (3, 1)" in page
+    assert "rollouts.jsonl:11 (task 3, rollout 1)" in page
     broken = write_run(tmp_path / "broken", 1, 1)
     (broken / "rollouts.jsonl").write_bytes(b"{oops\n{}\n")
     assert "Not checked:" in report_section(broken, "b")

@@ -26,5 +26,8 @@ def test_the_gate_passes_a_clean_run_and_stops_a_hollow_one(tmp_path: Path) -> N
     assert done.returncode == 1, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("hollow_turns: 0.25 > 0.02 (rollouts with a model turn")
-    assert lines[1].strip() == "rollouts.jsonl:1 (0, 0): turn 2 of 2 has no text and no tool call"
+    assert (
+        lines[1].strip()
+        == "rollouts.jsonl:1 (task 0, rollout 0): turn 2 of 2 has no text and no tool call"
+    )
     assert "tasks_always_unhealthy: 1 > 0" in done.stdout

@@ -24,14 +24,14 @@ def test_exit_codes_and_health_json(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert saved["passed"] is True and saved["exit_code"] == 0
     assert saved["counts"] == {"rows": 6, "rollouts": 6, "failures": 0}
     out = capsys.readouterr().out
-    assert "health: all 15 judged checks passed" in out
+    assert "health: all 16 judged checks passed" in out
 
     hollow = rollout(0, 1, output=[*tool_turn(), answer(" ")])
     sick = clean_except(tmp_path / "sick", 3, 2, {(0, 1): hollow})
     assert health_here(sick) == 1
     out = capsys.readouterr().out
     assert "FAIL hollow_turns: 0.167 > 0.01" in out
-    assert "rollouts.jsonl:2 (0, 1): turn 2 of 2 has no text and no tool call" in out
+    assert "rollouts.jsonl:2 (task 0, rollout 1): turn 2 of 2 has no text and no tool call" in out
     saved = orjson.loads((sick / "health.json").read_bytes())
     assert saved["failed"] == ["hollow_turns"] and saved["exit_code"] == 1
     # Overridden, or skipped, the check no longer fails the run.

@@ -105,8 +105,12 @@ async def test_a_task_that_always_fails_for_real(tmp_path: Path) -> None:
             )
     report = check_run(out)
     # ... and the agent retried each of their model calls twice (3 attempts): 6 retries in
-    # some 45 model calls.
-    assert set(report.failed) == {"tasks_always_failing", "failure_rate", "server_retries"}
+    # some 45 model calls. Every other task's 3 rollouts all scored 1: no signal for GRPO.
+    assert set(report.failed) == {
+        "tasks_always_failing", "failure_rate", "server_retries", "no_signal_groups"
+    }  # fmt: skip
+    flat = next(c for c in report.checks if c.id == "no_signal_groups")
+    assert (flat.count, flat.of) == (7, 7) and flat.detail["by_reward"] == {"1": 7}
     always = next(c for c in report.checks if c.id == "tasks_always_failing")
     assert [e.task_index for e in always.examples] == [2]
     rate = next(c for c in report.checks if c.id == "failure_rate")

@@ -78,7 +78,7 @@ def test_the_report_is_one_offline_file_with_every_plot(tmp_path: Path) -> None:
     page = made.path.read_text()
     assert made.path == good / "report.html" and made.size == len(page.encode())
     assert "<script src=" not in page and "<link" not in page  # nothing to fetch
-    assert page.count('data-root-id="') == 14  # every plot, the per-task deltas included
+    assert page.count('data-root-id="') == 15  # every plot, the per-task deltas included
     # Two runs in directories of one name: labelled with their parents' names too.
     base, second = f"{tmp_path.name}/good", "second/good"
     assert f"Hardest tasks: {base}" in page and f"Hardest tasks: {second}" in page
@@ -106,7 +106,7 @@ def test_the_report_of_a_run_renders_in_chromium(tmp_path: Path) -> None:
     made = write_report(out)
     shot = tmp_path / "report.png"
     figures = asyncio.run(_rendered(made.path, shot))
-    assert len(figures) == 13
+    assert len(figures) == 14
     drawn = {f["title"] for f in figures if f["glyphs"]}
     assert {"Reward distribution", "pass@k against k", "Latency: model calls"} <= drawn
     if target := os.environ.get("ROLLGYM_REPORT_SCREENSHOT"):
@@ -119,4 +119,6 @@ def test_the_report_of_an_aborted_fault_run_renders_in_chromium(tmp_path: Path) 
     made = write_report(out)
     figures = asyncio.run(_rendered(made.path, tmp_path / "aborted.png"))
     drawn = {f["title"] for f in figures if f["glyphs"]}
-    assert {"Failures by type", "Failures by server", "Failures by status"} <= drawn
+    assert {
+        "Failures by root cause", "Failures by type", "Failures by server", "Failures by status"
+    } <= drawn  # fmt: skip

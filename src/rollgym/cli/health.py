@@ -19,7 +19,8 @@ HELP = (
     "completion tokens, missing token counts, runaway generations, token-count mismatches, "
     "tasks that always fail or are always unhealthy) "
     "and rollgym's own (failure rate and bursts by server over time, token drift, retries per "
-    "model call and per server, rollout attempts, masked samples). Each check fails when its "
+    "model call and per server, rollout attempts, masked samples, and the share of groups "
+    "whose rewards are all equal: no learning signal for GRPO). Each check fails when its "
     "value exceeds its threshold (--max CHECK=VALUE overrides one). Writes DIR/health.json and "
     "prints a table. Exit 0 when every judged check passes, 1 when one fails, 2 when DIR "
     "cannot be read (the file and line are named). Streams the files; a torn last line (a run "
@@ -46,7 +47,10 @@ def register(app: typer.Typer) -> None:
         ] = None,
         window: Annotated[
             float,
-            typer.Option(metavar="SECONDS", help="Seconds per time window of failure_bursts."),
+            typer.Option(
+                metavar="SECONDS",
+                help="Seconds per time window of failure_bursts and of no_signal_groups' timeline.",
+            ),
         ] = 60.0,
         write: Annotated[
             bool, typer.Option("--write/--no-write", help="Write DIR/health.json.")

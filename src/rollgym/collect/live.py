@@ -1,5 +1,5 @@
-"""What a run shows while it runs: counts by outcome, failures by type, the rollouts' seconds,
-the recent per-hop timing, and the circuits of every server of the run.
+"""What a run shows while it runs: counts by outcome, failures by type and by root cause, the
+rollouts' seconds, the recent per-hop timing, and the circuits of every server of the run.
 
 ``RunWatch`` listens to the recorder (one call per record: a few counters; the per-hop timing
 of the agents' ``rollgym_timing`` only when a person is watching the progress bar) and feeds
@@ -22,12 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
+from rollgym.collect.metrics import CauseCounts
 from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
-from rollgym.errors import RollgymError
+from rollgym.errors import CONTEXT_TYPES, RollgymError, is_known_type, root_cause
 from rollgym.http import HttpClient, Target
 from rollgym.http.breaker import CLOSED
 from rollgym.http.policy import RetryPolicy
 from rollgym.prometheus.latency import MAX_NAMES, OTHER, Latency
+from rollgym.prometheus.reward import Rewards
 from rollgym.server.agent import TIMING_FIELD
 
 if TYPE_CHECKING:
@@ -57,7 +59,15 @@ class RunWatch:
         self.failures: Counter[tuple[str, str]] = Counter()
         """(type, server) of each failed rollout's root error -> count; at most ``MAX_NAMES``
         pairs (the rest count as ``other``)."""
+        self.causes: Counter[tuple[str, str]] = Counter()
+        """(root cause, context) of each failed rollout (``rollgym.errors.root_cause``) ->
+        count: types of the error tree (another is ``other``), context ``none`` when nothing
+        ended it, so the pairs are bounded by the tree."""
         self.seconds = Latency()
+        self.rewards = Rewards()
+        """Rewards of the scored (unmasked) rollouts, by environment (``environment_of``)."""
+        self.environment_of: Callable[[int], str] = lambda task_index: "run"
+        """A task's environment (a server name of the config), set by the collector."""
         """Seconds of each recorded rollout, held and re-run attempts included."""
         self.watch_hops = hops
         self._clock = clock
@@ -79,6 +89,7 @@ class RunWatch:
             self.masked += 1
         else:
             self.succeeded += 1
+            self.rewards.observe(self.environment_of(record.task_index), record.reward)
         if self.watch_hops:
             self._hops(record)
 
@@ -88,6 +99,10 @@ class RunWatch:
         if key not in self.failures and len(self.failures) >= MAX_NAMES - 1:
             key = (OTHER, OTHER)  # error types and server names come from other processes
         self.failures[key] += 1
+        cause = root_cause(error)
+        kind = cause.type if is_known_type(cause.type) else OTHER
+        context = cause.context if cause.context in CONTEXT_TYPES else "none"
+        self.causes[(kind, context)] += 1
 
     def _hops(self, record: ScoredRollout) -> None:
         timing = record.verified.get(TIMING_FIELD)
@@ -130,6 +145,13 @@ class RunWatch:
             by_type[kind] += n
         return dict(by_type.most_common())
 
+    def failures_by_cause(self) -> CauseCounts:
+        """Failed rollouts by root cause, with their context."""
+        counts = CauseCounts()
+        for (kind, context), n in self.causes.items():
+            counts.add(kind, None if context == "none" else context, n)
+        return counts
+
     def open_circuits(self, client: HttpClient | None = None) -> list[str]:
         """The circuits not closed: ``client``'s own (``collector->agent``) and those of the
         last poll (``agent->model[1]``), each with its state when half-open."""
@@ -148,11 +170,9 @@ class RunWatch:
         parts = []
         if in_flight is not None:
             parts.append(f"in flight {in_flight}")
-        failures = self.failures_by_type()
-        if failures:
-            shown = ", ".join(f"{escape(k)} {n}" for k, n in list(failures.items())[:3])
-            more = len(failures) - 3
-            parts.append(f"[red]failed: {shown}{f' +{more} types' if more > 0 else ''}[/red]")
+        if self.causes:
+            shown = escape(self.failures_by_cause().describe(limit=3))
+            parts.append(f"[red]failed: {shown}[/red]")
         circuits = self.open_circuits(client)
         if circuits:
             shown = ", ".join(map(escape, circuits[:4]))

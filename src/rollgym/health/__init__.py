@@ -4,6 +4,8 @@ lines.py     the JSONL files streamed, a torn last line a warning, a bad line an
 slots.py     the rows of tasks.jsonl as a byte per rollout (the ledger invariant)
 turns.py     one rollout's model turns, token data and usage, read defensively
 tally.py     one streaming pass over the ledger, counted
+groups.py    each task's rewards: groups whose rewards are all equal (no signal for GRPO)
+environments.py  a record's environment, read from the record and run.json
 checks.py    the checks, their default thresholds and the verdict
 run.py       check_run -> HealthReport; write_health -> DIR/health.json
 show.py      the terminal table and the report page's section

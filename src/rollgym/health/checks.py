@@ -13,7 +13,8 @@ tasks consistently unhealthy (every repeat a failure or a rollout with one of th
 0.7's ``model_call_failed`` and ``rollout_ended_on_failed_model_call`` have no counterpart: a rollgym rollout whose model call
 failed for good is a failure record, never scored, and counted by ``failure_rate`` and
 ``failure_bursts``. Then rollgym's own: the ledger invariant, failures by server over time,
-re-tokenisation drift, retries and attempts, masked samples.
+re-tokenisation drift, retries and attempts, masked samples, and groups whose rewards are all
+equal (no gradient for GRPO: ``rollgym.health.groups``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ SPECS: tuple[CheckSpec, ...] = (
     CheckSpec("server_retries", "rate", 0.1,
               "worst caller->server retries / calls in metrics.json (20+ calls)"),
     CheckSpec("masked_samples", "rate", 0.05, "rollouts with mask_sample: true / rollouts"),
+    # GRPO's view: a group of equal rewards has every advantage 0 (rollgym.health.groups).
+    CheckSpec("no_signal_groups", "rate", 0.5,
+              "tasks whose 2+ scored rollouts all got one reward / tasks with 2+ (run or worst "
+              "environment)"),
 )  # fmt: skip
 
 SPEC_BY_ID = {spec.id: spec for spec in SPECS}
@@ -92,8 +97,15 @@ class Example:
     note: str
 
     def where(self) -> str:
+        if self.file is None and self.task_index is not None and self.rollout_index is None:
+            return f"task {self.task_index}: {self.note}"  # a finding about a whole task
         place = f"{self.file}:{self.line}" if self.file else "-"
-        key = "" if self.task_index is None else f" ({self.task_index}, {self.rollout_index})"
+        if self.task_index is None:
+            key = ""
+        elif self.rollout_index is None:
+            key = f" (task {self.task_index})"
+        else:
+            key = f" (task {self.task_index}, rollout {self.rollout_index})"
         return f"{place}{key}: {self.note}"
 
 

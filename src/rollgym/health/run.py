@@ -2,6 +2,7 @@
 
     tasks.jsonl (twice) ─► Slots        the rows the run asked for, a byte each
     rollouts.jsonl ──────► Tally        one streaming pass: ledger, turns, tokens, masks
+                     └──► RewardGroups  ... and each task's rewards: all equal or not
     failures.jsonl ──────► Tally        ... servers, windows, attempts
     metrics.json, run.json              per-server retries; whether the run completed
     Tally ─► judge ─► HealthReport      one CheckResult per check; health.json; the table
@@ -19,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from rollgym.collect.layout import METRICS, RunDir
+from rollgym.collect.layout import METRICS, RUN_JSON, RunDir
 from rollgym.collect.rundir import read_state
 from rollgym.errors import ConfigError, InputError
 from rollgym.health.checks import (
@@ -30,6 +31,8 @@ from rollgym.health.checks import (
     judge,
     skipped,
 )
+from rollgym.health.environments import Environments
+from rollgym.health.groups import RewardGroups
 from rollgym.health.lines import read_lines
 from rollgym.health.slots import Slots
 from rollgym.health.tally import Counted, Tally
@@ -97,6 +100,7 @@ def check_run(
     limits = {spec.id: float(spec.threshold) for spec in SPECS} | (thresholds or {})
     warnings: list[str] = []
     tally = Tally(Slots.shaped(read_lines(files.tasks, [])), window_s)
+    groups = RewardGroups(tally.slots, window_s, Environments(files.read_json(RUN_JSON)))
     duplicate_rows, rows = Counted(), 0
     for line in read_lines(files.tasks, warnings):
         rows += 1
@@ -104,6 +108,7 @@ def check_run(
             duplicate_rows.add(line, "a second row with these indices")
     for line in read_lines(files.rollouts, warnings):
         tally.rollout(line)
+        groups.rollout(line)
     for line in read_lines(files.failures, warnings):
         tally.failure(line)
     state = read_state(root)
@@ -111,7 +116,7 @@ def check_run(
     if status is not None and status not in COMPLETED:
         warnings.append(f"run.json says the run is {status}: missing records are not judged")
     metrics = files.read_json(METRICS)
-    results = _judged(tally, rows, duplicate_rows, status, metrics, limits, frozenset(skip))
+    results = _judged(tally, rows, duplicate_rows, status, metrics, limits, frozenset(skip), groups)
     return HealthReport(
         root, status, rows, tally.rollouts, tally.failures, tuple(warnings), tuple(results)
     )
@@ -125,6 +130,7 @@ def _judged(
     metrics: dict[str, Any],
     limits: dict[str, float],
     skip: frozenset[str],
+    groups: RewardGroups,
 ) -> list[CheckResult]:
     records = t.rollouts + t.failures
     missing = Counted()
@@ -162,13 +168,16 @@ def _judged(
         "missing_token_counts": (t.no_counts.count, t.rollouts, t.no_counts.examples, {}, True),
         "failure_rate": (t.failures, records, [],
                          {"by_server": dict(t.by_server.most_common()),
-                          "by_type": dict(t.by_type.most_common())}, True),
+                          "by_type": dict(t.by_type.most_common()),
+                          "by_root": t.causes.totals(),
+                          "by_root_context": t.causes.contexts()}, True),
         "failure_bursts": (burst_count, burst_of, [], burst_detail, True),
         "token_drift": (t.drift.count, t.drift.of, t.drift.examples, {}, True),
         "model_call_retries": (t.model_retries, t.model_calls, [], {}, True),
         "rollout_attempts": (t.attempts.count, records, t.attempts.examples, {}, True),
         "server_retries": (retries, calls, [], retry_detail, True),
         "masked_samples": (t.masked.count, t.rollouts, t.masked.examples, {}, True),
+        "no_signal_groups": (*groups.judged(), True),
     }  # fmt: skip
     out = []
     for spec in SPECS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 
+from rollgym.collect.metrics import CauseCounts
 from rollgym.health.checks import CheckResult
 from rollgym.health.run import HealthReport
 
@@ -52,6 +53,10 @@ def table(report: HealthReport) -> str:
         lines += [f"  {e.where()}" for e in check.examples[:EXAMPLES_SHOWN]]
         if check.count > EXAMPLES_SHOWN and check.examples:
             lines.append(f"  ... {check.count - EXAMPLES_SHOWN} more (health.json lists some)")
+    for check in report.checks:
+        if check.detail.get("by_root"):  # failure_rate's: what the failures were
+            lines.append(f"failures by root cause: {CauseCounts.of(check.detail).describe()}")
+    lines += [_groups_line(c) for c in report.checks if c.id == "no_signal_groups" and c.of]
     lines += [f"warning: {w}" for w in report.warnings]
     judged = sum(c.outcome in ("pass", "fail") for c in report.checks)
     if report.failed:
@@ -60,6 +65,19 @@ def table(report: HealthReport) -> str:
     else:
         lines.append(f"health: all {judged} judged checks passed")
     return "\n".join(lines)
+
+
+def _groups_line(check: CheckResult) -> str:
+    """no_signal_groups in a line: the run's share, then each environment's."""
+    d = check.detail
+    envs = d.get("by_environment") or {}
+    line = (f"groups without signal (rewards all equal): {d.get('no_signal')}/{d.get('groups')}"
+            f" of tasks with {d.get('min_group')}+ scored rollouts")  # fmt: skip
+    if len(envs) > 1:
+        line += "; by environment: " + ", ".join(
+            f"{name} {e['no_signal']}/{e['groups']}" for name, e in envs.items()
+        )
+    return line
 
 
 _STYLE = {"pass": "#2a7", "fail": "#c33", "unobserved": "#888", "skipped": "#888"}

@@ -42,6 +42,11 @@ class Slots:
         self._task_unhealthy = array("l", bytes(8 * width))
         self._sparse_tasks: Counter[tuple[int, int]] = Counter()
 
+    @property
+    def dense(self) -> bool:
+        """Indices dense enough for flat tables (``tasks`` entries), else dicts."""
+        return self._dense
+
     @classmethod
     def shaped(cls, lines: Iterator[Line]) -> Slots:
         """Empty slots sized for the rows of ``lines`` (the first pass over tasks.jsonl)."""

@@ -12,7 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollgym.errors import root_record
+from rollgym.collect.metrics import CauseCounts
+from rollgym.errors import root_cause, root_record
 from rollgym.health.checks import EXAMPLES, Example
 from rollgym.health.lines import Line
 from rollgym.health.slots import Slots
@@ -67,6 +68,8 @@ class Tally:
     model_retries: int = 0
     by_server: Counter[str] = field(default_factory=Counter)
     by_type: Counter[str] = field(default_factory=Counter)
+    causes: CauseCounts = field(default_factory=CauseCounts)
+    """By root cause, with context (``rollgym.errors.root_cause``)."""
     window_records: Counter[int] = field(default_factory=Counter)
     window_failures: Counter[tuple[str, int]] = field(default_factory=Counter)
 
@@ -154,5 +157,10 @@ class Tally:
         kind = root.get("type")
         self.by_server[server] += 1
         self.by_type[kind if isinstance(kind, str) else "unknown"] += 1
+        cause = root_cause(error) if isinstance(error, dict) else None
+        if cause is not None:
+            self.causes.add(cause.type, cause.context)
+        else:
+            self.causes.add("unknown", None)
         if window is not None:
             self.window_failures[(server, window)] += 1

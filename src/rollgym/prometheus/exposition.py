@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from rollgym.errors import HTTPStatusError
+from rollgym.extras import install_command
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 Families = Callable[[], Iterable["Metric"]]
 """Builds the metric families of one scrape."""
 
-INSTALL_HINT = "Prometheus metrics need prometheus_client: pip install 'rollgym[metrics]'"
+INSTALL_HINT = f"Prometheus metrics need prometheus_client: {install_command('metrics')}"
 _MODULES = ("prometheus_client.exposition", "rollgym.prometheus.families")
 
 

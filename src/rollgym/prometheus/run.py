@@ -1,5 +1,6 @@
 """The collector's metrics: the run's rollouts (in flight, remaining, done by outcome, failures
-by type and server, seconds), its circuit holds and failovers, and its calls to the agents.
+by type and server and by root cause, seconds, rewards by environment), its circuit holds and
+failovers, and its calls to the agents.
 
 Served on a port of the collector's own (``rollgym run --metrics-port``,
 ``rollgym.prometheus.exporter``); read from the collector's live state at each scrape.
@@ -22,9 +23,23 @@ from rollgym.errors import ConfigError
 from rollgym.prometheus.exporter import MetricsServer
 from rollgym.prometheus.exposition import Exposition
 from rollgym.prometheus.families import PREFIX, client_families, runner_families
+from rollgym.prometheus.reward import Rewards
 
 if TYPE_CHECKING:
     from rollgym.collect.collector import Collector
+
+
+def reward_family(rewards: Rewards) -> HistogramMetricFamily:
+    """``rollgym_reward``: the scored rollouts' rewards, one series per environment."""
+    family = HistogramMetricFamily(
+        PREFIX + "reward",
+        "Rewards of the scored rollouts (masked ones left out), by environment: the resources "
+        "or environment server that verified them.",
+        labels=["environment"],
+    )
+    for environment, (buckets, total) in rewards.cumulative().items():
+        family.add_metric([environment], buckets, total)
+    return family
 
 
 def collector_families(collector: Collector) -> Iterator[Metric]:
@@ -48,6 +63,15 @@ def collector_families(collector: Collector) -> Iterator[Metric]:
     for (kind, server), n in sorted(watch.failures.items()):
         failures.add_metric([kind, server], n)
     yield failures
+    causes = CounterMetricFamily(
+        PREFIX + "rollout_failure_causes",
+        "Failed rollouts by root cause (an error type: the deepest cause of the error's origin "
+        "chain) and the deadline, budget or breaker that ended them (none if nothing did).",
+        labels=["cause", "context"],
+    )
+    for (kind, context), n in sorted(watch.causes.items()):
+        causes.add_metric([kind, context], n)
+    yield causes
     in_flight = collector.in_flight()
     if in_flight is not None:
         yield GaugeMetricFamily(
@@ -65,6 +89,7 @@ def collector_families(collector: Collector) -> Iterator[Metric]:
     )
     seconds.add_metric([], watch.seconds.cumulative(), watch.seconds.total)
     yield seconds
+    yield reward_family(watch.rewards)
     dispatcher = collector.dispatcher
     if isinstance(dispatcher, LocalDispatcher) and dispatcher.runner is not None:
         yield from runner_families(dispatcher.runner)

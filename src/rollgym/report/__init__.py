@@ -3,6 +3,7 @@
 load_run (data.py)      the run directory -> RunData (one streaming pass over the ledger)
 plots.py                RunData -> Bokeh figures (binned: the page does not grow with runs)
 summary.py              headline numbers, hardest tasks, per-task deltas; the terminal text
+prompts.py              the hardest tasks' prompts, as short excerpts from tasks.jsonl
 page.py                 figures + tables -> one HTML file, Bokeh's JS inlined (offline)
 """
 

@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from rollgym.collect.layout import METRICS, RUN_JSON, RunDir, open_run_file
-from rollgym.collect.metrics import TaskTable, pass_at_ks
+from rollgym.collect.metrics import CauseCounts, TaskTable, pass_at_ks
 from rollgym.collect.rundir import read_state
-from rollgym.errors import RollgymError, root_record
+from rollgym.errors import RollgymError, root_cause, root_record
 from rollgym.nemo_gym.mask import is_masked
-from rollgym.report.sample import Sample, count_capped, finite
+from rollgym.report.sample import OTHER, Sample, count_capped, finite
 from rollgym.server.agent import TIMING_FIELD
 
 HOPS = ("seed", "model", "tool", "verify")
 """The hops an agent times (``rollgym.server.agent.Hops``), in the order a rollout makes them."""
-FAILURE_KEYS = ("type", "server", "status")
+FAILURE_KEYS = ("root", "type", "server", "status")
 
 
 @dataclass
@@ -92,10 +92,12 @@ class Tasks:
 
 @dataclass
 class Failures:
-    """A run's failed rollouts, counted: by type, server and status (``count_capped``), and
-    the wall-clock time of those that have one (``finished_at``)."""
+    """A run's failed rollouts, counted: by root cause (``causes``: with the context that ended
+    them), type, server and status (``count_capped``), and the wall-clock time of those that
+    have one (``finished_at``)."""
 
     count: int = 0
+    causes: CauseCounts = field(default_factory=CauseCounts)
     by_type: Counter[str] = field(default_factory=Counter)
     by_server: Counter[str] = field(default_factory=Counter)
     by_status: Counter[str] = field(default_factory=Counter)
@@ -106,7 +108,10 @@ class Failures:
 
     def by(self, key: str) -> Counter[str]:
         """Failures by ``key``: one of ``FAILURE_KEYS``."""
-        return {"type": self.by_type, "server": self.by_server, "status": self.by_status}[key]
+        return {
+            "root": self.causes.total, "type": self.by_type, "server": self.by_server,
+            "status": self.by_status,
+        }[key]  # fmt: skip
 
 
 @dataclass
@@ -260,6 +265,13 @@ def _read_failures(run: RunData, files: RunDir) -> None:
         kind = str(root.get("type") or "?")
         failures.count += 1
         count_capped(failures.by_type, kind)
+        cause = root_cause(err) if isinstance(err, dict) else None
+        cause_type = cause.type if cause is not None else "?"
+        count_capped(failures.causes.total, cause_type)
+        if cause is not None and cause.context is not None:
+            # Contexts come from a fixed set; the cause is whatever key its count went to.
+            key = cause_type if cause_type in failures.causes.total else OTHER
+            failures.causes.context.setdefault(key, Counter())[cause.context] += 1
         count_capped(failures.by_server, str(root.get("server") or "?"))
         count_capped(failures.by_status, str(root["status"]) if root.get("status") else kind)
         _add(failures.at, rec.get("finished_at"))

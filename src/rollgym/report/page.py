@@ -14,7 +14,8 @@ from bokeh.resources import Resources
 import rollgym.report.plots as plots  # the module, not the package: it imports this one
 from rollgym import __version__
 from rollgym.health import report_section
-from rollgym.report.data import HOPS, RunData
+from rollgym.report.data import FAILURE_KEYS, HOPS, RunData
+from rollgym.report.prompts import prompt_excerpts
 from rollgym.report.summary import ENV_HEADER, deltas, environments, hardest, headline
 
 # Bokeh's core bundle only, inlined: the plots need none of its widgets, tables, WebGL or MathJax
@@ -41,7 +42,7 @@ def _plots(runs: Sequence[RunData]) -> dict[str, Model]:
     }
     for i, other in enumerate(runs[1:], start=1):
         figs[f"task_delta_{i}"] = plots.task_deltas(runs[0], other, i)
-    for key in ("type", "server", "status"):
+    for key in FAILURE_KEYS:
         figs[f"failures_{key}"] = plots.failure_bars(runs, key)
     figs["over_time"] = plots.over_time(runs)
     for hop in (*HOPS, "rollout"):
@@ -82,7 +83,7 @@ def render(runs: Sequence[RunData]) -> str:
     sections = [
         ("Rewards", ["reward", "pass_at_k", "task_pass_rates"]
          + [k for k in divs if k.startswith("task_delta_")]),
-        ("Failures", ["failures_type", "failures_server", "failures_status", "over_time"]),
+        ("Failures", [*(f"failures_{k}" for k in FAILURE_KEYS), "over_time"]),
         ("Latency per hop", [f"latency_{h}" for h in (*HOPS, "rollout")]),
         ("Retries and circuits", ["retries"]),
     ]  # fmt: skip
@@ -97,12 +98,16 @@ def render(runs: Sequence[RunData]) -> str:
                 f"<h2>Per environment: {html.escape(run.name)}</h2>" + _table(ENV_HEADER, envs)
             )
     for run in runs:
+        worst = hardest(run)
+        # What each task asked (escaped by _table, like every cell): an index alone says little.
+        asked = prompt_excerpts(run.path, [r.task_index for r in worst])
         rows: list[tuple[object, ...]] = [
-            (r.task_index, r.scored, r.passed, r.failed, r.masked, _rate(r.pass_rate),
-             _rate(r.reward_mean))
-            for r in hardest(run)
+            (r.task_index, asked.get(r.task_index, ""), r.scored, r.passed, r.failed, r.masked,
+             _rate(r.pass_rate), _rate(r.reward_mean))
+            for r in worst
         ]  # fmt: skip
-        header = ("task", "scored", "passed", "failed", "masked", "pass rate", "reward mean")
+        header = ("task", "prompt", "scored", "passed", "failed", "masked", "pass rate",
+                  "reward mean")  # fmt: skip
         body.append(f"<h2>Hardest tasks: {html.escape(run.name)}</h2>" + _table(header, rows))
     # The checks of `rollgym health` with their default thresholds (one more streaming pass).
     body += [report_section(run.path, run.name) for run in runs]

@@ -161,10 +161,11 @@ def task_deltas(base: RunData, other: RunData, i: int) -> figure:
 
 
 def failure_bars(runs: Sequence[RunData], key: str) -> figure:
-    """Failed rollouts by ``key`` (``type``, ``server`` or ``status``), run beside run."""
+    """Failed rollouts by ``key`` (``root`` cause, ``type``, ``server`` or ``status``), run
+    beside run."""
     counts = [r.failures.by(key) for r in runs]
     cats = sorted({c for cnt in counts for c in cnt}, key=lambda c: -sum(n[c] for n in counts))[:12]
-    title = f"Failures by {key}"
+    title = "Failures by root cause" if key == "root" else f"Failures by {key}"
     if not cats:
         return _empty(_figure(title), "no failures")
     names = [r.name for r in runs]

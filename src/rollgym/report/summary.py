@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from rollgym.collect.metrics import CauseCounts
 from rollgym.report.data import RunData
 
 HARDEST = 15
@@ -63,7 +64,6 @@ def headline(run: RunData) -> dict[str, str]:
     mean = run.reward_mean()
     curve = run.pass_at()
     kmax = max(curve, default=0)
-    top = run.failures.by_type.most_common(3)
     hops = {h: run.hops[h].values for h in run.hops if len(run.hops[h])}
     masked = f", {run.masked} masked" if run.masked else ""
     return {
@@ -73,7 +73,7 @@ def headline(run: RunData) -> dict[str, str]:
         "reward mean": "-" if mean is None else f"{mean:.4f}",
         "pass@1": f"{curve[1]:.4f}" if curve else "-",
         f"pass@{kmax}": f"{curve[kmax]:.4f}" if kmax > 1 else "-",
-        "failures": ", ".join(f"{k} {v}" for k, v in top) or "none",
+        "failures": run.failures.causes.describe(limit=3) or "none",
         "hop p50 (ms)": ", ".join(f"{h} {_median(v) * 1000:.1f}" for h, v in hops.items())
         or "no per-hop timing",
     }
@@ -94,7 +94,12 @@ def environments(run: RunData) -> list[tuple[str, ...]]:
             continue
         mean = (env.get("reward") or {}).get("mean")
         p1 = (env.get("pass_at_k") or {}).get("pass@1")
-        failures = env.get("failures_by_type") or {}
+        by_root = env.get("failures_by_root")
+        failures = CauseCounts.of(
+            {"by_root": by_root, "by_root_context": env.get("failures_by_root_context")}
+            if isinstance(by_root, dict)
+            else {"by_type": env.get("failures_by_type") or {}}
+        )
         rows.append(
             (
                 str(name),
@@ -102,7 +107,7 @@ def environments(run: RunData) -> list[tuple[str, ...]]:
                 str(env.get("failed", 0)),
                 "-" if mean is None else f"{mean:.4f}",
                 "-" if p1 is None else f"{p1:.4f}",
-                ", ".join(f"{k} {v}" for k, v in sorted(failures.items())) or "none",
+                failures.describe() or "none",
             )
         )
     return rows
