@@ -477,9 +477,7 @@ RAY_START_TIMEOUT = "The current node timed out during startup"
 START_ATTEMPTS = 3
 
 
-def sweep_one(
-    name: str, model_url: str, work: Path, limit: int, gym: NemoGym = NG04
-) -> dict[str, Any]:
+def sweep_one(name: str, model_url: str, work: Path, limit: int, gym: NemoGym) -> dict[str, Any]:
     result: dict[str, Any] = {"server": name, "imports": True}
     try:
         config, kind, variant = stack_config(name, model_url, gym)
@@ -562,7 +560,7 @@ def sweep_one(
                 notes.insert(0, _offline_reason(f"the server fails: {errors[-1]}"))
         if notes:
             result["note"] = " / ".join(n.replace("\n", " ")[:300] for n in notes)
-        return complete(result)
+        return complete(result, gym)
     finally:
         stack.stop()
 
@@ -571,8 +569,9 @@ def _answer(status: int, body: Any) -> dict[str, Any]:
     return body if status == 200 and isinstance(body, dict) else {}
 
 
-def complete(r: dict[str, Any], gym: NemoGym = NG04) -> dict[str, Any]:
-    """Fields derived from a result (also for results of an earlier sweep's JSON)."""
+def complete(r: dict[str, Any], gym: NemoGym) -> dict[str, Any]:
+    """Fields derived from a result (also for results of an earlier sweep's JSON), from
+    ``gym``'s own files: never another release's (0.4's configs pair servers differently)."""
     if not r.get("imports", True) and not str(r.get("note", "")).startswith("not offline"):
         r["note"] = _offline_reason(str(r.get("note", "")))
     if "rollgym" not in r:
@@ -583,13 +582,13 @@ def complete(r: dict[str, Any], gym: NemoGym = NG04) -> dict[str, Any]:
             variant = server_fields(r["server"], gym).get("_variant")
             if variant:
                 r.setdefault("config", variant)
-        except (LookupError, OSError, yaml.YAMLError, AttributeError):
-            r["own_agents"] = []
+        except (LookupError, OSError, yaml.YAMLError, AttributeError, RuntimeError):
+            r["own_agents"] = []  # RuntimeError: gym's venv is gone (a --table-only rewrite)
     r.setdefault("ran_rows", sum(x is not None for x in r["rollgym"]))
     if "recorded" not in r:
         try:
             r["recorded"] = task_rows(r["server"], r["rows"], gym)[2]
-        except (LookupError, OSError, ValueError):
+        except (LookupError, OSError, ValueError, RuntimeError):
             r["recorded"] = []
     if r["ran_rows"] == 0 and all(str(x).startswith("HTTP") for x in r["nemo"]):
         # Both agents fail every row on the server's own error: the server, not an agent.
@@ -621,7 +620,12 @@ KNOWN = {
 }
 
 # The same, for 0.7's servers (filled from what the 0.7 sweep showed and their source says).
-KNOWN07: dict[str, str] = {}
+KNOWN07: dict[str, str] = {
+    "example_mcp_weather": "its rows declare no tools; its verify pays a get_weather call seen "
+    "in the session: NeMo Gym's simple_agent sends the model's call to POST /get_weather and "
+    "pays 1, rollgym's tool_agent runs declared tools only and pays 0, warning about the "
+    "undeclared get_weather (rollgym_undeclared_tools in each record)",
+}
 
 
 def status(r: dict[str, Any]) -> str:
@@ -715,6 +719,10 @@ def table(
 def summary(results: list[dict[str, Any]]) -> str:
     started = [r for r in results if r.get("started")]
     fails = [r["server"] for r in started if r.get("verdict") == "server fails offline"]
+    same = [r for r in started if r.get("same_reward")]
+    # Agreement on all-0 rewards is weak evidence (a judge that is the scripted model, a
+    # missing sandbox service): counted apart, so "same reward" is not read as more.
+    zero = [r["server"] for r in same if r["rollgym"] and not any(r["rollgym"])]
     return (
         f"{len(results)} servers: {sum(1 for r in results if r.get('imports', True))} import, "
         f"{len(started)} start offline"
@@ -725,7 +733,13 @@ def summary(results: list[dict[str, Any]]) -> str:
         )
         + ", "
         f"{sum(1 for r in started if r.get('ran_to_end'))} ran to the end under rollgym, "
-        f"{sum(1 for r in started if r.get('same_reward'))} same reward as NeMo Gym's agent"
+        f"{len(same)} same reward as NeMo Gym's agent"
+        + (
+            f" ({len(zero)} of them pay 0 on every row on both sides, which shows little: "
+            f"{', '.join(zero)})"
+            if zero
+            else ""
+        )
     )
 
 

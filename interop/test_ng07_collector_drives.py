@@ -12,6 +12,8 @@ Opt-in: skipped unless ``INTEROP07_VENV`` names the 0.7 venv (``interop/setup.sh
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +31,7 @@ from interop.ng07_collector_support import (
     stack_config,
     task_rows,
 )
+from interop.rollgym_side import ROLLGYM, read_jsonl, write_config, write_jsonl
 
 pytestmark = [
     pytest.mark.timeout(1800),
@@ -129,3 +132,31 @@ def test_rollgyms_run_keeps_the_ledger_invariant(runs: tuple[EvalRun, CollectRun
     tasks = (ours.out / "tasks.jsonl").read_text().splitlines()
     keys = [(r["task_index"], r["rollout_index"]) for r in ours.rollouts + ours.failures]
     assert len(keys) == len(set(keys)) == len(tasks) == len(expected())
+
+
+def test_the_native_environment_server_given_as_an_agent_stops_the_run_saying_how(
+    stack: nemo.GymStack, tmp_path: Path
+) -> None:
+    """A newcomer's first try: 0.7's ``single_agent_turn`` declared ``kind: agent`` and given
+    flat rows. 0.7 answers each row 422 (``episode_id`` missing); rollgym stops at once with the
+    config key to change and the rows it takes (``kind: environment`` with the same rows
+    materialized is what ``test_the_same_reward_per_rollout`` runs)."""
+    flat = [r for r in task_rows()[0] if "task_id" not in r]
+    config = {
+        "servers": {EPISODES: {"kind": "agent", "url": stack.urls[EPISODES]}},
+        "collect": {"concurrency": 1, "rollout_timeout": 60},
+    }
+    root = tmp_path
+    cfg = write_config(root / "rollgym.yaml", config)
+    tasks = write_jsonl(root / "tasks.jsonl", flat)
+    done = subprocess.run(
+        [ROLLGYM, "collect", str(cfg), "--input", str(tasks), "--output", str(root / "out"),
+         "--agent", EPISODES],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "NO_COLOR": "1"},
+        check=False,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert f"servers.{EPISODES}.kind: environment" in output, output
+    (first, *_) = read_jsonl(root / "out" / "failures.jsonl")
+    assert first["error"]["type"] == "config_error" and first["error"]["status"] == 422

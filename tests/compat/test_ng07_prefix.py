@@ -6,6 +6,7 @@ proxy attaches them as ``return_token_ids`` does). An ``<id>`` that is not 0.7's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -234,6 +235,35 @@ async def test_token_capture_asks_the_proxy_for_this_calls_token_ids(transport: 
     # The proxy asked vLLM for token data on the capture call alone.
     asked = [bool(r.get("logprobs")) for r in upstream.requests]
     assert asked == [False, True]
+
+
+async def test_a_capture_call_without_token_data_answers_200_marked_incomplete(
+    transport: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 0.7's model server answers such a call 200 and marks the rollout's capture incomplete;
+    # rollgym answered 502. With return_token_ids (token data promised) it still fails.
+    upstream = VllmDouble(new_vllm=False)
+    upstream.ignore_logprobs = True  # an upstream that gives no per-token logprobs
+    params = {"input": "please answer v3"}
+    path = "/ng-rollout/r1/training-token-capture/v1/responses"
+    async with serve_asgi(upstream.app) as up_url:
+        options = {"base_url": up_url + "/v1", "model": "toy"}
+        with caplog.at_level(logging.WARNING, logger="rollgym.models.proxy"):
+            async with client(transport, build(OpenAIProxy, "model", options)) as c:
+                first = await c.post(path, params)
+                second = await c.post(path, params)
+        strict = {**options, "return_token_ids": True}
+        async with client(transport, build(OpenAIProxy, "model", strict)) as c:
+            promised = await c.post(path, params)
+    assert first.status == second.status == 200, first.body
+    assert first.body["output"][-1]["content"][0]["text"]  # the model's answer stands
+    assert not any(k in first.body["output"][-1] for k in TRAINING)
+    marked = first.body["rollgym_upstream"]["rollgym_token_capture"]
+    assert marked["complete"] is False and "logprobs" in marked["reason"]
+    warned = [r for r in caplog.records if "training-token-capture" in r.getMessage()]
+    assert len(warned) == 1  # once per server, not once per call
+    assert promised.status == 502
+    assert "logprobs" in promised.body["error"]["message"]
 
 
 # -- agent servers ----------------------------------------------------------------------------

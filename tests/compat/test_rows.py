@@ -190,6 +190,29 @@ async def test_a_row_field_nobody_reads_is_warned_about_once_per_run(
         assert "resources server(s) env do not declare" in warning
 
 
+async def test_no_unread_field_warning_when_a_server_cannot_say_what_it_reads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # NeMo Gym's servers have no rollgym /health: they may read any field of the row, so a
+    # warning that its fields are read by nobody would be false (it fired on every such run).
+    row = {
+        "responses_create_params": {
+            "input": "Say v7.",
+            "metadata": {"rollgym_script": [{"say": "v7"}]},
+        },
+        "expected_answer": "v7",
+        "verifier_metadata": {"expected_city": "Paris"},
+    }
+    rows = write_rows(tmp_path / "tasks.jsonl", [row])
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING, logger="rollgym.collect"):
+        async with serve_stack(nemo_resources_app(Recorded())) as urls:
+            outcome = await collect(stack_config(), rows, out, urls)
+    assert outcome.exit_code == 0
+    assert not [r for r in caplog.records if "no server of the run" in r.getMessage()]
+    assert "warnings" not in orjson.loads((out / "run.json").read_bytes())
+
+
 def test_a_config_without_impl_needs_a_url() -> None:
     cfg = parse_config(
         {"servers": {"agent": {"kind": "agent", "url": "http://127.0.0.1:9/"}}}, "c.yaml"

@@ -25,7 +25,10 @@ model as a ``function_call_output``. So is a call the agent will not pass on: a 
 not declare (or a name that is no tool: a reserved endpoint such as ``verify``, ``__init__``, a
 lookalike; ``rollgym.protocol.is_tool_name``), a call past the caps, arguments that are not a
 JSON object, are larger than ``max_tool_argument_bytes`` or nested deeper than JSON can be written again
-(orjson reads 1,024 levels, writes 255): model output never fails the rollout by itself. An infrastructure failure (model, tool or verify failing
+(orjson reads 1,024 levels, writes 255): model output never fails the rollout by itself. The
+names of undeclared tools it called are kept in the record (``rollgym_undeclared_tools``) and
+the collector warns about them: NeMo Gym's ``simple_agent`` sends such a call to the resources
+server, so the same row can pay there and not here. An infrastructure failure (model, tool or verify failing
 after the called server's retries) fails the rollout with the typed error as ``origin``.
 If the caller disconnects, the rollout is cancelled with the requests it has in flight, so
 nobody keeps a broken upstream under load for work nobody will read.
@@ -43,9 +46,14 @@ from pydantic import Field
 
 from rollgym.agents.response import final_response, function_call_output
 from rollgym.models.tokens import DRIFT_FIELD, DRIFTED_TURNS, CallTokens, drifted_turns
-from rollgym.protocol import function_calls, tool_error
+from rollgym.protocol import function_calls, is_tool_name, tool_error
 from rollgym.server.agent import AgentServer, RunContext
 from rollgym.server.episode import MAX_TOOL_CALLS, NOT_RUN, SPENT, Episode
+
+UNDECLARED_TOOLS = "rollgym_undeclared_tools"
+"""A verified rollout's tool names that its model called but its row does not declare (the
+agent refused those calls): at most ``UNDECLARED_SHOWN``, sorted; absent when there were none."""
+UNDECLARED_SHOWN = 16
 
 
 class ToolAgent(AgentServer):
@@ -92,6 +100,10 @@ class ToolAgent(AgentServer):
         verified.setdefault("num_steps", turn.steps)
         verified.setdefault("truncated", turn.truncated)
         verified.setdefault("agent_seconds", turn.seconds)
+        if turn.undeclared:
+            # Said in the record, so the collector can warn: refused, they may cost the reward
+            # NeMo Gym's simple_agent (which sends any call to the resources server) pays.
+            verified.setdefault(UNDECLARED_TOOLS, sorted(turn.undeclared)[:UNDECLARED_SHOWN])
         return verified
 
     async def turn(self, params: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
@@ -113,6 +125,7 @@ class ToolAgent(AgentServer):
             if tools:
                 params["tools"] = tools
         declared = _tool_names(params.get("tools"))
+        undeclared: set[str] = set()
 
         outputs: list[Any] = []
         response: dict[str, Any] = {}
@@ -133,6 +146,9 @@ class ToolAgent(AgentServer):
             # Taken from the rollout's budget up front, the calls refused here included: each
             # is a call the model made, answered in the episode's place.
             run = episode.take_calls(min(len(calls), opts.max_tool_calls_per_message))
+            undeclared.update(
+                n for c in calls[:run] if is_tool_name(n := c.get("name")) and n not in declared
+            )
             limit = opts.max_tool_argument_bytes
             outputs.extend(
                 await asyncio.gather(
@@ -158,6 +174,7 @@ class ToolAgent(AgentServer):
             steps=steps,
             truncated=truncated,
             seconds=round(time.monotonic() - started, 4),
+            undeclared=frozenset(undeclared),
         )
 
 
@@ -171,6 +188,8 @@ class Turn:
     steps: int
     truncated: bool
     seconds: float
+    undeclared: frozenset[str] = frozenset()
+    """Tool names the model called that the task does not declare (the calls were refused)."""
 
 
 _PAST = NOT_RUN + "a message may make at most {} tool calls (max_tool_calls_per_message)"

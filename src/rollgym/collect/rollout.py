@@ -24,7 +24,8 @@ retryable one) is run again as the next attempt (``episode_id.attempt`` + 1, the
 ``rollout_id``, after the server's backoff) while the environment server's
 ``retry.max_attempts`` allows; a terminal one, a 4xx or an answer that is no episode response
 (``ProtocolError``) is recorded at once. Every record of a materialized row carries its
-``_ng_task_id``.
+``_ng_task_id``. A flat row refused with a native Environment Server's 422 (``episode_id``
+missing) is recorded as the ``ConfigError`` that says how to declare that server.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from rollgym.errors import ConnectError, InternalError, RollgymError
 from rollgym.http import HttpClient, Target
 from rollgym.http.policy import backoff
 from rollgym.http.replicas import resends_elsewhere
-from rollgym.nemo_gym.environment_client import Episode, flat_failure
+from rollgym.nemo_gym.environment_client import Episode, episodes_only, flat_failure
 from rollgym.protocol import check_verified
 from rollgym.tracing.names import (
     ATTEMPT,
@@ -142,7 +143,11 @@ class RolloutRunner:
                         verified = episode.read(answer, attempts - 1, target.name)
                     else:
                         verified = _flat_answer(answer, target.name, task_id)
-                except RollgymError as err:
+                except RollgymError as caught:
+                    err = caught
+                    if episode is None:
+                        # A native 0.7 Environment Server refused a flat row: a config to fix.
+                        err = episodes_only(caught, target.name) or caught
                     if self.stopping():
                         return self._failed(item, err, attempts, started)
                     if (

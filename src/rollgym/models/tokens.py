@@ -45,6 +45,10 @@ DRIFTED_TURNS = "drifted_turns"
 """A verified rollout's count of calls whose prompt did not extend the previous call."""
 DRIFT_FIELD = "rollgym_drift"
 """A verified rollout's drift details: ``{"checked": pairs compared, "turns": [call index]}``."""
+CAPTURE_FIELD = "rollgym_token_capture"
+"""On a 0.7 ``training-token-capture`` call answered without token data: ``{"complete": false,
+"reason"}`` in the response's ``rollgym_upstream`` entry (0.7 marks such a rollout's capture
+incomplete and answers 200; so does rollgym, where the response says it)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,14 @@ def tokenize_request(chat: dict[str, Any]) -> dict[str, Any]:
     return {k: chat[k] for k in TOKENIZE_KEYS if k in chat}
 
 
+def has_logprobs(completion: Any) -> bool:
+    """Whether ``completion``'s first choice carries per-token logprobs (token data to take)."""
+    choices = completion.get("choices") if isinstance(completion, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+    return isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list)
+
+
 def needs_tokenize(completion: Any) -> bool:
     """Whether the upstream left out the prompt's ids (vLLM before ``return_token_ids``)."""
     return not (isinstance(completion, dict) and isinstance(completion.get(PROMPT_IDS), list))
@@ -151,12 +163,6 @@ def call_tokens(completion: dict[str, Any], *, upstream: str, tokenized: Any = N
     choice = choices[0] if isinstance(choices, list) and choices else None
     if not isinstance(choice, dict):
         raise _protocol(upstream, "no choice to take token data from", completion)
-    prompt = completion.get(PROMPT_IDS)
-    if prompt is None and isinstance(tokenized, dict):
-        prompt = tokenized.get("tokens")
-    if not _ints(prompt):
-        raise _protocol(upstream, "no prompt token ids (prompt_token_ids or /tokenize)", completion)
-
     logprobs = choice.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, dict) else None
     if not isinstance(content, list):
@@ -184,6 +190,14 @@ def call_tokens(completion: dict[str, Any], *, upstream: str, tokenized: Any = N
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _protocol(upstream, f"logprobs.content[{n}].logprob is {value!r}", completion)
         values.append(float(value))
+
+    # After the logprobs: without them the prompt is not rendered (a capture call's
+    # ``/tokenize`` is skipped), and the logprobs are what is missing.
+    prompt = completion.get(PROMPT_IDS)
+    if prompt is None and isinstance(tokenized, dict):
+        prompt = tokenized.get("tokens")
+    if not _ints(prompt):
+        raise _protocol(upstream, "no prompt token ids (prompt_token_ids or /tokenize)", completion)
 
     ids = choice.get("token_ids")
     if ids is None:

@@ -7,6 +7,8 @@ forms a materialized task row takes on its way to a server.
                                or the failure as a typed error
     flat_row(row)              a stamped materialized row as the flat row an agent's /run takes
     flat_failure(answer, ...)  0.7's flattened failure (``single_agent_turn_legacy``) as an error
+    episodes_only(err, ...)    a flat row's 422 from a native Environment Server as the
+                               ConfigError it is (kind: environment, materialized rows)
 
 A rollout's id is ``<_ng_task_index>-<_ng_rollout_index>``, as 0.7's collector makes it; it is
 the same for every attempt, and ``attempt`` counts the tries before this one (0 first). A
@@ -16,6 +18,7 @@ keeps ``terminal`` (its ``retryable`` is ``not terminal``), ``stage`` and ``fail
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +26,7 @@ import orjson
 from pydantic import ValidationError
 
 from rollgym.config import format_validation_error
-from rollgym.errors import ProtocolError, RollgymError
+from rollgym.errors import ConfigError, ProtocolError, RollgymError
 from rollgym.nemo_gym.episodes import (
     CREATE_PARAMS,
     EpisodeId,
@@ -61,6 +64,9 @@ ROW_INDEX_FIELDS = ("task_index", "rollout_index", NG_TASK_INDEX, NG_ROLLOUT_IND
 """The indices ``tasks.jsonl`` stamps on every row; a flat row built from a materialized one
 carries them as every flat row does."""
 REASON_LIMIT = 2000  # 0.7's EpisodeFailure.failure_reason max_length
+_EPISODE_ID_REFUSED = re.compile(r'"loc"\s*:\s*\[\s*"body"\s*,\s*"episode_id"\s*\]')
+"""FastAPI's validation error at the request's ``episode_id`` (found in a body cut short too:
+each error's ``loc`` comes before the ``input`` it echoes)."""
 
 
 def rollout_id(row: dict[str, Any]) -> str:
@@ -150,6 +156,26 @@ def flat_failure(answer: Any, server: str) -> RollgymError | None:
     if answer.get(NG_FAILURE_STAGE) is not None:
         failure[STAGE] = answer[NG_FAILURE_STAGE]
     return error_from_failure(failure, server=server, endpoint=RUN_ENDPOINT)
+
+
+def episodes_only(err: RollgymError, server: str) -> ConfigError | None:
+    """``err`` as the configuration error it is when server ``server`` refused a flat row with
+    0.7's 422 for a body without ``episode_id`` (FastAPI's ``loc: ["body", "episode_id"]``): a
+    native 0.7 Environment Server (``single_agent_turn``, ...) given as an agent, or given flat
+    rows. Every row would fail alike, so the run is told what to change; else None."""
+    if err.type != "http_status" or err.status != 422 or not err.body:
+        return None
+    if not _EPISODE_ID_REFUSED.search(err.body):
+        return None
+    return ConfigError(
+        f"{server} answered 422 on POST /run: it takes only NeMo Gym 0.7 episodes "
+        "({episode_id, task}; 'episode_id' missing), so it is a 0.7 Environment Server, not "
+        f"an agent. Declare it servers.{server}.kind: environment and give it materialized "
+        'task rows ({"task_id": {"taskset": ..., "task_id": ...}, "task_input": {...}}, '
+        "routed to it by collect.taskset_routes when the run has more than one server); flat "
+        "rows go to agents and to 0.7's legacy_agent relays",
+        status=422, server=server, endpoint=RUN_ENDPOINT, origin=err,
+    )  # fmt: skip
 
 
 def _bad_answer(server: str, answer: Any, why: str) -> ProtocolError:

@@ -19,6 +19,7 @@ config_error           agent_request_failed      (a)(b)(c)
 input_error            agent_request_failed      (a)(b)(c)
 invalid_request        agent_request_failed      (a)(b)(c)
 request_too_large      agent_request_failed      (a)(b)(c)
+bad_checkpoint         agent_request_failed      (a)(b)(c)
 http_status            agent_run_error           (a)(b)(c)(d)
 capacity_reached       transport_unreachable     (a)(b)
 protocol_error         agent_run_error           (a)(b)(c)
@@ -33,6 +34,7 @@ replica_down           transport_timeout         (a)(b)
 replica_stalled        transport_timeout         (a)(b)
 answer_too_large       transport_local_resource  (a)(b)
 deadline_exceeded      transport_timeout         (a)(b)(e)
+waited_too_long        transport_timeout         (a)(b)(e)
 paused_too_long        transport_timeout         (a)(b)
 budget_exhausted       transport_unreachable     the kind of the failure it stopped, if any
 circuit_open           transport_unreachable     the kind of the failure it stopped, if any
@@ -42,11 +44,11 @@ environment_failure    agent_run_error           its own failure_kind when it ha
 internal_error         agent_run_error           (a)(b)(c)
 sandbox_error          provider_unavailable      -
 scorer_error           agent_run_error           (a)(b)(c)
+weights_not_restored   provider_unavailable      -
 launch_error           transport_unreachable     (a)(b)
 run_aborted            cancelled                 -
 =====================  ========================  ============================================
 
-(``WaitedTooLong`` has no type of its own: on the wire it is a ``deadline_exceeded``.)
 The stage of the failure (``failure_stage``: the first hop of the chain below ``/run``) refines
 the rows marked:
 
@@ -184,6 +186,7 @@ KIND_BY_TYPE: dict[str, str] = {
     "input_error": AGENT_REQUEST_FAILED,
     "invalid_request": AGENT_REQUEST_FAILED,
     "request_too_large": AGENT_REQUEST_FAILED,
+    "bad_checkpoint": AGENT_REQUEST_FAILED,  # weights refused before anything was sent
     "http_status": AGENT_RUN_ERROR,
     "capacity_reached": TRANSPORT_UNREACHABLE,  # a full server: it could not take the session
     "protocol_error": AGENT_RUN_ERROR,
@@ -198,6 +201,8 @@ KIND_BY_TYPE: dict[str, str] = {
     "replica_stalled": TRANSPORT_TIMEOUT,  # ... or made no progress
     "answer_too_large": TRANSPORT_LOCAL_RESOURCE,
     "deadline_exceeded": TRANSPORT_TIMEOUT,
+    # A deadline that ran out before a worker took the call: still a timeout to 0.7.
+    "waited_too_long": TRANSPORT_TIMEOUT,
     # A pause for a weight update that no resume ended: the model call's time ran out.
     "paused_too_long": TRANSPORT_TIMEOUT,
     "budget_exhausted": TRANSPORT_UNREACHABLE,
@@ -210,6 +215,8 @@ KIND_BY_TYPE: dict[str, str] = {
     "sandbox_error": PROVIDER_UNAVAILABLE,
     # A dataset's own scorer that cannot score a row: at verification, a verifier_error.
     "scorer_error": AGENT_RUN_ERROR,
+    # An inference server left unable to serve by a failed weight push.
+    "weights_not_restored": PROVIDER_UNAVAILABLE,
     "launch_error": TRANSPORT_UNREACHABLE,
     "run_aborted": CANCELLED,
 }
