@@ -1,6 +1,8 @@
 """Write the docs' generated reference pages from the code itself, so they cannot drift:
 
 - ``docs/reference/cli.md`` from the typer app (``rollgym.cli``): every command and option;
+- ``docs/reference/api.md`` from the public modules' docstrings (``scripts/api_reference.py``),
+  so it reads on GitHub too;
 - ``docs/reference/config.md`` from the pydantic models: ``servers.NAME`` (ServerConfig, its
   ``retry:`` RetryPolicy, ``limits:``, ``chaos:``), ``collect:`` (CollectConfig), and each
   built-in server's ``options:`` class;
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import typer.main
+from api_reference import API_PAGE, api_page  # beside this script: run as a script, it is found
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
@@ -288,7 +291,12 @@ def terminal_svg() -> str:
 
 
 def pages() -> dict[Path, str]:
-    return {CLI_PAGE: cli_page(), CONFIG_PAGE: config_page(), TERMINAL_SVG: terminal_svg()}
+    return {
+        CLI_PAGE: cli_page(),
+        CONFIG_PAGE: config_page(),
+        API_PAGE: api_page(HEADER.format(what="the docstrings in src/rollgym/")),
+        TERMINAL_SVG: terminal_svg(),
+    }
 
 
 def main() -> int:

@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import (
-    AbstractAsyncContextManager,
-    AsyncExitStack,
-    asynccontextmanager,
-    contextmanager,
-)
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import uvicorn
 
@@ -22,10 +16,9 @@ from rollgym.launch.ports import bind_socket
 from rollgym.server.app import build_app
 from rollgym.server.base import BaseServer, ServerContext, resolve_impl
 from rollgym.server.headers import limited_http
+from rollgym.serving import in_thread  # the one sync bridge, shared with serve_config
 
 __all__ = ["bind_socket", "in_thread", "rl_stack", "serve_asgi", "serve_server", "spin"]
-
-T = TypeVar("T")
 
 
 @asynccontextmanager
@@ -94,9 +87,10 @@ async def serve_server(
 async def rl_stack(
     model_dir: Path, env: str | type[BaseServer], *, env_name: str = "env", max_queue: int = 64
 ) -> AsyncIterator[tuple[str, str]]:
-    """A training stack on 127.0.0.1: the CPU backend serving ``model_dir``, ``openai_proxy``
-    with ``return_token_ids`` in front of it, environment ``env`` and rollgym's tool agent;
-    yields (agent URL, backend URL)."""
+    """A training stack on 127.0.0.1 for tests: the CPU backend serving ``model_dir``,
+    ``openai_proxy`` with ``return_token_ids`` in front of it, environment ``env`` (a class,
+    which need not be importable by name) and rollgym's tool agent, all in this event loop;
+    yields (agent URL, backend URL). A config's servers as processes: ``rollgym.serve_config``."""
 
     def policy(kind: str) -> RetryPolicy:
         return RetryPolicy.model_validate(kind_defaults(kind))  # type: ignore[arg-type]
@@ -130,27 +124,6 @@ async def rl_stack(
             )
         )
         yield agent, backend
-
-
-@contextmanager
-def in_thread(manager: AbstractAsyncContextManager[T], timeout: float = 30.0) -> Iterator[T]:
-    """Enter ``manager`` on a new event loop in a daemon thread; yield what it yields. For
-    servers that keep serving while synchronous code (a trainer's step, a Ray ``get``) blocks
-    this thread; ``timeout`` bounds entering and leaving."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="rollgym-background", daemon=True)
-    thread.start()
-    try:
-        value = asyncio.run_coroutine_threadsafe(manager.__aenter__(), loop).result(timeout)
-        try:
-            yield value
-        finally:
-            exit_ = manager.__aexit__(None, None, None)
-            asyncio.run_coroutine_threadsafe(exit_, loop).result(timeout)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout)
-        loop.close()
 
 
 def spin(seconds: float) -> float:

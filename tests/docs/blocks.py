@@ -4,10 +4,11 @@ Every fenced block must follow (on the line before it, blank lines aside) one ma
 
 - ``<!-- snippet: PATH -->``: the block is PATH's text exactly (PATH is run by its own test);
 - ``<!-- run -->`` (or ``<!-- run: exit=N -->``): tests/docs/test_blocks.py runs it: ``bash``
-  blocks with bash, ``python`` blocks with this venv's Python, in order, in one temporary
-  directory per page where ``src``, ``examples`` and ``.venv`` point into the checkout;
-- ``<!-- file: NAME -->``: the block is written to NAME in that directory (a config or task
-  file a later ``run`` block of the page uses);
+  blocks with bash, ``python`` blocks with this venv's Python (from stdin, as pasted), in
+  order, at the root of a fresh clone per page (``tests/docs/reader.py``); each must leave no
+  process running and no untracked file, and write only under ``out/<page name>/``;
+- ``<!-- file: NAME -->``: the block is written to NAME in that clone (a config or task file
+  a later ``run`` block of the page uses: the reader's own, so it may stay);
 - ``<!-- config -->``: the block is a whole rollgym config, validated by ``parse_config``;
 - ``<!-- not-run: REASON -->``: shown only; REASON says why it cannot run here (a GPU, vLLM,
   a trainer's venv, a fragment of a record...).

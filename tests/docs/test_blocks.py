@@ -14,6 +14,7 @@ import pytest
 
 from rollgym.config import parse_config
 from tests.docs.blocks import ROOT, Block, all_blocks, blocks, pages
+from tests.docs.reader import left_files, make_clone, settle, status
 
 RUNNABLE = {"bash", "sh", "python"}
 BLOCK_TIMEOUT = 90.0  # seconds one runnable block may take (every one here takes a few)
@@ -75,45 +76,60 @@ def _pages_that_run() -> list[Path]:
     return [p for p in pages() if any(b.kind == "run" for b in blocks(p))]
 
 
+def test_pages_that_run_have_output_dirs_of_their_own() -> None:
+    """A page's outputs go under out/<its name>/ (checked as it runs), so names must differ."""
+    names = [p.stem for p in _pages_that_run()]
+    assert len(names) == len(set(names)), sorted(names)
+
+
 @pytest.mark.parametrize("page", _pages_that_run(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_a_pages_runnable_blocks_run(page: Path, tmp_path: Path) -> None:
-    """The page's ``file`` and ``run`` blocks, in order, in one directory, as a reader would."""
-    for name in ("src", "examples"):
-        (tmp_path / name).symlink_to(ROOT / name)
-    (tmp_path / ".venv").symlink_to(Path(sys.prefix))
+    """The page's ``file`` and ``run`` blocks, in order, at the root of a fresh clone, as a
+    reader would paste them; each ``run`` block leaves no process running and nothing
+    untracked, and writes only under ``out/<page>/`` (tests/docs/reader.py)."""
+    clone, scripts = tmp_path / "clone", tmp_path / "blocks"
+    make_clone(clone, Path(sys.prefix))
+    scripts.mkdir()
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "COLUMNS": "100",
         "NO_COLOR": "1",
     }
+    known = status(clone)
     for block in blocks(page):
         if block.kind == "file":
-            target = tmp_path / block.arg
+            target = clone / block.arg
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(block.body, encoding="utf-8")
+            known = status(clone)  # the reader's own file, theirs to keep
         elif block.kind == "run":
-            _run(block, tmp_path, env)
+            _run(block, clone, scripts, env)
+            left = left_files(clone, known, page.stem)
+            assert not left, f"{block.where()} left behind: {', '.join(left)}"
+            known = status(clone)
 
 
-def _run(block: Block, cwd: Path, env: dict[str, str]) -> None:
+def _run(block: Block, cwd: Path, scripts: Path, env: dict[str, str]) -> None:
+    # The block's script and output live beside the clone, not in it: the clone holds only
+    # what the block itself makes.
     if block.lang == "python":
-        script = cwd / f"block-{block.line}.py"
-        argv = [sys.executable, str(script)]
+        script = scripts / f"block-{block.line}.py"
+        argv = [sys.executable, "-"]  # from stdin, as pasted: the clone's root on sys.path
     else:
-        script = cwd / f"block-{block.line}.sh"
+        script = scripts / f"block-{block.line}.sh"
         argv = ["bash", "-eo", "pipefail", str(script)]
     script.write_text(block.body, encoding="utf-8")
     want = int(block.arg.removeprefix("exit=")) if block.arg else 0
-    # Its own session: a block that starts servers in the background (`&`) leaves nothing
-    # behind, since the whole group is ended once the block is done. The output goes to a
-    # file, not a pipe, which those background servers would hold open.
-    log = cwd / f"block-{block.line}.log"
-    with log.open("w") as sink:
+    # Its own session, so what it starts can be found (and ended) once it is done. The output
+    # goes to a file, not a pipe, which background servers would hold open.
+    log = scripts / f"block-{block.line}.log"
+    with log.open("w") as sink, script.open("rb") as source:
         proc = subprocess.Popen(
             argv,
             cwd=cwd,
             env=env,
+            stdin=source if block.lang == "python" else subprocess.DEVNULL,
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -121,12 +137,17 @@ def _run(block: Block, cwd: Path, env: dict[str, str]) -> None:
         try:
             proc.wait(timeout=BLOCK_TIMEOUT)
         except subprocess.TimeoutExpired:
-            pass
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+            proc.kill()
             proc.wait(timeout=30)
+        left = settle(proc.pid, cwd)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     out = log.read_text(encoding="utf-8", errors="replace")
     assert proc.returncode == want, (
         f"{block.where()} exited {proc.returncode}, not {want}:\n{block.body}\n--- output ---\n{out}"
+    )
+    assert not left, (
+        f"{block.where()} left running (stop what it starts: `kill %1; wait`): "
+        + "; ".join(left)
+        + f"\n--- output ---\n{out}"
     )

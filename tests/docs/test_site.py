@@ -54,3 +54,12 @@ def test_the_site_builds_strictly_and_works_offline(tmp_path: Path) -> None:
         assert urls <= {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}, (svg, urls)
     assert (site / "quickstart.html").is_file()
     assert (site / "images" / "grpo-trl-rewards.svg").is_file()
+
+
+def test_the_api_page_reads_without_a_build() -> None:
+    """docs/reference/api.md is written out, not left to mkdocstrings: on GitHub a `:::`
+    directive shows as itself and the page looked empty."""
+    page = (ROOT / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
+    assert ":::" not in page
+    for name in ("serve_config", "RolloutClient", "collect_sync", "ResourcesServer"):
+        assert f"`{name}" in page or f"{name}(" in page, name
