@@ -3,17 +3,26 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install test lint docs demo bench bench-quick interop interop04 interop07 clean
+.PHONY: core install test lint docs demo bench bench-quick interop interop04 interop07 clean
 
-$(BIN)/.installed: pyproject.toml
+# Two stamps in one venv. The core (.core) is all `make demo` needs: rollgym and its required
+# dependencies, about 320 MB. The dev extra (.installed) adds what the tests exercise: torch,
+# Ray, TRL, transformers, OpenEnv, reasoning-gym, OpenTelemetry, the docs tools (gigabytes).
+$(BIN)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e .
 	@# An editable install leaves src/ uncompiled, and with PYTHONDONTWRITEBYTECODE set every
 	@# server process would compile rollgym again at each start (a pip-installed wheel ships
 	@# its bytecode). Stale files are recompiled by Python itself on import.
 	$(BIN)/python -m compileall -q src
 	touch $@
+
+$(BIN)/.installed: $(BIN)/.core
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+core: $(BIN)/.core
 
 install: $(BIN)/.installed
 
@@ -32,7 +41,7 @@ docs: install
 test: lint
 	$(BIN)/pytest -q
 
-demo: install
+demo: core
 	rm -rf out/demo
 	$(BIN)/rollgym run src/rollgym/envs/lookup/config.yaml --output out/demo; \
 	  code=$$?; [ $$code -le 1 ] || exit $$code

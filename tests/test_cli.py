@@ -184,22 +184,35 @@ def test_a_killed_run_resumes_without_redoing_a_success_and_leaves_no_orphans(
     assert run["status"] == "completed" and len(run["resumes"]) == 1
 
 
-def test_sigterm_aborts_the_run_cleanly_and_resume_finishes_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_aborts_the_run_cleanly_and_resume_finishes_it(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    # SIGTERM: what a scheduler sends before it kills; SIGINT: Ctrl-C.
     cfg = write_config(tmp_path / "cfg.yaml", latency=0.15)
     tasks = write_tasks(tmp_path / "tasks.jsonl", 30)
     out = tmp_path / "out"
     args = ["run", cfg, "-i", tasks, "-o", out, "--concurrency", "3", "--no-progress"]
     with run_midway(args, out, capture=True) as (proc, servers):
-        proc.send_signal(signal.SIGTERM)  # what a scheduler sends before it kills
+        proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=20)
     assert proc.returncode == 2, stderr
-    assert "interrupted by SIGTERM" in stdout
+    assert f"interrupted by {sig.name}" in stdout
     assert still_alive(servers, timeout=2) == []  # stopped by the run itself
     run = orjson.loads((out / "run.json").read_bytes())
-    assert run["status"] == "aborted" and run["abort"]["reason"] == "interrupted by SIGTERM"
+    assert run["status"] == "aborted" and run["abort"]["reason"] == f"interrupted by {sig.name}"
     counts = orjson.loads((out / "metrics.json").read_bytes())["counts"]
     assert counts["pending"] > 0 and counts["failed"] == 0  # cancelled, not failed
     assert read_jsonl(out / "failures.jsonl") == []
+    # What is true: how far it got and how to finish; no failures to point at.
+    recorded = counts["succeeded"]
+    flat = " ".join(stdout.split())  # the terminal may wrap the line
+    assert (
+        f"Stopped (interrupted by {sig.name}): {recorded} of 30 rollouts recorded, "
+        f"{counts['pending']} pending." in flat
+    )
+    assert "same `rollgym run` command and --resume" in flat
+    assert "failures" not in flat.split("Stopped (")[1], stdout
 
     done = rollgym(*args, "--resume")
     assert done.returncode == 0, done.stderr

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from rollgym.cli.kit import PlainHelpCommand
 
@@ -27,6 +26,9 @@ def register(app: typer.Typer) -> None:
         example rows with a reference and a wrong answer, determinism, isolated sessions, the
         uniform error body. Exit 0 when every check passes, 1 on a problem, 2 if the servers
         cannot start."""
+        from rich.console import Console
+        from rich.markup import escape
+
         from rollgym import runtime
         from rollgym.check import check_env
         from rollgym.config import load_config
@@ -34,10 +36,13 @@ def register(app: typer.Typer) -> None:
         cfg = load_config(config)
         report = runtime.run(check_env(cfg, server, limit=limit))
         console = Console(highlight=False, soft_wrap=True)
-        console.print(f"checking environment [bold]{report.env}[/] of {config}")
+        # Names and details are text, not markup (a detail may quote "[...]").
+        console.print(
+            f"checking environment [bold]{escape(report.env)}[/] of {escape(str(config))}"
+        )
         for f in report.findings:
             mark = "[green]PASS[/]" if f.ok else "[bold red]FAIL[/]"
-            console.print(f"  {mark} {f.check}: {f.detail}")
+            console.print(f"  {mark} {escape(f.check)}: {escape(f.detail)}")
         verdict = "[green]all checks passed[/]" if report.ok else "[bold red]problems found[/]"
         console.print(verdict)
         if not report.ok:

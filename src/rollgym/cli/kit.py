@@ -35,6 +35,19 @@ class PlainHelpCommand(TyperCommand):
         super().__init__(*args, **kwargs)
         self.rich_markup_mode = None
 
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """Arguments as the help text names them (``CONFIG``, ``[DIR]``), not typer's
+        ``{config}``, a placeholder a reader would not know to replace."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name != "argument":
+                pieces.extend(param.get_usage_pieces(ctx))
+                continue
+            name = (param.metavar or param.name or "").upper()
+            name = name if param.required else f"[{name}]"
+            pieces.append(name + ("..." if param.nargs != 1 else ""))
+        return pieces
+
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -274,9 +287,10 @@ def collect_inputs(
 
 def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    from rollgym.collect.layout import RunDir
+    from rollgym.collect.metrics import CauseCounts
 
     console = Console()
     m = outcome.metrics
@@ -304,9 +318,10 @@ def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
     if env:
         table.add_row("env metrics", ", ".join(f"{k} {v:.4g}" for k, v in sorted(env.items())))
     if m["failures"]["by_type"]:
+        # By root cause, with the deadline, budget or breaker that ended them beside.
         table.add_row(
             "failures",
-            ", ".join(f"{k}: {v}" for k, v in m["failures"]["by_type"].items())
+            CauseCounts.of(m["failures"]).describe()
             + "  (by server: "
             + ", ".join(f"{k}: {v}" for k, v in m["failures"]["by_server"].items())
             + ")",
@@ -316,14 +331,31 @@ def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
         "time", f"{timing['wall_seconds']:.1f}s, {timing['rollouts_per_second']} rollouts/s"
     )
     if outcome.abort_reason:
-        table.add_row("[red]aborted", outcome.abort_reason)
+        table.add_row("[red]aborted", escape(outcome.abort_reason))  # text: "[model]" stays
     out = outcome.out_dir
     table.add_row("output", f"{out}/ rollouts.jsonl failures.jsonl metrics.json run.json")
     console.print(table)
     if outcome.abort_reason:
-        console.print(
-            f"Summary of failures is in {RunDir(out).run_json} (abort); finish later with --resume."
+        console.print(abort_note(outcome, command), markup=False, highlight=False)
+
+
+def abort_note(outcome: RunOutcome, command: str = "run") -> str:
+    """What is true of an aborted run, and how to finish it: its failures are pointed to only
+    when it has any (a run interrupted by Ctrl-C usually has none)."""
+    from rollgym.collect.layout import RunDir
+
+    counts, run_dir = outcome.metrics["counts"], RunDir(outcome.out_dir)
+    recorded = counts["succeeded"] + counts["failed"]
+    note = (
+        f"Stopped ({outcome.abort_reason}): {recorded} of {counts['total']} rollouts recorded, "
+        f"{counts['pending']} pending."
+    )
+    if counts["failed"]:
+        note += (
+            f" {counts['failed']} failed: each is in {run_dir.failures}, and the summary that "
+            f"stopped the run in {run_dir.run_json} (abort)."
         )
+    return note + f" Finish it with the same `rollgym {command}` command and --resume."
 
 
 def finish(outcome: RunOutcome, command: str = "run") -> None:

@@ -6,9 +6,9 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from rollgym.errors import RollgymError
+from rollgym.extras import extras_help
 from rollgym.import_path import drop_working_directory
 
 app = typer.Typer(
@@ -19,12 +19,14 @@ app = typer.Typer(
         "Exit codes of run/collect: 0 all rollouts succeeded; 1 the run completed but some "
         "rollouts failed; 2 the run could not start or was aborted."
     ),
+    epilog=extras_help(),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain text, as every command's own --help (PlainHelpCommand): rich's markup would read
+    # "pip install 'rollgym[openenv]'" in a command's help as a style tag and print "rollgym".
+    rich_markup_mode=None,
 )
-
-err_console = Console(stderr=True)
 
 
 def _version(value: bool) -> None:
@@ -80,5 +82,12 @@ def main() -> None:
     try:
         app()
     except RollgymError as err:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        # Imported here: `rollgym --help` need not pay for rich.
+        from rich.console import Console
+        from rich.markup import escape
+
+        # The message is text, not markup: "pip install 'rollgym[metrics]'" must print whole.
+        Console(stderr=True).print(
+            f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True
+        )
         sys.exit(2)

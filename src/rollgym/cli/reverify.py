@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from rollgym.cli.kit import (
     AgentOpt,
@@ -54,6 +53,8 @@ def register(app: typer.Typer) -> None:
         progress: ProgressOpt = True,
         log_level: LogOpt = "WARNING",
     ) -> None:
+        from rich.console import Console
+
         from rollgym import runtime
         from rollgym.cli.kit import setup_logging
         from rollgym.collect.layout import RunDir

@@ -22,6 +22,7 @@ from rollgym.cli.kit import (
 )
 from rollgym.cli.kit import collect_config as _collect_config  # noqa: F401 (tests import it here)
 from rollgym.errors import ConfigError
+from rollgym.extras import install_command
 
 if TYPE_CHECKING:
     from rollgym.collect import RunOutcome
@@ -33,7 +34,8 @@ RayOpt = Annotated[
     typer.Option(
         "--ray",
         help="Run on a Ray cluster: servers' replicas spread over its nodes, collection over "
-        "worker actors, one output directory. Needs `pip install rollgym[ray]`.",
+        "worker actors, one output directory. Needs the ray extra: "
+        f"{install_command('ray')}",
     ),
 ]
 RayAddressOpt = Annotated[
@@ -163,7 +165,7 @@ def register(app: typer.Typer) -> None:
                 from rollgym.ray import run_on_ray
             except ImportError as exc:
                 raise ConfigError(
-                    f"--ray needs Ray installed (pip install 'rollgym[ray]'): {exc}"
+                    f"--ray needs Ray installed ({install_command('ray')}): {exc}"
                 ) from None
             on_ray = run_on_ray(
                 cfg, collect, input_path, output, resume=options.resume, agent=options.agent,

@@ -11,7 +11,7 @@ import typer
 
 from rollgym.cli.kit import PlainHelpCommand
 from rollgym.errors import LaunchError
-from rollgym.launch.process import STARTUP_TIMEOUT
+from rollgym.launch.timeouts import STARTUP_TIMEOUT
 
 if TYPE_CHECKING:
     from rollgym.config import Config

@@ -10,7 +10,8 @@ import typer
 
 from rollgym.cli.kit import PlainHelpCommand
 from rollgym.errors import ConfigError
-from rollgym.launch.process import STARTUP_TIMEOUT
+from rollgym.extras import install_command
+from rollgym.launch.timeouts import STARTUP_TIMEOUT
 
 if TYPE_CHECKING:
     from rollgym.config import Config
@@ -92,7 +93,7 @@ async def _serve(
         from rollgym.openenv.serve import openenv_app
     except ImportError as exc:
         raise ConfigError(
-            f"serve-openenv needs openenv-core: pip install 'rollgym[openenv]' ({exc})"
+            f"serve-openenv needs openenv-core: {install_command('openenv')} ({exc})"
         ) from None
     tasks = _tasks(cfg)
     if not tasks and not accept_rows:

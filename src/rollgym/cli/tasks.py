@@ -32,6 +32,7 @@ def register(app: typer.Typer) -> None:
         help="Make task files from a catalogue's dataset generators.",
         no_args_is_help=True,
         add_completion=False,
+        rich_markup_mode=None,  # plain, as every other command's help
     )
     app.add_typer(tasks, name="tasks")
 
@@ -85,7 +86,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         list_: Annotated[
-            bool, typer.Option("--list", help="List the registered datasets and exit.")
+            bool, typer.Option("--list", help="List the datasets offered and exit.")
         ] = False,
     ) -> None:
         from rollgym.envs.reasoning_gym import guard
@@ -93,7 +94,7 @@ def register(app: typer.Typer) -> None:
 
         if list_:
             # Offered datasets only; the refused ones are named apart, with the reason.
-            offered = sorted(n for n in rg.registry() if n not in guard.BROKEN)
+            offered = rg.offered()
             typer.echo(f"reasoning-gym {rg.version()}: {len(offered)} datasets offered")
             for name in offered:
                 typer.echo(name)

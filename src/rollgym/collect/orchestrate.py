@@ -39,6 +39,7 @@ from rollgym.collect.rundir import (
 )
 from rollgym.config import CollectConfig, Config
 from rollgym.errors import ConfigError, RollgymError, RunAborted
+from rollgym.extras import install_command
 from rollgym.http import HttpClient
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ def _collector_metrics(host: str, port: int) -> CollectorMetrics:
         from rollgym.prometheus.run import CollectorMetrics
     except ImportError as exc:
         raise ConfigError(
-            f"--metrics-port needs prometheus_client (pip install 'rollgym[metrics]'): {exc}"
+            f"--metrics-port needs prometheus_client ({install_command('metrics')}): {exc}"
         ) from None
     return CollectorMetrics(host, port)
 

@@ -26,9 +26,7 @@ import orjson
 
 from rollgym.import_path import absolute_pythonpath, relative_elements
 from rollgym.launch.ports import bind_socket, socket_url
-
-STARTUP_TIMEOUT = 30.0
-"""Seconds for every local server to answer ``/health``: imports and model loading included."""
+from rollgym.launch.timeouts import STARTUP_TIMEOUT as STARTUP_TIMEOUT  # the supervisor's, too
 
 WORKER = "rollgym.launch.worker"
 """The module a server process runs (``python -P -m``: the working directory is not searched)."""

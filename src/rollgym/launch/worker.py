@@ -20,7 +20,7 @@ import uvicorn
 from rollgym import tracing
 from rollgym.config import ChaosSpec, Config
 from rollgym.credentials import MaskedStream, remember_secret, remember_urls_in
-from rollgym.errors import redact_text
+from rollgym.errors import ConfigError, redact_text
 from rollgym.launch.process import read_spec
 from rollgym.lifeline import die_with_parent
 from rollgym.runtime import claim_process, tune_gc
@@ -108,3 +108,8 @@ if __name__ == "__main__":
         main()
     except KeyboardInterrupt:
         sys.exit(0)
+    except ConfigError as err:
+        # A server that cannot start for a reason it can name (a missing extra, a bad option):
+        # its log, which the launcher shows, says so in one line, not in a traceback.
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)

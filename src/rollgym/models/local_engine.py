@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rollgym.errors import DeadlineExceeded, InvalidRequest, WaitedTooLong
+from rollgym.errors import ConfigError, DeadlineExceeded, InvalidRequest, WaitedTooLong
+from rollgym.extras import missing_hint
 from rollgym.models.local_request import ChatRequest, Sampling
 from rollgym.models.local_weights import copy_weights, read_weights
 
@@ -76,8 +77,13 @@ class LocalEngine:
         policy_version: int = 0,
         threads: int | None = None,
     ) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as exc:
+            raise ConfigError(
+                f"the CPU model backend needs torch and transformers ({exc}): {missing_hint(exc)}"
+            ) from None
 
         if threads is not None:
             torch.set_num_threads(threads)

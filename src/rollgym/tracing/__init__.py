@@ -25,6 +25,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from rollgym.errors import ConfigError
+from rollgym.extras import install_command
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -83,7 +84,7 @@ def setup(service: str) -> bool:
             except ImportError as exc:
                 raise ConfigError(
                     f"{TRACES_EXPORTER}={os.environ.get(TRACES_EXPORTER)} asks for traces, but "
-                    f"OpenTelemetry is not installed ({exc}): pip install 'rollgym[trace]', or "
+                    f"OpenTelemetry is not installed ({exc}): {install_command('trace')}, or "
                     f"unset {TRACES_EXPORTER}"
                 ) from None
             provider = provider_from_env(service)
