@@ -175,6 +175,20 @@ def test_from_dict_without_retryable_keeps_the_class_default() -> None:
     assert RollgymError.from_dict({"type": "http_status", "message": "x"}).retryable is False
 
 
+def test_every_class_of_the_tree_reads_back_as_itself() -> None:
+    # A class without a wire type of its own reads back from JSON as its parent, and a failure
+    # record can no longer say which it was (WaitedTooLong once read back as DeadlineExceeded).
+    classes = {
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type) and issubclass(value, RollgymError)
+    }
+    assert classes == set(ALL_ERRORS)
+    waited = errors.WaitedTooLong("no free worker within 30s", server="math")
+    back = RollgymError.from_dict(orjson.loads(orjson.dumps(waited.to_dict())))
+    assert type(back) is errors.WaitedTooLong and back.type == "waited_too_long"
+
+
 def test_subclass_without_its_own_type_does_not_take_over_the_parent_records() -> None:
     class Custom(HTTPStatusError):
         pass

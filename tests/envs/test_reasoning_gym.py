@@ -476,3 +476,19 @@ async def test_an_answer_that_would_hold_sympy_scores_0_at_once(env: Any) -> Non
         assert body.get("reason") not in (None, "no_answer"), body
     status, body = await _verify(env, row, f"<answer>{row['answer']}</answer>")
     assert (status, body["reward"]) == (200, 1.0)
+
+
+REPO = Path(__file__).resolve().parents[2]
+STATES_THE_COUNT = ("README.md", "docs/guides/reasoning-gym.md", "docs/guides/catalogues.md")
+
+
+@pytest.mark.parametrize("page", STATES_THE_COUNT)
+def test_the_docs_state_the_number_of_datasets_the_code_offers(page: str) -> None:
+    # One count, the code's (registered minus composite and the broken scorers): a page that
+    # says 106 or 105 beside 103 leaves a reader to guess which one --list will print.
+    from rollgym.envs.reasoning_gym.tasks import offered
+
+    text = " ".join((REPO / page).read_text().split())  # a count may wrap onto the next line
+    stated = re.findall(r"\b(\d+) (?:of its )?datasets\b", text)
+    assert stated, f"{page} no longer states how many datasets are offered"
+    assert set(stated) == {str(len(offered()))}, f"{page}: {stated}"

@@ -49,6 +49,24 @@ async def test_the_host_serves_the_app_behind_rollgyms_health(beside_example: No
             assert (await resp.json())["observation"]["word"] == "abc"
 
 
+async def test_a_client_that_closes_first_leaves_no_traceback(
+    beside_example: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # openenv-core's client sends "close" and closes at once; the app's own close comes second.
+    from openenv.core import GenericEnvClient
+
+    async with serve_server(OpenEnvHost, name="reverse", options={"app": "reverse_env:app"}) as (
+        url,
+        _,
+    ):
+        for _ in range(3):
+            async with GenericEnvClient(base_url=url, message_timeout_s=15) as env:
+                await env.reset(word="abc")
+                assert (await env.step({"message": "cba"})).reward == 1.0
+    # The server has stopped, so every handler has finished its close.
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+
+
 def test_a_bad_app_option_names_the_key() -> None:
     from rollgym.openenv.host import load_app
 

@@ -16,6 +16,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -32,6 +33,7 @@ from rollgym.collect.peers import resources_of
 from rollgym.collect.progress import RunProgress
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
+from rollgym.collect.required import check_rows
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.collect.rundir import (
     EXIT_ABORTED,
@@ -44,6 +46,8 @@ from rollgym.collect.rundir import (
     write_json,
 )
 from rollgym.collect.tasks import ROLLGYM_ROW_FIELDS, AgentRoute, iter_rollouts
+from rollgym.collect.undeclared import UndeclaredTools
+from rollgym.collect.unscripted import unscripted_warning
 from rollgym.config import DISPATCH_KINDS, RetryPolicy, format_validation_error
 from rollgym.errors import ConfigError, ProtocolError, RollgymError
 from rollgym.http import HttpClient, Target
@@ -113,9 +117,15 @@ class Collector:
         self.watch = RunWatch()
         """What the run shows while it runs (``/metrics``, the progress bar's status line)."""
         self.recorder.listeners.append(self.watch)
+        self.undeclared = UndeclaredTools(
+            [n for n, s in run.config.servers.items() if s.impl == "tool_agent"]
+        )
+        """Rollouts whose model called tools their rows do not declare (warned about)."""
+        self.recorder.listeners.append(self.undeclared)
         self.sections: Callable[[], dict[str, Any]] = dict
         """More sections for ``metrics.json`` (the launcher's report: restarts...)."""
         self._started = False
+        self._task_environments: tuple[list[str] | None] | None = None
 
     @property
     def abort_reason(self) -> str | None:
@@ -136,6 +146,12 @@ class Collector:
         """Get the dispatcher ready (Ray: start the worker actors). A failure here means the
         run never started."""
         if not self._started:
+            # A row without a field its environment requires fails every rollout of it at
+            # verify time, after its model calls: refuse the file before any is made.
+            await check_rows(
+                self.run.config, self.route, Path(self.run.info.path), self.run.info.tasks,
+                self._health,
+            )  # fmt: skip
             await self.dispatcher.start(self.client, self.targets)
             self._started = True
 
@@ -174,6 +190,8 @@ class Collector:
         """Each task's environment, by task index (``metrics.json``'s ``by_environment``): the
         resources server its agent verifies with (an environment server stands for itself).
         None when one server runs every row (nothing to break down)."""
+        if self._task_environments is not None:  # read once a run: at its start
+            return self._task_environments[0]
         if len(self.targets) < 2:
             return None
         envs: dict[str, str] = {}
@@ -206,6 +224,8 @@ class Collector:
             await self.start()
             await self._record_code()
             await self._warn_unread_fields()
+            self._warn_unscripted()
+            self._watch_environments()
             self.ledger.load(self.cfg.max_rollout_attempts)
             self.ledger.open()
             with _abort_on_signals(self.abort):
@@ -227,6 +247,8 @@ class Collector:
                     await self.watch.stop_live()
                     self.progress.stop()
                     self.ledger.close()
+            if (undeclared := self.undeclared.summary()) is not None:
+                self.run.run_info.setdefault("warnings", []).append(undeclared)
             cpu = time.process_time() - cpu_started
             return await self._finish(time.monotonic() - started, cpu)
         finally:
@@ -341,18 +363,45 @@ class Collector:
             replicas[name].append(code)
         mark_code(self.run, replicas)
 
+    def _watch_environments(self) -> None:
+        """Name each task's environment for the live reward metric (``RunWatch.rewards``):
+        a server name of the config, so the metric's labels stay bounded."""
+        envs = self._environments()
+        self._task_environments = (envs,)
+        if envs is not None:
+            self.watch.environment_of = lambda i: (envs[i] if i < len(envs) else "") or "unknown"
+            return
+        server = self.agent_name or next(iter(self.targets), "unknown")
+        one = server
+        if server in self.run.config.servers and self.run.config.servers[server].kind == "agent":
+            with contextlib.suppress(ConfigError):  # an agent given by url: named for itself
+                one = resources_of(self.run.config, server)
+        self.watch.environment_of = lambda i: one
+
+    def _warn_unscripted(self) -> None:
+        """Warn, once per run, about rows the scripted model has no script for (they score 0
+        and nothing fails: ``collect.unscripted``)."""
+        message = unscripted_warning(self.run.config, self.run.files.tasks)
+        if message is not None:
+            log.warning("%s", message)
+            self.run.run_info.setdefault("warnings", []).append(message)
+
     async def _warn_unread_fields(self) -> None:
         """Warn, once per run, about the task rows' fields that neither rollgym nor any server
         of the run declares it reads (``row_fields`` in ``/health``): a field nobody reads may
-        be a misspelt one the verifier needed."""
+        be a misspelt one the verifier needed. A server with no rollgym ``/health`` (NeMo
+        Gym's, any other foreign one) may read any field: then nothing can be said, and
+        nothing is."""
         fields = self.run.info.fields - ROLLGYM_ROW_FIELDS
         if not fields:
             return
         names = [
             n for n, s in self.run.config.servers.items()
-            if s.kind in ("agent", "resources") and n in self.urls
+            if s.kind in ("agent", "resources", "environment") and n in self.urls
         ]  # fmt: skip
         answers = await asyncio.gather(*(self._health(n) for n in names))
+        if any(health is None or "row_fields" not in health for health in answers):
+            return  # a foreign server's reads are unknown: a warning would be a guess
         declared: set[str] = set()
         silent = []
         for name, health in zip(names, answers, strict=True):

@@ -16,6 +16,7 @@ The app's own startup hooks (openenv-core's idle-session reaper) run with the se
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import logging
@@ -23,9 +24,10 @@ from typing import Any
 
 from pydantic import Field
 from starlette.routing import BaseRoute, Mount
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rollgym.errors import ConfigError
+from rollgym.extras import extra_for, missing_hint
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.wire import OPENENV_FEATURE
 
@@ -49,7 +51,7 @@ class OpenEnvHost(BaseServer):
         self.app = load_app(self.options.app, where=f"servers.{self.name}.options.app")
 
     def routes(self) -> list[BaseRoute]:
-        return [Mount("/", app=_Guard(self.app, self.name))]
+        return [Mount("/", app=_Guard(QuietClose(self.app), self.name))]
 
     def features(self) -> list[str]:
         return [OPENENV_FEATURE]
@@ -93,14 +95,45 @@ class _Guard:
             )
 
 
+class QuietClose:
+    """An OpenEnv app whose close of a WebSocket the client has already closed is a no-op.
+
+    openenv-core's ``/ws`` handler closes the socket in a ``finally`` and catches only
+    ``RuntimeError`` there. Its own client sends ``close`` and then closes the socket at once,
+    so the handler's close usually comes second: uvicorn refuses it (``ClientDisconnected``),
+    Starlette raises ``WebSocketDisconnect`` from it, and uvicorn logs a 60-line traceback for
+    an episode that ended well. Closing a closed socket has nothing left to do."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+
+        async def closing(message: Message) -> None:
+            if message["type"] != "websocket.close":
+                await send(message)
+                return
+            # The client closed first: the close handshake is over, nothing is left to close.
+            with contextlib.suppress(OSError):
+                await send(message)
+
+        await self.app(scope, receive, closing)
+
+
 def load_app(path: str, *, where: str) -> Any:
     """The ASGI app at ``module:attribute`` (called first if it is a function)."""
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
+        hint = ""
+        if isinstance(exc, ImportError) and extra_for(exc.name) is not None:
+            hint = f" ({missing_hint(exc)})"  # openenv-core itself missing: the extra
         raise ConfigError(
-            f"{where}: importing {module_name} failed: {type(exc).__name__}: {exc}"
+            f"{where}: importing {module_name} failed: {type(exc).__name__}: {exc}{hint}"
         ) from None
     app = getattr(module, attr, None)
     if app is None:

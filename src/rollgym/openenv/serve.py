@@ -48,6 +48,7 @@ from pydantic import Field
 
 from rollgym.errors import RollgymError
 from rollgym.http import HttpClient, Target
+from rollgym.openenv.host import QuietClose
 from rollgym.protocol import tool_error
 from rollgym.server.episode import MAX_TOOL_CALLS, Episode, ResourcesClient
 from rollgym.wire import CLOSE_SESSION_ENDPOINT, MASK_SAMPLE
@@ -291,4 +292,5 @@ def openenv_app(
         max_concurrent_envs=max_concurrent_envs,
     )  # fmt: skip
     app.router.on_shutdown.append(link.close)
+    app.add_middleware(QuietClose)  # no traceback when a client closes first (QuietClose)
     return app

@@ -14,6 +14,7 @@ from starlette.routing import BaseRoute
 
 from rollgym.config import Config, ServerConfig, ServerKind, format_validation_error
 from rollgym.errors import ConfigError
+from rollgym.extras import missing_hint
 from rollgym.http import HttpClient, Target
 from rollgym.server.provenance import LoadedCode
 
@@ -87,6 +88,10 @@ class BaseServer:
     """The top-level task-row fields this server reads, besides rollgym's own
     (``responses_create_params``, ``agent_ref``, the indices); ``None``: not declared. Reported
     by ``/health``: the collector warns once per run about row fields that no server reads."""
+    required_row_fields: ClassVar[frozenset[str]] = frozenset()
+    """The fields among those it reads that every row must carry: the collector refuses a task
+    file with a row without one before it dispatches anything (``/health``), instead of a
+    failure per rollout at verify time."""
 
     class Options(BaseModel):
         """The ``options:`` a server takes, validated once into ``self.options``. A subclass
@@ -154,6 +159,7 @@ class BaseServer:
             "kind": self.kind,
             "features": self.features(),
             "row_fields": None if fields is None else sorted(fields),
+            "required_row_fields": sorted(type(self).required_row_fields),
             "code": self.code.to_dict(),
         }
 
@@ -259,7 +265,7 @@ def _import(module_name: str, impl: str, where: str, config_dir: Path | None) ->
         missing = exc.name or ""
         if module_name != missing and not module_name.startswith(missing + "."):
             raise ConfigError(
-                f"{where}: {impl!r}: importing {module_name} failed: {exc} (install what it needs)"
+                f"{where}: {impl!r}: importing {module_name} failed: {exc} ({missing_hint(exc)})"
             ) from None
         top = module_name.split(".")[0]
         beside = f" ({Path(config_dir).absolute()})" if config_dir is not None else ""

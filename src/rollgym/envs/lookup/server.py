@@ -124,6 +124,7 @@ class LookupEnv(ResourcesServer):
     """Questions about the fictional Norrowvale registry, answered with the ``lookup`` tool."""
 
     row_fields = frozenset({"expected_answer"})
+    required_row_fields = row_fields
     # verify pays only a rollout whose session made a lookup: /verify alone (NeMo Gym 0.7's
     # reverify) cannot tell; rollgym reverify replays the tool calls first.
     reverify_mode = "unsupported"

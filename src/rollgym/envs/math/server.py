@@ -47,6 +47,7 @@ class MathEnv(ResourcesServer):
     """Math problems; reward 1.0 when the reply's answer equals ``expected_answer``."""
 
     row_fields = frozenset({"expected_answer"})
+    required_row_fields = row_fields
     reverify_mode = "stateless"  # verify reads the row and the reply
 
     class Options(ResourcesServer.Options):

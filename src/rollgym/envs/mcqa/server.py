@@ -26,6 +26,7 @@ class MCQAEnv(ResourcesServer):
     """Multiple-choice QA; reward 1.0 when the chosen letter is ``expected_answer``."""
 
     row_fields = frozenset({"options", "expected_answer", "grading_mode", "template_metadata"})
+    required_row_fields = frozenset({"expected_answer"})  # options may be absent
     reverify_mode = "stateless"  # verify reads the row and the reply
 
     class Options(ResourcesServer.Options):

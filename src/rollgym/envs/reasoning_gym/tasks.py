@@ -35,6 +35,7 @@ from typing import Any
 from rollgym.envs.reasoning_gym import guard
 from rollgym.envs.reasoning_gym.carry import NotCarried, carry
 from rollgym.errors import ConfigError
+from rollgym.extras import install_command
 
 ROW_FIELD = "reasoning_gym"
 WRONG_ANSWER = "<answer>I do not know</answer>"
@@ -65,10 +66,16 @@ def registry() -> dict[str, tuple[type, type]]:
         from reasoning_gym.factory import DATASETS
     except ImportError as exc:
         raise ConfigError(
-            f"reasoning-gym is not installed ({exc}): pip install 'rollgym[reasoning-gym]'"
+            f"reasoning-gym is not installed ({exc}): {install_command('reasoning-gym')}"
         ) from None
     # composite mixes other datasets by its own config; DatasetChoice weights do that here.
     return {name: pair for name, pair in DATASETS.items() if name != "composite"}
+
+
+def offered() -> list[str]:
+    """The datasets rows can be made of, sorted: every registered one but those whose scorer
+    measures nothing (``guard.BROKEN``). The one count the docs and ``--list`` state."""
+    return sorted(name for name in registry() if name not in guard.BROKEN)
 
 
 @cache
@@ -106,7 +113,7 @@ def check_name(name: str, where: str) -> None:
     hint = f"; did you mean {', '.join(near)}?" if near else ""
     raise ConfigError(
         f"{where}: {name!r} is not a reasoning-gym dataset{hint} "
-        f"({len(names)} are registered; `rollgym tasks reasoning-gym --list` lists them)"
+        f"({len(offered())} are offered; `rollgym tasks reasoning-gym --list` lists them)"
     )
 
 
