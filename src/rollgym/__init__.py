@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rollgym.collect.records import FailedRollout, ScoredRollout
     from rollgym.policy_control import PolicyControl
-    from rollgym.serving import Servers, serve_config
+    from rollgym.serving import ServeConfig, Servers, serve_config
     from rollgym.trainer import RolloutClient, TaskGroup
 
 __version__ = "0.1.0"
@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 _HOMES = {
     "serve_config": "rollgym.serving",
     "Servers": "rollgym.serving",
+    "ServeConfig": "rollgym.serving",
     "RolloutClient": "rollgym.trainer",
     "TaskGroup": "rollgym.trainer",
     "ScoredRollout": "rollgym.collect.records",
@@ -39,6 +40,7 @@ __all__ = [
     "PolicyControl",
     "RolloutClient",
     "ScoredRollout",
+    "ServeConfig",
     "Servers",
     "TaskGroup",
     "__version__",
@@ -51,3 +53,7 @@ def __getattr__(name: str) -> Any:
     if home is None:
         raise AttributeError(f"module 'rollgym' has no attribute {name!r}")
     return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
