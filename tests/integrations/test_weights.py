@@ -331,3 +331,18 @@ async def test_the_double_dies_as_vllm_does_after_a_failed_reload(tmp_path: Path
             async with http.get(url + "/weight_info") as answer:
                 await answer.read()
     assert double.died
+
+
+def test_a_vllm_sync_naming_no_model_servers_warns_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its records would say "policy versions [0]" after every push, silently.
+    monkeypatch.setattr(weights_module, "_unnamed_warned", False)
+    with caplog.at_level("WARNING", logger="rollgym.integrations.weights"):
+        VllmWeights("http://vllm:8000")
+        VllmWeights("http://vllm:8000")
+        VllmWeights("http://vllm:8000", model_servers=["http://proxy:8001"])
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "names no model_servers" in warning
+    assert "records keep the version they had" in warning
+    assert "Pass model_servers=[...]" in warning

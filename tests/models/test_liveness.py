@@ -278,6 +278,36 @@ async def test_a_hung_replica_fails_over_and_its_breaker_opens() -> None:
     assert [b.state for b in breakers] == [OPEN]
 
 
+async def test_a_failed_probe_does_not_cut_a_generation_whose_counters_move() -> None:
+    # /ping too slow to answer within its timeout, while the engine generates: the counters
+    # say the replica is alive, so the call completes and the misses are only counted.
+    double = VllmDouble()
+    double.slow_probes = True
+    double.generate_seconds = 2.0  # several beats, its counter moving token by token
+    async with proxy(double, upstream_retry=ONCE, **BEAT) as (url, server):
+        status, response = await post(url + "/v1/responses", ask())
+        downs, misses = server.liveness.downs, server.liveness.probe_misses
+    assert status == 200, response
+    assert calls(response) == ['{"text":"Oslo"}']
+    assert downs == 0 and misses >= 2 and len(double.requests) == 1
+
+
+async def test_failed_probes_with_counters_standing_still_are_a_replica_down() -> None:
+    # The same slow /ping, but the engine generates nothing: two failed probes in a row
+    # (the first has no earlier reading to compare with) and the replica is down.
+    double = VllmDouble()
+    double.slow_probes = True
+    double.engine_stalled = True
+    async with proxy(double, **BEAT) as (url, server):
+        status, body = await post(url + "/v1/responses", ask())
+        misses = server.liveness.probe_misses
+    assert status == 504, body
+    origin = body["error"]["origin"]
+    assert origin["type"] == ReplicaDown.type
+    assert "failed its liveness probe (POST /ping: no answer within 0.2s)" in origin["message"]
+    assert misses == 1 and origin["attempts"] == 1
+
+
 # -- an engine that makes no progress --------------------------------------------------------
 
 
@@ -313,6 +343,22 @@ async def test_an_engine_stopped_while_idle_is_typed_as_stalled() -> None:
     assert "none in its engine by its last report" in origin["message"]
     assert len(double.requests) == 2 and double.running == 0
     assert breaker is not None and breaker.state == OPEN
+
+
+async def test_a_frozen_engine_is_stalled_while_another_engine_progresses() -> None:
+    # vLLM data-parallel: engine 0 holds the calls and generates nothing, engine 1 serves
+    # other clients; the replica's sum moves at every scrape, engine 0's counters do not.
+    double = VllmDouble()
+    double.engines = 2
+    double.engine_stalled = True
+    options = {**BEAT, "timeout": 10, "stall_timeout": 0.6, "upstream_retry": ONCE}
+    async with proxy(double, **options) as (url, _):
+        answers = await asyncio.gather(*(post(url + "/v1/responses", ask()) for _ in range(3)))
+    for status, body in answers:
+        assert status == 504, body
+        origin = body["error"]["origin"]
+        assert origin["type"] == ReplicaStalled.type, origin
+        assert "of engine 0, holding 3" in origin["message"]
 
 
 async def test_a_slow_generation_that_progresses_is_never_cut() -> None:
@@ -357,6 +403,23 @@ async def test_a_lost_call_is_hedged_and_the_first_answer_wins() -> None:
         hedges = server.liveness.hedges
     assert status == 200, response
     assert calls(response) == ['{"text":"Oslo"}']
+    assert response["rollgym_upstream"]["rollgym_hedged"] == 1
+    assert hedges == 1 and len(double.requests) == 5
+
+
+async def test_a_lost_call_is_hedged_at_a_low_call_rate() -> None:
+    # Four calls in the budget's window: 5% of them is no hedge at all; one hedge in flight
+    # per replica is allowed whatever the rate.
+    double = VllmDouble()
+    double.lose = {4}
+    async with proxy(double, upstream_retry=ONCE, **{**BEAT, "timeout": 10}) as (url, server):
+        server.liveness.latencies = Latencies(min_seconds=0.3, min_samples=3)
+        for _ in range(3):
+            status, _ = await post(url + "/v1/responses", ask())
+            assert status == 200
+        status, response = await post(url + "/v1/responses", ask())
+        hedges = server.liveness.hedges
+    assert status == 200, response
     assert response["rollgym_upstream"]["rollgym_hedged"] == 1
     assert hedges == 1 and len(double.requests) == 5
 
@@ -526,7 +589,8 @@ sglang:num_running_reqs{model_name="m"} 0.0
 
 
 def test_metrics_are_read_from_vllm_and_sglang_expositions() -> None:
-    assert read_metrics(VLLM_METRICS) == Reading(150.0, 4.0)
+    engines = (("0", 150.0, 3.0), ("1", 0.0, 1.0))
+    assert read_metrics(VLLM_METRICS) == Reading(150.0, 4.0, engines)
     assert read_metrics(SGLANG_METRICS) == Reading(7.557572e06 + 8.128902e06, 0.0)
     assert read_metrics("# nothing\nprocess_cpu_seconds_total 3.0\n") is None
     assert read_metrics("vllm:prompt_tokens_total 5\n") == Reading(5.0, None)
@@ -542,6 +606,24 @@ def test_progress_is_stalled_only_with_work_in_the_engine() -> None:
     assert progress.stalled(Reading(6, 0), 50) is None  # an idle engine is not stalled
     assert progress.stalled(Reading(6, None), 55) is None  # ... and its idle time not counted
     assert progress.stalled(Reading(6, None), 61) == 11
+
+
+def test_one_engine_holding_requests_with_its_counters_still_is_a_stall() -> None:
+    progress = Progress(stall_timeout=10)
+    progress.restart(0)
+
+    def reading(frozen: float, other: float) -> Reading:
+        return Reading(frozen + other, 4, (("0", frozen, 3), ("1", other, 1)))
+
+    assert progress.stalled(reading(5, 100), 1) is None
+    assert progress.stalled(reading(5, 200), 9) is None
+    assert progress.stalled(reading(5, 300), 12) == 11  # engine 0 still since t=1
+    assert progress.engine == "0"
+    progress.restart(20)
+    # An idle engine's stillness is no stall, whatever the others do.
+    idle = Reading(305, 1, (("0", 5, 0), ("1", 300, 1)))
+    assert progress.stalled(idle, 21) is None
+    assert progress.stalled(Reading(405, 1, (("0", 5, 0), ("1", 400, 1))), 40) is None
 
 
 def test_an_idle_engine_that_took_no_call_sent_since_it_last_moved_is_stalled() -> None:
@@ -584,6 +666,11 @@ def test_hedges_wait_for_enough_answers_of_the_size_and_stay_within_their_share(
     assert budget.try_hedge() and not budget.try_hedge()
     now[0] = 61.0  # the window moved on: nothing counted
     assert not budget.try_hedge()
+    # Whatever the rate, one hedge in flight per replica.
+    assert budget.try_hedge("r") and not budget.try_hedge("r")
+    assert budget.try_hedge("s")
+    budget.finished("r")
+    assert budget.try_hedge("r")
 
 
 def test_a_calls_size_is_its_max_tokens_and_prompt_length() -> None:

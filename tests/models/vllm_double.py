@@ -19,7 +19,7 @@ Faults of a real vLLM, on demand:
 - ``stream_tool_args``: the arguments its *streaming* tool parser sends for a call, where they
   differ from the whole answer's (vLLM's streaming parsers are not its whole-answer parsers);
 - ``stuck``: a frozen server: chat requests are read and not answered, and neither are
-  ``/health`` nor ``/ping``, until ``release`` is set (then all answer as usual);
+  ``/health``, ``/ping`` nor ``/metrics``, until ``release`` is set (then all answer as usual);
   ``stuck_first``: the same, for its first so many chat requests only (the server is frozen
   while the latest request is one of them);
 - ``engine_dead``: its engine died while its HTTP server stays up (vLLM's
@@ -28,6 +28,8 @@ Faults of a real vLLM, on demand:
   vLLM's GET-only route does;
 - ``hold_for_probes``: chat answers wait until the server has had that many health probes
   (``wait_for_probes`` waits for them too);
+- ``slow_probes``: ``/health`` and ``/ping`` answer only after ``release`` (an API server too
+  busy to answer its health check in time) while generation goes on;
 - ``engine_stalled``: its engine froze while its HTTP server answers: ``/ping`` answers 200,
   chat requests are taken (and counted running) but no token is generated until ``release``;
 - ``engine_stopped``: its engine process stopped (``SIGSTOP``) while idle, as vLLM 0.32 shows
@@ -43,7 +45,9 @@ Faults of a real vLLM, on demand:
 ``GET /stats`` counts requests and probes; ``POST /control`` sets ``engine_stalled`` (or
 ``release``) from outside. ``GET /metrics`` answers vLLM's Prometheus counters (``vllm:generation_tokens_total``,
 ``vllm:prompt_tokens_total``, ``vllm:num_requests_running``, ``vllm:num_requests_waiting``), or
-404 when ``metrics`` is off. ``generate_seconds`` spreads each answer's tokens over that many
+404 when ``metrics`` is off. ``engines = 2``: two data-parallel engines, each sample labelled
+``engine="0"`` or ``"1"`` as vLLM labels them: engine 0 takes this double's requests, engine 1
+serves other clients (one request running, its counter 10 tokens further at each scrape). ``generate_seconds`` spreads each answer's tokens over that many
 seconds, the counter moving token by token: a slow but progressing generation.
 
 Weight sync, as vLLM 0.32 has it with ``VLLM_SERVER_DEV_MODE=1`` (read from its
@@ -242,6 +246,9 @@ class VllmDouble(_WeightSync):
         self.stuck_first = 0
         self.engine_dead = False
         self.hold_for_probes = 0
+        self.slow_probes = False
+        self.engines = 1
+        self.other_tokens = 0  # engine 1's counter (``engines = 2``)
         self.engine_stalled = False
         self.engine_stopped = False
         self.lose: set[int] = set()
@@ -331,7 +338,7 @@ class VllmDouble(_WeightSync):
         async with self._probed:
             self.probes += 1
             self._probed.notify_all()
-        if self._frozen():
+        if self._frozen() or self.slow_probes:
             await self.release.wait()
         if request.method == "POST" and request.url.path == "/health":
             return JSONResponse({"detail": "Method Not Allowed"}, status_code=405)
@@ -339,19 +346,27 @@ class VllmDouble(_WeightSync):
 
     async def _metrics(self, request: Request) -> Response:
         self.scrapes += 1
+        if self._frozen():
+            await self.release.wait()
         if not self.metrics:
             return Response("Not Found", status_code=404)
-        label = '{model_name="toy"}'
-        lines = [
-            "# TYPE vllm:generation_tokens counter",
-            f"vllm:generation_tokens_total{label} {float(self.generation_tokens)}",
-            f"vllm:generation_tokens_created{label} 1.7e+09",
-            "# TYPE vllm:prompt_tokens counter",
-            f"vllm:prompt_tokens_total{label} {float(self.prompt_tokens)}",
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{label} {float(self.running)}",
-            f"vllm:num_requests_waiting{label} 0.0",
-        ]
+        engines = [("", self.generation_tokens, self.prompt_tokens, self.running)]
+        if self.engines == 2:
+            self.other_tokens += 10
+            engines = [("0", *engines[0][1:]), ("1", self.other_tokens, 0, 1)]
+        lines = []
+        for name, kind in (("generation_tokens", "counter"), ("prompt_tokens", "counter"),
+                           ("num_requests_running", "gauge"), ("num_requests_waiting", "gauge")):  # fmt: skip
+            lines.append(f"# TYPE vllm:{name} {kind}")
+            for engine, generation, prompt, running in engines:
+                label = f'engine="{engine}",' if engine else ""
+                label = f'{{{label}model_name="toy"}}'
+                value = {"generation_tokens": generation, "prompt_tokens": prompt,
+                         "num_requests_running": running}.get(name, 0)  # fmt: skip
+                suffix = "_total" if kind == "counter" else ""
+                lines.append(f"vllm:{name}{suffix}{label} {float(value)}")
+                if kind == "counter":
+                    lines.append(f"vllm:{name}_created{label} 1.7e+09")
         return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def _control(self, request: Request) -> Response:

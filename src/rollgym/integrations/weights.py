@@ -102,6 +102,9 @@ RESUME_TIMEOUT = 30.0
 
 log = logging.getLogger("rollgym.integrations.weights")
 
+_unnamed_warned = False
+"""Whether a ``VllmWeights`` without ``model_servers`` was warned about (once a process)."""
+
 
 @dataclass(frozen=True)
 class WeightPush:
@@ -253,6 +256,20 @@ class LocalModelWeights(_Weights):
         return previous if isinstance(previous, int) else None
 
 
+def _warn_unnamed(url: str) -> None:
+    # vLLM's completions carry no version, so the proxy records the one it was told: none.
+    global _unnamed_warned
+    if _unnamed_warned:
+        return
+    _unnamed_warned = True
+    log.warning(
+        "VllmWeights(%r) names no model_servers: the rollgym model servers in front of this "
+        "vLLM are not told the versions pushed, so their records keep the version they had "
+        "(policy version 0). Pass model_servers=[...] with each openai_proxy's URL",
+        url,
+    )
+
+
 class VllmWeights(_Weights):
     """A vLLM 0.32 OpenAI server at ``url`` (its root, without ``/v1``), started with
     ``VLLM_SERVER_DEV_MODE=1``. ``model_servers``: the rollgym model servers (``openai_proxy``)
@@ -293,6 +310,8 @@ class VllmWeights(_Weights):
             raise InvalidRequest("resume_within must be a positive number of seconds")
         servers = (model_servers,) if isinstance(model_servers, str) else tuple(model_servers)
         self.model_servers = servers
+        if not servers:
+            _warn_unnamed(self.url)
         self.check_dtypes = check_dtypes
         self.resume_within = resume_within
         self._served = None if served is None else str(Path(served).expanduser().resolve())

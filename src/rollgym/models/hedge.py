@@ -14,7 +14,9 @@ progressing still answers, hedged or not.
 each rounded to a power of two; a bucket with fewer than ``MIN_SAMPLES`` answers borrows the
 replica's answers of every size. Hedges cost the upstream a second generation, so they are
 bounded (``HedgeBudget``): at most ``HEDGE_SHARE`` of the calls of the last
-``BUDGET_WINDOW_S`` seconds, counted per proxy.
+``BUDGET_WINDOW_S`` seconds, counted per proxy, or one hedge in flight per replica, whichever
+allows more. (The share alone would need 20 calls a minute for one hedge: a run at concurrency
+4 with 30 s calls makes 8, and could never hedge the call it lost.)
 """
 
 from __future__ import annotations
@@ -97,7 +99,9 @@ class Latencies:
 
 
 class HedgeBudget:
-    """At most ``share`` of the calls of the last ``window`` seconds may be hedged."""
+    """At most ``share`` of the calls of the last ``window`` seconds may be hedged, or, beyond
+    that, one hedge in flight per replica (``try_hedge(replica)``; ``finished(replica)`` when
+    it ends)."""
 
     def __init__(
         self,
@@ -109,6 +113,7 @@ class HedgeBudget:
         # Per-second buckets [second, calls, hedges]: O(1) per call however many there are.
         self._buckets: deque[list[float]] = deque()
         self._calls = self._hedges = 0.0
+        self._in_flight: dict[str, int] = {}
         self.hedged = 0
         """Hedges granted in all."""
 
@@ -127,12 +132,24 @@ class HedgeBudget:
         self._bucket()[1] += 1
         self._calls += 1
 
-    def try_hedge(self) -> bool:
-        """Whether one more hedge is within the share (and count it if so)."""
+    def try_hedge(self, replica: str | None = None) -> bool:
+        """Whether one more hedge (to ``replica``) is within the share, or is the replica's
+        only one in flight; counted if so (then call ``finished(replica)`` when it ends)."""
         bucket = self._bucket()
-        if self._hedges + 1 > self.share * self._calls:
+        alone = replica is not None and not self._in_flight.get(replica)
+        if self._hedges + 1 > self.share * self._calls and not alone:
             return False
         bucket[2] += 1
         self._hedges += 1
         self.hedged += 1
+        if replica is not None:
+            self._in_flight[replica] = self._in_flight.get(replica, 0) + 1
         return True
+
+    def finished(self, replica: str) -> None:
+        """A hedge granted for ``replica`` ended (answered, failed or cancelled)."""
+        left = self._in_flight.get(replica, 0) - 1
+        if left > 0:
+            self._in_flight[replica] = left
+        else:
+            self._in_flight.pop(replica, None)

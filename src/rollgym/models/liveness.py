@@ -13,11 +13,16 @@ every call in flight there:
    vLLM's ``/ping``, which takes POST and runs the check of its ``/health``; 404 from a server
    without the path, such as OpenAI, SGLang or a rollgym server);
 2. no connection, no answer within the probe's timeout, or a 5xx (vLLM's ``/ping`` answers 503
-   for a dead engine) fails **every** watched attempt sent to that replica before the probe, at
-   once, as ``ReplicaDown``, closes their connections (vLLM aborts a request whose client went
-   away), and tells ``on_down``, which opens the replica's circuit breakers (the proxy's). The
-   client does not retry a ``ReplicaDown`` on that replica; the proxy's ``Replicas`` fails the
-   call over to another, and with one replica the call fails at once;
+   for a dead engine), while the replica shows no progress either (its ``/metrics`` not read in
+   the same beat, or its token counters not moved since the previous beat's), fails **every**
+   watched attempt sent to that replica before the probe, at once, as ``ReplicaDown``, closes
+   their connections (vLLM aborts a request whose client went away), and tells ``on_down``,
+   which opens the replica's circuit breakers (the proxy's). The client does not retry a
+   ``ReplicaDown`` on that replica; the proxy's ``Replicas`` fails the call over to another,
+   and with one replica the call fails at once. A failed probe while
+   the counters move (a slow ``/ping`` behind a busy engine) is logged and counted
+   (``probe_misses``), not fatal; with no earlier reading to compare, a second failed probe
+   decides;
 3. in the same beat, a replica whose engine exports token counters (``Watch.metrics_url``:
    vLLM's and SGLang's ``/metrics``) and whose counters stood still for ``stall_timeout`` with
    requests in its engine, or since a call sent there that its engine never started, fails its
@@ -29,12 +34,13 @@ every call in flight there:
    ``Watched`` record that ``watching`` yields;
 5. the attempt's own timeout bounds the wait, as for any call.
 
-So a frozen replica (a SIGSTOPped vLLM: the kernel still accepts connections, nothing answers)
-fails all of its calls within ``every + probe_timeout`` seconds of the freeze (10 s with the
-defaults), whatever their number, and takes no new ones until its breaker's probe finds it
-back. A probe's timeout is a judgement of the whole replica, so it is generous: a vLLM whose
-API server shares a few busy cores with its engine may take a good fraction of a second to
-answer (seen on 2 CPU cores: more than 0.2 s), 25 times less than the default.
+So a frozen replica (a SIGSTOPped vLLM: the kernel still accepts connections, nothing answers;
+its ``/metrics`` neither) fails all of its calls within ``every + probe_timeout`` seconds of
+the freeze (10 s with the defaults), whatever their number, and takes no new ones until its
+breaker's probe finds it back. A probe's timeout is a judgement of the whole replica, so it
+is generous: a vLLM whose API server shares a few busy cores with its engine may take a good
+fraction of a second to answer (seen on 2 CPU cores: more than 0.2 s), 25 times less than the
+default.
 
 A failed probe fails every attempt waiting on its replica, so it must mean the replica did not
 answer: probes go through a transport of their own (``probe_transport``), not the pool of the
@@ -130,6 +136,7 @@ class _Beat:
     server: str = ""
     task: asyncio.Task[None] | None = None
     metrics: bool = True  # False once the replica showed it has no token counters
+    missed: int = 0  # failed probes in a row, forgiven because its counters moved
 
 
 _WATCH: ContextVar[Watched | None] = ContextVar("rollgym_liveness_watch", default=None)
@@ -198,6 +205,8 @@ class LivenessTransport:
         """Hedged requests sent."""
         self.downs = 0
         """Times a replica was found down or stalled."""
+        self.probe_misses = 0
+        """Failed probes not held against a replica because its token counters moved."""
 
     async def close(self) -> None:
         for beat in self._beats.values():
@@ -224,6 +233,7 @@ class LivenessTransport:
         beat = self._enter(watch, request, alarm, start)
         first = asyncio.ensure_future(self.inner.send(request))
         racing = {first: start}
+        hedged_before = watched.hedged  # this attempt's hedges are handed back when it ends
         # When to look at hedging this call next (seconds after its start): when the
         # replica's recent answers say, or, while they are too few to say (or the budget is
         # spent), again after the hedge's floor.
@@ -257,6 +267,8 @@ class LivenessTransport:
                     return first.result()
         finally:
             self._leave(beat, alarm)
+            for _ in range(watched.hedged - hedged_before):
+                self.budget.finished(watch.url)
             for task in racing:
                 task.cancel()  # closes its connection: the upstream may drop the request
             if racing:
@@ -280,7 +292,7 @@ class LivenessTransport:
         if due is not None and elapsed < due:
             return True, due
         left = request.timeout - elapsed
-        if due is None or not self.budget.try_hedge():
+        if due is None or not self.budget.try_hedge(watched.watch.url):
             return left > 0, elapsed + self.latencies.min_seconds
         if left <= 0:
             return False, 0.0
@@ -340,6 +352,7 @@ class LivenessTransport:
         if beat.task is None or beat.task.done():
             if beat.progress is not None:
                 beat.progress.restart(start)
+            beat.missed = 0
             beat.task = asyncio.ensure_future(self._beat(beat))
         return beat
 
@@ -358,21 +371,50 @@ class LivenessTransport:
             problem, reading = await asyncio.gather(self._ask(beat), self._read(beat))
             down = None
             if problem is not None:
-                down = _Down(f"POST {watch.path}: {problem}")
-            elif reading is not None and beat.progress is not None:
-                stalled = beat.progress.stalled(reading, self._clock(), beat.waiting.values())
-                if stalled is not None:
-                    busy = "" if reading.busy is None else f", {reading.busy:g} in its engine"
-                    if reading.busy == 0:
-                        busy = ", none in its engine by its last report"
-                    down = _Down(
-                        f"its token counters at GET /metrics stood still with calls in flight"
-                        f"{busy}; POST {watch.path} answers",
-                        stalled,
-                    )
-                    beat.progress.restart(self._clock())
+                down = self._judge_probe(beat, problem, reading)
+            else:
+                beat.missed = 0
+            if down is None and reading is not None and beat.progress is not None:
+                down = self._judge_progress(beat, reading, answered=problem is None)
             if down is not None:
                 self._down(beat, down, began)
+
+    def _judge_probe(self, beat: _Beat, problem: str, reading: Reading | None) -> _Down | None:
+        """A failed probe: the replica is down unless its counters show progress. (A probe
+        is one slow request; counters that moved since the last beat are the engine's word.)"""
+        path = beat.watch.path
+        moved = None if beat.progress is None else beat.progress.moved(reading)
+        # No earlier reading to compare with: the next beat's decides (a second failed probe).
+        if moved or (moved is None and reading is not None and beat.missed == 0):
+            beat.missed += 1
+            self.probe_misses += 1
+            log.warning(
+                "%s: POST %s failed (%s), but its token counters %s; not held against it",
+                beat.server or beat.watch.url, path, problem,
+                "moved" if moved else "were read (the next beat compares them)",
+            )  # fmt: skip
+            return None
+        return _Down(f"POST {path}: {problem}")
+
+    def _judge_progress(self, beat: _Beat, reading: Reading, *, answered: bool) -> _Down | None:
+        """Whether the replica's counters stood still too long (``rollgym.models.progress``)."""
+        progress = beat.progress
+        assert progress is not None
+        stalled = progress.stalled(reading, self._clock(), beat.waiting.values())
+        if stalled is None:
+            return None
+        busy = "" if reading.busy is None else f", {reading.busy:g} in its engine"
+        if reading.busy == 0:
+            busy = ", none in its engine by its last report"
+        held = {label: b for label, _, b in reading.engines}
+        if progress.engine is not None:
+            busy = f" of engine {progress.engine}, holding {held.get(progress.engine) or 0:g}"
+        probe = f"POST {beat.watch.path} answers" if answered else "its probe failed too"
+        progress.restart(self._clock())
+        return _Down(
+            f"its token counters at GET /metrics stood still with calls in flight{busy}; {probe}",
+            stalled,
+        )
 
     def _down(self, beat: _Beat, down: _Down, before: float) -> None:
         """Fail every attempt sent to ``beat``'s replica before ``before``, and tell

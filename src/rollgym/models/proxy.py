@@ -42,25 +42,38 @@ GET-only ``/health``, so a dead engine answers 503; any answer below 500 means a
 token counters are read (``GET metrics_path``: vLLM's ``vllm:generation_tokens_total``,
 SGLang's ``sglang:generation_tokens_total``, with prompt tokens; ``rollgym.models.progress``).
 
-- A replica that does not answer its probe (a frozen server), refuses it or answers 5xx fails
-  every call in flight there at once as ``replica_down``, and its circuit breakers open: its
-  calls go to another replica, or fail at once with one replica, and new calls are refused
+- A replica that does not answer its probe (a frozen server), refuses it or answers 5xx, and
+  shows no progress either (its ``/metrics`` unread in the same beat, or its token counters not
+  moved since the previous beat), fails every call in flight there at once as
+  ``replica_down``, and its circuit breakers open: its calls go to another replica, or fail at
+  once with one replica, and new calls are refused
   (``circuit_open``, naming the cause) until the breaker's probe finds it back. A frozen
   replica is caught within ``heartbeat + probe_timeout`` (10 s) of the freeze, whatever the
-  number of calls, and the run's failure budget stops a run whose only replica stays down.
+  number of calls, and the run's failure budget stops a run whose only replica stays down. A
+  failed probe while the counters move (a ``/ping`` slowed by a busy server) is logged and
+  counted, not fatal; with no earlier reading to compare, the next failed probe decides.
 - A replica that answers its probe while its counters stand still for ``stall_timeout`` seconds
   (45) with requests in its engine, or since a call sent there that its engine never started
   (vLLM's engine reports its gauges itself: stopped idle, it says idle), fails them the same
-  way, as ``replica_stalled``: caught within a minute. An upstream without such counters (``/metrics`` answers 404, e.g. OpenAI;
-  ``metrics_path: null``; ``stall_timeout: null``) is not watched for progress.
-- A generation that progresses is never cut, however long: only the attempt timeout
-  (``timeout``, 600 s) bounds it.
+  way, as ``replica_stalled``: caught within a minute. With vLLM's data-parallel engines
+  (samples labelled ``engine="N"``) each engine is judged alone: one holding requests with its
+  counters still is a stall, however busy the others are. An upstream without such counters
+  (``/metrics`` answers 404, e.g. OpenAI; ``metrics_path: null``; ``stall_timeout: null``) is
+  not watched for progress. A limit: vLLM counts prompt tokens only when a prefill ends, so a
+  single prefill longer than ``stall_timeout`` with nothing else in the engine reads as a stall
+  (raise ``stall_timeout`` above the longest prefill expected).
+- The watch does not cut a generation while every engine holding requests makes progress,
+  but the usual bounds still do: this server's ``timeout`` (per attempt, 600 s) and
+  ``upstream_retry.deadline`` (across attempts, 900 s), the agent's ``model_timeout`` (600 s
+  per model call) and the collector's ``collect.rollout_timeout`` (600 s per rollout). A
+  generation longer than these needs all of them raised.
 - ``hedge``: a call that has run far longer than its replica's recent answers of its size (4
   times their 95th percentile, at least 10 s) is sent again to the same replica; the first
   answer wins and the other request is closed (vLLM aborts it). At most 5% of recent calls are
-  hedged (``rollgym.models.hedge``); a hedged call's ``rollgym_upstream`` entry (a chat
-  completion: its top level) says ``rollgym_hedged`` with the count. So a call that a live
-  upstream lost costs about ten seconds, not the attempt timeout.
+  hedged, or one hedge in flight per replica at a lower call rate (``rollgym.models.hedge``);
+  a hedged call's ``rollgym_upstream`` entry (a chat completion: its top level) says
+  ``rollgym_hedged`` with the count. So a call that a live upstream lost costs about ten
+  seconds, not the attempt timeout.
 
 ``idle_timeout: null`` turns the whole watch off (only the attempt timeout bounds a call).
 
