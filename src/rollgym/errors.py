@@ -782,3 +782,16 @@ class RunAborted(RollgymError):
 
 _REGISTRY[RollgymError.type] = RollgymError
 ALL_ERRORS: tuple[type[RollgymError], ...] = tuple(_REGISTRY.values())
+
+
+def chain_text(err: RollgymError) -> str:
+    """``err``'s message and its causes' (``a: b: c``), each once: records keep each message once
+    (a gateway's message holds only its own part), so a reader that does not follow ``origin``
+    (a client's error body, NeMo RL's ``failure_reason``) is told the chain here."""
+    parts: list[str] = []
+    node: RollgymError | None = err
+    while node is not None:
+        if node.message and not any(node.message in part for part in parts):
+            parts.append(node.message)
+        node = node.origin
+    return ": ".join(parts)

@@ -40,7 +40,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from rollgym.errors import RollgymError
+from rollgym.errors import RollgymError, chain_text
 from rollgym.models.tokens import GENERATION_IDS, GENERATION_LOGPROBS, PROMPT_IDS
 from rollgym.models.translate import UPSTREAM_KEY
 from rollgym.nemo_gym import failures
@@ -133,7 +133,7 @@ def failed_result(
         "response": response,
         "reward": 0.0,
         FAILURE_KIND: CANCELLED if drained else _failure_kind(error),
-        FAILURE_REASON: error.message,
+        FAILURE_REASON: chain_text(error),  # the chain: a gateway's message alone names no cause
         **_sidecar_fields(error),
         ROLLGYM_ERROR: error.to_dict(),
         ROLLGYM_ATTEMPTS: attempts,

@@ -22,6 +22,7 @@ from rollgym.errors import (
     RollgymError,
     StaleRollout,
     TransportError,
+    chain_text,
 )
 from rollgym.wire import HEADER_ROLLOUT
 
@@ -176,7 +177,7 @@ def error_response(server: str, err: RollgymError) -> JSONResponse:
         status = 504 if isinstance(err, (ReadTimeout, DeadlineExceeded)) else 502
         payload = {
             "type": "upstream_error",
-            "message": f"{err.server} failed: {_told_whole(err)}",
+            "message": f"{err.server} failed: {chain_text(err)}",
             "status": status,
             "server": server,
             "retryable": False,
@@ -189,19 +190,6 @@ def error_response(server: str, err: RollgymError) -> JSONResponse:
         payload = err.to_dict()
         payload.update(status=status, server=server)
     return JSONResponse({"error": payload}, status_code=status)
-
-
-def _told_whole(err: RollgymError) -> str:
-    """``err``'s message and its causes' (``a: b: c``), for a reader of the body that does not
-    read ``origin``: records keep each message once (``status_error`` cuts what the origin
-    holds), so the chain is told whole here, where it leaves for any client."""
-    parts: list[str] = []
-    node: RollgymError | None = err
-    while node is not None:
-        if node.message and not any(node.message in part for part in parts):
-            parts.append(node.message)
-        node = node.origin
-    return ": ".join(parts)
 
 
 async def until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
