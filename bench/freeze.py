@@ -34,45 +34,12 @@ import time
 from pathlib import Path
 
 import aiohttp
-import yaml
 
-DOUBLE = Path(__file__).resolve().parents[1] / "tests" / "models" / "vllm_double.py"
-
-
-def write_inputs(workdir: Path, upstream: str, rollouts: int, concurrency: int) -> Path:
-    tasks = workdir / "tasks.jsonl"
-    with tasks.open("w") as fh:
-        for i in range(rollouts):
-            row = {"responses_create_params": {"input": f"echo v{i}"}, "expected_answer": f"v{i}"}
-            fh.write(json.dumps(row) + "\n")
-    config = {
-        "servers": {
-            "model": {
-                "kind": "model",
-                "impl": "openai_proxy",
-                "options": {"base_url": upstream + "/v1", "model": "toy"},  # else defaults
-            },
-            "env": {"kind": "resources", "impl": "echo"},
-            "agent": {
-                "kind": "agent",
-                "impl": "tool_agent",
-                "options": {"model": "model", "resources": "env", "tools_from_server": True},
-            },
-        },
-        "collect": {"input": str(tasks), "concurrency": concurrency},
-    }
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def recorded(out: Path) -> int:
-    done = 0
-    for name in ("rollouts.jsonl", "failures.jsonl"):
-        path = out / name
-        if path.exists():
-            done += path.read_bytes().count(b"\n")
-    return done
+ROOT = Path(__file__).resolve().parents[1]
+DOUBLE = ROOT / "tests" / "models" / "vllm_double.py"
+# The run's inputs, shared with the freeze tests (that module imports nothing of rollgym).
+sys.path.insert(0, str(ROOT))
+from tests.support.echo_run import recorded, write_echo_run  # noqa: E402
 
 
 def root_type(error: dict) -> str:
@@ -92,7 +59,7 @@ async def one(kind: str, args: argparse.Namespace) -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="rollgym-freeze-") as tmp:
             workdir = Path(tmp)
-            config = write_inputs(workdir, upstream, args.rollouts, args.concurrency)
+            config = write_echo_run(workdir, upstream, args.rollouts, args.concurrency)
             out = workdir / "out"
             code = "import sys; from rollgym.cli.main import main; sys.argv[0] = 'rollgym'; main()"
             run = await asyncio.create_subprocess_exec(

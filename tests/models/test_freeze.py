@@ -19,13 +19,12 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
-import yaml
 
 from rollgym.errors import root_record
+from tests.support.echo_run import write_echo_run
 from tests.support.ledger import assert_recorded_once
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,40 +49,6 @@ def double_process(*args: str) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-def write_run(
-    workdir: Path, upstream: str, rollouts: int, concurrency: int, model_options: dict[str, Any]
-) -> Path:
-    tasks = workdir / "tasks.jsonl"
-    tasks.write_text(
-        "".join(
-            orjson.dumps(
-                {"responses_create_params": {"input": f"echo v{i}"}, "expected_answer": f"v{i}"}
-            ).decode()
-            + "\n"
-            for i in range(rollouts)
-        )
-    )
-    config = {
-        "servers": {
-            "model": {
-                "kind": "model",
-                "impl": "openai_proxy",
-                "options": {"base_url": upstream + "/v1", "model": "toy", **model_options},
-            },
-            "env": {"kind": "resources", "impl": "echo"},
-            "agent": {
-                "kind": "agent",
-                "impl": "tool_agent",
-                "options": {"model": "model", "resources": "env", "tools_from_server": True},
-            },
-        },
-        "collect": {"input": str(tasks), "concurrency": concurrency},
-    }
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def rollgym_run(config: Path, out: Path) -> subprocess.CompletedProcess[str]:
     code = "import sys; from rollgym.cli.main import main; sys.argv[0] = 'rollgym'; main()"
     return subprocess.run(
@@ -106,7 +71,7 @@ def test_a_model_server_frozen_mid_run_ends_the_run_naming_the_cause(
     # Frozen once half the model calls have come in (two per rollout).
     options = {"heartbeat": 0.3, "probe_timeout": 0.5}
     with double_process("--freeze-after", str(rollouts)) as upstream:
-        config = write_run(tmp_path, upstream, rollouts, concurrency, options)
+        config = write_echo_run(tmp_path, upstream, rollouts, concurrency, model_options=options)
         out = tmp_path / "out"
         done = rollgym_run(config, out)
     run = orjson.loads((out / "run.json").read_bytes())

@@ -40,11 +40,11 @@ import aiohttp
 import orjson
 import psutil
 import pytest
-import yaml
 
 from rollgym.errors import root_record
 from rollgym.models.progress import read_metrics
 from rollgym.testing import serve_server
+from tests.support.echo_run import recorded, write_echo_run
 from tests.support.ledger import assert_recorded_once
 
 from .vllm_real_support import Vllm, make_model, real_vllm, serve_vllm
@@ -258,48 +258,11 @@ async def test_an_engine_frozen_between_calls_is_typed_stalled(vllm: Vllm) -> No
     assert await generate_direct(vllm.url, 8) > 0
 
 
-def write_run(workdir: Path, upstream: str, rollouts: int, concurrency: int) -> Path:
-    tasks = workdir / "tasks.jsonl"
-    rows = [
-        {
-            "responses_create_params": {"input": f"echo v{i}", "max_output_tokens": 16},
-            "expected_answer": f"v{i}",
-        }
-        for i in range(rollouts)
-    ]
-    tasks.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
-    config = {
-        "servers": {
-            "model": {
-                "kind": "model",
-                "impl": "openai_proxy",
-                "options": {"base_url": upstream + "/v1", "model": "tiny"},  # else defaults
-            },
-            "env": {"kind": "resources", "impl": "echo"},
-            "agent": {
-                "kind": "agent",
-                "impl": "tool_agent",
-                "options": {"model": "model", "resources": "env", "tools_from_server": True},
-            },
-        },
-        "collect": {"input": str(tasks), "concurrency": concurrency},
-    }
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def recorded(out: Path) -> int:
-    return sum(
-        (out / name).read_bytes().count(b"\n")
-        for name in ("rollouts.jsonl", "failures.jsonl")
-        if (out / name).exists()
-    )
-
-
 def test_vllm_frozen_whole_mid_run_ends_the_run(vllm: Vllm, tmp_path: Path) -> None:
     rollouts, concurrency, freeze_at = 200, 64, 20
-    config = write_run(tmp_path, vllm.url, rollouts, concurrency)
+    config = write_echo_run(
+        tmp_path, vllm.url, rollouts, concurrency, model="tiny", max_output_tokens=16
+    )
     out = tmp_path / "out"
     code = "import sys; from rollgym.cli.main import main; sys.argv[0] = 'rollgym'; main()"
     log = (tmp_path / "run.log").open("wb")
