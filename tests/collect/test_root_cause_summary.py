@@ -30,7 +30,8 @@ from rollgym.errors import (
     RollgymError,
     is_known_type,
 )
-from tests.models.test_freeze import REPO, rollgym_run, write_run
+from tests.models.test_freeze import REPO, rollgym_run
+from tests.support.echo_run import write_echo_run
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -48,7 +49,7 @@ def rollgym(*args: str) -> subprocess.CompletedProcess[str]:
 def test_a_dead_upstream_is_named_as_the_root_cause_everywhere(
     tmp_path: Path, dead_url: Callable[[], str]
 ) -> None:
-    config = write_run(tmp_path, dead_url(), 200, 16, {})
+    config = write_echo_run(tmp_path, dead_url(), 200, 16)
     out = tmp_path / "out"
     done = rollgym_run(config, out)
     run = orjson.loads((out / "run.json").read_bytes())
@@ -90,7 +91,7 @@ def test_a_dead_upstream_is_named_as_the_root_cause_everywhere(
 def test_failure_records_keep_each_fact_once(tmp_path: Path, dead_url: Callable[[], str]) -> None:
     """A failure record grew by a copy of its chain at each hop (message and body: 8.1 KB for
     a dead upstream); each message and body is now kept once."""
-    config = write_run(tmp_path, dead_url(), 8, 2, {})
+    config = write_echo_run(tmp_path, dead_url(), 8, 2)
     out = tmp_path / "out"
     rollgym_run(config, out)
     lines = (out / "failures.jsonl").read_bytes().splitlines()
