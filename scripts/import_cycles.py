@@ -1,69 +1,22 @@
-"""Import cycles among a package's modules: ``python3 scripts/import_cycles.py src/rollgym [--lazy]``.
+"""Import cycles among rollgym's modules: ``python scripts/import_cycles.py [src/rollgym]``.
 
-Module-level imports by default; ``--lazy`` adds the imports inside functions too (a lazy import
-still ties two modules together). Prints the module and edge counts and every strongly
-connected group of two or more modules.
+Counts top-level and lazy imports (a lazy import still ties two modules together), not those
+under ``TYPE_CHECKING``. Prints the module and edge counts and every strongly connected group of
+two or more modules; exits 1 when there is one (``make lint`` runs it).
 """
 
-import ast
-import pathlib
+from __future__ import annotations
+
 import sys
+from pathlib import Path
 
-root = pathlib.Path(sys.argv[1])
-mods = {}
-for p in root.rglob("*.py"):
-    rel = p.relative_to(root.parent).with_suffix("")
-    name = ".".join(rel.parts)
-    if name.endswith(".__init__"):
-        name = name[:-9]
-    mods[name] = p
-graph = {m: set() for m in mods}
-for m, p in mods.items():
-    tree = ast.parse(p.read_text())
-    for node in ast.walk(tree) if "--lazy" in sys.argv else tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        targets = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        for t in targets:
-            if t in mods and t != m:
-                graph[m].add(t)
-# Tarjan SCC
-idx, low, st, on, out, c = {}, {}, [], set(), [], [0]
-sys.setrecursionlimit(10000)
+from import_graph import cycles, imports, modules  # beside this script
 
-
-def sc(v):
-    idx[v] = low[v] = c[0]
-    c[0] += 1
-    st.append(v)
-    on.add(v)
-    for w in graph[v]:
-        if w not in idx:
-            sc(w)
-            low[v] = min(low[v], low[w])
-        elif w in on:
-            low[v] = min(low[v], idx[w])
-    if low[v] == idx[v]:
-        comp = []
-        while True:
-            w = st.pop()
-            on.discard(w)
-            comp.append(w)
-            if w == v:
-                break
-        if len(comp) > 1:
-            out.append(sorted(comp))
-
-
-for v in graph:
-    if v not in idx:
-        sc(v)
-print(
-    f"{len(mods)} modules, {sum(map(len, graph.values()))} import edges, {len(out)} cycles (strongly connected groups)"
-)
-for comp in out:
-    print("  ", " <-> ".join(comp))
+root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parents[1] / "src" / "rollgym")
+edges = [edge for edge in imports(root) if edge.kind != "typing"]
+groups = cycles(edges)
+pairs = {(edge.source, edge.target) for edge in edges}
+print(f"{len(modules(root))} modules, {len(pairs)} import edges, {len(groups)} cycles")
+for group in groups:
+    print("  ", " <-> ".join(group))
+sys.exit(1 if groups else 0)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rollgym.serving import ServeConfig, Servers, serve_config
     from rollgym.trainer import RolloutClient, TaskGroup
 
-__version__ = "0.1.0"
+from rollgym.version import __version__
 
 _HOMES = {
     "serve_config": "rollgym.serving",

@@ -31,7 +31,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from rollgym import __version__
+        from rollgym.version import __version__
 
         typer.echo(f"rollgym {__version__}")
         raise typer.Exit()

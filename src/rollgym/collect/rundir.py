@@ -30,7 +30,6 @@ from typing import Any
 
 import orjson
 
-from rollgym import __version__
 from rollgym.collect.layout import (
     FAILURES,
     LOCK,
@@ -45,6 +44,7 @@ from rollgym.collect.tasks import AgentRoute, TaskFileInfo, materialize, scan_ta
 from rollgym.config import CollectConfig, Config
 from rollgym.errors import ConfigError, RollgymError
 from rollgym.server.provenance import LoadedCode
+from rollgym.version import __version__
 
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1

@@ -34,7 +34,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from rollgym import __version__
 from rollgym.collect.launchers import check_reachable
 from rollgym.config import Config
 from rollgym.errors import LaunchError, redact_url
@@ -43,6 +42,7 @@ from rollgym.launch import Supervisor
 from rollgym.launch.ports import bind_socket
 from rollgym.launch.watch import RestartPolicy, Watchdog
 from rollgym.nemo_gym.rl_setup import StackPlan
+from rollgym.version import __version__
 from rollgym.wire import LAYOUT_PATH
 
 T = TypeVar("T")

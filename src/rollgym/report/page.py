@@ -12,11 +12,11 @@ from bokeh.models import Model
 from bokeh.resources import Resources
 
 import rollgym.report.plots as plots  # the module, not the package: it imports this one
-from rollgym import __version__
 from rollgym.health import report_section
 from rollgym.report.data import FAILURE_KEYS, HOPS, RunData
 from rollgym.report.prompts import prompt_excerpts
 from rollgym.report.summary import ENV_HEADER, deltas, environments, hardest, headline
+from rollgym.version import __version__
 
 # Bokeh's core bundle only, inlined: the plots need none of its widgets, tables, WebGL or MathJax
 # bundles (INLINE would add them all: 4 MB instead of 1.3).

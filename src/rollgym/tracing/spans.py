@@ -35,10 +35,10 @@ import orjson
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
-from rollgym import __version__
 from rollgym.errors import RollgymError, redact_url
 from rollgym.server.endpoint import SCOPE_ROLLOUT
 from rollgym.tracing import names as n
+from rollgym.version import __version__
 from rollgym.wire import HEADER_ROLLOUT
 from rollgym.wire import POLICY_VERSION as POLICY_FIELD
 
