@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rollgym.collect.records import FailedRollout, ScoredRollout
-    from rollgym.policy_control import PolicyControl
     from rollgym.serving import ServeConfig, Servers, serve_config
     from rollgym.trainer import RolloutClient, TaskGroup
+    from rollgym.trainer.policy_control import PolicyControl
 
 from rollgym.version import __version__
 
@@ -32,7 +32,7 @@ _HOMES = {
     "TaskGroup": "rollgym.trainer",
     "ScoredRollout": "rollgym.collect.records",
     "FailedRollout": "rollgym.collect.records",
-    "PolicyControl": "rollgym.policy_control",
+    "PolicyControl": "rollgym.trainer.policy_control",
 }
 
 __all__ = [
