@@ -15,8 +15,8 @@ from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
 @dataclass(frozen=True, slots=True)
 class TaskGroup:
     """All rollouts of one task row (its GRPO group), ordered by ``rollout_index``.
-    ``replaced``: records a stream re-ran (failed or stale; ``rollgym.trainer.stream``), kept for the
-    accounting and never part of the group."""
+    ``replaced``: records a stream re-ran (failed or stale; ``rollgym.trainer.stream``), kept
+    for the accounting and never part of the group."""
 
     task_index: int
     task: dict[str, Any]

@@ -107,9 +107,10 @@ WATCH_TICK = 0.25
 
 
 class RolloutStream:
-    """An async iterator over ``TaskGroup``s in completion order (see the module docstring).
-    Make one with ``RolloutClient.stream``; use it as ``async with`` (then loops may stop and
-    go on; the context closes it), or iterate it bare (leaving the loop closes it)."""
+    """An async iterator over ``TaskGroup``s in completion order (the behaviour as a whole is
+    ``rollgym.trainer.stream``'s docstring). Make one with ``RolloutClient.stream``; use it as
+    ``async with`` (then loops may stop and go on; the context closes it), or iterate it bare
+    (leaving the loop closes it)."""
 
     def __init__(
         self,
