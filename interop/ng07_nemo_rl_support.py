@@ -7,7 +7,7 @@ only, so it runs as a script in either venv:
 - NeMo Gym 0.7: ``.interop07-venv``'s Python, its own ``nemo_gym`` (``RunHelper`` launches
   0.7's servers from the config, and a local Ray of its own), in a ``Workspace`` whose venv links
   let it start offline;
-- rollgym: rollgym's venv with ``rollgym.nemo_gym.rl.shim_path()`` first on ``PYTHONPATH``.
+- rollgym: rollgym's venv with ``rollgym.integrations.nemo_rl.shim_path()`` first on ``PYTHONPATH``.
 
 Each side runs in a process session of its own; what is left of that session after the script
 has shut its helper down is killed and reported (0.7 leaves its servers running).
@@ -213,7 +213,7 @@ def ng07_env(ray_tmp: str) -> dict[str, str]:
 
 
 def rollgym_env() -> dict[str, str]:
-    from rollgym.nemo_gym.rl import shim_path
+    from rollgym.integrations.nemo_rl import shim_path
 
     return {"PYTHONPATH": os.pathsep.join([str(shim_path()), str(nemo.ROOT / "src")])}
 

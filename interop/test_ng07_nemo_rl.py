@@ -1,5 +1,5 @@
 """NeMo RL's calling pattern, side by side: NeMo Gym 0.7's own ``RunHelper`` and
-``RolloutCollectionHelper``, and rollgym's (``rollgym.nemo_gym.rl``), the same rows.
+``RolloutCollectionHelper``, and rollgym's (``rollgym.integrations.nemo_rl``), the same rows.
 
 Opt-in (``INTEROP07_VENV=.interop07-venv``): each side starts its servers the way NeMo RL's
 ``NemoGym._spinup`` does and collects the rows the way its ``run_rollouts`` does

@@ -1,5 +1,8 @@
 """``docs/reference/api.md``: the public Python API as plain markdown, from the docstrings.
 
+The API is ``rollgym.__all__`` (each name under its home module, ``PUBLIC``) and a few modules
+documented by their path (``MODULES``); the page documents exactly that.
+
 Written into the page (not left to mkdocstrings at build time), so the page reads the same on
 GitHub as on the site. The code is read statically by griffe (mkdocstrings' own loader): no
 module is imported, so no optional dependency (torch, TRL) is needed to write or check it.
@@ -7,6 +10,7 @@ module is imported, so no optional dependency (torch, TRL) is needed to write or
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any
@@ -16,18 +20,26 @@ import griffe
 ROOT = Path(__file__).resolve().parents[1]
 API_PAGE = ROOT / "docs" / "reference" / "api.md"
 
-SECTIONS = [
+PUBLIC = [
     ("Starting a config's servers", "rollgym.serving"),
     ("Collecting inside a trainer", "rollgym.trainer"),
+    ("Records", "rollgym.collect.records"),
     ("Environments", "rollgym.server.resources"),
     ("Environments", "rollgym.server.gymnasium"),
     ("Agents", "rollgym.server.agent"),
+    ("Errors", "rollgym.errors"),
+]
+"""The homes of ``rollgym.__all__``'s names (``_HOMES`` in ``src/rollgym/__init__.py``), in page
+order: each is its module's docstring, then the names of ``__all__`` that live there."""
+
+MODULES = [
     ("Trainer samples", "rollgym.integrations.samples"),
     ("Run health", "rollgym.health"),
-    ("Records", "rollgym.collect.records"),
     ("Trainer bridges", "rollgym.integrations.trl"),
     ("Trainer bridges", "rollgym.integrations.weights"),
 ]
+"""Modules documented by their path, not in ``rollgym.__all__``: they need an extra (TRL) or
+serve one task. Each is its docstring and its own public names."""
 
 INTRO = """# Python API
 
@@ -36,7 +48,10 @@ The public Python API, from its docstrings. The guides show each in use:
 agent](../guides/environments.md), [run health](../guides/health.md), [trainer
 integrations](../integrations/index.md).
 
-`import rollgym` gives the entry points: {names}.
+`import rollgym` gives exactly these names (`rollgym.__all__`, besides `rollgym.__version__`),
+each documented below under the module it also comes from: {names}.
+
+Modules documented by their path, below them: {modules}.
 """
 
 
@@ -49,10 +64,12 @@ def api_page(header: str) -> str:
     loader = griffe.GriffeLoader(search_paths=[str(ROOT / "src")])
     top = loader.load("rollgym")
     assert isinstance(top, griffe.Module)
-    exported = ", ".join(f"`rollgym.{n}`" for n in sorted(top.exports or []) if n != "__version__")
-    out = [header, INTRO.format(names=exported)]
+    by_home = _public_names(top)
+    names = ", ".join(f"`rollgym.{n}`" for home in by_home.values() for n in home)
+    modules = ", ".join(f"`{path}`" for _, path in MODULES)
+    out = [header, INTRO.format(names=names, modules=modules)]
     last = ""
-    for title, path in SECTIONS:
+    for title, path in PUBLIC + MODULES:
         module = loader.load(path)
         if title != last:
             out.append(f"\n## {title}\n")
@@ -60,9 +77,30 @@ def api_page(header: str) -> str:
         out.append(f"\n### `{path}`\n\n")
         if module.docstring:
             out.append(text(module.docstring.value) + "\n")
-        for member in _public(module):
+        members = [top.members[n].final_target for n in by_home[path]] if path in by_home else None
+        for member in members if members is not None else _public(module):
             out.append(_member(member))
     return "".join(out)
+
+
+def _public_names(top: Any) -> dict[str, list[str]]:
+    """``rollgym.__all__`` by home, in ``PUBLIC``'s order: each name's home is where the
+    package imports it from (``_HOMES``), which must be what its type-checking import says."""
+    homes = ast.literal_eval(str(top.members["_HOMES"].value))
+    exported = [n for n in top.exports or [] if n != "__version__"]
+    if sorted(exported) != sorted(homes):
+        raise ValueError("rollgym.__all__ and _HOMES name other names")
+    by_home: dict[str, list[str]] = {path: [] for _, path in PUBLIC}
+    for name in sorted(exported, key=lambda n: (n[0].islower(), n)):
+        imported = top.members[name].target_path.rpartition(".")[0]
+        if imported != homes[name]:
+            raise ValueError(f"{name}: imported from {imported}, _HOMES says {homes[name]}")
+        if homes[name] not in by_home:
+            raise ValueError(f"{name}: its home {homes[name]} is not in PUBLIC")
+        by_home[homes[name]].append(name)
+    if not all(by_home.values()):
+        raise ValueError("a module of PUBLIC is the home of no name of rollgym.__all__")
+    return by_home
 
 
 def _public(module: Any) -> list[Any]:

@@ -1,4 +1,4 @@
-"""The streaming trainer API (``rollgym.stream``) against real servers on 127.0.0.1: groups in
+"""The streaming trainer API (``rollgym.trainer.stream``) against real servers on 127.0.0.1: groups in
 completion order, back-pressure, the failure rules, staleness judged on arrival, the pause
 deadline, the run directory's ledger, and the sync form. Completion order is forced with gates
 the test opens (never with timing); waits are bounded polls."""
@@ -16,7 +16,6 @@ import pytest
 from starlette.responses import Response
 
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget, is_stale
-from rollgym.collect.staleness import StalenessJudge
 from rollgym.errors import (
     HTTPStatusError,
     InputError,
@@ -32,6 +31,7 @@ from rollgym.trainer import (
     ScoredRollout,
     TaskGroup,
 )
+from rollgym.trainer.staleness import StalenessJudge
 from rollgym.wire import POLICY_VERSION
 from tests.support.background import in_thread
 from tests.support.servers import FaultyModel

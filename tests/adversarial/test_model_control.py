@@ -28,8 +28,8 @@ from rollgym.control_token import (
 from rollgym.errors import ConfigError
 from rollgym.integrations.weights import LocalModelWeights
 from rollgym.models.tiny import build_tiny_model
-from rollgym.policy_control import PolicyControl
 from rollgym.testing import serve_server
+from rollgym.trainer.policy_control import PolicyControl
 from rollgym.wire import PAUSE_ENDPOINT, POLICY_ENDPOINT, RESUME_ENDPOINT, WEIGHTS_ENDPOINT
 
 pytestmark = pytest.mark.timeout(90)

@@ -253,7 +253,7 @@ def test_a_tasks_line_past_the_limit_is_named_not_dispatched(tmp_path: Path) -> 
 
 
 def test_a_stream_never_writes_through_a_link_left_in_its_directory(tmp_path: Path) -> None:
-    from rollgym.collect.stream_ledger import StreamLedger
+    from rollgym.trainer.stream_ledger import StreamLedger
 
     out = tmp_path / "out"
     out.mkdir()

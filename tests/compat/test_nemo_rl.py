@@ -1,4 +1,4 @@
-"""NeMo RL's calling pattern against rollgym's entry points (``rollgym.nemo_gym.rl``), for real.
+"""NeMo RL's calling pattern against rollgym's entry points (``rollgym.integrations.nemo_rl``), for real.
 
 The tests do what ``nemo_rl/environments/nemo_gym.py`` (NVIDIA-NeMo/RL 7ea279a) does, written
 again in our own words in ``tests.support.nemo_rl`` (which ``interop/test_ng07_nemo_rl.py``
@@ -37,8 +37,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rollgym.errors import ConfigError, HTTPStatusError, RollgymError, RunAborted, chain_text
-from rollgym.nemo_gym import rl
-from rollgym.nemo_gym.rl_setup import RollgymCompatWarning, global_config, make_plan, plain
+from rollgym.integrations import nemo_rl
+from rollgym.integrations.nemo_rl.plan import RollgymCompatWarning, global_config, make_plan, plain
 from rollgym.testing import serve_asgi
 from tests.models.vllm_double import END, GEN_PROMPT, VllmDouble, ids
 from tests.support.background import in_thread
@@ -113,13 +113,13 @@ def rollgym_config(**collect: Any) -> dict[str, Any]:
 def nemo_gym() -> Iterator[dict[str, Any]]:
     """The names NeMo RL imports, imported as NeMo RL imports them (rollgym's shim first on
     ``sys.path``); ``nemo_gym`` is gone from ``sys.modules`` afterwards."""
-    sys.path.insert(0, str(rl.shim_path()))
+    sys.path.insert(0, str(nemo_rl.shim_path()))
     try:
         names = nemo_gym_names()
-        assert names["RunHelper"] is rl.RunHelper
+        assert names["RunHelper"] is nemo_rl.RunHelper
         yield names
     finally:
-        sys.path.remove(str(rl.shim_path()))
+        sys.path.remove(str(nemo_rl.shim_path()))
         for name in [m for m in sys.modules if m == "nemo_gym" or m.startswith("nemo_gym.")]:
             del sys.modules[name]
 
@@ -202,7 +202,7 @@ def test_the_servers_take_nemo_rls_host_ports_and_model_urls(
 ) -> None:
     actor.rh.poll()  # NemoGym.health_check
     with pytest.raises(RuntimeError, match="started already"):
-        actor.rh.start(rl.GlobalConfigDictParserConfig())
+        actor.rh.start(nemo_rl.GlobalConfigDictParserConfig())
     url = f"http://127.0.0.1:{actor.head_port}/rollgym_layout"
     with urllib.request.urlopen(url, timeout=10) as answer:
         layout = json.loads(answer.read())
@@ -270,7 +270,7 @@ async def test_a_step_trains_on_every_row_and_masks_the_failed_and_drifted_ones(
 
 
 async def test_a_failure_raises_its_typed_error_when_asked(actor: NemoRLActor) -> None:
-    rch = rl.RolloutCollectionHelper(on_failure="raise")
+    rch = nemo_rl.RolloutCollectionHelper(on_failure="raise")
     rows = [row(f"please echo {FAIL}", "x"), row("please echo v5", "v5")]
     outcomes: list[Any] = []
     for task in rch.run_examples(rows, actor.head_server_config):

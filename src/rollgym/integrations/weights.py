@@ -85,7 +85,7 @@ from rollgym.http import HttpClient, Target
 from rollgym.http.translate import translate
 from rollgym.integrations.checkpoint import check_matches, checkpoint_dir
 from rollgym.models.local import WEIGHTS_ENDPOINT
-from rollgym.policy_control import PolicyControl
+from rollgym.trainer.policy_control import PolicyControl
 from rollgym.wire import POLICY_VERSION
 
 __all__ = ["LocalModelWeights", "VllmWeights", "WeightPush", "WeightSync"]

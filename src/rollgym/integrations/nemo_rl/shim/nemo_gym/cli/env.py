@@ -1,5 +1,5 @@
 """``nemo_gym.cli.env.RunHelper``: where 0.7 keeps it."""
 
-from rollgym.nemo_gym.rl import RunHelper
+from rollgym.integrations.nemo_rl import RunHelper
 
 __all__ = ["RunHelper"]

@@ -8,7 +8,7 @@ replica failover) under a ``LocalDispatcher`` (bounded, ramped concurrency) and 
 with the batch's failure budget. A batch whose failures cross the budget (the servers are
 broken) is cancelled: every awaitable not yet resolved raises ``RunAborted`` with the failure
 summary. Otherwise no rollout raises: a failed one resolves to a masked result (see
-``rl_results``), unless the helper was made with ``on_failure="raise"``.
+``results``), unless the helper was made with ``on_failure="raise"``.
 
 0.7's keyword arguments, as honoured here:
 
@@ -49,11 +49,11 @@ from rollgym.collect.tasks import AgentRoute
 from rollgym.config import Config
 from rollgym.errors import ConfigError, RollgymError, RunAborted, WaitedTooLong
 from rollgym.http import HttpClient, Target
+from rollgym.integrations.nemo_rl.plan import RollgymCompatWarning
+from rollgym.integrations.nemo_rl.results import failed_result, has_token_data, scored_result
+from rollgym.integrations.nemo_rl.stack import Layout
 from rollgym.models.tokens import tokenize_request
 from rollgym.models.translate import responses_to_chat
-from rollgym.nemo_gym.rl_results import failed_result, has_token_data, scored_result
-from rollgym.nemo_gym.rl_setup import RollgymCompatWarning
-from rollgym.nemo_gym.rl_stack import Layout
 
 OnFailure = Literal["mask", "raise"]
 STAMPED = ("task_index", "rollout_index")

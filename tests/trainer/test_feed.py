@@ -8,11 +8,11 @@ from typing import Any
 
 import orjson
 
-from rollgym.collect.feed import GroupFeed, OnFailure, OpenGroup, StreamStats
 from rollgym.collect.records import FailedRollout, RolloutItem, ScoredRollout
-from rollgym.collect.staleness import StalenessJudge
-from rollgym.collect.stream_ledger import StreamLedger
 from rollgym.errors import HTTPStatusError, RollgymError, StaleRollout
+from rollgym.trainer.feed import GroupFeed, OnFailure, OpenGroup, StreamStats
+from rollgym.trainer.staleness import StalenessJudge
+from rollgym.trainer.stream_ledger import StreamLedger
 
 
 class Host:

@@ -1,37 +1,6 @@
-"""The trainer-facing API: a batch of task rows in, one record per rollout out, grouped by task.
-
-    client = RolloutClient("http://10.0.0.5:8000")          # the agent server (or its replicas)
-    groups = client.collect_sync(rows, repeats=8)           # or: await client.collect(...)
-    for group in groups:                                    # one per row, in input order
-        rewards = group.rewards                             # measured rollouts only
-
-Each record is a ``ScoredRollout`` (reward, the verified response, every field the verifier and
-the model server attached) or a ``FailedRollout`` holding the typed ``RollgymError``. A failure
-never cancels its siblings and is never a reward of 0.
-
-A masked rollout (its verify response says ``mask_sample: true``, NeMo Gym 0.7's "this reward is
-no measurement", e.g. the environment's checker crashed) is a ``ScoredRollout`` with ``masked``
-true. For the group it counts like a failure: it is in ``group.masked``, never in
-``group.scored`` or ``group.rewards``, and the group is not ``complete``; so a GRPO baseline
-over ``group.rewards`` never sees its placeholder reward, and its loss should be zeroed as NeMo
-RL zeroes a masked sample's (``r.ok`` only says it was recorded as a success: go through
-``scored``, or check ``r.masked``, before reading ``r.reward``). A ``mask_sample`` that is no
-boolean fails the rollout (``ProtocolError``) instead of being guessed. Records are plain frozen dataclasses: they
-pickle, so they cross a ``spawn`` process or a Ray actor boundary (``ray.get``) unchanged.
-
-Every rollout runs through the same core as ``rollgym run`` (``rollgym.collect.rollout``), with the
-run's rules: an agent that does not answer fails the batch before anything is sent
-(``LaunchError``); a rollout refused by an open circuit is held and re-sent; a batch whose
-failures cross the failure budget is cancelled and raises ``RunAborted`` with the summary.
-With ``strict=True`` the first failure raises its error instead and the batch's other rollouts
-are cancelled. Raised from a Ray actor, the error reaches the driver as ``RayTaskError(<ours>)``,
-which Ray makes an instance of our class too, every field readable (``except HTTPStatusError as
-e: e.status, e.server, e.body``); ``plain_error(e)`` gives back the original error object.
-
-``client.stream(rows, repeats=16)`` is the asynchronous form: groups in the order they finish,
-with back-pressure, bounded staleness and pause/resume for weight updates (``rollgym.stream``).
-
-This module never imports Ray.
+"""``RolloutClient``: a batch of task rows through the rollout core, one ``TaskGroup`` per row;
+``stream`` starts a ``RolloutStream``; ``collect_batch`` and ``SyncStream`` for the other ways
+in. What it promises is the package's docstring (``rollgym.trainer``). It never imports Ray.
 """
 
 from __future__ import annotations
@@ -41,96 +10,32 @@ import contextlib
 import threading
 import weakref
 from collections.abc import AsyncIterable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar, Unpack
 
 import orjson
 
 from rollgym.collect.dispatch import LocalDispatcher
-from rollgym.collect.failure_budget import BudgetRules, FailureBudget, is_stale
-from rollgym.collect.feed import StreamStats
+from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.launchers import check_reachable
 from rollgym.collect.recorder import MemorySink, Recorder
 from rollgym.collect.records import (
-    FailedRollout,
     RolloutItem,
     RolloutRecord,
-    ScoredRollout,
     checked,
 )
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.errors import RollgymError, RunAborted
 from rollgym.http import HttpClient, Target
-from rollgym.policy_control import PauseAnswer, PolicyControl
-from rollgym.stream import RolloutStream
+from rollgym.trainer.group import TaskGroup
+from rollgym.trainer.policy_control import PauseAnswer
+from rollgym.trainer.stream import RolloutStream
 
 T = TypeVar("T")
-
-__all__ = [
-    "BatchOptions",
-    "BudgetRules",
-    "FailedRollout",
-    "PolicyControl",
-    "RolloutClient",
-    "RolloutRecord",
-    "RolloutStream",
-    "ScoredRollout",
-    "StreamStats",
-    "SyncStream",
-    "TaskGroup",
-    "collect_batch",
-    "collect_batch_sync",
-    "plain_error",
-]
 
 DEFAULT_BUDGET = BudgetRules()
 """The run's default failure budget (abort at a 50% failure rate after 50 rollouts, or at a
 401/403/404 among the first 5), applied to each batch."""
-
-
-@dataclass(frozen=True, slots=True)
-class TaskGroup:
-    """All rollouts of one task row (its GRPO group), ordered by ``rollout_index``.
-    ``replaced``: records a stream re-ran (failed or stale; ``rollgym.stream``), kept for the
-    accounting and never part of the group."""
-
-    task_index: int
-    task: dict[str, Any]
-    rollouts: tuple[RolloutRecord, ...]
-    replaced: tuple[RolloutRecord, ...] = ()
-
-    @property
-    def scored(self) -> list[ScoredRollout]:
-        """The rollouts whose reward is a measurement (not failed, not masked)."""
-        return [r for r in self.rollouts if isinstance(r, ScoredRollout) and not r.masked]
-
-    @property
-    def masked(self) -> list[ScoredRollout]:
-        """The rollouts the environment asked to mask: their reward is no measurement."""
-        return [r for r in self.rollouts if isinstance(r, ScoredRollout) and r.masked]
-
-    @property
-    def failed(self) -> list[FailedRollout]:
-        """The rollouts that failed (stale ones are not failures: see ``stale``)."""
-        return [r for r in self.rollouts if isinstance(r, FailedRollout) and not is_stale(r.error)]
-
-    @property
-    def stale(self) -> list[FailedRollout]:
-        """The rollouts discarded or cancelled as too many policy versions behind (their error
-        is a ``StaleRollout``): no sample, and no failure of any server."""
-        return [r for r in self.rollouts if isinstance(r, FailedRollout) and is_stale(r.error)]
-
-    @property
-    def rewards(self) -> list[float]:
-        """Rewards of the scored rollouts (failed and masked ones have none: they are not
-        zeros)."""
-        return [r.reward for r in self.scored]
-
-    @property
-    def complete(self) -> bool:
-        """Every rollout of the group was scored (none failed, none masked)."""
-        return len(self.scored) == len(self.rollouts)
 
 
 def plain_error(exc: BaseException) -> BaseException:
@@ -282,7 +187,7 @@ class RolloutClient:
     ) -> RolloutStream:
         """Groups as they finish, for asynchronous training: an async iterator over
         ``TaskGroup``s in completion order, with back-pressure, a failure rule, bounded
-        staleness and pause/resume (``rollgym.stream.RolloutStream`` has the options)."""
+        staleness and pause/resume (``rollgym.trainer.stream.RolloutStream`` has the options)."""
         return RolloutStream(self, rows, **options)
 
     def stream_sync(self, rows: Iterable[dict[str, Any]], **options: Any) -> SyncStream:

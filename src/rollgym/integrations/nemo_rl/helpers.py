@@ -13,15 +13,15 @@ its environment on) and NeMo RL runs on rollgym unchanged.
 
 - ``RunHelper().start(GlobalConfigDictParserConfig(initial_global_config_dict=...,
   dotenv_path=..., skip_load_from_cli=True))`` starts the servers of the rollgym config that the
-  NeMo Gym config names (``rollgym_config``; see ``rl_setup`` for every key), waits until all
+  NeMo Gym config names (``rollgym_config``; see ``plan`` for every key), waits until all
   answer (and NeMo RL's vLLM URLs do), and serves the head server. ``poll()`` raises
   ``RuntimeError`` when a server cannot be kept up (one that dies is restarted by the watchdog;
   ``rollgym_max_restarts`` within 60 s, default 3, then it is fatal). ``shutdown()`` stops every
   process it started and waits for each to end.
 - ``RolloutCollectionHelper().run_examples(examples, head_server_config, ...)`` runs each row
   once through rollgym's rollout core and returns 0.7's iterator of awaitables, the k-th
-  resolving to the k-th rollout finished as ``(row, result)`` (see ``rl_collect``); ``result``
-  is what NeMo RL post-processes (see ``rl_results``): a failed rollout is a masked sample with
+  resolving to the k-th rollout finished as ``(row, result)`` (see ``collect``); ``result``
+  is what NeMo RL post-processes (see ``results``): a failed rollout is a masked sample with
   its typed error, never a crash of NeMo RL's step and never a silent reward of 0.
 """
 
@@ -36,16 +36,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from rollgym.launch.ports import WILDCARD
-from rollgym.nemo_gym.rl_collect import Batch, OnFailure, Pools, route_rows, tracker_of
-from rollgym.nemo_gym.rl_setup import (
+from rollgym.integrations.nemo_rl.collect import Batch, OnFailure, Pools, route_rows, tracker_of
+from rollgym.integrations.nemo_rl.plan import (
     DEFAULT_HEAD_SERVER_PORT,
     HEAD_SERVER_KEY_NAME,
     RollgymCompatWarning,
     global_config,
     make_plan,
 )
-from rollgym.nemo_gym.rl_stack import Layout, RunningStack
+from rollgym.integrations.nemo_rl.stack import Layout, RunningStack
+from rollgym.launch.ports import WILDCARD
 
 __all__ = [
     "HEAD_SERVER_KEY_NAME",

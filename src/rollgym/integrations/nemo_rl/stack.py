@@ -38,10 +38,10 @@ from rollgym.collect.launchers import check_reachable
 from rollgym.config import Config
 from rollgym.errors import LaunchError, redact_url
 from rollgym.http import HttpClient, Target
+from rollgym.integrations.nemo_rl.plan import StackPlan
 from rollgym.launch import Supervisor
 from rollgym.launch.ports import bind_socket
 from rollgym.launch.watch import RestartPolicy, Watchdog
-from rollgym.nemo_gym.rl_setup import StackPlan
 from rollgym.version import __version__
 from rollgym.wire import LAYOUT_PATH
 

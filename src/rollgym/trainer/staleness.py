@@ -8,8 +8,8 @@ one of two ways:
   sends); the agent's error carries it as its root;
 - discarded: ``StalenessJudge`` reads the versions of the record's model calls and turns a
   scored rollout that is too old into that failure: on arrival (the recorder's ``admit``
-  hook), and again when its group leaves for the trainer (``rollgym.stream``: the live version
-  may have moved on while the group waited in the buffer).
+  hook), and again when its group leaves for the trainer (``rollgym.trainer.stream``: the live
+  version may have moved on while the group waited in the buffer).
 
 Either way it is an outcome, not a failure: ``FailureBudget`` never counts it
 (``failure_budget.is_stale``), and ``TaskGroup.stale`` lists it apart from ``failed``.

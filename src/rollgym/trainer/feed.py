@@ -5,7 +5,7 @@ work from (``rollgym.collect.dispatch``) and the ``Sink`` its recorder hands rec
 starts rows (``repeats`` rollouts each) while back-pressure allows, assembles each row's group
 from its records, re-runs failed or stale rollouts as the stream's rule says (fresh rollout
 indices), and keeps the finished groups until the consumer takes them. Its host (the stream)
-holds the options and the counters; see ``rollgym.stream`` for the behaviour as a whole.
+holds the options and the counters; see ``rollgym.trainer.stream`` for the behaviour as a whole.
 """
 
 from __future__ import annotations
@@ -14,16 +14,14 @@ import asyncio
 from collections import Counter, deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from rollgym.collect.failure_budget import is_stale
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord
-from rollgym.collect.staleness import StalenessJudge
-from rollgym.collect.stream_ledger import StreamLedger
 from rollgym.errors import InputError, RollgymError
-
-if TYPE_CHECKING:
-    from rollgym.trainer import TaskGroup
+from rollgym.trainer.group import TaskGroup
+from rollgym.trainer.staleness import StalenessJudge
+from rollgym.trainer.stream_ledger import StreamLedger
 
 OnFailure = Literal["drop", "partial", "rerun"]
 
@@ -71,8 +69,6 @@ class OpenGroup:
     """Re-runs so far of each repeat, after failures and after stale outcomes."""
 
     def build(self) -> TaskGroup:
-        from rollgym.trainer import TaskGroup
-
         rollouts = tuple(self.settled[i] for i in sorted(self.settled))
         return TaskGroup(self.task_index, self.task, rollouts, tuple(self.replaced))
 

@@ -33,7 +33,7 @@ A group's failed rollouts follow ``on_failure``:
   up), each repeat at most ``max_reruns`` times; what still fails is yielded typed. The records
   a re-run replaced are in ``group.replaced``.
 
-Bounded staleness (``max_staleness=k``; ``rollgym.collect.staleness``): a rollout whose oldest
+Bounded staleness (``max_staleness=k``; ``rollgym.trainer.staleness``): a rollout whose oldest
 model call is more than ``k`` versions behind the live version is cancelled in flight (by the
 model servers, told ``k`` at each ``resume``), discarded on arrival, or discarded as its group
 leaves for the trainer (it may have waited in the buffer across a resume: every group the
@@ -63,7 +63,7 @@ consumer that forgets. ``pause`` or ``resume`` on a closed stream raises ``Runti
 
 Every rollout runs through the one rollout core (``RolloutRunner``, via a ``LocalDispatcher``,
 or ``dispatcher=RayDispatcher`` for Ray worker actors) and the one ``Recorder`` with the failure
-budget; ``output=DIR`` writes its run directory (``rollgym.collect.stream_ledger``). Each
+budget; ``output=DIR`` writes its run directory (``rollgym.trainer.stream_ledger``). Each
 dispatched rollout gets exactly one record.
 """
 
@@ -81,18 +81,19 @@ import orjson
 
 from rollgym.collect.dispatch import FeedDispatcher, LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
-from rollgym.collect.feed import GroupFeed, OnFailure, OpenGroup, StreamStats
 from rollgym.collect.launchers import check_reachable
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
 from rollgym.collect.rollout import RolloutPolicy
-from rollgym.collect.staleness import StalenessJudge
-from rollgym.collect.stream_ledger import StreamLedger
 from rollgym.errors import PausedTooLong, RollgymError, RunAborted
-from rollgym.policy_control import PauseAnswer, PolicyControl
+from rollgym.trainer.feed import GroupFeed, OnFailure, OpenGroup, StreamStats
+from rollgym.trainer.group import TaskGroup
+from rollgym.trainer.policy_control import PauseAnswer, PolicyControl
+from rollgym.trainer.staleness import StalenessJudge
+from rollgym.trainer.stream_ledger import StreamLedger
 
 if TYPE_CHECKING:
-    from rollgym.trainer import RolloutClient, TaskGroup
+    from rollgym.trainer.client import RolloutClient
 
 log = logging.getLogger("rollgym.stream")
 
@@ -106,9 +107,10 @@ WATCH_TICK = 0.25
 
 
 class RolloutStream:
-    """An async iterator over ``TaskGroup``s in completion order (see the module docstring).
-    Make one with ``RolloutClient.stream``; use it as ``async with`` (then loops may stop and
-    go on; the context closes it), or iterate it bare (leaving the loop closes it)."""
+    """An async iterator over ``TaskGroup``s in completion order (the behaviour as a whole is
+    ``rollgym.trainer.stream``'s docstring). Make one with ``RolloutClient.stream``; use it as
+    ``async with`` (then loops may stop and go on; the context closes it), or iterate it bare
+    (leaving the loop closes it)."""
 
     def __init__(
         self,
