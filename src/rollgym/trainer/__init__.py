@@ -41,21 +41,45 @@ them imports Ray.
 
 from __future__ import annotations
 
-from rollgym.collect.failure_budget import BudgetRules
-from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
-from rollgym.trainer.client import (
-    DEFAULT_BUDGET,
-    BatchOptions,
-    RolloutClient,
-    SyncStream,
-    collect_batch,
-    collect_batch_sync,
-    plain_error,
-)
-from rollgym.trainer.feed import StreamStats
-from rollgym.trainer.group import TaskGroup
-from rollgym.trainer.policy_control import PolicyControl
-from rollgym.trainer.stream import RolloutStream
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollgym.collect.failure_budget import BudgetRules
+    from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
+    from rollgym.trainer.client import (
+        DEFAULT_BUDGET,
+        BatchOptions,
+        RolloutClient,
+        SyncStream,
+        collect_batch,
+        collect_batch_sync,
+        plain_error,
+    )
+    from rollgym.trainer.feed import StreamStats
+    from rollgym.trainer.group import TaskGroup
+    from rollgym.trainer.policy_control import PolicyControl
+    from rollgym.trainer.stream import RolloutStream
+
+# Imported on first use: a trainer that needs one name (``integrations.weights`` needs
+# PolicyControl) must not load the whole API with it.
+_HOMES = {
+    "BatchOptions": "rollgym.trainer.client",
+    "BudgetRules": "rollgym.collect.failure_budget",
+    "DEFAULT_BUDGET": "rollgym.trainer.client",
+    "FailedRollout": "rollgym.collect.records",
+    "PolicyControl": "rollgym.trainer.policy_control",
+    "RolloutClient": "rollgym.trainer.client",
+    "RolloutRecord": "rollgym.collect.records",
+    "RolloutStream": "rollgym.trainer.stream",
+    "ScoredRollout": "rollgym.collect.records",
+    "StreamStats": "rollgym.trainer.feed",
+    "SyncStream": "rollgym.trainer.client",
+    "TaskGroup": "rollgym.trainer.group",
+    "collect_batch": "rollgym.trainer.client",
+    "collect_batch_sync": "rollgym.trainer.client",
+    "plain_error": "rollgym.trainer.client",
+}
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -74,3 +98,14 @@ __all__ = [
     "collect_batch_sync",
     "plain_error",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'rollgym.trainer' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
