@@ -16,10 +16,9 @@ The protocol is NeMo Gym 0.4's (``resources_servers/gymnasium`` and its ``gymnas
 - The session lives in a cookie the server sets (NeMo Gym's signed session cookie), carried on
   every call of this rollout only.
 
-It takes no NeMo Gym 0.7 agent-session turns (``/v1/agent_sessions`` answers 501): a turn is a
-model-and-tools loop on granted tool routes, and this agent's episode is ``/reset`` + ``/step``
-on its own server, which scores as it goes. Its ``/run`` takes 0.7 episode requests like any
-agent's (``rollgym.server.agent_episodes``).
+It takes no turns (``AgentServer.turn``: a turn is a model-and-tools loop on granted tool
+routes, and this agent's episode is ``/reset`` + ``/step`` on its own server, which scores as it
+goes). Its ``/run`` takes the dialects' bodies like any agent's (``rollgym.dialects``).
 
 The verified rollout is the task row plus ``reward``, ``step_rewards``, ``num_steps``,
 ``terminated``, ``truncated``, ``info`` (the last step's), ``responses_create_params`` with the

@@ -2,9 +2,9 @@
 
     seed_session -> model -> tool calls -> model -> ... (at most max_steps model calls) -> verify
 
-The loop in the middle is also the agent's turn in a NeMo Gym 0.7 agent session
-(``/v1/responses``): the same loop, its tools called on the resources the session was granted,
-answering the turn's response unverified (``rollgym.server.agent_sessions``).
+The loop in the middle is also the agent's ``turn``: the same loop, its tools called on the
+resources its caller granted, answering the turn's response unverified (a dialect's endpoints
+drive it: ``rollgym.nemo_gym.agent_sessions``).
 
 A rollout that runs out of steps is verified as it stands and marked ``truncated``.
 

@@ -19,9 +19,7 @@ from typing import Any
 import orjson
 
 from rollgym.errors import InvalidRequest, ProtocolError
-
-UPSTREAM_KEY = "rollgym_upstream"
-"""Key of the extra object on a response holding the upstream's token-level data."""
+from rollgym.wire import UPSTREAM_KEY
 
 CHAT_ENDPOINT = "/chat/completions"
 
