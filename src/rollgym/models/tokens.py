@@ -221,7 +221,7 @@ def call_tokens(completion: dict[str, Any], *, upstream: str, tokenized: Any = N
 
 
 def attach(output: list[dict[str, Any]], tokens: CallTokens) -> None:
-    """Put ``tokens`` on the last item of one call's ``output``, as NeMo Gym does."""
+    """Put ``tokens`` on the last item of one call's ``output``."""
     if output:
         output[-1].update(tokens.as_fields())
 

@@ -22,8 +22,8 @@ something is masked, both ``agent_metrics`` and ``key_metrics`` add four coverag
 ``coverage/fully_masked_tasks``); when nothing is, they are left out. When everything is
 masked, both hold the coverage keys only and there are no group metrics. The environment's own
 metrics are its to compute: pass it ``measured(verify_responses)``. A ``mask_sample`` that is no
-boolean is refused (422). Only the top-level flag is read, as NeMo Gym's own aggregate reads
-it: rollgym's collector writes a verify response's flag there, wherever the environment put it.
+boolean is refused (422). Only the top-level flag is read (the collector writes a verify
+response's flag there, wherever the environment put it).
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ _STATS = ("mean", "max", "min", "median", "std")
 
 
 class AggregateMetricsRequest(BaseModel):
-    """The body of ``POST /aggregate_metrics`` (NeMo Gym's ``AggregateMetricsRequest``)."""
+    """The body of ``POST /aggregate_metrics``."""
 
     model_config = ConfigDict(extra="ignore")
     verify_responses: list[dict[str, Any]]
 
 
 class AggregateMetrics(BaseModel):
-    """The answer of ``POST /aggregate_metrics`` (NeMo Gym's ``AggregateMetrics``)."""
+    """The answer of ``POST /aggregate_metrics``."""
 
     model_config = ConfigDict(extra="ignore")
     group_level_metrics: list[dict[str, Any]] = Field(default_factory=list)
@@ -61,7 +61,7 @@ class AggregateMetrics(BaseModel):
 def aggregate(
     verify_responses: list[dict[str, Any]], environment: dict[str, Any]
 ) -> AggregateMetrics:
-    """NeMo Gym's answer for ``verify_responses``, with the ``environment``'s own metrics."""
+    """The answer for ``verify_responses``, with the ``environment``'s own metrics."""
     if not verify_responses:
         return AggregateMetrics(agent_metrics=dict(environment), key_metrics=dict(environment))
     rows, masked = split_masked(verify_responses)
@@ -187,7 +187,7 @@ def _numbers(vr: dict[str, Any]) -> dict[str, float]:
 
 
 def _index(vr: dict[str, Any], *keys: str) -> int:
-    # NeMo Gym counts a rollout without an index as index 0.
+    # A rollout without an index counts as index 0.
     for key in keys:
         value = vr.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
