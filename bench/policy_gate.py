@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rollgym.models.latency import LatencyDist
-from rollgym.models.policy import PolicyGate
+from rollgym.server.policy import PolicyGate
 
 
 async def _bare(delays: list[float]) -> None:

@@ -355,7 +355,7 @@ async def bench_startup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     imports = [
         await asyncio.to_thread(
             targets.time_cmd,
-            [sys.executable, "-c", "import rollgym.launch.worker, rollgym.agents.tool_agent"],
+            [sys.executable, "-c", "import rollgym.cli.worker, rollgym.agents.tool_agent"],
         )
         for _ in range(repeats)
     ]

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from rollgym.errors import DeadlineExceeded, ProtocolError
-from rollgym.models.policy import PolicyGate
+from rollgym.server.policy import PolicyGate
 from rollgym.testing import serve_server
 from rollgym.trainer import PolicyControl, RolloutClient
 from tests.models.held_model import HeldModel

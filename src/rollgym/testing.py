@@ -11,6 +11,7 @@ from typing import Any
 import uvicorn
 
 from rollgym.config import RetryPolicy, ServerConfig, ServerLimits, kind_defaults
+from rollgym.dialects import AGENT_DIALECTS
 from rollgym.http import Target
 from rollgym.launch.ports import bind_socket
 from rollgym.server.app import build_app
@@ -66,8 +67,11 @@ async def serve_server(
     peers: dict[str, Target] | None = None,
     retry: dict[str, Any] | None = None,
     limits: dict[str, Any] | None = None,
+    dialects: tuple[Any, ...] = AGENT_DIALECTS,
 ) -> AsyncIterator[tuple[str, BaseServer]]:
-    """Build a rollgym server from ``impl`` and serve it for real; yield (url, server)."""
+    """Build a rollgym server from ``impl`` and serve it for real; yield (url, server).
+    ``dialects``: what it speaks beside rollgym's own protocol (default: every dialect a
+    launched server speaks, ``rollgym.dialects``)."""
     klass = resolve_impl(impl) if isinstance(impl, str) else impl
     cfg = ServerConfig.model_validate(
         {
@@ -78,7 +82,7 @@ async def serve_server(
             "limits": limits or {},
         }
     )
-    server = klass(ServerContext(name=name, config=cfg, peers=dict(peers or {})))
+    server = klass(ServerContext(name, cfg, dict(peers or {}), tuple(dialects)))
     async with serve_asgi(build_app(server), limits=cfg.limits, name=name) as url:
         yield url, server
 

@@ -155,6 +155,15 @@ ROLLGYM_CONFIG = "rollgym_config"
 """The key naming the rollgym config."""
 ROLLGYM_MAX_RESTARTS = "rollgym_max_restarts"
 """Watchdog restarts per 60 s."""
+UPSTREAM_KEY = "rollgym_upstream"
+"""The extra object on a model call's answer holding what its model server adds: the upstream's
+token-level data, the call's ``POLICY_VERSION``, ``REPLICA`` and ``ABORTED_VERSIONS``."""
+PROMPT_IDS = "prompt_token_ids"
+GENERATION_IDS = "generation_token_ids"
+GENERATION_LOGPROBS = "generation_log_probs"
+TOKEN_FIELDS = (PROMPT_IDS, GENERATION_IDS, GENERATION_LOGPROBS)
+"""The token data of one model call, on the last output item of its answer, for trainers
+(``rollgym.models.tokens``)."""
 POLICY_VERSION = "rollgym_policy_version"
 """The version of the weights a model call ran under: on the completion of a model server that
 knows it (rollgym's CPU backend; a trainer's own server may add it), and on the call's token

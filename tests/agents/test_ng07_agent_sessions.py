@@ -19,7 +19,7 @@ from starlette.routing import Route
 from rollgym.config import RetryPolicy
 from rollgym.envs.lookup.server import LookupEnv
 from rollgym.http import HttpClient, Target
-from rollgym.server.agent_sessions import AGENT_SESSION_COOKIE
+from rollgym.nemo_gym.agent_sessions import AGENT_SESSION_COOKIE
 from rollgym.server.base import ServerContext
 from rollgym.server.endpoint import Call
 from rollgym.testing import serve_asgi

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from openai.types.responses import Response
 
-from rollgym.server.agent_episodes import MAX_ID_CHARS
+from rollgym.nemo_gym.agent_episodes import MAX_ID_CHARS
 from rollgym.wire import HEADER_ROLLOUT
 from tests.agents.ng07_stack import episode, lookup_row, mcqa_row, ng07_stack, post
 from tests.support.servers import FAIL_MARKER

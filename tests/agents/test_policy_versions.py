@@ -14,10 +14,15 @@ from rollgym.collect.records import FailedRollout, ScoredRollout
 from rollgym.errors import root_record
 from rollgym.http import Target
 from rollgym.http.policy import RetryPolicy
-from rollgym.models.translate import UPSTREAM_KEY
 from rollgym.server.agent import with_pause
 from rollgym.trainer import RolloutClient
-from rollgym.wire import ABORTED_VERSIONS, PAUSE_ENDPOINT, POLICY_VERSION, RESUME_ENDPOINT
+from rollgym.wire import (
+    ABORTED_VERSIONS,
+    PAUSE_ENDPOINT,
+    POLICY_VERSION,
+    RESUME_ENDPOINT,
+    UPSTREAM_KEY,
+)
 from tests.models.held_model import TIMEOUT, HeldModel, post
 from tests.support.stack import running_stack, task_row
 from tests.support.waiting import wait_until

@@ -25,7 +25,7 @@ def _workers() -> list[int]:
     return [
         p.pid
         for p in psutil.Process().children(recursive=True)
-        if "rollgym.launch.worker" in " ".join(p.cmdline())
+        if "rollgym.cli.worker" in " ".join(p.cmdline())
     ]
 
 

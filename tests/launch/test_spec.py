@@ -49,9 +49,9 @@ async def test_a_spec_larger_than_a_pipe_buffer_reaches_the_server(tmp_path: Pat
 
 def test_a_worker_started_without_a_spec_says_how_to_start_it() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "rollgym.launch.worker"], capture_output=True, text=True,
+        [sys.executable, "-m", "rollgym.cli.worker"], capture_output=True, text=True,
         timeout=30, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert done.returncode != 0
-    assert "usage: python -m rollgym.launch.worker --spec-fd FD" in done.stderr
+    assert "usage: python -m rollgym.cli.worker --spec-fd FD" in done.stderr
     assert "Traceback" not in done.stderr

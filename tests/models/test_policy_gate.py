@@ -11,9 +11,8 @@ import aiohttp
 import openai
 import pytest
 
-from rollgym.models.policy import MAX_PAUSE_S
 from rollgym.models.scripted import ScriptedModel
-from rollgym.models.translate import UPSTREAM_KEY
+from rollgym.server.policy import MAX_PAUSE_S
 from rollgym.testing import serve_server
 from rollgym.wire import (
     ABORTED_VERSIONS,
@@ -24,6 +23,7 @@ from rollgym.wire import (
     POLICY_VERSION,
     REPLICA,
     RESUME_ENDPOINT,
+    UPSTREAM_KEY,
 )
 from tests.support.waiting import wait_until
 

@@ -11,7 +11,6 @@ import aiohttp
 import pytest
 
 from rollgym.models.tiny import build_tiny_model
-from rollgym.models.translate import UPSTREAM_KEY
 from rollgym.testing import serve_server
 from rollgym.wire import (
     PAUSE_ENDPOINT,
@@ -19,6 +18,7 @@ from rollgym.wire import (
     POLICY_VERSION,
     REPLICA,
     RESUME_ENDPOINT,
+    UPSTREAM_KEY,
     WEIGHTS_ENDPOINT,
 )
 from tests.support.waiting import wait_until

@@ -17,7 +17,6 @@ from rollgym.collect.records import ScoredRollout
 from rollgym.http import Target
 from rollgym.integrations.samples import rollout_samples
 from rollgym.models.scripted import ScriptedModel
-from rollgym.models.translate import UPSTREAM_KEY
 from rollgym.testing import serve_asgi, serve_server
 from rollgym.trainer import RolloutClient
 from rollgym.wire import (
@@ -27,6 +26,7 @@ from rollgym.wire import (
     POLICY_VERSION,
     REPLICA,
     RESUME_ENDPOINT,
+    UPSTREAM_KEY,
 )
 from tests.support.stack import ECHO_TOOL, fast_policy
 from tests.support.waiting import wait_until

@@ -17,10 +17,10 @@ from pydantic import TypeAdapter
 
 from rollgym.errors import InvalidRequest, ProtocolError
 from rollgym.models.translate import (
-    UPSTREAM_KEY,
     chat_to_response,
     responses_to_chat,
 )
+from rollgym.wire import UPSTREAM_KEY
 
 from .shapes import check_chat_request, check_response
 

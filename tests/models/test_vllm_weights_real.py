@@ -28,9 +28,8 @@ import pytest
 from rollgym.errors import BadCheckpoint, HTTPStatusError, WeightsNotRestored
 from rollgym.integrations import weights as weights_module
 from rollgym.integrations.weights import VllmWeights
-from rollgym.models.translate import UPSTREAM_KEY
 from rollgym.testing import serve_server
-from rollgym.wire import POLICY_VERSION
+from rollgym.wire import POLICY_VERSION, UPSTREAM_KEY
 
 from .vllm_real_support import make_model, real_vllm, serve_vllm
 

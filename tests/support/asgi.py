@@ -17,6 +17,7 @@ import orjson
 import yarl
 
 from rollgym.config import ServerConfig
+from rollgym.dialects import AGENT_DIALECTS
 from rollgym.http import Target
 from rollgym.server.app import App, build_app
 from rollgym.server.base import BaseServer, ServerContext
@@ -43,11 +44,12 @@ def build(
     name: str = "env",
     options: dict[str, Any] | None = None,
     peers: dict[str, Target] | None = None,
+    dialects: tuple[Any, ...] = AGENT_DIALECTS,
 ) -> App:
     """``klass``'s app, built as ``serve_server`` builds it."""
     impl = f"{klass.__module__}:{klass.__name__}"
     cfg = ServerConfig.model_validate({"kind": klass.kind, "impl": impl, "options": options or {}})
-    return build_app(klass(ServerContext(name=name, config=cfg, peers=dict(peers or {}))))
+    return build_app(klass(ServerContext(name, cfg, dict(peers or {}), dialects)))
 
 
 class Client:

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from rollgym.config import Config, RetryPolicy, kind_defaults, parse_config
+from rollgym.dialects import AGENT_DIALECTS
 from rollgym.http import Target
 from rollgym.server.base import BaseServer
 from rollgym.testing import serve_server
@@ -166,11 +167,13 @@ async def running_stack(
     model_retry: dict[str, Any] | None = None,
     env_retry: dict[str, Any] | None = None,
     model_as: str = "model",
+    agent_dialects: tuple[Any, ...] = AGENT_DIALECTS,
 ) -> AsyncIterator[Stack]:
     """Serve ``model``, ``env`` and the tool agent on 127.0.0.1. The agent calls its peers with
     ``fast_policy`` of their kind, with ``model_retry`` / ``env_retry`` laid over it.
     ``model_as="env"`` points the agent's model at the env server (a misconfiguration: every
-    model call answers 404)."""
+    model call answers 404). ``agent_dialects``: what the agent speaks beside flat rows (the
+    list every entry point hands its servers, by default)."""
     async with (
         serve_server(model, name="model", options=model_options) as (model_url, model_server),
         serve_server(env, name="env") as (env_url, env_server),
@@ -183,7 +186,9 @@ async def running_stack(
             "env": Target.single("env", env_url, fast_policy("resources", **(env_retry or {}))),
         }
         options = {"model": "model", "resources": "env", **(agent_options or {})}
-        async with serve_server("tool_agent", name="agent", options=options, peers=peers) as (
+        async with serve_server(
+            "tool_agent", name="agent", options=options, peers=peers, dialects=agent_dialects
+        ) as (
             agent_url,
             agent,
         ):

@@ -16,14 +16,13 @@ The protocol is NeMo Gym 0.4's (``resources_servers/gymnasium`` and its ``gymnas
 - The session lives in a cookie the server sets (NeMo Gym's signed session cookie), carried on
   every call of this rollout only.
 
-It takes no NeMo Gym 0.7 agent-session turns (``/v1/agent_sessions`` answers 501): a turn is a
-model-and-tools loop on granted tool routes, and this agent's episode is ``/reset`` + ``/step``
-on its own server, which scores as it goes. Its ``/run`` takes 0.7 episode requests like any
-agent's (``rollgym.server.agent_episodes``).
+It takes no turns (``AgentServer.turn``: a turn is a model-and-tools loop on granted tool
+routes, and this agent's episode is ``/reset`` + ``/step`` on its own server, which scores as it
+goes). Its ``/run`` takes the dialects' bodies like any agent's (``rollgym.dialects``).
 
 The verified rollout is the task row plus ``reward``, ``step_rewards``, ``num_steps``,
 ``terminated``, ``truncated``, ``info`` (the last step's), ``responses_create_params`` with the
-prompt the model saw first (the reset observation included, as NeMo Gym records it), and
+prompt the model saw first (the reset observation included), and
 ``response``: the last model response whose ``output`` is the whole episode, model items and
 the environment's items (user messages, tool outputs) in order, as NeMo Gym records it.
 
@@ -95,7 +94,7 @@ class GymEpisode:
 
 class GymnasiumAgent(AgentServer):
     """Options: ``model`` and ``resources`` (server names), ``max_steps`` (model calls, default
-    10, as NeMo Gym's), ``model_timeout``; ``tool_timeout`` bounds ``/reset`` and
+    10), ``model_timeout``; ``tool_timeout`` bounds ``/reset`` and
     ``verify_timeout`` each ``/step``."""
 
     class Options(AgentServer.Options):
@@ -126,9 +125,9 @@ class GymnasiumAgent(AgentServer):
             outputs.extend(response["output"])
             step = await episode.step(row, response)
             rewards.append(step.reward)
-            total += step.reward  # summed in step order from 0.0, exactly as NeMo Gym does
+            total += step.reward  # summed in step order from 0.0
             if step.terminated or step.truncated:
-                break  # a final step's observation and tool outputs go to nobody (NeMo Gym too)
+                break  # a final step's observation and tool outputs go to nobody
             outputs.extend(function_call_output(t.call_id, t.output) for t in step.tool_outputs)
             if step.observation:
                 outputs.append(user_message(step.observation))

@@ -2,9 +2,9 @@
 
     seed_session -> model -> tool calls -> model -> ... (at most max_steps model calls) -> verify
 
-The loop in the middle is also the agent's turn in a NeMo Gym 0.7 agent session
-(``/v1/responses``): the same loop, its tools called on the resources the session was granted,
-answering the turn's response unverified (``rollgym.server.agent_sessions``).
+The loop in the middle is also the agent's ``turn``: the same loop, its tools called on the
+resources its caller granted, answering the turn's response unverified (a dialect's endpoints
+drive it: ``rollgym.nemo_gym.agent_sessions``).
 
 A rollout that runs out of steps is verified as it stands and marked ``truncated``.
 
@@ -66,8 +66,8 @@ class ToolAgent(AgentServer):
     class Options(AgentServer.Options):
         # At least one: zero steps would "verify" a response the model never gave.
         max_steps: int = Field(default=10, ge=1, le=1000)
-        # A row's tools are its ``responses_create_params.tools``, as in NeMo Gym, whose
-        # servers have no ``/tools`` (404). Offering a rollgym environment's tools to rows
+        # A row's tools are its ``responses_create_params.tools`` (an environment may have
+        # no ``/tools``: 404). Offering a rollgym environment's tools to rows
         # that declare none is a choice the config makes, never a guess.
         tools_from_server: bool = Field(
             default=False,
@@ -101,8 +101,8 @@ class ToolAgent(AgentServer):
         verified.setdefault("truncated", turn.truncated)
         verified.setdefault("agent_seconds", turn.seconds)
         if turn.undeclared:
-            # Said in the record, so the collector can warn: refused, they may cost the reward
-            # NeMo Gym's simple_agent (which sends any call to the resources server) pays.
+            # Said in the record, so the collector can warn: refused, they may cost a reward an
+            # agent that sends any call to the resources server would be paid.
             verified.setdefault(UNDECLARED_TOOLS, sorted(turn.undeclared)[:UNDECLARED_SHOWN])
         return verified
 

@@ -228,10 +228,18 @@ class InProcessAgents:
     that much after its deadline. Not for ``--ray``, where workers already sit beside the
     agents."""
 
-    def __init__(self, inner: Launcher, config: Config, names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        inner: Launcher,
+        config: Config,
+        names: Sequence[str],
+        dialects: tuple[Any, ...] = (),
+    ) -> None:
         self.inner = inner
         self.config = config
         self.names = list(names)
+        self.dialects = dialects
+        """What the agents speak beside rollgym's own protocol (``ServerContext.dialects``)."""
         self.servers: list[BaseServer] = []
         self.transport = InProcessTransport({}, default_transport())
 
@@ -247,7 +255,7 @@ class InProcessAgents:
                 cfg.impl, cfg.kind, config_dir=self.config.base_dir(),
                 where=f"{self.config.source or 'config'}: servers.{name}.impl",
             )  # fmt: skip
-            server = klass(ServerContext.from_run(name, self.config, every))
+            server = klass(ServerContext.from_run(name, self.config, every, self.dialects))
             self.servers.append(server)  # before startup: a failed one is shut down too
             await server.startup()
             self.transport.apps[name] = build_app(server)

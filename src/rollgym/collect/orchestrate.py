@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rollgym import tracing
 from rollgym.collect.collector import Collector
@@ -63,18 +63,20 @@ async def run_collection(
     progress: bool = True,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    agent_dialects: tuple[Any, ...] = (),
 ) -> RunOutcome:
     """Run (or ``resume``) one collection into ``out_dir`` with servers from ``launcher``.
     ``agents``: the run's agents as the caller resolved them (default: from ``agent`` and
-    ``collect``). With ``collect.agent_in_process`` the agents run here (``InProcessAgents``);
-    ``launcher`` must then leave them out (``local_launcher`` does)."""
+    ``collect``). With ``collect.agent_in_process`` the agents run here (``InProcessAgents``,
+    speaking ``agent_dialects``); ``launcher`` must then leave them out (``local_launcher``
+    does)."""
     # Pre-flight, before anything is written: traces if asked for (rollgym.tracing), the agent,
     # and whether it runs here.
     tracing.setup("rollgym-collector")
     agents = agents or RunAgents.of(config, collect, agent, dispatcher)
     in_process: InProcessAgents | None = None
     if agents.in_process:
-        launcher = in_process = InProcessAgents(launcher, config, agents.in_process)
+        launcher = in_process = InProcessAgents(launcher, config, agents.in_process, agent_dialects)
     # ``metrics_port``: the collector's Prometheus metrics there (0: a port the OS picks), its
     # URL printed and recorded in run.json as ``metrics_url``. Bound before anything is
     # written: a port in use fails the run at once.

@@ -26,9 +26,9 @@ from typing import Any, Literal
 import orjson
 
 from rollgym.errors import ProtocolError, RollgymError
-from rollgym.models.versions import rollout_versions
 from rollgym.nemo_gym.failures import delivery, failure_kind, sidecar_fields
 from rollgym.nemo_gym.mask import is_masked, mask_sample
+from rollgym.server.versions import rollout_versions
 from rollgym.wire import (
     DELIVERY,
     FAILURE_KIND,
@@ -85,7 +85,7 @@ class ScoredRollout:
     def policy_versions(self) -> tuple[int | None, ...]:
         """The policy version each model call of the rollout ran under, in call order (None
         where the model server did not say): read from ``response["rollgym_upstream"]``
-        (``rollgym.models.versions.rollout_versions``), with or without token data. Empty
+        (``rollgym.server.versions.rollout_versions``), with or without token data. Empty
         when the response records no model call."""
         return rollout_versions(self.response)
 

@@ -17,10 +17,9 @@ from typing import Any
 from rollgym.errors import TokenDataError
 from rollgym.models.tokens import (
     DRIFTED_TURNS,
-    GENERATION_IDS,
-    PROMPT_IDS,
     item_tokens,
 )
+from rollgym.wire import GENERATION_IDS, PROMPT_IDS
 
 TOOL_CALL_TYPES = frozenset(
     {

@@ -33,7 +33,8 @@ from typing import Any, Literal
 
 from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
 from rollgym.errors import RollgymError, TokenDataError
-from rollgym.models.tokens import FIELDS, item_tokens
+from rollgym.models.tokens import item_tokens
+from rollgym.wire import TOKEN_FIELDS
 
 __all__ = [
     "OnDrift",
@@ -114,7 +115,7 @@ def rollout_calls(record: ScoredRollout) -> list[TokenCall]:
     for index, item in enumerate(output):
         if not isinstance(item, dict):
             raise TokenDataError(f"{where}: output item {index} is not an object")
-        if any(name in item for name in FIELDS):
+        if any(name in item for name in TOKEN_FIELDS):
             calls.append(_checked_call(item, index, where))
             pending = None
         elif item.get("type") in MODEL_ITEMS:
@@ -139,7 +140,7 @@ def carries_tokens(record: RolloutRecord) -> bool:
         return False
     output = record.response.get("output")
     return isinstance(output, list) and any(
-        isinstance(item, dict) and any(name in item for name in FIELDS) for item in output
+        isinstance(item, dict) and any(name in item for name in TOKEN_FIELDS) for item in output
     )
 
 

@@ -28,17 +28,19 @@ from rollgym.import_path import absolute_pythonpath, relative_elements
 from rollgym.launch.ports import bind_socket, socket_url
 from rollgym.launch.timeouts import STARTUP_TIMEOUT as STARTUP_TIMEOUT  # the supervisor's, too
 
-WORKER = "rollgym.launch.worker"
-"""The module a server process runs (``python -P -m``: the working directory is not searched)."""
+WORKER = "rollgym.cli.worker"
+"""The module a server process runs (``python -P -m``: the working directory is not searched):
+an entry point, which lists the dialects and runs ``rollgym.launch.worker.main``. Named, never
+imported here: the launcher does not depend on what the entry point lists."""
 
 SPEC_FD_FLAG = "--spec-fd"
-"""``python -m rollgym.launch.worker --spec-fd N``: the descriptor holding the server's JSON spec
+"""``python -m rollgym.cli.worker --spec-fd N``: the descriptor holding the server's JSON spec
 (its name, the run's config with its credentials, every server's URLs). Not an environment
 variable: a server's environment is inherited by whatever it starts (a sandboxed program) and
 stays readable in ``/proc/<pid>/environ`` for the server's whole life; the descriptor is of an
 unnamed file that the worker reads once and closes before it serves anything (``read_spec``).
-Defined here, not in the worker module: ``python -m rollgym.launch.worker`` imports this
-package first, and a package that had already imported the worker would run it twice."""
+Defined here, not in the worker module: the worker imports this module, and the launcher must
+not import the worker."""
 
 _KEY_OPTION = re.compile(r"(key|token|secret|password)_env$")
 """Options naming the environment variable of a credential (``api_key_env: VLLM_API_KEY``):
@@ -211,7 +213,7 @@ def read_spec(argv: list[str]) -> dict[str, Any]:
     try:
         fd = int(argv[argv.index(SPEC_FD_FLAG) + 1])
     except (ValueError, IndexError):
-        raise SystemExit(f"usage: python -m rollgym.launch.worker {SPEC_FD_FLAG} FD") from None
+        raise SystemExit(f"usage: python -m {WORKER} {SPEC_FD_FLAG} FD") from None
     with open(fd, "rb") as spec:  # closes ``fd``
         data: dict[str, Any] = orjson.loads(spec.read())
     return data

@@ -1,5 +1,6 @@
-"""Entry point of one server process: ``python -P -m rollgym.launch.worker`` (``-P``: the
-working directory is not on the import path, so no file there replaces the server's code).
+"""One server process: ``main`` serves one server of a run. Started as ``python -P -m
+rollgym.cli.worker`` (``WORKER``; ``-P``: the working directory is not on the import path, so no
+file there replaces the server's code), the entry point that hands it the dialects.
 
 The supervisor passes a listening socket (so ports are chosen before any server starts, with no
 race) and a JSON spec on another descriptor (``--spec-fd``, read once and closed: never in the
@@ -14,13 +15,14 @@ import os
 import signal
 import socket
 import sys
+from typing import Any
 
 import uvicorn
 
 from rollgym import tracing
 from rollgym.config import ChaosSpec, Config
 from rollgym.credentials import MaskedStream, remember_secret, remember_urls_in
-from rollgym.errors import ConfigError, redact_text
+from rollgym.errors import redact_text
 from rollgym.launch.process import read_spec
 from rollgym.lifeline import die_with_parent
 from rollgym.runtime import claim_process, tune_gc
@@ -32,7 +34,9 @@ __all__ = ["main"]
 KEEPALIVE_S = 75  # above the client pool's 30 s, so the client closes idle connections first
 
 
-def main() -> None:
+def main(dialects: tuple[Any, ...] = ()) -> None:
+    """Serve the server the spec on ``--spec-fd`` names, speaking ``dialects`` besides its own
+    protocol (``rollgym.server.base.ServerContext.dialects``)."""
     spec = read_spec(sys.argv)
     # The credentials this server alone needs from the environment (api_key_env): given here,
     # not inherited, so /proc/<pid>/environ holds none.
@@ -60,7 +64,7 @@ def main() -> None:
         server_cfg.impl, server_cfg.kind, config_dir=config.base_dir(),
         where=f"{config.source}: servers.{name}.impl",
     )  # fmt: skip
-    server = klass(ServerContext.from_run(name, config, spec["urls"]))
+    server = klass(ServerContext.from_run(name, config, spec["urls"], dialects))
     sock = socket.socket(fileno=int(spec["fd"]))
     claim_process()
     tune_gc()  # start-up is done: what it built is frozen out of every later collection
@@ -101,15 +105,3 @@ async def _serve_behind_chaos(
         await server.serve(sockets=[private])  # returns on SIGTERM/SIGINT
     finally:
         await runner.cleanup()
-
-
-if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit(0)
-    except ConfigError as err:
-        # A server that cannot start for a reason it can name (a missing extra, a bad option):
-        # its log, which the launcher shows, says so in one line, not in a traceback.
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(2)

@@ -62,8 +62,6 @@ from rollgym.errors import HTTPStatusError, InvalidRequest
 from rollgym.models.local_engine import Generation, Job, LocalEngine
 from rollgym.models.local_request import ChatRequest, Sampling, messages, parse_chat
 from rollgym.models.local_tools import Parsed, parse_tool_calls
-from rollgym.models.policy import note_upstream
-from rollgym.models.stream import chat_stream
 from rollgym.models.tokens import attach, call_tokens, token_request
 from rollgym.models.translate import chat_to_response, responses_to_chat
 from rollgym.server.endpoint import BodyLimit, Call, error_response, json_endpoint
@@ -78,6 +76,8 @@ from rollgym.server.model import (
     model_list,
     policy_routes,
 )
+from rollgym.server.policy import note_upstream
+from rollgym.server.streaming import chat_stream
 from rollgym.wire import POLICY_VERSION, WEIGHTS_ENDPOINT
 
 __all__ = ["POLICY_VERSION", "WEIGHTS_ENDPOINT", "LocalModel"]
@@ -313,7 +313,7 @@ class LocalModel(ModelServer):
             self._pending -= 1
             if job is not None:
                 self._jobs.discard(job)
-        # The version these weights were, for the call's record (``rollgym.models.versions``).
+        # The version these weights were, for the call's record (``rollgym.server.versions``).
         note_upstream(0, generation.policy_version)
         # Off the loop: one decode per token and alternative adds up for long answers.
         completion: dict[str, Any] = await self._off_loop(self._completion, request, generation)

@@ -111,7 +111,7 @@ its breaker is closed, so that its prefix cache is reused. A call's ``/tokenize`
 replica that generated it (``rollgym.models.replicas``).
 
 Clients may stream too (``"stream": true`` on either endpoint): they get the answer as
-server-sent events once it is complete (``rollgym.models.stream``), the upstream's whole answer
+server-sent events once it is complete (``rollgym.server.streaming``), the upstream's whole answer
 unless ``upstream_stream`` is set.
 
 **Policy versions, pauses, staleness** (every rollgym model server: ``rollgym.server.model``):
@@ -157,10 +157,8 @@ from rollgym.models.liveness import (
     Watch,
     watching,
 )
-from rollgym.models.policy import note_upstream
 from rollgym.models.progress import STALL_TIMEOUT_S
 from rollgym.models.replicas import Replica, Replicas, replica_targets
-from rollgym.models.stream import EventStreamResponse, chat_stream
 from rollgym.models.tokens import (
     CAPTURE_FIELD,
     attach,
@@ -172,7 +170,6 @@ from rollgym.models.tokens import (
 )
 from rollgym.models.translate import (
     CHAT_ENDPOINT,
-    UPSTREAM_KEY,
     chat_to_response,
     responses_to_chat,
 )
@@ -186,7 +183,9 @@ from rollgym.server.model import (
     model_list,
     openai_routes,
 )
-from rollgym.wire import POLICY_VERSION
+from rollgym.server.policy import note_upstream
+from rollgym.server.streaming import EventStreamResponse, chat_stream
+from rollgym.wire import POLICY_VERSION, UPSTREAM_KEY
 
 HEDGED = "rollgym_hedged"
 """Hedged requests a call sent (``rollgym_upstream``'s, or a chat completion's top level)."""
@@ -557,7 +556,7 @@ class OpenAIProxy(ModelServer):
             else assemble_chat(answer.events, upstream=target.name)
         )
         # The answering replica, and the version the upstream reports (if any), for the
-        # call's record (``rollgym.models.versions``).
+        # call's record (``rollgym.server.versions``).
         note_upstream(replica.index, completion.get(POLICY_VERSION))
         return completion
 

@@ -16,7 +16,7 @@ Option ``latency`` (seconds) delays every answer, to stand in for model time in 
 long-tailed delay drawn per call, the same for the same rollout and turn in every run
 (``rollgym.models.latency``).
 With ``"stream": true`` (either endpoint) the answer comes as server-sent events, as the
-``openai`` SDK's streaming calls expect (``rollgym.models.stream``).
+``openai`` SDK's streaming calls expect (``rollgym.server.streaming``).
 
 ``GET /v1/models`` lists ``rollgym-scripted``. ``POST /tokenize`` answers like vLLM's
 (``{"count", "max_model_len", "tokens", "token_strs"}`` for a ``prompt`` or chat ``messages``)
@@ -42,7 +42,6 @@ from starlette.routing import BaseRoute
 
 from rollgym.errors import InvalidRequest
 from rollgym.models.latency import LatencyDist
-from rollgym.models.stream import chat_stream
 from rollgym.server.endpoint import Call
 from rollgym.server.model import (
     ModelServer,
@@ -50,6 +49,7 @@ from rollgym.server.model import (
     model_list,
     openai_routes,
 )
+from rollgym.server.streaming import chat_stream
 
 NO_SCRIPT_ANSWER = "I have no script for this task."
 MODEL_ID = "rollgym-scripted"

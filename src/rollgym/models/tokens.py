@@ -29,12 +29,13 @@ from typing import Any, TypeGuard
 
 from rollgym.errors import ProtocolError, TokenDataError
 from rollgym.models.translate import unusable_answer
-from rollgym.wire import POLICY_VERSION
-
-PROMPT_IDS = "prompt_token_ids"
-GENERATION_IDS = "generation_token_ids"
-GENERATION_LOGPROBS = "generation_log_probs"
-FIELDS = (PROMPT_IDS, GENERATION_IDS, GENERATION_LOGPROBS)
+from rollgym.wire import (
+    GENERATION_IDS,
+    GENERATION_LOGPROBS,
+    POLICY_VERSION,
+    PROMPT_IDS,
+    TOKEN_FIELDS,
+)
 
 TOKENIZE_KEYS = ("model", "messages", "tools", "chat_template_kwargs")
 """The request fields that shape the prompt; ``/tokenize`` takes no sampling parameters."""
@@ -74,7 +75,9 @@ class CallTokens:
     @classmethod
     def of_item(cls, item: Any) -> CallTokens | None:
         """The token data an output item carries, or ``None`` if it carries none."""
-        if not isinstance(item, dict) or not all(isinstance(item.get(f), list) for f in FIELDS):
+        if not isinstance(item, dict) or not all(
+            isinstance(item.get(f), list) for f in TOKEN_FIELDS
+        ):
             return None
         return cls(item[PROMPT_IDS], item[GENERATION_IDS], item[GENERATION_LOGPROBS])
 
@@ -85,7 +88,7 @@ def item_tokens(item: dict[str, Any], *, where: str) -> CallTokens:
     logprob (at most 0) per generated id, an integer policy version if any. The one reading of
     an item's token data (trainer samples and ``rollgym health`` both use it);
     ``TokenDataError`` says what is wrong, after ``where``."""
-    missing = [name for name in FIELDS if name not in item]
+    missing = [name for name in TOKEN_FIELDS if name not in item]
     if missing:
         raise TokenDataError(f"{where} lacks {', '.join(missing)}")
     prompt, ids, logprobs = item[PROMPT_IDS], item[GENERATION_IDS], item[GENERATION_LOGPROBS]
@@ -218,7 +221,7 @@ def call_tokens(completion: dict[str, Any], *, upstream: str, tokenized: Any = N
 
 
 def attach(output: list[dict[str, Any]], tokens: CallTokens) -> None:
-    """Put ``tokens`` on the last item of one call's ``output``, as NeMo Gym does."""
+    """Put ``tokens`` on the last item of one call's ``output``."""
     if output:
         output[-1].update(tokens.as_fields())
 

@@ -19,9 +19,7 @@ from typing import Any
 import orjson
 
 from rollgym.errors import InvalidRequest, ProtocolError
-
-UPSTREAM_KEY = "rollgym_upstream"
-"""Key of the extra object on a response holding the upstream's token-level data."""
+from rollgym.wire import UPSTREAM_KEY
 
 CHAT_ENDPOINT = "/chat/completions"
 
@@ -36,7 +34,7 @@ _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"
 
 _SAME_NAME = ("temperature", "top_p", "seed", "stop", "frequency_penalty", "presence_penalty")
 """Sampling parameters spelt alike in both APIs (``seed`` and ``stop`` are chat-only in
-OpenAI's types, but NeMo Gym rows and vLLM use them)."""
+OpenAI's types, but task rows and vLLM use them)."""
 
 _REFUSED: dict[str, tuple[Any, ...]] = {
     # Responses-only options that would change the answer; their no-op values pass.
@@ -227,7 +225,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
 
 def _with_reasoning(message: dict[str, Any], text: str) -> dict[str, Any]:
     # vLLM's chat templates read ``reasoning_content``; vLLM >= 0.16 names it ``reasoning``.
-    # Both, as NeMo Gym sends them, so the template renders the thinking the model produced.
+    # Both, so the template renders the thinking the model produced.
     message["reasoning_content"] = text
     message["reasoning"] = text
     return message

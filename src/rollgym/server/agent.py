@@ -8,18 +8,19 @@
             return await episode.verify(row, response)
 
 The base owns ``/run`` (and ``/aggregate_metrics``, forwarded to the ``resources`` server, as
-NeMo Gym's collector asks the agent for it): reading the body, validating the task row (422), the rollout id (the
-caller's ``x-rollgym-rollout``, or a fresh one), cancelling the rollout with its requests in
-flight if the caller disconnects, and error bodies: a failure of the model or resources server
-is answered 502/504 with that server's error as ``origin``.
+the collector asks the agent for it): reading the body, validating the task row (422), the
+rollout id (the caller's ``x-rollgym-rollout``, or a fresh one), cancelling the rollout with its
+requests in flight if the caller disconnects, and error bodies: a failure of the model or
+resources server is answered 502/504 with that server's error as ``origin``.
 
-The same ``/run`` takes NeMo Gym 0.7's episode requests (``rollgym.server.agent_episodes``), so an
-agent is a 0.7 Environment Server itself, and an agent that implements ``turn`` takes 0.7's agent
-sessions (``rollgym.server.agent_sessions``: ``/v1/agent_sessions``, ``/v1/responses``, close),
-so a 0.7 Environment Server (``single_agent_turn``) can front it.
+Other protocols are dialects (``AgentDialect``), listed by the process's entry point
+(``rollgym.dialects``) and handed over in ``ServerContext.dialects``: each adds endpoints and
+may take ``/run`` bodies of its own shape, running them through ``AgentServer.attempt``. An
+agent that implements ``turn`` (one turn of its loop, no seed, no verify) can be driven turn by
+turn by a dialect's endpoints.
 
 Each model call sends the oldest policy version of the rollout's earlier calls
-(``x-rollgym-oldest-version``, learnt from each answer: ``rollgym.models.versions``), so a model
+(``x-rollgym-oldest-version``, learnt from each answer: ``rollgym.server.versions``), so a model
 server with a staleness bound can refuse the next call of a stale rollout (409,
 ``stale_rollout``): that error ends the rollout, as the root of its failure. A model call may
 be held by a pause of its model server for ``model_pause_s`` seconds beyond ``model_timeout``.
@@ -38,7 +39,7 @@ import time
 from collections.abc import Awaitable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import orjson
 from pydantic import Field, ValidationError
@@ -55,24 +56,16 @@ from rollgym.errors import (
     RollgymError,
 )
 from rollgym.http import HttpClient, Target
-from rollgym.models.policy import MAX_PAUSE_S
-from rollgym.models.versions import CallVersions
-from rollgym.nemo_gym.failures import Stage
 from rollgym.prometheus.latency import LatencyByName
 from rollgym.prometheus.samples import HistogramSample, Sample
 from rollgym.protocol import TaskRow, rollout_key
-from rollgym.server.agent_episodes import (
-    MAX_ID_CHARS,
-    episode_failed,
-    episode_result,
-    is_episode_body,
-    read_episode,
-)
-from rollgym.server.agent_sessions import AgentSessions
+from rollgym.server.app import MAX_ROLLOUT_ID_CHARS
 from rollgym.server.base import BaseServer, ModelPeer, ResourcesPeer, ServerContext
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
 from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
+from rollgym.server.policy import MAX_PAUSE_S
+from rollgym.server.versions import CallVersions
 from rollgym.wire import (
     HEADER_OLDEST_VERSION,
     HEADER_ROLLOUT,
@@ -158,17 +151,20 @@ def count_attempt(seconds: float) -> None:
         call.sent_s += seconds
 
 
-HOP_STAGES: dict[str, Stage] = {"seed": "seed", "verify": "verification"}
-"""The 0.7 failure stage of a failed hop; every other hop (``model``, ``tool``, a Gymnasium
-``step``, an agent's own) is the agent's turn: ``"agent"``."""
+Phase = Literal["seed", "agent", "verify"]
+"""Where in its rollout a failed call was: the seed, the agent's own turn (a model or tool call,
+a Gymnasium ``step``, an agent's own hop) or the verify."""
 
 
-def failed_stage(hops: Hops) -> Stage | None:
-    """The 0.7 stage where a rollout timed by ``hops`` failed; ``None`` when none of its hops
+def failed_phase(hops: Hops) -> Phase | None:
+    """The phase where a rollout timed by ``hops`` failed; ``None`` when none of its hops
     failed (the agent's own code did)."""
     if hops.failed is None:
         return None
-    return HOP_STAGES.get(hops.failed, "agent")
+    return _PHASES.get(hops.failed, "agent")
+
+
+_PHASES: dict[str, Phase] = {"seed": "seed", "verify": "verify"}
 
 
 class TimedEpisode(Episode):
@@ -220,9 +216,9 @@ class ModelClient:
         oldest_version: int | None = None,
     ) -> dict[str, Any]:
         """The model's Responses API response to ``params``, for rollout ``rollout``;
-        ``token_capture``: asked for with training token ids, at 0.7's
-        ``/ng-rollout/<id>/training-token-capture/v1/responses`` (where rollgym's proxy and
-        0.7's model servers answer them); ``oldest_version``: the oldest policy version of the
+        ``token_capture``: asked for with training token ids, at
+        ``/ng-rollout/<id>/training-token-capture/v1/responses`` (``capture_endpoint``);
+        ``oldest_version``: the oldest policy version of the
         rollout's earlier model calls, sent as ``x-rollgym-oldest-version`` (the model server
         refuses the call, ``stale_rollout``, if that is too far behind its live version)."""
         if params.get("stream"):
@@ -268,11 +264,11 @@ def with_pause(target: Target, pause_s: float) -> Target:
 
 
 def capture_endpoint(rollout: str) -> str:
-    """The model's token-capture path for rollout ``rollout``: its id as a 0.7 path id (other
-    characters as ``-``: the header still carries the id itself)."""
-    path_id = _NOT_ID.sub("-", rollout)[:MAX_ID_CHARS]
+    """The model's token-capture path for rollout ``rollout``: its id as a path id the model
+    server's app takes (other characters as ``-``: the header still carries the id itself)."""
+    path_id = _NOT_ID.sub("-", rollout)[:MAX_ROLLOUT_ID_CHARS]
     if not path_id[:1].isalnum():
-        path_id = "r" + path_id[: MAX_ID_CHARS - 1]
+        path_id = "r" + path_id[: MAX_ROLLOUT_ID_CHARS - 1]
     return f"/{ROLLOUT_PREFIX}/{path_id}/{TOKEN_CAPTURE_SEGMENT}{RESPONSES_ENDPOINT}"
 
 
@@ -288,9 +284,9 @@ class RunContext:
     hops: Hops = field(default_factory=Hops)
     """The timing of the calls made through this context (recorded as ``rollgym_timing``)."""
     grant: Grant | None = None
-    """In an agent session (0.7): the resources session its caller seeded and granted."""
+    """In a turn its caller granted resources for: the resources session its caller seeded."""
     token_capture: bool = False
-    """The caller asked for training token ids (0.7's ``training-token-capture`` path): the
+    """The caller asked for training token ids (the ``training-token-capture`` path): the
     model calls ask for them too."""
     versions: CallVersions = field(default_factory=CallVersions)
     """The policy versions of this rollout's model calls so far (the oldest is sent on each
@@ -298,8 +294,8 @@ class RunContext:
 
     def episode(self, resources: str | None = None) -> Episode:
         """A session of this rollout on resources server ``resources`` (default: the
-        ``resources`` option). In an agent session: the granted session (``resources`` must
-        not be named: the session reaches only what its caller granted)."""
+        ``resources`` option). In a granted turn: the granted session (``resources`` must not
+        be named: the turn reaches only what its caller granted)."""
         if self.grant is None:
             return TimedEpisode(self.agent.resources_client(resources), self.rollout, self.hops)
         if resources is not None:
@@ -323,6 +319,35 @@ class RunContext:
         response: dict[str, Any] = await self.hops.timed("model", call)
         self.versions.saw(response)
         return response
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One rollout run to its end for a dialect: its verify response (with ``rollgym_timing``),
+    or the error it failed with and the phase where it did."""
+
+    rollout: str
+    verified: dict[str, Any] | None
+    error: RollgymError | None = None
+    failed_in: Phase | None = None
+
+
+@runtime_checkable
+class AgentDialect(Protocol):
+    """A protocol an agent server speaks beside its own (``/run``: a task row in, a verify
+    response out): the endpoints it adds and the ``/run`` bodies it answers."""
+
+    def routes(self, agent: AgentServer) -> list[BaseRoute]:
+        """The endpoints this dialect adds to ``agent`` (asked once, when the agent is built)."""
+        ...
+
+    def takes(self, body: Any) -> bool:
+        """Whether a ``/run`` body is this dialect's (the first dialect that takes it answers)."""
+        ...
+
+    async def run(self, agent: AgentServer, body: Any) -> Response:
+        """The answer to a ``/run`` body it takes (``agent.attempt`` runs the rollout)."""
+        ...
 
 
 class AgentServer(BaseServer):
@@ -351,14 +376,14 @@ class AgentServer(BaseServer):
         raise NotImplementedError(f"{type(self).__name__} must implement run()")
 
     async def turn(self, params: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
-        """One turn of an agent session (NeMo Gym 0.7's ``/v1/responses``): the agent's loop
-        on create params ``params`` against ``ctx.episode()`` (the resources its caller
-        granted), answering the turn's Responses API response; no seed, no verify (the caller
-        does both). An agent without one answers agent sessions 501."""
+        """One turn, as a dialect's endpoints drive it: the agent's loop on create params
+        ``params`` against ``ctx.episode()`` (the resources its caller granted), answering the
+        turn's Responses API response; no seed, no verify (the caller does both). An agent
+        without one refuses turns (501)."""
         raise NotImplementedError(f"{type(self).__name__} takes no agent-session turns")
 
     def takes_turns(self) -> bool:
-        """Whether this agent implements ``turn`` (else its agent sessions are refused)."""
+        """Whether this agent implements ``turn`` (else turns are refused)."""
         return type(self).turn is not AgentServer.turn
 
     def __init__(self, ctx: ServerContext) -> None:
@@ -368,7 +393,9 @@ class AgentServer(BaseServer):
         self.client = HttpClient(on_attempt=count_attempt)
         self._models: dict[str, ModelClient] = {}
         self._resources: dict[str, ResourcesClient] = {}
-        self.sessions = AgentSessions(self)
+        self.dialects = [d for d in ctx.dialects if isinstance(d, AgentDialect)]
+        """The dialects this agent speaks, in their entry point's order."""
+        self._dialect_routes = [route for d in self.dialects for route in d.routes(self)]
         self.hop_seconds = LatencyByName()
         """The seconds of every hop of every rollout run here, by hop (``/metrics``)."""
 
@@ -412,8 +439,8 @@ class AgentServer(BaseServer):
         return self._resources[name]
 
     def granted_client(self, target: Target) -> ResourcesClient:
-        """A client for a resources server an agent session was granted (``target``), with
-        this agent's client and timeouts."""
+        """A client for a resources server a turn was granted (``target``), with this agent's
+        client and timeouts."""
         return ResourcesClient(
             self.client, target, tool_timeout=self.options.tool_timeout,
             verify_timeout=self.options.verify_timeout,
@@ -423,7 +450,7 @@ class AgentServer(BaseServer):
         return [
             Route("/run", json_endpoint(self._run), methods=["POST"]),
             Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
-            *self.sessions.routes(),
+            *self._dialect_routes,
         ]
 
     async def take_turn(
@@ -435,11 +462,10 @@ class AgentServer(BaseServer):
         token_capture: bool = False,
         versions: CallVersions | None = None,
     ) -> dict[str, Any]:
-        """One ``turn`` of rollout ``rollout`` (``None``: a fresh id) in an agent session
-        granted ``grant`` (``None``: outside any session, on the ``resources`` server);
-        ``token_capture``: its model calls ask for training token ids; ``versions``: the
-        policy versions of the session's earlier turns (its oldest goes with this turn's
-        first model call too)."""
+        """One ``turn`` of rollout ``rollout`` (``None``: a fresh id) granted ``grant``
+        (``None``: nothing granted, on the ``resources`` server); ``token_capture``: its model
+        calls ask for training token ids; ``versions``: the policy versions of the rollout's
+        earlier turns (its oldest goes with this turn's first model call too)."""
         if not self.takes_turns():
             raise HTTPStatusError(
                 f"{type(self).__name__} takes no /v1/responses turns; use its /run", status=501
@@ -455,16 +481,17 @@ class AgentServer(BaseServer):
             self.observe_hops(ctx.hops)
 
     async def _aggregate(self, body: Any, call: Call) -> Any:
-        # NeMo Gym's collector asks each agent; the metrics are the environment's to compute
-        # (its simple_agent forwards the same way), and its answer goes back as it is.
+        # The collector asks each agent; the metrics are the environment's to compute, and its
+        # answer goes back as it is.
         return await self.client.call(
             self.peer(self.options.resources), "/aggregate_metrics", body,
             deadline=self.options.verify_timeout,
         )  # fmt: skip
 
     async def _run(self, body: Any, call: Call) -> Response:
-        if is_episode_body(body):
-            return await self._run_episode(body)
+        for dialect in self.dialects:
+            if dialect.takes(body):
+                return await dialect.run(self, body)
         row = task_row(body)
         rollout = call.rollout or _rollout_id(row)
         ctx = RunContext(rollout, self)
@@ -476,11 +503,10 @@ class AgentServer(BaseServer):
             verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())
         return JSONResponse(verified, headers={HEADER_ROLLOUT: rollout})
 
-    async def _run_episode(self, body: Any) -> Response:
-        """A 0.7 episode request: the same rollout, answered as an episode response (200 with
-        ``result`` or ``failure``; ``rollgym.server.agent_episodes``)."""
-        request, row = read_episode(body)
-        rollout = request.episode_id.capture_key
+    async def attempt(self, row: dict[str, Any], rollout: str) -> Attempt:
+        """Run rollout ``rollout`` of task row ``row`` to its end, for a dialect that answers
+        failures itself: a failure is returned, not raised (an agent's crash too, as an
+        ``InternalError``)."""
         ctx = RunContext(rollout, self)
         try:
             verified = await self.run(row, ctx)
@@ -490,17 +516,15 @@ class AgentServer(BaseServer):
                     "verify response", server=self.name,
                 )  # fmt: skip
         except RollgymError as err:
-            answer = episode_failed(request, err, failed_stage(ctx.hops))
-        except Exception as exc:  # a bug in the agent: still this episode's failure, as 0.7
-            log.error("%s: episode %s crashed", self.name, rollout, exc_info=exc)
+            return Attempt(rollout, None, err, failed_phase(ctx.hops))
+        except Exception as exc:  # a bug in the agent: still this rollout's failure
+            log.error("%s: rollout %s crashed", self.name, rollout, exc_info=exc)
             crash = InternalError(f"{type(exc).__name__}: {exc}", server=self.name)
-            answer = episode_failed(request, crash, failed_stage(ctx.hops))
-        else:
-            verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())
-            answer = episode_result(request, verified)
+            return Attempt(rollout, None, crash, failed_phase(ctx.hops))
         finally:
             self.observe_hops(ctx.hops)
-        return JSONResponse(answer, headers={HEADER_ROLLOUT: rollout})
+        verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())
+        return Attempt(rollout, verified)
 
 
 def task_row(body: Any) -> dict[str, Any]:
@@ -525,10 +549,13 @@ def _rollout_id(row: dict[str, Any]) -> str:
 
 
 __all__ = [
+    "AgentDialect",
     "AgentServer",
+    "Attempt",
     "Episode",
     "Hops",
     "ModelClient",
+    "Phase",
     "ResourcesClient",
     "RunContext",
     "TimedEpisode",

@@ -15,14 +15,15 @@ forwards it to its resources server): the verify responses without ``response`` 
 - ``key_metrics``: the environment's own metrics when it has any, else every ``mean/`` entry
   (NeMo Gym's default headline).
 
-Masked rows (``mask_sample: true``, NeMo Gym 0.7: the reward is no measurement) are left out of
+Masked rows (a top-level ``mask_sample: true``: the reward is no measurement) are left out of
 every statistic and of ``group_level_metrics``, and ``mask_sample`` is never a metric. When
-something is masked, both ``agent_metrics`` and ``key_metrics`` add 0.7's four coverage keys
+something is masked, both ``agent_metrics`` and ``key_metrics`` add four coverage keys
 (``coverage/measured_rollouts``, ``coverage/masked_rollouts``, ``coverage/measured_tasks``,
-``coverage/fully_masked_tasks``); when nothing is, the answer is what it was before 0.7. When
-everything is masked, both hold the coverage keys only and there are no group metrics. The
-environment's own metrics are its to compute: pass it ``measured(verify_responses)``, the rows
-0.7 gives its ``compute_metrics_fn``. A ``mask_sample`` that is no boolean is refused (422).
+``coverage/fully_masked_tasks``); when nothing is, they are left out. When everything is
+masked, both hold the coverage keys only and there are no group metrics. The environment's own
+metrics are its to compute: pass it ``measured(verify_responses)``. A ``mask_sample`` that is no
+boolean is refused (422). Only the top-level flag is read (the collector writes a verify
+response's flag there, wherever the environment put it).
 """
 
 from __future__ import annotations
@@ -32,24 +33,24 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollgym.errors import InvalidRequest, ProtocolError
-from rollgym.nemo_gym.mask import mask_sample
+from rollgym.errors import InvalidRequest
 from rollgym.wire import INDEX_FIELDS, MASK_SAMPLE, NG_ROLLOUT_INDEX, NG_TASK_INDEX
 
 _STATS = ("mean", "max", "min", "median", "std")
 
 
 class AggregateMetricsRequest(BaseModel):
-    """The body of ``POST /aggregate_metrics`` (NeMo Gym's ``AggregateMetricsRequest``)."""
+    """The body of ``POST /aggregate_metrics``."""
 
     model_config = ConfigDict(extra="ignore")
     verify_responses: list[dict[str, Any]]
 
 
 class AggregateMetrics(BaseModel):
-    """The answer of ``POST /aggregate_metrics`` (NeMo Gym's ``AggregateMetrics``)."""
+    """The answer of ``POST /aggregate_metrics``."""
 
     model_config = ConfigDict(extra="ignore")
     group_level_metrics: list[dict[str, Any]] = Field(default_factory=list)
@@ -60,13 +61,13 @@ class AggregateMetrics(BaseModel):
 def aggregate(
     verify_responses: list[dict[str, Any]], environment: dict[str, Any]
 ) -> AggregateMetrics:
-    """NeMo Gym's answer for ``verify_responses``, with the ``environment``'s own metrics."""
+    """The answer for ``verify_responses``, with the ``environment``'s own metrics."""
     if not verify_responses:
         return AggregateMetrics(agent_metrics=dict(environment), key_metrics=dict(environment))
     rows, masked = split_masked(verify_responses)
     coverage = _coverage(rows, masked)
     if not rows:
-        # Every rollout masked: statistics over nothing would invent numbers (0.7 answers so).
+        # Every rollout masked: statistics over nothing would invent numbers.
         return AggregateMetrics(agent_metrics=dict(coverage), key_metrics=dict(coverage))
     groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for vr in rows:
@@ -106,12 +107,23 @@ def split_masked(
     measured: list[dict[str, Any]] = []
     masked: list[dict[str, Any]] = []
     for i, vr in enumerate(verify_responses):
-        try:
-            flag = mask_sample(vr)
-        except ProtocolError as exc:
-            raise InvalidRequest(f"verify_responses[{i}]: {exc.message}", status=422) from None
+        flag = vr.get(MASK_SAMPLE)
+        if flag is not None and not isinstance(flag, bool):
+            raise InvalidRequest(
+                f"verify_responses[{i}]: verify response has {MASK_SAMPLE} {_shown(flag)}, "
+                "which is no boolean (true: the reward is no measurement; false or absent: it "
+                "is one)",
+                status=422,
+            )
         (masked if flag else measured).append(vr)
     return measured, masked
+
+
+def _shown(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()[:100]
+    except TypeError:
+        return type(value).__name__
 
 
 def measured(verify_responses: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,8 +132,8 @@ def measured(verify_responses: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _coverage(rows: list[dict[str, Any]], masked: list[dict[str, Any]]) -> dict[str, int]:
-    """0.7's coverage keys, only when something is masked (a run that masks nothing answers
-    exactly what it answered before)."""
+    """The coverage keys, only when something is masked (a run that masks nothing answers
+    no coverage)."""
     if not masked:
         return {}
     measured_tasks = {_index(vr, NG_TASK_INDEX, "task_index") for vr in rows}
@@ -175,7 +187,7 @@ def _numbers(vr: dict[str, Any]) -> dict[str, float]:
 
 
 def _index(vr: dict[str, Any], *keys: str) -> int:
-    # NeMo Gym counts a rollout without an index as index 0.
+    # A rollout without an index counts as index 0.
     for key in keys:
         value = vr.get(key)
         if isinstance(value, int) and not isinstance(value, bool):

@@ -46,15 +46,24 @@ class ServerContext:
     name: str
     config: ServerConfig
     peers: dict[str, Target] = field(default_factory=dict)
+    dialects: tuple[Any, ...] = ()
+    """The dialects the process's entry point listed (``rollgym.dialects``): each kind of
+    server takes those of its own seam (an agent: ``rollgym.server.agent.AgentDialect``)."""
 
     @classmethod
-    def from_run(cls, name: str, config: Config, urls: dict[str, list[str]]) -> ServerContext:
+    def from_run(
+        cls,
+        name: str,
+        config: Config,
+        urls: dict[str, list[str]],
+        dialects: tuple[Any, ...] = (),
+    ) -> ServerContext:
         peers = {
             peer: Target(peer, tuple(u.rstrip("/") for u in urls[peer]), cfg.retry)
             for peer, cfg in config.servers.items()
             if peer in urls
         }
-        return cls(name=name, config=config.servers[name], peers=peers)
+        return cls(name=name, config=config.servers[name], peers=peers, dialects=dialects)
 
 
 def _peer_of(kind: ServerKind | None) -> AfterValidator:

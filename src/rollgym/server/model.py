@@ -9,10 +9,10 @@ and answers errors with rollgym's error body. ``call.rollout`` names the rollout
 can be deterministic per rollout. Other endpoints (chat completions, ``GET /v1/models``,
 vLLM's ``POST /tokenize``) are added in ``routes``.
 
-Every model call runs through the server's ``policy`` gate (``rollgym.models.policy``): held
+Every model call runs through the server's ``policy`` gate (``rollgym.server.policy``): held
 while a trainer pauses the server for a weight update, re-issued if the pause aborted it,
 refused if its rollout is too stale; its answer records the policy version, the replica and any
-aborted versions (``rollgym.models.versions``). ``respond`` never sees ``"stream": true``: the
+aborted versions (``rollgym.server.versions``). ``respond`` never sees ``"stream": true``: the
 base streams the stamped answer itself. The gate's endpoints (``policy_routes``)::
 
     GET  /rollgym/policy   {"version", "paused", "max_staleness", "in_flight", "held"} (POST too)
@@ -45,11 +45,11 @@ from starlette.routing import BaseRoute, Route
 from rollgym.config import format_validation_error
 from rollgym.control_token import control_token, require
 from rollgym.errors import InvalidRequest
-from rollgym.models.policy import DEFAULT_PAUSE_S, MAX_PAUSE_S, PolicyGate, oldest_version
-from rollgym.models.stream import response_stream
-from rollgym.models.versions import stamp_completion, stamp_response
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.server.endpoint import ANY_BODY, BodyLimit, Call, Handler, json_endpoint
+from rollgym.server.policy import DEFAULT_PAUSE_S, MAX_PAUSE_S, PolicyGate, oldest_version
+from rollgym.server.streaming import response_stream
+from rollgym.server.versions import stamp_completion, stamp_response
 from rollgym.wire import PAUSE_ENDPOINT, POLICY_ENDPOINT, RESUME_ENDPOINT
 
 RESPONSES_ENDPOINT = "/v1/responses"
@@ -66,7 +66,7 @@ class ModelServer(BaseServer):
     kind: ClassVar[str] = "model"
     own_upstream: ClassVar[bool] = False
     """The server generates itself (replica 0 answers every call); else a call's replica is
-    what its work notes (``rollgym.models.policy.note_upstream``), None if nothing does."""
+    what its work notes (``rollgym.server.policy.note_upstream``), None if nothing does."""
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)

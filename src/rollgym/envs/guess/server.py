@@ -78,7 +78,7 @@ def _is_int(value: Any) -> TypeGuard[int]:
 
 
 def _text(response: dict[str, Any]) -> str:
-    # Every message's text, as NeMo Gym's extract_text joins it.
+    # Every message's text, joined.
     parts: list[str] = []
     for item in response.get("output") or []:
         if isinstance(item, dict) and item.get("type") == "message":

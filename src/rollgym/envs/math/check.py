@@ -67,7 +67,7 @@ def check_answer(expected: str, answer: str) -> MathCheck:
             )
         )
     except Exception:
-        # NeMo Gym scores an answer that makes math-verify raise as wrong; so do we (the gold
+        # An answer that makes math-verify raise is wrong (the gold
         # parsed, so the fault is in the answer).
         return MathCheck(gold_parsed=True, answer_parsed=False, correct=False)
     return MathCheck(gold_parsed=True, answer_parsed=bool(predicted), correct=correct)

@@ -76,7 +76,7 @@ def _by_template(text: str, pattern: str, task: MCQATask) -> str | None:
         return None
     captured = str(found[-1]).strip().translate(_FOREIGN_LETTERS).strip().upper()
     if len(captured) == 1 and captured.isalpha():
-        return captured  # trusted even if no option has this letter (NeMo Gym does)
+        return captured  # trusted even if no option has this letter
     return _equal_text(captured, task)
 
 

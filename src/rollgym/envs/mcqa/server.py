@@ -31,7 +31,7 @@ class MCQAEnv(ResourcesServer):
 
     class Options(ResourcesServer.Options):
         grading_mode: GradingMode | None = None
-        """Grade every row in this mode, whatever the row says (NeMo Gym's server config)."""
+        """Grade every row in this mode, whatever the row says."""
 
     options: Options
 

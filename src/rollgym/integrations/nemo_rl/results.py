@@ -41,20 +41,22 @@ from collections.abc import Iterable
 from typing import Any
 
 from rollgym.errors import RollgymError, chain_text
-from rollgym.models.tokens import GENERATION_IDS, GENERATION_LOGPROBS, PROMPT_IDS
-from rollgym.models.translate import UPSTREAM_KEY
 from rollgym.nemo_gym import failures
 from rollgym.wire import (
     FAILURE_KIND,
     FAILURE_REASON,
+    GENERATION_IDS,
+    GENERATION_LOGPROBS,
     INSTANCE_CONFIG,
     MASK_REASON,
     MASK_SAMPLE,
     NG_DISPATCH_DRAINED,
     NG_FAILURE_CLASS,
     NG_NO_PERSIST,
+    PROMPT_IDS,
     ROLLGYM_ATTEMPTS,
     ROLLGYM_ERROR,
+    UPSTREAM_KEY,
 )
 
 ROUTED_EXPERTS = "routed_experts"

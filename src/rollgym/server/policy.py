@@ -37,7 +37,7 @@ from typing import Any, Generic, TypeVar
 from rollgym.errors import InvalidRequest, PausedTooLong, StaleRollout
 from rollgym.wire import HEADER_OLDEST_VERSION
 
-log = logging.getLogger("rollgym.models.policy")
+log = logging.getLogger("rollgym.server.policy")
 
 T = TypeVar("T")
 

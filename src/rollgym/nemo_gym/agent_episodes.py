@@ -10,9 +10,9 @@ row runs (``task_data`` fields + ``responses_create_params`` are the row), so th
 the flat ``/run`` answers, but for the agent's own numbers (``num_steps``, ``truncated``,
 ``agent_seconds``, ``drifted_turns``), which sit under ``_rollgym_agent``: 0.7 aggregates every
 numeric top-level field of a result (as ``mean/num_steps``...) but none starting with ``_``, and
-rollgym's collector puts them back at the top. A rollout that fails is a 200 with the failure (0.7's vocabulary,
-``rollgym.nemo_gym.failures``), its ``stage`` the hop that failed; a body that is no episode
-request is a 422 naming the field.
+rollgym's collector puts them back at the top. A rollout that fails is a 200 with the failure
+(0.7's vocabulary, ``rollgym.nemo_gym.failures``), its ``stage`` the phase that failed
+(``STAGES``); a body that is no episode request is a 422 naming the field.
 
 The rollout's id (``x-rollgym-rollout`` on its calls, its sticky key) is the episode's
 ``capture_key``: ``rollout_id``, or ``rollout_id-a<attempt>`` for a later attempt, as 0.7 names
@@ -39,12 +39,17 @@ from rollgym.nemo_gym.episodes import (
 )
 from rollgym.nemo_gym.failures import Stage, episode_failure
 from rollgym.protocol import TaskRow
+from rollgym.server.agent import Phase
 from rollgym.wire import AGENT_OWN_FIELDS, EPISODE_ID, FAILURE, NG_ROLLGYM_AGENT, RESULT, TASK_ID
 
 MAX_ID_CHARS = 256
 """Episode and task ids, and an episode's capture key, are at most this long (0.7 sets no
 bound): the key travels in a header of every call of the rollout, and in 0.7's
 ``/ng-rollout/<key>/`` paths, which rollgym's servers take up to this length."""
+
+
+STAGES: dict[Phase, Stage] = {"seed": "seed", "agent": "agent", "verify": "verification"}
+"""0.7's failure stage of each phase of a rollout (``rollgym.server.agent.failed_phase``)."""
 
 
 def is_episode_body(body: Any) -> bool:
@@ -111,9 +116,10 @@ def episode_result(request: EpisodeRequest, result: dict[str, Any]) -> dict[str,
 
 
 def episode_failed(
-    request: EpisodeRequest, err: RollgymError, stage: Stage | None
+    request: EpisodeRequest, err: RollgymError, phase: Phase | None
 ) -> dict[str, Any]:
-    """The episode response for a rollout that failed with ``err`` at ``stage``."""
+    """The episode response for a rollout that failed with ``err`` in ``phase``."""
+    stage = None if phase is None else STAGES[phase]
     return _response(request, failure=episode_failure(err, stage))
 
 
@@ -134,6 +140,7 @@ def _response(
 
 __all__ = [
     "MAX_ID_CHARS",
+    "STAGES",
     "check_ids",
     "episode_failed",
     "episode_result",

@@ -22,8 +22,8 @@ Sessions are this process's only (one agent process, as 0.7 requires ``num_worke
 never shared between rollouts, and held within the resources store's bounds (oldest dropped,
 closed receipts included: a close retried after its receipt was dropped seeds nothing again).
 
-Where rollgym differs: ids are bounded (``agent_episodes.MAX_ID_CHARS``); only ``direct_http`` accesses are
-taken (at most one; an optional MCP access is skipped, a required one, or any sandbox, is a 422
+Where rollgym differs: ids are bounded (``agent_episodes.MAX_ID_CHARS``); only ``direct_http``
+accesses are taken (at most one; an optional MCP access is skipped, a required one, or any sandbox, is a 422
 naming it); a grant's header names and cookie values must be sendable as they are (422).
 """
 
@@ -43,15 +43,15 @@ from starlette.routing import BaseRoute, Route
 from rollgym.config import RetryPolicy, format_validation_error, kind_defaults
 from rollgym.errors import HTTPStatusError, InvalidRequest
 from rollgym.http import Target
-from rollgym.models.versions import CallVersions
+from rollgym.nemo_gym.agent_episodes import MAX_ID_CHARS, check_ids
 from rollgym.nemo_gym.episodes import EpisodeId, TaskId
 from rollgym.protocol import ResponsesCreateParams
-from rollgym.server.agent_episodes import MAX_ID_CHARS, check_ids
 from rollgym.server.base import ServerContext
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
 from rollgym.server.episode import Grant, ResourcesClient
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.sessions import Session, SessionStore
+from rollgym.server.versions import CallVersions
 from rollgym.wire import (
     AGENT_OBSERVATIONS,
     AGENT_SESSION_COOKIE,

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollgym.models.policy import Ran
-from rollgym.models.tokens import FIELDS
-from rollgym.models.translate import UPSTREAM_KEY
-from rollgym.wire import ABORTED_VERSIONS, POLICY_VERSION, REPLICA
+from rollgym.server.policy import Ran
+from rollgym.wire import ABORTED_VERSIONS, POLICY_VERSION, REPLICA, TOKEN_FIELDS, UPSTREAM_KEY
 
 
 def _fields(ran: Ran[Any]) -> dict[str, Any]:
@@ -44,7 +42,7 @@ def stamp_response(response: dict[str, Any], ran: Ran[Any]) -> None:
     output = response.get("output")
     if isinstance(output, list) and output:
         last = output[-1]
-        if isinstance(last, dict) and all(name in last for name in FIELDS):
+        if isinstance(last, dict) and all(name in last for name in TOKEN_FIELDS):
             last[POLICY_VERSION] = ran.version
 
 
