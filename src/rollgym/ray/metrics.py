@@ -1,8 +1,8 @@
 """A Ray collect worker's metrics (``rollgym.ray.worker``): its rollouts in flight and queued,
 the records it sent the driver, its circuit holds and failovers, and its calls to the agents.
 
-Served on a port of the worker's own (``MetricsServer``), read from its live state at each
-scrape. Its rollout counter has a name of its own (``rollgym_worker_rollouts``): the driver's
+Served on a port of the worker's own (``rollgym.prometheus.exporter.MetricsServer``), read
+from its live state at each scrape; imported at the first one (it imports ``prometheus_client``). Its rollout counter has a name of its own (``rollgym_worker_rollouts``): the driver's
 ``rollgym_rollouts`` counts the same rollouts as they are recorded, and a sum over every
 process of a run must not count them twice.
 """
@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rollgym.prometheus.families import PREFIX, client_families, runner_families
+from rollgym.collect.metrics_port import runner_families
+from rollgym.http.metrics import client_families
+from rollgym.prometheus.families import PREFIX
 
 if TYPE_CHECKING:
     from rollgym.ray.worker import CollectWorker
