@@ -30,8 +30,8 @@ from typing import Any, BinaryIO, ClassVar
 
 import orjson
 
+from rollgym.config import AnswerLimits
 from rollgym.errors import InputError
-from rollgym.http.policy import AnswerLimits
 
 TASKS = "tasks.jsonl"
 ROLLOUTS = "rollouts.jsonl"

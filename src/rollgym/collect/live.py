@@ -24,10 +24,10 @@ from rich.markup import escape
 
 from rollgym.collect.metrics import CauseCounts
 from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
+from rollgym.config import RetryPolicy
 from rollgym.errors import CONTEXT_TYPES, RollgymError, is_known_type, root_cause
 from rollgym.http import HttpClient, Target
 from rollgym.http.breaker import CLOSED
-from rollgym.http.policy import RetryPolicy
 from rollgym.prometheus.latency import MAX_NAMES, OTHER, Latency
 from rollgym.prometheus.reward import Rewards
 from rollgym.server.agent import TIMING_FIELD

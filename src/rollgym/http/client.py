@@ -30,6 +30,7 @@ import orjson
 
 import rollgym.http.limits as answer_limits
 from rollgym import tracing
+from rollgym.config import RetryPolicy
 from rollgym.errors import ConnectError, ReplicaDown, RollgymError
 from rollgym.http.answer import (
     AttemptFailed,
@@ -44,7 +45,6 @@ from rollgym.http.breaker import CLOSED, CircuitBreaker
 from rollgym.http.budget import RetryBudget
 from rollgym.http.classify import budget_exhausted, circuit_open, classify, replica_lost
 from rollgym.http.default import default_transport
-from rollgym.http.policy import RetryPolicy
 from rollgym.http.replicas import ReplicaSet
 from rollgym.http.scrub import header_secrets, scrubbed
 from rollgym.http.transport import RawAnswer, Request, Transport
