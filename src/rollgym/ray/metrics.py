@@ -10,7 +10,7 @@ process of a run must not count them twice.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -19,10 +19,30 @@ from rollgym.http.metrics import client_families
 from rollgym.prometheus.families import PREFIX
 
 if TYPE_CHECKING:
-    from rollgym.ray.worker import CollectWorker
+    from rollgym.collect.rollout import RolloutRunner
 
 
-def worker_families(worker: CollectWorker) -> Iterator[Metric]:
+class Worker(Protocol):
+    """What a scrape reads of a collect worker (``rollgym.ray.worker.CollectWorker``, which
+    imports this module at its first scrape: named here, it would make the two a cycle)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def queued(self) -> int: ...
+    @property
+    def finished(self) -> int: ...
+    @property
+    def runner_if_started(self) -> RolloutRunner | None: ...
+
+
+def worker_families(worker: Worker) -> Iterator[Metric]:
     """Every family of one worker's scrape."""
     info = GaugeMetricFamily(
         PREFIX + "worker_info",
