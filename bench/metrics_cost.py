@@ -42,10 +42,10 @@ from rich.console import Console
 
 from rollgym import runtime
 from rollgym.collect import Collector, prepare_run
+from rollgym.collect.metrics_port import CollectorMetrics
 from rollgym.collect.progress import RunProgress
 from rollgym.http import HttpClient
 from rollgym.prometheus.latency import Latency
-from rollgym.prometheus.run import CollectorMetrics
 
 MODES = ("plain", "scraped", "bar", "bar+status")
 

@@ -16,9 +16,8 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
-from rollgym.config import kind_defaults
+from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.http import Target
-from rollgym.http.policy import RetryPolicy
 from rollgym.server.base import BaseServer
 from rollgym.testing import serve_server
 

@@ -132,15 +132,19 @@ def default_of(opt: Any) -> str:
 
 
 def config_page() -> str:
-    from rollgym.config import ChaosSpec, CollectConfig, Fault, ServerConfig, ServerLimits
-    from rollgym.config import kind_defaults as kinds
-    from rollgym.http.policy import (
+    from rollgym.config import (
         AnswerLimits,
         BreakerConfig,
+        ChaosSpec,
+        CollectConfig,
         EndpointPolicy,
+        Fault,
         RetryBudgetConfig,
         RetryPolicy,
+        ServerConfig,
+        ServerLimits,
     )
+    from rollgym.config import kind_defaults as kinds
     from rollgym.server.base import BUILTIN_IMPLS
 
     out = [

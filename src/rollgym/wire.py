@@ -27,6 +27,10 @@ SESSION_COOKIE = "rollgym_session"
 agents carry cookies only (and keep just those of the latest answer). The header wins when a
 call sends both."""
 
+SCOPE_ROLLOUT = "rollgym.rollout"
+"""The ASGI scope key holding the rollout id of a ``/ng-rollout/<id>/`` path (``server.app.App``),
+read where ``HEADER_ROLLOUT`` is (the server's endpoints, its trace span)."""
+
 # -- endpoints --------------------------------------------------------------------------------
 
 RESERVED_ENDPOINTS = frozenset(

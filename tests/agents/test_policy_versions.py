@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 
 from rollgym.collect.records import FailedRollout, ScoredRollout
+from rollgym.config import RetryPolicy
 from rollgym.errors import root_record
 from rollgym.http import Target
-from rollgym.http.policy import RetryPolicy
 from rollgym.server.agent import with_pause
 from rollgym.trainer import RolloutClient
 from rollgym.wire import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollgym.collect.layout import RunDir, read_ledger
+from rollgym.collect.layout import RunDir, Tolerance, read_ledger
 from rollgym.errors import InputError
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rollgym"
@@ -38,5 +38,5 @@ def test_a_reader_skips_a_torn_line_the_ledger_names_it(tmp_path: Path) -> None:
         b'{"task_index": 0, "rollout_index": 1'
     )
     with pytest.raises(InputError, match=r"rollouts.jsonl:4: corrupt ledger record"):
-        list(read_ledger(files.rollouts, strict=True))
+        list(read_ledger(files.rollouts, Tolerance.STRICT))
     assert list(files.failed()) == []  # no failures.jsonl: nothing to read

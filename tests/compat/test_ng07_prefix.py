@@ -18,10 +18,10 @@ from rollgym.envs.echo.server import EchoEnv
 from rollgym.http import Target
 from rollgym.models.proxy import OpenAIProxy
 from rollgym.server.app import MAX_ROLLOUT_ID_CHARS
-from rollgym.server.endpoint import SCOPE_ROLLOUT, Call
+from rollgym.server.endpoint import Call
 from rollgym.server.model import ModelServer
 from rollgym.testing import serve_asgi
-from rollgym.wire import HEADER_ROLLOUT, SESSION_COOKIE
+from rollgym.wire import HEADER_ROLLOUT, SCOPE_ROLLOUT, SESSION_COOKIE
 from tests.envs.env_client import reply
 from tests.models.vllm_double import VllmDouble
 from tests.support.asgi import TRANSPORTS, Client, asgi_request, build, client

@@ -14,10 +14,10 @@ from typing import Any
 import orjson
 import pytest
 
+from rollgym.config import BreakerConfig
 from rollgym.errors import CircuitOpen, HTTPStatusError
 from rollgym.http import HttpClient, Target
 from rollgym.http.breaker import CLOSED, HALF_OPEN, OPEN, PROBE, SHUT, CircuitBreaker
-from rollgym.http.policy import BreakerConfig
 from rollgym.http.replicas import ReplicaSet
 from tests.support.scripted import Reply, Script, serve_script
 from tests.support.stack import fast_policy

@@ -11,9 +11,9 @@ import pytest
 
 from rollgym.collect import Collector, prepare_run
 from rollgym.collect.live import RunWatch
+from rollgym.collect.metrics_port import CollectorMetrics
 from rollgym.collect.records import ScoredRollout
 from rollgym.prometheus.latency import MAX_NAMES, OTHER
-from rollgym.prometheus.run import CollectorMetrics
 from tests.support.stack import SOME_RIGHT, running_stack, stack_config, write_tasks
 
 from .scrape import scrape, value

@@ -14,11 +14,11 @@ import orjson
 import pytest
 
 from rollgym.collect import Collector, prepare_run
+from rollgym.collect.metrics_port import CollectorMetrics
 from rollgym.errors import ConfigError, HTTPStatusError
 from rollgym.http import HttpClient, Target
+from rollgym.http.metrics import client_families
 from rollgym.prometheus.exposition import Exposition
-from rollgym.prometheus.families import client_families
-from rollgym.prometheus.run import CollectorMetrics
 from rollgym.server.resources import ResourcesServer, tool
 from rollgym.testing import serve_server
 from rollgym.wire import RESERVED_ENDPOINTS

@@ -1,4 +1,4 @@
-"""``scrape_targets.json``: the ``file_sd`` groups of a run (``rollgym.prometheus.targets``)."""
+"""``scrape_targets.json``: the ``file_sd`` groups of a run (``rollgym.collect.scrape_targets``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from rollgym.prometheus.targets import TARGETS_FILE, TargetsFile, WorkerMetrics, scrape_targets
+from rollgym.collect.scrape_targets import TARGETS_FILE, TargetsFile, WorkerMetrics, scrape_targets
 
 
 def test_groups_name_each_process_and_keep_a_path_prefix() -> None:

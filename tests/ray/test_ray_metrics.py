@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from rollgym.prometheus.targets import TARGETS_FILE
+from rollgym.collect.scrape_targets import TARGETS_FILE
 from rollgym.ray import run_on_ray
 from tests.prometheus.scrape import Samples, maybe, scrape, value
 from tests.support.ledger import ledger_counts

@@ -37,7 +37,7 @@ class DispatchReport:
 
 @runtime_checkable
 class Feed(Protocol):
-    """Work that arrives over time (``rollgym.stream``): ``take`` waits for it."""
+    """Work that arrives over time (``rollgym.trainer.stream``): ``take`` waits for it."""
 
     async def take(self, n: int) -> list[RolloutItem]:
         """1 to ``n`` items, waiting for the first; an empty list once no more will come."""

@@ -1,21 +1,19 @@
 """Where a run's servers come from, and which agent runs its rows: decided here, once. Every
-launcher lives in this module and answers the ``Launcher`` protocol; ``run_collection`` takes
-any of them.
+launcher answers the ``Launcher`` protocol; ``run_collection`` takes any of them. They live
+here, but the one for Ray, which lives with Ray (collection sits below it):
 
     RunAgents.of(config, collect, --agent)   the default agent, resolved once; the agents
                                              built in the collector's process, chosen once
     local_launcher(...)                      rollgym run: Supervisor (launch/); rollgym
                                              collect: RunningServers (found running)
     InProcessAgents                          wraps either, for the in-process agents
-    ray_launcher(...) -> RayLauncher         rollgym run --ray: RayServers on a cluster
     ResourcesOnly                            rollgym reverify: the resources server alone
+    ray.launcher.ray_launcher(...)           rollgym run --ray: RayServers on a cluster
 
 The pre-flight of the servers a run launches (``check_servers``: every impl imports, every
-option is valid) runs once, here, where the launcher is built: before anything is written or
-started. The launcher below is then told so (``checked=True``); built any other way, a
-``Supervisor`` or ``RayServers`` runs the check itself when it starts. Ray is imported only for
-a run on Ray (by ``ray_launcher``, or a ``RayLauncher`` that starts), never by importing this
-module.
+option is valid) runs once, where the launcher is built: before anything is written or
+started. The launcher is then told so (``checked=True``); built any other way, a
+``Supervisor`` or ``RayServers`` runs the check itself when it starts.
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ from rollgym.server.base import BaseServer, ServerContext, check_servers, resolv
 
 if TYPE_CHECKING:
     from rollgym.collect.dispatch import Dispatcher
-    from rollgym.ray.servers import RayServers
 
 log = logging.getLogger("rollgym.collect")
 
@@ -280,66 +277,6 @@ class InProcessAgents:
 
     def report(self) -> dict[str, Any]:
         return {**self.inner.report(), "agents_in_process": self.names}
-
-
-# -- rollgym run --ray -------------------------------------------------------------------------
-
-
-def ray_launcher(
-    config: Config,
-    *,
-    address: str | None,
-    log_dir: Path | None,
-    log_level: str,
-    startup_timeout: float,
-) -> RayLauncher:
-    """``rollgym run --ray``'s launcher: the config's servers, checked first, on the Ray
-    cluster at ``address`` (joined only when the run starts)."""
-    check_servers(config)
-    from rollgym.ray.servers import RayServers  # imports Ray: only for a run on Ray
-
-    servers = RayServers(
-        config, log_dir=log_dir, log_level=log_level, startup_timeout=startup_timeout,
-        checked=True,
-    )  # fmt: skip
-    return RayLauncher(servers, address)
-
-
-class RayLauncher:
-    """Joins the Ray cluster at ``address`` (None: ``RAY_ADDRESS``, else a new local one; an
-    already initialised Ray is used as it is) and starts ``servers`` on it; ``stop`` stops them
-    and leaves a Ray that it started."""
-
-    def __init__(self, servers: RayServers, address: str | None = None) -> None:
-        self.servers = servers
-        self.address = address
-        self._owns_ray = False
-
-    async def start(self) -> dict[str, list[str]]:
-        from rollgym.ray.placement import connect
-
-        self._owns_ray = connect(self.address)
-        return await self.servers.start()
-
-    async def watch(
-        self, on_fatal: Callable[[str], None], pause: Callable[[bool], None] | None = None
-    ) -> None:
-        """Lost replicas are the dispatcher's business on a cluster (it takes them out of
-        rotation); they are not restarted."""
-
-    def report(self) -> dict[str, Any]:
-        return {}
-
-    async def stop(self) -> None:
-        import ray
-
-        try:
-            if ray.is_initialized():
-                await self.servers.stop()
-        finally:
-            if self._owns_ray:
-                self._owns_ray = False
-                ray.shutdown()
 
 
 # -- rollgym reverify --------------------------------------------------------------------------

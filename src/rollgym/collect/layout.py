@@ -3,7 +3,7 @@
     OUT/
       tasks.jsonl                      the materialized inputs (repeats expanded, indices)
       rollouts.jsonl, failures.jsonl   the ledger: one record per rollout
-      stale.jsonl                      a stream's stale outcomes (``rollgym.stream``)
+      stale.jsonl                      a stream's stale outcomes (``rollgym.trainer.stream``)
       failures.history.jsonl           failures superseded on --resume
       metrics.json, per_task.jsonl     the run's metrics
       rollouts_aggregate_metrics.json  the environment's /aggregate_metrics (NeMo Gym's file)
@@ -21,6 +21,7 @@ same memory however large or hostile it is.
 
 from __future__ import annotations
 
+import enum
 import os
 import stat
 from collections.abc import Iterator
@@ -30,8 +31,8 @@ from typing import Any, BinaryIO, ClassVar
 
 import orjson
 
+from rollgym.config import AnswerLimits
 from rollgym.errors import InputError
-from rollgym.http.policy import AnswerLimits
 
 TASKS = "tasks.jsonl"
 ROLLOUTS = "rollouts.jsonl"
@@ -111,11 +112,13 @@ class RunDir:
         return self.root / LOGS
 
     def successes(self) -> Iterator[LedgerLine]:
-        """The records of ``rollouts.jsonl`` (none if it is missing); see ``read_ledger``."""
+        """The records of ``rollouts.jsonl`` (none if it is missing), any line that is no
+        record skipped (``Tolerance.SKIP``)."""
         return read_ledger(self.rollouts)
 
     def failed(self) -> Iterator[LedgerLine]:
-        """The records of ``failures.jsonl`` (none if it is missing); see ``read_ledger``."""
+        """The records of ``failures.jsonl`` (none if it is missing), any line that is no
+        record skipped (``Tolerance.SKIP``)."""
         return read_ledger(self.failures)
 
     def read_json(self, name: str) -> dict[str, Any]:
@@ -242,11 +245,30 @@ def _ends_line(fh: BinaryIO, end: int) -> bool:
     return fh.read(1) == b"\n"
 
 
+class Tolerance(enum.Enum):
+    """What ``read_ledger`` does with a line that is no record, named by its caller."""
+
+    SKIP = "skip"
+    """Skip it, whatever it is: a reader of a run that may still be writing (a report,
+    ``reverify``, metrics), where only the last line can be torn by a kill."""
+    STRICT = "strict"
+    """Raise ``InputError`` naming the line: the ledger itself, on ``--resume``, once its last
+    line is repaired (``rollgym.collect.ledger``)."""
+    TORN_LAST = "torn_last"
+    """Skip a last line without its newline (a torn write), saying so in the caller's
+    ``warnings``; raise ``InputError`` naming any other line, quoting it, and an I/O error as
+    one naming the line reached: a verdict over a file with a hole in the middle would be a
+    guess (``rollgym health``)."""
+
+
 # Not frozen: a frozen dataclass is built 3x slower, and one is built per line.
 @dataclass(slots=True)
 class LedgerLine:
-    """One record of a ledger file: where it starts, its bytes, and the record."""
+    """One record of a ledger file: its file and line, where it starts, its bytes, and the
+    record."""
 
+    path: Path
+    lineno: int
     offset: int
     raw: bytes
     record: dict[str, Any]
@@ -256,51 +278,84 @@ class LedgerLine:
         return (self.record["task_index"], self.record["rollout_index"])
 
 
+def is_index(value: object) -> bool:
+    """A task or rollout index: a non-negative integer (``True`` is no index)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def is_record(raw: bytes) -> bool:
     """Whether ``raw`` is a whole ledger record (a JSON object with both indices)."""
-    return _parse(raw) is not None
+    return _parse(raw)[0] is not None
 
 
-def _parse(raw: bytes) -> dict[str, Any] | None:
+def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The record in ``raw``, or ``None`` and why it is none: the one rule of what a record is
+    (a JSON object whose ``task_index`` and ``rollout_index`` are non-negative integers)."""
     try:
-        rec = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    ok = isinstance(rec, dict) and "task_index" in rec and "rollout_index" in rec
-    return rec if ok else None
+        record = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return None, f"not JSON ({exc})"
+    if not isinstance(record, dict):
+        return None, f"a JSON {type(record).__name__}, not an object"
+    for name in ("task_index", "rollout_index"):
+        if not is_index(record.get(name)):
+            return None, f"{name} is {_value(record.get(name))}, not a non-negative integer"
+    return record, ""
 
 
-def read_ledger(path: Path, *, strict: bool = False) -> Iterator[LedgerLine]:
-    """Every record of the ledger file ``path`` (none if it is missing), blank lines skipped.
-
-    A reader of a run that may still be writing (a report, ``reverify``, metrics) skips a line
-    that is no record: only the last one can be torn by a kill. ``strict`` (the ledger itself,
-    on ``--resume``, once that last line is repaired) raises ``InputError`` naming the line.
-    A line past ``LINE_LIMIT`` is such a line, never read whole; a link or a file that is no
-    regular file raises ``InputError`` either way (``open_run_file``)."""
+def read_ledger(
+    path: Path, tolerance: Tolerance = Tolerance.SKIP, warnings: list[str] | None = None
+) -> Iterator[LedgerLine]:
+    """Every record of the JSONL file ``path`` (a ledger file, or ``tasks.jsonl``; none if it
+    is missing), blank lines skipped; a line that is no record is skipped or raised as
+    ``tolerance`` says. A line past ``LINE_LIMIT`` is such a line, never read whole; a link or
+    a file that is no regular file raises ``InputError`` whatever the tolerance
+    (``open_run_file``). ``warnings`` (``TORN_LAST``) hears of a torn last line skipped."""
     fh = open_run_file(path)
     if fh is None:
         return
     with fh:
-        for got in raw_lines(fh):
-            line = got.raw
-            if line is None:
-                if strict:
+        lineno = 0
+        try:
+            for got in raw_lines(fh):
+                lineno, raw = got.lineno, got.raw
+                if raw is None:
+                    if tolerance is Tolerance.SKIP:
+                        continue
                     raise InputError(got.too_long(path))
-                continue
-            if not line.strip():
-                continue
-            rec = _parse(line)
-            if rec is None:
-                if strict:
-                    raise InputError(f"{path}:{got.lineno}: {_why_not(line)}")
-                continue
-            yield LedgerLine(got.offset, line, rec)
+                if not raw.strip():
+                    continue
+                record, problem = _parse(raw)
+                if record is not None:
+                    yield LedgerLine(path, lineno, got.offset, raw, record)
+                elif tolerance is Tolerance.STRICT:
+                    raise InputError(f"{path}:{lineno}: corrupt ledger record: {problem}")
+                elif tolerance is Tolerance.TORN_LAST:
+                    if raw.endswith(b"\n"):
+                        raise InputError(f"{path}:{lineno}: {problem}: {_shown(raw)}")
+                    # Only the very last line of a file can lack its newline: a torn write.
+                    if warnings is not None:
+                        warnings.append(
+                            f"{path}:{lineno}: torn last line skipped ({len(raw)} bytes, no "
+                            "newline: the run was stopped mid-write)"
+                        )
+        except OSError as exc:
+            if tolerance is not Tolerance.TORN_LAST:
+                raise
+            raise InputError(f"{path}:{lineno + 1}: cannot be read: {exc}") from None
 
 
-def _why_not(line: bytes) -> str:
+_SHOWN = 120
+"""Characters of a bad line quoted in its error."""
+
+
+def _value(value: object) -> str:
     try:
-        orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        return f"corrupt ledger record: {exc}"
-    return "ledger record without task/rollout index"
+        return orjson.dumps(value).decode()[:40]
+    except TypeError:  # pragma: no cover (orjson parsed it, so it dumps)
+        return type(value).__name__
+
+
+def _shown(raw: bytes) -> str:
+    text = raw.strip().decode("utf-8", "replace")
+    return repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")

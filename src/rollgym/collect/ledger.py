@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import IO
 
-from rollgym.collect.layout import RunDir, is_record, read_ledger
+from rollgym.collect.layout import RunDir, Tolerance, is_record, read_ledger
 from rollgym.collect.records import RolloutRecord
 from rollgym.errors import EnvironmentFailure
 from rollgym.wire import TERMINAL
@@ -88,14 +88,14 @@ class Ledger:
         moved to the history file and become pending again."""
         for path in (self.rollouts_path, self.failures_path):
             _repair_tail(path)
-        for got in read_ledger(self.rollouts_path, strict=True):
+        for got in read_ledger(self.rollouts_path, Tolerance.STRICT):
             slot = self.slot(*got.key)
             if self._done[slot] != 1:
                 self._done[slot] = 1
                 self.succeeded += 1
         # Attempts of failures already moved out by an earlier resume: that resume may have
         # died before recording anything, and its count must not start again from 0.
-        for got in read_ledger(self.history_path, strict=True):
+        for got in read_ledger(self.history_path, Tolerance.STRICT):
             slot = self.slot(*got.key)
             if not self._done[slot]:
                 attempts = int(got.record.get("attempts", 1))
@@ -104,7 +104,7 @@ class Ledger:
             return
         keep: list[bytes] = []
         retry: list[bytes] = []
-        for got in read_ledger(self.failures_path, strict=True):
+        for got in read_ledger(self.failures_path, Tolerance.STRICT):
             line, rec = got.raw, got.record
             slot = self.slot(*got.key)
             if self._done[slot]:

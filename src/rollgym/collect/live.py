@@ -3,7 +3,7 @@ rollouts' seconds, the recent per-hop timing, and the circuits of every server o
 
 ``RunWatch`` listens to the recorder (one call per record: a few counters; the per-hop timing
 of the agents' ``rollgym_timing`` only when a person is watching the progress bar) and feeds
-both the collector's ``/metrics`` (``rollgym.prometheus.run``) and the progress bar's status
+both the collector's ``/metrics`` (``rollgym.collect.metrics_port``) and the progress bar's status
 line (``status_line``). The circuits of the servers behind the agent (the agent's breakers for
 its model and resources) live in those servers: with the progress bar on, ``poll`` asks each
 one's ``/stats`` every ``POLL_SECONDS`` through a client of its own, so the run's ``http``
@@ -24,10 +24,10 @@ from rich.markup import escape
 
 from rollgym.collect.metrics import CauseCounts
 from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
+from rollgym.config import RetryPolicy
 from rollgym.errors import CONTEXT_TYPES, RollgymError, is_known_type, root_cause
 from rollgym.http import HttpClient, Target
 from rollgym.http.breaker import CLOSED
-from rollgym.http.policy import RetryPolicy
 from rollgym.prometheus.latency import MAX_NAMES, OTHER, Latency
 from rollgym.prometheus.reward import Rewards
 from rollgym.server.agent import TIMING_FIELD

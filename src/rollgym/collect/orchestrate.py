@@ -37,14 +37,14 @@ from rollgym.collect.rundir import (
     prepare_run,
     write_json,
 )
+from rollgym.collect.scrape_targets import TargetsFile, WorkerMetrics
 from rollgym.config import CollectConfig, Config
 from rollgym.errors import ConfigError, RollgymError, RunAborted
 from rollgym.extras import install_command
 from rollgym.http import HttpClient
 
 if TYPE_CHECKING:
-    from rollgym.prometheus.run import CollectorMetrics
-    from rollgym.prometheus.targets import TargetsFile
+    from rollgym.collect.metrics_port import CollectorMetrics
 
 log = logging.getLogger("rollgym.collect")
 
@@ -129,9 +129,6 @@ def _scrape_targets(
     """``scrape_targets.json``: every process of the run that serves metrics (the collector,
     the servers rollgym runs, the Ray workers), for Prometheus's ``file_sd``; named in
     run.json as ``scrape_targets``."""
-    # Imported here: rollgym.prometheus.targets writes through rollgym.collect.rundir.
-    from rollgym.prometheus.targets import TargetsFile, WorkerMetrics
-
     config = prepared.config.servers
     servers = {n: u for n, u in collector.urls.items() if n in config and config[n].url is None}
     workers = dispatcher if isinstance(dispatcher, WorkerMetrics) else None
@@ -145,7 +142,7 @@ def _scrape_targets(
 def _collector_metrics(host: str, port: int) -> CollectorMetrics:
     """The collector's metrics server, bound (not yet serving)."""
     try:
-        from rollgym.prometheus.run import CollectorMetrics
+        from rollgym.collect.metrics_port import CollectorMetrics
     except ImportError as exc:
         raise ConfigError(
             f"--metrics-port needs prometheus_client ({install_command('metrics')}): {exc}"

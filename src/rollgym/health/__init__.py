@@ -1,6 +1,5 @@
 """``rollgym health``: deterministic checks over a run directory, each with a threshold.
 
-lines.py     the JSONL files streamed, a torn last line a warning, a bad line an InputError
 slots.py     the rows of tasks.jsonl as a byte per rollout (the ledger invariant)
 turns.py     one rollout's model turns, token data and usage, read defensively
 tally.py     one streaming pass over the ledger, counted

@@ -21,9 +21,9 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from rollgym.collect.layout import LedgerLine
 from rollgym.health.checks import EXAMPLES, Example
 from rollgym.health.environments import Environments
-from rollgym.health.lines import Line
 from rollgym.health.slots import Slots
 from rollgym.nemo_gym.mask import is_masked
 
@@ -56,7 +56,7 @@ class RewardGroups:
         self.labels: list[str] = []
         self._label_ids: dict[str, int] = {}
 
-    def rollout(self, line: Line) -> None:
+    def rollout(self, line: LedgerLine) -> None:
         """Count one record of rollouts.jsonl: an unmasked one of a row of tasks.jsonl."""
         rec = line.record
         if self._slots.expected(line.key) and not is_masked(rec):

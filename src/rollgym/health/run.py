@@ -7,6 +7,10 @@
     metrics.json, run.json              per-server retries; whether the run completed
     Tally ─► judge ─► HealthReport      one CheckResult per check; health.json; the table
 
+The files are streamed by the one ledger reader (``collect.layout.read_ledger``) in its
+``TORN_LAST`` mode: a torn last line is a warning, any other bad line an ``InputError`` naming
+the file and line.
+
 The same directory always gives the same ``health.json`` (no clock is read).
 """
 
@@ -20,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from rollgym.collect.layout import METRICS, RUN_JSON, RunDir
+from rollgym.collect.layout import METRICS, RUN_JSON, RunDir, Tolerance, read_ledger
 from rollgym.collect.rundir import read_state
 from rollgym.errors import ConfigError, InputError
 from rollgym.health.checks import (
@@ -33,7 +37,6 @@ from rollgym.health.checks import (
 )
 from rollgym.health.environments import Environments
 from rollgym.health.groups import RewardGroups
-from rollgym.health.lines import read_lines
 from rollgym.health.slots import Slots
 from rollgym.health.tally import Counted, Tally
 
@@ -99,17 +102,17 @@ def check_run(
         raise ConfigError(f"--window {window_s}: use a number of seconds > 0")
     limits = {spec.id: float(spec.threshold) for spec in SPECS} | (thresholds or {})
     warnings: list[str] = []
-    tally = Tally(Slots.shaped(read_lines(files.tasks, [])), window_s)
+    tally = Tally(Slots.shaped(read_ledger(files.tasks, Tolerance.TORN_LAST, [])), window_s)
     groups = RewardGroups(tally.slots, window_s, Environments(files.read_json(RUN_JSON)))
     duplicate_rows, rows = Counted(), 0
-    for line in read_lines(files.tasks, warnings):
+    for line in read_ledger(files.tasks, Tolerance.TORN_LAST, warnings):
         rows += 1
         if not tally.slots.expect(line.key):
             duplicate_rows.add(line, "a second row with these indices")
-    for line in read_lines(files.rollouts, warnings):
+    for line in read_ledger(files.rollouts, Tolerance.TORN_LAST, warnings):
         tally.rollout(line)
         groups.rollout(line)
-    for line in read_lines(files.failures, warnings):
+    for line in read_ledger(files.failures, Tolerance.TORN_LAST, warnings):
         tally.failure(line)
     state = read_state(root)
     status = state.status if state else None

@@ -13,7 +13,7 @@ from array import array
 from collections import Counter
 from collections.abc import Iterator
 
-from rollgym.health.lines import Line
+from rollgym.collect.layout import LedgerLine
 
 _SPARSE_SLACK = 4096
 """Empty slots a dense table may hold beyond 4 per row before sparse indices get a dict."""
@@ -48,7 +48,7 @@ class Slots:
         return self._dense
 
     @classmethod
-    def shaped(cls, lines: Iterator[Line]) -> Slots:
+    def shaped(cls, lines: Iterator[LedgerLine]) -> Slots:
         """Empty slots sized for the rows of ``lines`` (the first pass over tasks.jsonl)."""
         rows = max_task = max_rollout = 0
         for line in lines:

@@ -12,10 +12,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollgym.collect.layout import LedgerLine
 from rollgym.collect.metrics import CauseCounts
 from rollgym.errors import root_cause, root_record
 from rollgym.health.checks import EXAMPLES, Example
-from rollgym.health.lines import Line
 from rollgym.health.slots import Slots
 from rollgym.health.turns import RolloutFacts, rollout_facts
 from rollgym.nemo_gym.mask import is_masked
@@ -29,7 +29,9 @@ class Counted:
     of: int = 0
     examples: list[Example] = field(default_factory=list)
 
-    def add(self, line: Line | None, note: str, key: tuple[int, int | None] | None = None) -> None:
+    def add(
+        self, line: LedgerLine | None, note: str, key: tuple[int, int | None] | None = None
+    ) -> None:
         self.count += 1
         if len(self.examples) < EXAMPLES:
             if key is None and line is not None:
@@ -73,7 +75,7 @@ class Tally:
     window_records: Counter[int] = field(default_factory=Counter)
     window_failures: Counter[tuple[str, int]] = field(default_factory=Counter)
 
-    def ledger(self, line: Line, failed: bool, unhealthy: bool) -> bool:
+    def ledger(self, line: LedgerLine, failed: bool, unhealthy: bool) -> bool:
         """Count ``line`` in the ledger (``unhealthy``: a rollout with a finding of its own);
         False if it names no row of tasks.jsonl."""
         key = line.key
@@ -97,7 +99,7 @@ class Tally:
         self.window_records[window] += 1
         return window
 
-    def rollout(self, line: Line) -> None:
+    def rollout(self, line: LedgerLine) -> None:
         """Count one record of rollouts.jsonl."""
         self.rollouts += 1
         self.when(line.record)
@@ -115,7 +117,7 @@ class Tally:
         if is_masked(rec):
             self.masked.add(line, "mask_sample: true")
 
-    def _findings(self, line: Line, facts: RolloutFacts) -> bool:
+    def _findings(self, line: LedgerLine, facts: RolloutFacts) -> bool:
         """Count the findings NeMo Gym 0.7 makes on one rollout; whether there was one."""
         before = sum(c.count for c in self._rollout_checks())
         hollow = [i for i, t in enumerate(facts.turns) if t.hollow]
@@ -145,7 +147,7 @@ class Tally:
         return (self.missing_turns, self.hollow, self.zero_completion, self.runaway,
                 self.mismatch, self.no_counts)  # fmt: skip
 
-    def failure(self, line: Line) -> None:
+    def failure(self, line: LedgerLine) -> None:
         """Count one record of failures.jsonl, under the server where it started."""
         self.failures += 1
         self.ledger(line, failed=True, unhealthy=True)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import orjson
 
 import rollgym.http.limits as answer_limits
+from rollgym.config import AnswerLimits
 from rollgym.http.limits import DECODABLE, Caps, OverLimit
-from rollgym.http.policy import AnswerLimits
 from rollgym.http.translate import raise_translated
 from rollgym.http.transport import RawAnswer, Request
 

@@ -18,8 +18,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from rollgym.config import BreakerConfig
 from rollgym.errors import RollgymError
-from rollgym.http.policy import BreakerConfig
 
 log = logging.getLogger("rollgym.http.breaker")
 

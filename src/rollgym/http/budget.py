@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from rollgym.http.policy import RetryBudgetConfig
+from rollgym.config import RetryBudgetConfig
 
 _BUCKET = 1.0  # seconds per bucket; the window is a ring of buckets
 

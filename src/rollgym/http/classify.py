@@ -27,6 +27,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from rollgym.config import RetryPolicy
 from rollgym.errors import (
     BudgetExhausted,
     CircuitOpen,
@@ -36,7 +37,7 @@ from rollgym.errors import (
     RollgymError,
     SessionLost,
 )
-from rollgym.http.policy import RetryPolicy, backoff, is_transient
+from rollgym.http.policy import backoff, is_transient
 
 
 @dataclass(frozen=True, slots=True)

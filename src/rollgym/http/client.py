@@ -2,7 +2,9 @@
 
 One client per process or event loop. The send path is a chain of small steps::
 
-    call / call_json -> _send: the retry loop, which only does the effects
+    call / call_json / call_stream / call_with_cookies   thin wrappers, each naming its reader
+      -> _call: the payload as JSON, the call's span when traced
+        -> _send: the retry loop, which only does the effects
                           ├─ _admit      breaker and pinning: may the attempt go, and where
                           ├─ transport   one attempt (``Transport.send(Request)``) -> decoded JSON
                           └─ classify    after a failure: retry after how long, or which error
@@ -28,6 +30,7 @@ import orjson
 
 import rollgym.http.limits as answer_limits
 from rollgym import tracing
+from rollgym.config import RetryPolicy
 from rollgym.errors import ConnectError, ReplicaDown, RollgymError
 from rollgym.http.answer import (
     AttemptFailed,
@@ -42,7 +45,6 @@ from rollgym.http.breaker import CLOSED, CircuitBreaker
 from rollgym.http.budget import RetryBudget
 from rollgym.http.classify import budget_exhausted, circuit_open, classify, replica_lost
 from rollgym.http.default import default_transport
-from rollgym.http.policy import RetryPolicy
 from rollgym.http.replicas import ReplicaSet
 from rollgym.http.scrub import header_secrets, scrubbed
 from rollgym.http.transport import RawAnswer, Request, Transport
@@ -225,9 +227,7 @@ class HttpClient:
         Not ``async`` itself (nor ``call_json``, ``call_stream``): it returns the retry loop's
         coroutine, one frame less for each of the thousands of calls a collector holds.
         """
-        body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
-        sent = self._send(target, endpoint, body, headers, deadline, sticky, pin, read_object)
-        return sent if tracing.active is None else tracing.active.call(sent, target, endpoint)
+        return self._call(target, endpoint, payload, headers, deadline, sticky, pin, read_object)
 
     def call_stream(
         self,
@@ -246,12 +246,10 @@ class HttpClient:
         a server that goes silent that long fails the attempt as a ``ReadTimeout``, retried
         under the target's policy, while one that keeps sending may run for the whole attempt
         timeout. A cut stream, or an error event in it, is a failed attempt too."""
-        body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
-        sent = self._send(
-            target, endpoint, body, headers, deadline, None, False, read_stream,
+        return self._call(
+            target, endpoint, payload, headers, deadline, None, False, read_stream,
             idle_timeout=idle_timeout,
         )  # fmt: skip
-        return sent if tracing.active is None else tracing.active.call(sent, target, endpoint)
 
     def call_json(
         self,
@@ -265,9 +263,7 @@ class HttpClient:
         pin: bool = False,
     ) -> Coroutine[Any, Any, JsonValue]:
         """``call`` for an endpoint that may answer any JSON value (a list, a string, ...)."""
-        body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
-        sent = self._send(target, endpoint, body, headers, deadline, sticky, pin, read_value)
-        return sent if tracing.active is None else tracing.active.call(sent, target, endpoint)
+        return self._call(target, endpoint, payload, headers, deadline, sticky, pin, read_value)
 
     async def call_with_cookies(
         self,
@@ -282,14 +278,36 @@ class HttpClient:
     ) -> tuple[JsonValue, dict[str, str]]:
         """``call_json``, plus the cookies the answer set (name -> value). The client keeps no
         cookie jar: a caller that holds a session in a cookie sends it back itself."""
+        value, cookies = await self._call(
+            target, endpoint, payload, headers, deadline, sticky, pin, read_value,
+            with_cookies=True,
+        )  # fmt: skip
+        return value, dict(cookies)
+
+    def _call(
+        self,
+        target: Target,
+        endpoint: str,
+        payload: Any,
+        headers: Mapping[str, str] | None,
+        deadline: float | None,
+        sticky: str | None,
+        pin: bool,
+        read: Reader,
+        *,
+        idle_timeout: float | None = None,
+        with_cookies: bool = False,
+    ) -> Coroutine[Any, Any, Any]:
+        """The one call path of every ``call*``: the payload as JSON (bytes are sent as they
+        are), the retry loop's coroutine, inside the call's span when traced
+        (``rollgym.tracing``)."""
         body = payload if isinstance(payload, (bytes, bytearray)) else orjson.dumps(payload)
         sent = self._send(
-            target, endpoint, body, headers, deadline, sticky, pin, read_value, with_cookies=True
-        )
-        if tracing.active is not None:
-            sent = tracing.active.call(sent, target, endpoint)
-        value, cookies = await sent
-        return value, dict(cookies)
+            target, endpoint, body, headers, deadline, sticky, pin, read,
+            idle_timeout=idle_timeout, with_cookies=with_cookies,
+        )  # fmt: skip
+        tracer = tracing.active
+        return sent if tracer is None else tracer.call(sent, target.name, endpoint)
 
     async def _send(
         self,

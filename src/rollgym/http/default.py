@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import rollgym.http.limits as answer_limits
+from rollgym.config import AnswerLimits
 from rollgym.http.aiohttp_transport import AiohttpTransport
 from rollgym.http.lean import LeanTransport
-from rollgym.http.policy import AnswerLimits
 
 
 def default_transport(

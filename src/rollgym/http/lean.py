@@ -40,9 +40,9 @@ import httptools
 from httptools import HttpParserError, HttpParserUpgrade
 
 import rollgym.http.limits as answer_limits
+from rollgym.config import AnswerLimits
 from rollgym.errors import TransportError
 from rollgym.http.limits import DECODABLE, Caps, OverLimit
-from rollgym.http.policy import AnswerLimits
 from rollgym.http.translate import raise_translated
 from rollgym.http.transport import (
     AnswerCut,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import zlib
 from contextvars import ContextVar, Token
 
-from rollgym.http.policy import AnswerLimits
+from rollgym.config import AnswerLimits
 
 
 class Caps:

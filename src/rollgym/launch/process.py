@@ -99,7 +99,7 @@ class ServerProcess:
         return ", ".join(parts)
 
     def spawn(self, config: dict[str, Any], urls: dict[str, list[str]], log_level: str) -> int:
-        """Start ``python -P -m rollgym.launch.worker`` on this replica's socket; return its
+        """Start ``python -P -m rollgym.cli.worker`` on this replica's socket; return its
         pid. ``config`` is the run's ``Config.model_dump(mode="json")``, ``urls`` every
         server's."""
         if self.sock is None:

@@ -39,10 +39,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from rollgym.config import RetryPolicy
 from rollgym.errors import DeadlineExceeded, RollgymError
 from rollgym.http import Target
 from rollgym.http.breaker import CircuitBreaker
-from rollgym.http.policy import RetryPolicy
 from rollgym.http.replicas import STICKY_MAX, ReplicaSet, fails_over
 
 log = logging.getLogger("rollgym.models.replicas")

@@ -15,8 +15,7 @@ import logging
 import socket
 
 from rollgym.errors import RollgymError
-from rollgym.launch.ports import bind_socket, socket_url
-from rollgym.prometheus.exposition import Exposition, load
+from rollgym.prometheus.exposition import Exposition
 from rollgym.wire import METRICS_ENDPOINT
 
 log = logging.getLogger("rollgym.prometheus")
@@ -28,12 +27,14 @@ READ_TIMEOUT = 10.0
 
 
 class MetricsServer:
-    """Serves ``exposition`` at ``GET /metrics`` on ``host:port`` (0: a port the OS picks)."""
+    """Serves ``exposition`` at ``GET /metrics`` on ``sock``, a listening socket reached at
+    ``base_url`` (``http://host:port``). The owner binds it (``rollgym.launch.ports``, the one
+    place rollgym binds a port), so a port that cannot be bound fails there, before this."""
 
-    def __init__(self, exposition: Exposition, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, exposition: Exposition, sock: socket.socket, base_url: str) -> None:
         self.exposition = exposition
-        self._sock: socket.socket | None = bind_socket(host, port)
-        self.url = socket_url(self._sock) + METRICS_ENDPOINT
+        self._sock: socket.socket | None = sock
+        self.url = base_url + METRICS_ENDPOINT
         self._server: asyncio.Server | None = None
 
     async def start(self) -> MetricsServer:
@@ -64,7 +65,7 @@ class MetricsServer:
         try:
             async with asyncio.timeout(READ_TIMEOUT):
                 head = await reader.readuntil(b"\r\n\r\n")
-            await load()
+            await self.exposition.load()
             status, content_type, body = self._answer(head)
             writer.write(
                 b"HTTP/1.1 %b\r\ncontent-type: %b\r\ncontent-length: %d\r\n"

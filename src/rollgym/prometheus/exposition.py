@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import importlib
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -25,31 +25,32 @@ from rollgym.extras import install_command
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from rollgym.server.base import BaseServer
-
 Families = Callable[[], Iterable["Metric"]]
-"""Builds the metric families of one scrape."""
+"""Builds the metric families of one scrape. The function that describes a source lives with
+the source (``rollgym.server.metrics``, ``rollgym.collect.metrics_port``, ``rollgym.ray.metrics``)
+and imports its module, which imports ``prometheus_client``, when it is called."""
 
 INSTALL_HINT = f"Prometheus metrics need prometheus_client: {install_command('metrics')}"
 _MODULES = ("prometheus_client.exposition", "rollgym.prometheus.families")
 
 
-async def load() -> None:
-    """Import ``prometheus_client`` (and the families built with it) in a thread, once: cold,
-    it takes a third of a second, which the first scrape must not take from the event loop
-    that serves rollouts. Missing, nothing happens here (``render`` says so)."""
-    for name in _MODULES:
-        if name not in sys.modules:
-            with contextlib.suppress(ImportError):
-                await asyncio.to_thread(importlib.import_module, name)
-
-
 class Exposition:
-    """Renders the families of one source on each scrape, through a registry of its own."""
+    """Renders the families of one source on each scrape, through a registry of its own;
+    ``modules`` are those its ``families`` import (loaded by ``load``, off the event loop)."""
 
-    def __init__(self, families: Families) -> None:
+    def __init__(self, families: Families, modules: Sequence[str] = ()) -> None:
         self._families = families
+        self._modules = (*_MODULES, *modules)
         self._registry: Any = None
+
+    async def load(self) -> None:
+        """Import ``prometheus_client`` (and the families built with it) in a thread, once:
+        cold, it takes a third of a second, which the first scrape must not take from the event
+        loop that serves rollouts. Missing, nothing happens here (``render`` says so)."""
+        for name in self._modules:
+            if name not in sys.modules:
+                with contextlib.suppress(ImportError):
+                    await asyncio.to_thread(importlib.import_module, name)
 
     def render(self, accept: str | None) -> tuple[bytes, str]:
         """The body and content type of one scrape, in the format ``accept`` prefers."""
@@ -77,19 +78,11 @@ class _Source:
         return self.families()
 
 
-def metrics_endpoint(server: BaseServer) -> Callable[[Request], Any]:
-    """The ``GET /metrics`` endpoint of ``server``."""
-
-    def families() -> Iterable[Metric]:
-        # Imported here: it imports prometheus_client, which ``render`` has checked is there.
-        from rollgym.prometheus.families import server_families
-
-        return server_families(server)
-
-    exposition = Exposition(families)
+def metrics_endpoint(exposition: Exposition) -> Callable[[Request], Any]:
+    """A ``GET /metrics`` endpoint answering ``exposition`` (a server's: ``server.app``)."""
 
     async def metrics(request: Request) -> Response:
-        await load()
+        await exposition.load()
         body, content_type = exposition.render(request.headers.get("accept"))
         return Response(body, media_type=None, headers={"content-type": content_type})
 

@@ -2,7 +2,7 @@
 
 Kept as ``latency.py`` keeps seconds (a ``bisect`` and two additions, no lock; no
 ``prometheus_client`` here, an extra the collector may lack) and read only at a scrape
-(``rollgym.prometheus.run``). The environment is a server name of the run's config,
+(``rollgym.collect.metrics_port``). The environment is a server name of the run's config,
 handed in by the collector; at most ``MAX_NAMES`` are kept (the rest are ``other``), so the
 label set stays bounded whatever a run's rows say.
 """

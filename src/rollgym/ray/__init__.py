@@ -11,8 +11,9 @@ The trainer-facing API (``rollgym.trainer``) needs no Ray at all; it works insid
 """
 
 from rollgym.ray.dispatch import RayDispatcher
+from rollgym.ray.launcher import RayLauncher
 from rollgym.ray.placement import NodeInfo, alive_nodes, connect
-from rollgym.ray.run import RayLauncher, run_on_ray
+from rollgym.ray.run import run_on_ray
 from rollgym.ray.servers import RayServers, Replica
 
 __all__ = [

@@ -156,7 +156,7 @@ class RayDispatcher:
 
     def on_metrics_moved(self, callback: Callable[[], None]) -> None:
         """``callback()`` whenever a worker's metrics URL changes (it was restarted or
-        replaced): a run's scrape targets follow it (``rollgym.prometheus.targets``)."""
+        replaced): a run's scrape targets follow it (``rollgym.collect.scrape_targets``)."""
         self._moved.append(callback)
 
     # -- the dispatch -------------------------------------------------------------------------

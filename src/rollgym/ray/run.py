@@ -1,17 +1,17 @@
 """``run_on_ray``: ``rollgym run --ray``, the one run orchestration with a Ray launcher (servers
-as processes on the cluster's nodes, ``collect.launchers.ray_launcher``) and the Ray dispatcher
-(collect worker actors)."""
+as processes on the cluster's nodes, ``ray.launcher``) and the Ray dispatcher (collect worker
+actors)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from rollgym.collect import RolloutPolicy, RunOutcome, run_collection
-from rollgym.collect.launchers import RayLauncher, ray_launcher
 from rollgym.config import CollectConfig, Config
 from rollgym.ray.dispatch import RayDispatcher
+from rollgym.ray.launcher import ray_launcher
 
-__all__ = ["RayLauncher", "run_on_ray"]
+__all__ = ["run_on_ray"]
 
 
 async def run_on_ray(

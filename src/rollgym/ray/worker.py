@@ -9,7 +9,7 @@ A replica that refuses connections (its process is gone) is taken out of rotatio
 worker at once, and the rollout goes to another replica: a refused connection sent nothing, so
 this is safe for any endpoint. The driver also passes the replicas it knows are dead.
 
-With ``metrics_host`` a worker serves Prometheus metrics (``rollgym.prometheus.worker``) on a
+With ``metrics_host`` a worker serves Prometheus metrics (``rollgym.ray.metrics``) on a
 port of its own, started by ``ready`` and reported there (``metrics_url``): a run with
 ``--metrics-port`` lists every worker in its scrape targets. A loopback ``metrics_host`` binds
 loopback (scraped from the worker's own node); any other binds the node's address.
@@ -30,7 +30,7 @@ from rollgym.collect.records import RolloutItem, RolloutRecord
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.errors import RollgymError
 from rollgym.http import HttpClient, Target
-from rollgym.launch.ports import is_loopback
+from rollgym.launch.ports import bind_socket, is_loopback, socket_url
 
 if TYPE_CHECKING:
     from rollgym.prometheus.exporter import MetricsServer
@@ -99,13 +99,15 @@ class CollectWorker:
         from rollgym.prometheus.exposition import Exposition
 
         def families() -> Iterator[Any]:
-            from rollgym.prometheus.worker import worker_families
+            from rollgym.ray.metrics import worker_families
 
             return worker_families(self)
 
         if not is_loopback(host):
             host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        return await MetricsServer(Exposition(families), host, 0).start()
+        sock = bind_socket(host, 0)
+        exposition = Exposition(families, ("rollgym.http.metrics", "rollgym.ray.metrics"))
+        return await MetricsServer(exposition, sock, socket_url(sock)).start()
 
     @property
     def queued(self) -> int:

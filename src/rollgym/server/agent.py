@@ -77,7 +77,7 @@ log = logging.getLogger("rollgym.server")
 
 MODEL_PAUSE_S = 600.0
 """The default seconds a model call may be held by a pause beyond ``model_timeout``: the
-default pause of ``rollgym.policy_control`` (a server's own default, 300 s, fits too)."""
+default pause of ``rollgym.trainer.policy_control`` (a server's own default, 300 s, fits too)."""
 
 TIMING_FIELD = "rollgym_timing"
 """The verify response's field that holds the rollout's ``Hops``."""

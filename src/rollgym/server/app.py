@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -35,10 +35,9 @@ from starlette.types import Receive, Scope, Send
 
 from rollgym import tracing
 from rollgym.errors import HTTPStatusError, InternalError, InvalidRequest, RollgymError
-from rollgym.prometheus.exposition import metrics_endpoint
+from rollgym.prometheus.exposition import Exposition, metrics_endpoint
 from rollgym.server.endpoint import (
     MAX_BODY_BYTES,
-    SCOPE_ROLLOUT,
     SCOPE_TOKEN_CAPTURE,
     Endpoint,
     JSONResponse,
@@ -48,10 +47,13 @@ from rollgym.wire import (
     METRICS_ENDPOINT,
     ROLLOUT_ID_PATTERN,
     ROLLOUT_PREFIX,
+    SCOPE_ROLLOUT,
     TOKEN_CAPTURE_SEGMENT,
 )
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from rollgym.server.base import BaseServer
 
 log = logging.getLogger("rollgym.server")
@@ -206,10 +208,22 @@ def build_app(server: BaseServer) -> App:
         Route("/health", health, methods=["GET", "POST"]),
         Route("/stats", stats, methods=["GET", "POST"]),
         # Prometheus metrics (rollgym.prometheus): what /stats says, and more, for a scraper.
-        Route(METRICS_ENDPOINT, metrics_endpoint(server), methods=["GET"]),
+        Route(METRICS_ENDPOINT, metrics_endpoint(_exposition(server)), methods=["GET"]),
         *server.routes(),
     ]
     return App(server, routes)
+
+
+def _exposition(server: BaseServer) -> Exposition:
+    """What ``server``'s ``/metrics`` answers (``rollgym.server.metrics``)."""
+
+    def families() -> Iterable[Metric]:
+        # Imported here: it imports prometheus_client, which ``render`` has checked is there.
+        from rollgym.server.metrics import server_families
+
+        return server_families(server)
+
+    return Exposition(families, ("rollgym.http.metrics", "rollgym.server.metrics"))
 
 
 __all__ = [

@@ -24,15 +24,13 @@ from rollgym.errors import (
     TransportError,
     chain_text,
 )
-from rollgym.wire import HEADER_ROLLOUT
+from rollgym.wire import HEADER_ROLLOUT, SCOPE_ROLLOUT
 
 MAX_BODY_BYTES = 32 * 1024 * 1024  # a request body past this is refused with 413
 CLIENT_GONE = 499  # nginx's "client closed request": nobody reads this answer
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
-SCOPE_ROLLOUT = "rollgym.rollout"
-"""The ASGI scope key holding the rollout id of a ``/ng-rollout/<id>/`` path (``app.App``)."""
 SCOPE_TOKEN_CAPTURE = "rollgym.token_capture"
 """The ASGI scope key set when the path asked for training token ids (``training-token-capture``)."""
 

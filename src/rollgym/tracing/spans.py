@@ -29,17 +29,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Coroutine, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import orjson
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from rollgym.errors import RollgymError, redact_url
-from rollgym.server.endpoint import SCOPE_ROLLOUT
 from rollgym.tracing import names as n
 from rollgym.version import __version__
-from rollgym.wire import HEADER_ROLLOUT
+from rollgym.wire import HEADER_ROLLOUT, SCOPE_ROLLOUT
 from rollgym.wire import POLICY_VERSION as POLICY_FIELD
 
 if TYPE_CHECKING:
@@ -47,13 +46,43 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from rollgym.collect.records import RolloutItem, RolloutRecord
-    from rollgym.http.client import Target
-    from rollgym.server.base import BaseServer
-
 __all__ = ["Attempt", "Serving", "Tracer"]
 
 T = TypeVar("T")
+
+
+# What the hooks read of the things they trace: a leaf names no type of the layers it watches.
+class Item(Protocol):
+    """A rollout to run (``rollgym.collect.records.RolloutItem``)."""
+
+    @property
+    def task_index(self) -> int: ...
+    @property
+    def rollout_index(self) -> int: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def agent(self) -> str: ...
+
+
+class Record(Protocol):
+    """A rollout's record (``rollgym.collect.records.RolloutRecord``); a failed one has an
+    ``error``, a scored one a ``reward``."""
+
+    @property
+    def attempts(self) -> int: ...
+
+
+class Served(Protocol):
+    """The server a request came to (``rollgym.server.base.BaseServer``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+
+
+R = TypeVar("R", bound=Record)
 MESSAGE_CHARS = 300
 """The most characters of an error's message a span's status carries."""
 
@@ -74,9 +103,7 @@ class Tracer:
 
     # -- the collector -------------------------------------------------------------------------
 
-    async def rollout(
-        self, work: Coroutine[Any, Any, RolloutRecord], item: RolloutItem
-    ) -> RolloutRecord:
+    async def rollout(self, work: Coroutine[Any, Any, R], item: Item) -> R:
         """``work`` (running ``item`` to its record) inside the rollout's root span."""
         caller = trace.get_current_span().get_span_context()
         span = self._tracer.start_span(
@@ -114,7 +141,7 @@ class Tracer:
     # -- the HTTP client -----------------------------------------------------------------------
 
     def call(
-        self, work: Coroutine[Any, Any, T], target: Target, endpoint: str
+        self, work: Coroutine[Any, Any, T], server: str, endpoint: str
     ) -> Coroutine[Any, Any, T]:
         """``work`` (one call's retry loop) inside the call's span, its attempts children of
         it. Untraced outside any trace (start-up health waits, ``/stats`` reads: a trace is a
@@ -122,13 +149,13 @@ class Tracer:
         (``OTEL_TRACES_SAMPLER``), whose spans would record nothing anyway."""
         if not trace.get_current_span().is_recording():
             return work
-        return self._call(work, target, endpoint)
+        return self._call(work, server, endpoint)
 
-    async def _call(self, work: Awaitable[T], target: Target, endpoint: str) -> T:
+    async def _call(self, work: Awaitable[T], server: str, endpoint: str) -> T:
         with self._tracer.start_as_current_span(
-            n.call_span(target.name, endpoint),
+            n.call_span(server, endpoint),
             kind=SpanKind.INTERNAL,
-            attributes={n.SERVER: target.name, n.ENDPOINT: endpoint},
+            attributes={n.SERVER: server, n.ENDPOINT: endpoint},
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
@@ -174,7 +201,7 @@ class Tracer:
 
     # -- the server app ------------------------------------------------------------------------
 
-    def serving(self, server: BaseServer, request: Request) -> Serving | None:
+    def serving(self, server: Served, request: Request) -> Serving | None:
         """Start the server span of ``request``, continuing the caller's trace (its
         ``traceparent``), and make it current for the endpoint's own calls; ``None`` for the
         probes (``/health``, ``/stats``...: ``names.UNTRACED_PATHS``)."""

@@ -35,10 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rollgym.config import RetryPolicy
 from rollgym.control_token import authorization, control_token
 from rollgym.errors import DeadlineExceeded, InternalError, ProtocolError, RollgymError
 from rollgym.http import HttpClient, Target
-from rollgym.http.policy import RetryPolicy
 from rollgym.wire import PAUSE_ENDPOINT, POLICY_ENDPOINT, RESUME_ENDPOINT
 
 log = logging.getLogger("rollgym.policy")

@@ -3,7 +3,8 @@ by type and server and by root cause, seconds, rewards by environment), its circ
 failovers, and its calls to the agents.
 
 Served on a port of the collector's own (``rollgym run --metrics-port``,
-``rollgym.prometheus.exporter``); read from the collector's live state at each scrape.
+``rollgym.prometheus.exporter``); read from the collector's live state at each scrape. Imported
+only for a run with ``--metrics-port``: it imports ``prometheus_client``.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from prometheus_client.core import (
 
 from rollgym.collect.dispatch import LocalDispatcher
 from rollgym.errors import ConfigError
+from rollgym.http.metrics import client_families
+from rollgym.launch.ports import bind_socket, socket_url
 from rollgym.prometheus.exporter import MetricsServer
 from rollgym.prometheus.exposition import Exposition
-from rollgym.prometheus.families import PREFIX, client_families, runner_families
+from rollgym.prometheus.families import PREFIX
 from rollgym.prometheus.reward import Rewards
 
 if TYPE_CHECKING:
     from rollgym.collect.collector import Collector
+    from rollgym.collect.dispatch import Runner
 
 
 def reward_family(rewards: Rewards) -> HistogramMetricFamily:
@@ -40,6 +44,20 @@ def reward_family(rewards: Rewards) -> HistogramMetricFamily:
     for environment, (buckets, total) in rewards.cumulative().items():
         family.add_metric([environment], buckets, total)
     return family
+
+
+def runner_families(runner: Runner) -> Iterator[Metric]:
+    """A rollout runner's circuit holds and failovers (the collector's, or a Ray worker's)."""
+    yield CounterMetricFamily(
+        PREFIX + "circuit_holds",
+        "Times a rollout was held (and re-sent later) because a circuit was open.",
+        value=runner.circuit_holds,
+    )
+    yield CounterMetricFamily(
+        PREFIX + "failovers",
+        "Rollouts sent to another agent replica after theirs was lost.",
+        value=runner.failovers,
+    )
 
 
 def collector_families(collector: Collector) -> Iterator[Metric]:
@@ -104,11 +122,12 @@ class CollectorMetrics:
     def __init__(self, host: str, port: int) -> None:
         self.collector: Collector | None = None
         try:
-            self.server = MetricsServer(Exposition(self._families), host, port)
+            sock = bind_socket(host, port)
         except OSError as exc:
             raise ConfigError(
                 f"--metrics-port {port}: cannot listen on {host}:{port}: {exc.strerror or exc}"
             ) from None
+        self.server = MetricsServer(Exposition(self._families), sock, socket_url(sock))
         self.url = self.server.url
 
     def attach(self, collector: Collector) -> None:
