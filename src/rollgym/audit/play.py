@@ -14,8 +14,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rollgym.audit.panel import Probe, floor_answers, leaked_strings, panel, references, row_tools
-from rollgym.audit.target import Environment, Play
+from rollgym.audit.panel import (
+    Probe,
+    floor_answers,
+    leaked_strings,
+    panel,
+    prompt_messages,
+    references,
+    row_tools,
+)
+from rollgym.audit.target import Environment, Outcome, Play
 from rollgym.audit.verdict import Finding, Result, findings, right, verdict
 
 
@@ -26,7 +34,10 @@ class ServerAudit:
     verdict: str
     findings: list[Finding]
     plays: int
+    refused: int
+    """Plays the server answered with a 4xx (an answer it would not score)."""
     skipped: int
+    """Plays not sent: the server had timed out too often."""
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
@@ -34,6 +45,7 @@ class ServerAudit:
             "verdict": self.verdict,
             "findings": [f.to_dict() for f in self.findings],
             "plays": self.plays,
+            "refused": self.refused,
             "skipped": self.skipped,
             "seconds": self.seconds,
         }
@@ -62,7 +74,8 @@ async def audit_server(env: Environment, rows: list[dict[str, Any]]) -> ServerAu
         verdict=verdict(found),
         findings=found,
         plays=len(results),
-        skipped=sum(r.reward is None and r.crash is None for r in results),
+        refused=sum(r.refused for r in results),
+        skipped=sum(r.reward is None and r.crash is None and not r.refused for r in results),
         seconds=round(time.monotonic() - started, 2),
     )
 
@@ -83,8 +96,11 @@ async def _tool_plan(
     last = Play("/verify")
     first = await env.play(row, "", probe.calls, last=last)
     if first.reward is None:
-        return [_result(probe, index, "", first.reward, first.crash, last, refs)]
-    answers = leaked_strings(first.outputs)
+        return [_result(probe, index, "", first, last, refs)]
+    # A string the prompt holds is no leak (a tool that echoes its argument): only what the
+    # tools revealed is tried.
+    prompt = "\n".join(prompt_messages(row))
+    answers = [a for a in leaked_strings(first.outputs) if a not in prompt]
     return list(await asyncio.gather(*(_one(env, row, index, refs, probe, a) for a in answers)))
 
 
@@ -93,12 +109,14 @@ async def _one(
 ) -> Result:
     last = Play("/verify")
     outcome = await env.play(row, answer, probe.calls, last=last)
-    return _result(probe, index, answer, outcome.reward, outcome.crash, last, refs)
+    return _result(probe, index, answer, outcome, last, refs)
 
 
 def _result(
-    probe: Probe, index: int, answer: str, reward: float | None, crash: str | None, last: Play,
-    refs: list[str],
-) -> Result:  # fmt: skip
+    probe: Probe, index: int, answer: str, outcome: Outcome, last: Play, refs: list[str]
+) -> Result:
     request = {"endpoint": last.endpoint, "body": last.body} if last.body else None
-    return Result(probe, index, answer, reward, crash, request, right(probe, answer, refs))
+    return Result(
+        probe, index, answer, outcome.reward, outcome.crash, request,
+        right(probe, answer, refs), refused=outcome.refused is not None,
+    )  # fmt: skip

@@ -41,6 +41,8 @@ class Result:
     crash: str | None = None
     request: dict[str, Any] | None = None
     right: bool = False
+    refused: bool = False
+    """The server answered the play with a 4xx (not scored, no finding)."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +205,9 @@ def normalize(text: str) -> str:
     return _DROP.sub("", text.casefold())
 
 
-LISTS = ("candidate_list", "tool_leak")
-"""Classes whose answers hold references by design: only a strictly right one is right."""
+LISTS = ("candidate_list", "tool_leak", "prompt_echo")
+"""Classes whose answers hold references by design (a prompt may name the answer among
+others): only a strictly right one is right."""
 _NUMBERS = re.compile(r"-?\d+(?:\.\d+)?")
 
 
