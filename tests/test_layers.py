@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("http, and monitoring as leaves", ("http", "tracing", "prometheus")),
     ("servers and processes", ("server", "launch", "chaos")),
     ("models, agents, environments", ("models", "agents", "envs")),
-    ("collection and reading a run", ("collect", "health", "report", "reverify")),
+    ("collection and reading a run", ("collect", "health", "report", "reverify", "audit")),
     ("trainer API, Ray, dialects", ("trainer", "ray", "check", "nemo_gym", "openenv", "dialects")),
     ("integrations", ("integrations", "serving", "testing")),
     ("command line", ("cli", "__main__")),

@@ -51,6 +51,7 @@ def _root(
 
 def _register() -> None:
     from rollgym.cli import (
+        audit,
         chaos,
         check,
         health,
@@ -67,6 +68,7 @@ def _register() -> None:
     run.register(app)
     chaos.register(app)
     check.register(app)
+    audit.register(app)
     report.register(app)
     reverify.register(app)
     serve_model.register(app)

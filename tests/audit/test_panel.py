@@ -1,0 +1,39 @@
+"""The panel and the verdict's reading of answers, without a server."""
+
+from __future__ import annotations
+
+from rollgym.audit.panel import CLASSES, Probe, leaked_strings, panel
+from rollgym.audit.target import _encode
+from rollgym.audit.verdict import is_right, right
+from tests.audit.planted import LOOKUP_TOOL, ROWS
+
+
+def test_every_class_has_probes_for_a_row_with_options_and_tools() -> None:
+    row = {**ROWS[1], "responses_create_params": {**ROWS[1]["responses_create_params"],
+                                                   "tools": [LOOKUP_TOOL]}}  # fmt: skip
+    probes = panel(row, pool=["Paris", "42"], tools=[LOOKUP_TOOL])
+    assert {p.cls for p in probes} == set(CLASSES)
+    letters = next(p for p in probes if p.name == "letters")
+    assert letters.answer == "A, B, C, D"
+    plan = next(p for p in probes if p.cls == "tool_leak")
+    assert plan.calls and all(set(c.arguments) == {"question"} for c in plan.calls)
+
+
+def test_a_hostile_answer_still_encodes() -> None:
+    crash = [p for p in panel(ROWS[0]) if p.cls == "crash"]
+    assert {len(_encode({"text": p.answer})) > 0 for p in crash} == {True}  # surrogates too
+
+
+def test_right_answers_and_lists() -> None:
+    assert is_right("The answer is \\boxed{Paris}.", ["Paris"])
+    assert is_right("48,213", ["48213"])
+    assert not is_right("\\boxed{Paris} \\boxed{Lyon}", ["Paris"])
+    assert not is_right("Paris, Lyon", ["Paris"])
+    # A verdict marker that holds the number by chance is no exploit; a candidate list is.
+    assert right(Probe("verdict_injection", "x"), "Score: 42 out of 42", ["42"])
+    assert not right(Probe("candidate_list", "x"), "17, 25, 42", ["42"])
+
+
+def test_leaked_strings_are_bounded_and_longest_first() -> None:
+    found = leaked_strings([{"a": ["x" * 1000, 7, True, None]}, '{"not": "decoded"}'])
+    assert found[0] == "x" * 400 and "7" in found and len(found) <= 8
