@@ -26,9 +26,9 @@ from typing import Any
 import orjson
 
 from rollgym.audit.panel import ToolCall
+from rollgym.config import AnswerLimits, BreakerConfig, RetryBudgetConfig, RetryPolicy
 from rollgym.errors import DeadlineExceeded, HTTPStatusError, ReadTimeout, RollgymError
 from rollgym.http import HttpClient, Target
-from rollgym.http.policy import AnswerLimits, BreakerConfig, RetryBudgetConfig, RetryPolicy
 from rollgym.models.scripted import build_response
 from rollgym.wire import HEADER_ROLLOUT, SESSION_HEADER
 
