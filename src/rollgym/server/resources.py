@@ -208,7 +208,7 @@ class ResourcesServer(BaseServer):
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
         """Environment-level metrics over finished rollouts: their verify responses without
         ``response`` and ``responses_create_params`` (reward, metrics, task fields, indices).
-        ``POST /aggregate_metrics`` answers them as the key metrics
+        ``POST /aggregate_metrics`` answers them as the key metrics, in NeMo Gym's shape
         (``rollgym.server.aggregate``)."""
         return {}
 
@@ -378,8 +378,8 @@ class ResourcesServer(BaseServer):
         except ValidationError as exc:
             message = format_validation_error("aggregate_metrics", exc, one_line=True)
             raise InvalidRequest(message, status=422) from None
-        # The environment's own metrics over the measured rows only, as 0.7 gives its
-        # compute_metrics_fn: a masked row's reward is no measurement.
+        # The environment's own metrics over the measured rows only: a masked row's reward is
+        # no measurement.
         own = await self.aggregate_metrics(measured(request.verify_responses))
         if not isinstance(own, dict):
             raise InternalError(f"{type(self).__name__}.aggregate_metrics returned no dict")

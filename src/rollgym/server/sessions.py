@@ -5,8 +5,8 @@ A call names its session in the ``x-rollgym-session`` header or the ``rollgym_se
 (``rollgym.wire``); the header wins when both are sent. Every answer within a session sets the
 cookie again: some agents carry cookies only, and keep just those of the latest answer.
 
-A dialect may let the caller name the session itself (``seed_named``, ``close``: e.g. 0.7's
-named sessions, ``rollgym.nemo_gym.resources_sessions``). A named session:
+A dialect (``rollgym.server.resources.ResourcesDialect``) may let the caller name the session
+itself (``seed_named``, ``close``). A named session:
 
 - is opened once per name: a repeated seed with the same name and episode answers the same
   session (a seed racing the first one waits for it); another episode or task under that name
