@@ -11,7 +11,7 @@ from typing import Any
 import uvicorn
 
 from rollgym.config import RetryPolicy, ServerConfig, ServerLimits, kind_defaults
-from rollgym.dialects import AGENT_DIALECTS
+from rollgym.dialects import SERVER_DIALECTS
 from rollgym.http import Target
 from rollgym.launch.ports import bind_socket
 from rollgym.server.app import build_app
@@ -67,7 +67,7 @@ async def serve_server(
     peers: dict[str, Target] | None = None,
     retry: dict[str, Any] | None = None,
     limits: dict[str, Any] | None = None,
-    dialects: tuple[Any, ...] = AGENT_DIALECTS,
+    dialects: tuple[Any, ...] = SERVER_DIALECTS,
 ) -> AsyncIterator[tuple[str, BaseServer]]:
     """Build a rollgym server from ``impl`` and serve it for real; yield (url, server).
     ``dialects``: what it speaks beside rollgym's own protocol (default: every dialect a

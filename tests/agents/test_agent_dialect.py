@@ -1,5 +1,5 @@
 """Adding a protocol to agent servers is a dialect plus one line in the list an entry point hands
-its servers (``rollgym.dialects.AGENT_DIALECTS``): no edit in ``rollgym.server``.
+its servers (``rollgym.dialects.SERVER_DIALECTS``): no edit in ``rollgym.server``.
 
 The toy dialect here takes ``/run`` bodies ``{"toy_task": N}`` (task ``N`` of the echo stack),
 answers ``{"toy_reward": r}`` or ``{"toy_failed": type, "phase": where}``, and adds an endpoint
@@ -14,7 +14,7 @@ import pytest
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from rollgym.dialects import AGENT_DIALECTS
+from rollgym.dialects import SERVER_DIALECTS
 from rollgym.server.agent import AgentDialect, AgentServer
 from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
 from tests.agents.ng07_stack import episode, post
@@ -45,7 +45,7 @@ class ToyDialect:
         return JSONResponse({"toy_reward": attempt.verified["reward"]})
 
 
-WITH_TOY = (*AGENT_DIALECTS, ToyDialect())
+WITH_TOY = (*SERVER_DIALECTS, ToyDialect())
 """The one line: what an entry point would list."""
 
 

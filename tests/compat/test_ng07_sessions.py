@@ -22,10 +22,11 @@ import pytest
 
 from rollgym.config import ServerLimits
 from rollgym.envs.lookup.server import LookupEnv
+from rollgym.nemo_gym.resources_sessions import MAX_NAME_CHARS, SeedRequest
 from rollgym.protocol import Reset, Step
 from rollgym.server.gymnasium import GymnasiumServer
 from rollgym.server.resources import ResourcesServer, Session, tool
-from rollgym.server.sessions import MAX_NAME_CHARS, SeedRequest, SessionStore
+from rollgym.server.sessions import SessionStore
 from rollgym.wire import SESSION_COOKIE, SESSION_HEADER
 from tests.envs.env_client import reply
 from tests.support.asgi import TRANSPORTS, Client, build, client
@@ -377,13 +378,14 @@ async def test_the_store_holds_a_racing_seed_until_the_first_is_prepared() -> No
         prepared.append(session.id)
 
     request = SeedRequest.model_validate(seed_body())
-    first = asyncio.create_task(store.seed_named(request, 10, prepare))
-    second = asyncio.create_task(store.seed_named(request, 10, prepare))
+    name, data = request.session_name, request.task_data
+    first = asyncio.create_task(store.seed_named(name, data, 10, prepare))
+    second = asyncio.create_task(store.seed_named(name, data, 10, prepare))
     for _ in range(20):  # every ready task runs to its next wait
         await asyncio.sleep(0)
     assert not first.done() and not second.done()
     second.cancel()  # a waiter that goes away does not cancel the first seed
-    third = asyncio.create_task(store.seed_named(request, 10, prepare))
+    third = asyncio.create_task(store.seed_named(name, data, 10, prepare))
     gate.set()
     a, c = await asyncio.gather(first, third)
     assert a is c and prepared == [a.id] and len(store) == 1

@@ -17,7 +17,7 @@ import orjson
 import yarl
 
 from rollgym.config import ServerConfig
-from rollgym.dialects import AGENT_DIALECTS
+from rollgym.dialects import SERVER_DIALECTS
 from rollgym.http import Target
 from rollgym.server.app import App, build_app
 from rollgym.server.base import BaseServer, ServerContext
@@ -44,7 +44,7 @@ def build(
     name: str = "env",
     options: dict[str, Any] | None = None,
     peers: dict[str, Target] | None = None,
-    dialects: tuple[Any, ...] = AGENT_DIALECTS,
+    dialects: tuple[Any, ...] = SERVER_DIALECTS,
 ) -> App:
     """``klass``'s app, built as ``serve_server`` builds it."""
     impl = f"{klass.__module__}:{klass.__name__}"

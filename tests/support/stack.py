@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from rollgym.config import Config, RetryPolicy, kind_defaults, parse_config
-from rollgym.dialects import AGENT_DIALECTS
+from rollgym.dialects import SERVER_DIALECTS
 from rollgym.http import Target
 from rollgym.server.base import BaseServer
 from rollgym.testing import serve_server
@@ -167,7 +167,7 @@ async def running_stack(
     model_retry: dict[str, Any] | None = None,
     env_retry: dict[str, Any] | None = None,
     model_as: str = "model",
-    agent_dialects: tuple[Any, ...] = AGENT_DIALECTS,
+    agent_dialects: tuple[Any, ...] = SERVER_DIALECTS,
 ) -> AsyncIterator[Stack]:
     """Serve ``model``, ``env`` and the tool agent on 127.0.0.1. The agent calls its peers with
     ``fast_policy`` of their kind, with ``model_retry`` / ``env_retry`` laid over it.

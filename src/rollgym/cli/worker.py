@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import sys
 
-from rollgym.dialects import AGENT_DIALECTS
+from rollgym.dialects import SERVER_DIALECTS
 from rollgym.errors import ConfigError
 from rollgym.launch.worker import main
 
 if __name__ == "__main__":
     try:
-        main(AGENT_DIALECTS)
+        main(SERVER_DIALECTS)
     except KeyboardInterrupt:
         sys.exit(0)
     except ConfigError as err:

@@ -21,11 +21,10 @@ takes the row plus ``response`` (the model's answer). The session travels as for
 set again on every answer, and it ends with the step that says ``terminated`` or
 ``truncated``. A step naming no open episode is answered 404.
 
-``POST /close_session`` (NeMo Gym 0.7's body, ``{resources_session_id, episode_id}``) ends the
-episode the call's session names before it is over (an agent that gives up frees it at once);
-it answers ``{resources_session_id}``, also when no episode was open. ``GET /reverify_mode``
-answers ``"unsupported"``: a step's reward comes from the episode's state, which a recorded
-rollout does not carry. (0.7's own ``GymnasiumServer`` serves neither.)
+The dialects' endpoints (``rollgym.server.resources.ResourcesDialect.routes``) serve its store
+too: a close ends the episode the call's session names before it is over (an agent that gives
+up frees it at once). ``GET /reverify_mode`` answers ``"unsupported"``: a
+step's reward comes from the episode's state, which a recorded rollout does not carry.
 """
 
 from __future__ import annotations
@@ -39,16 +38,9 @@ from rollgym.errors import InternalError, InvalidRequest
 from rollgym.protocol import Reset, Step
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.server.endpoint import BodyLimit, Call, json_endpoint
-from rollgym.server.resources import ReverifyMode
-from rollgym.server.sessions import (
-    Session,
-    SessionStore,
-    in_session,
-    new_session,
-    parse_close,
-    session_id,
-)
-from rollgym.wire import CLOSE_SESSION_ENDPOINT, RESOURCES_SESSION_ID, REVERIFY_MODE_ENDPOINT
+from rollgym.server.resources import ReverifyMode, dialects_of
+from rollgym.server.sessions import Session, SessionStore, in_session, new_session, session_id
+from rollgym.wire import REVERIFY_MODE_ENDPOINT
 
 
 class GymnasiumServer(BaseServer):
@@ -61,6 +53,8 @@ class GymnasiumServer(BaseServer):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self._sessions = SessionStore(self.name, ctx.config.limits)
+        # Only the dialects' endpoints: a Gymnasium-style episode opens at ``/reset`` alone.
+        self._dialect_routes = [r for d in dialects_of(ctx) for r in d.routes(self._sessions)]
 
     # -- the authoring API ---------------------------------------------------------------
 
@@ -85,17 +79,12 @@ class GymnasiumServer(BaseServer):
         return [
             Route("/reset", json_endpoint(self._reset, limit), methods=["POST"]),
             Route("/step", json_endpoint(self._step), methods=["POST"]),
-            Route(CLOSE_SESSION_ENDPOINT, json_endpoint(self._close), methods=["POST"]),
+            *self._dialect_routes,
             Route(REVERIFY_MODE_ENDPOINT, json_endpoint(self._reverify_mode), methods=["GET"]),
         ]
 
     async def _reverify_mode(self, body: Any, call: Call) -> Any:
         return type(self).reverify_mode
-
-    async def _close(self, body: Any, call: Call) -> Any:
-        request = parse_close(body)
-        self._sessions.close(request, session_id(call))
-        return {RESOURCES_SESSION_ID: request.resources_session_id}
 
     async def _reset(self, row: Any, call: Call) -> Any:
         if not isinstance(row, dict):

@@ -16,14 +16,14 @@ call (a bad call answers 422, which the agent hands back to the model). Each rol
 ``Session`` from ``POST /seed_session``, held until its ``/verify`` (``rollgym.server.sessions``:
 its id travels in the ``x-rollgym-session`` header or the ``rollgym_session`` cookie).
 
-NeMo Gym 0.7's Environment Servers are served too: ``/seed_session`` with 0.7's body
-``{resources_session_id, episode_id, task_id, task_data}`` opens a session for ``task_data`` (seeded
-by the same ``seed_session`` hook as a task row), answered ``{resources_session_id,
-resources_tools: null, sandbox_access: null}`` with the session cookie; it lives until
-``POST /close_session`` ``{resources_session_id, episode_id}``. ``GET /reverify_mode`` answers
-the class's ``reverify_mode``: ``"stateless"`` when ``verify`` reads only the row and the
-response (a recorded rollout can be scored again as it is), ``"unsupported"`` when it reads the
-session's state, ``"unknown"`` (the default) when the environment does not say.
+Other protocols are dialects (``ResourcesDialect``), listed by the process's entry point
+(``rollgym.dialects``) and handed over in ``ServerContext.dialects``: each may take
+``/seed_session`` bodies of its own shape (seeded by the same ``seed_session`` hook as a task
+row, e.g. into a session its caller names: ``SessionStore.seed_named``) and add endpoints on the
+server's sessions (e.g. a close). ``GET /reverify_mode`` answers the class's ``reverify_mode``:
+``"stateless"`` when ``verify`` reads only the row and the response (a recorded rollout can be
+scored again as it is), ``"unsupported"`` when it reads the session's state, ``"unknown"`` (the
+default) when the environment does not say.
 """
 
 from __future__ import annotations
@@ -34,7 +34,16 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar, get_args, get_type_hints
+from typing import (
+    Any,
+    ClassVar,
+    Literal,
+    Protocol,
+    TypeVar,
+    get_args,
+    get_type_hints,
+    runtime_checkable,
+)
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from starlette.routing import BaseRoute, Route
@@ -54,28 +63,48 @@ from rollgym.server.endpoint import (
     json_endpoint,
 )
 from rollgym.server.sessions import (
+    Prepare,
     Session,
     SessionStore,
     in_session,
-    is_named_seed,
     new_session,
-    parse_close,
-    parse_seed,
-    seeded_answer,
     session_id,
 )
-from rollgym.wire import (
-    CLOSE_SESSION_ENDPOINT,
-    RESOURCES_SESSION_ID,
-    REVERIFY_MODE_ENDPOINT,
-    session_cookie,
-)
+from rollgym.wire import REVERIFY_MODE_ENDPOINT, session_cookie
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
-ReverifyMode = Literal["stateless", "unsupported", "unknown"]  # TODO(wire): 0.7's ReverifyMode
+ReverifyMode = Literal["stateless", "unsupported", "unknown"]
 """``GET /reverify_mode``'s answer: can a recorded rollout be verified again from its row and
 response alone (``stateless``), not (``unsupported``), or is it not said (``unknown``)."""
+
+
+@runtime_checkable
+class ResourcesDialect(Protocol):
+    """A protocol a resources server speaks beside task rows on ``/seed_session`` (one object,
+    listed in ``ServerContext.dialects``). A Gymnasium-style server takes its ``routes`` only."""
+
+    def routes(self, sessions: SessionStore) -> list[BaseRoute]:
+        """The endpoints this dialect adds on ``sessions`` (asked once, when the server is
+        built)."""
+        ...
+
+    def takes(self, body: dict[str, Any]) -> bool:
+        """Whether a ``/seed_session`` body is this dialect's (the first dialect that takes it
+        answers; a body none takes is a task row)."""
+        ...
+
+    async def seed(
+        self, body: dict[str, Any], size: int, sessions: SessionStore, prepare: Prepare
+    ) -> tuple[Session, Any]:
+        """Open (or find again) in ``sessions`` the session ``body`` asks for, seeded by
+        ``prepare``; that session and the answer (the server sets the session's cookie)."""
+        ...
+
+
+def dialects_of(ctx: ServerContext) -> list[ResourcesDialect]:
+    """The resources dialects among those the entry point listed, in its order."""
+    return [d for d in ctx.dialects if isinstance(d, ResourcesDialect)]
 
 
 @dataclass(frozen=True)
@@ -127,8 +156,8 @@ class ResourcesServer(BaseServer):
     cpu_verify_workers: ClassVar[int] = 2
     reverify_mode: ClassVar[ReverifyMode] = "unknown"
     """Whether ``verify`` reads only the row and the response (``"stateless"``), or the
-    session's state too (``"unsupported"``): 0.7's ``gym eval reverify`` asks before it
-    scores recorded rollouts again."""
+    session's state too (``"unsupported"``): a caller asks before it scores recorded rollouts
+    again."""
     tools: ClassVar[dict[str, ToolSpec]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -160,6 +189,9 @@ class ResourcesServer(BaseServer):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self._sessions = SessionStore(self.name, ctx.config.limits)
+        self.dialects = dialects_of(ctx)
+        """The dialects this server speaks, in their entry point's order."""
+        self._dialect_routes = [route for d in self.dialects for route in d.routes(self._sessions)]
         self._pool: CpuPool | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._pool_lock = asyncio.Lock()
@@ -236,7 +268,7 @@ class ResourcesServer(BaseServer):
     def routes(self) -> list[BaseRoute]:
         return [
             Route("/seed_session", json_endpoint(self._seed, self._seed_limit()), methods=["POST"]),
-            Route(CLOSE_SESSION_ENDPOINT, json_endpoint(self._close), methods=["POST"]),
+            *self._dialect_routes,
             Route(REVERIFY_MODE_ENDPOINT, json_endpoint(self._reverify_mode), methods=["GET"]),
             Route("/verify", json_endpoint(self._verify), methods=["POST"]),
             Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
@@ -269,18 +301,16 @@ class ResourcesServer(BaseServer):
     async def _seed(self, task: Any, call: Call) -> Any:
         if not isinstance(task, dict):
             raise InvalidRequest("seed_session expects the task row as a JSON object", status=422)
-        if is_named_seed(task):  # 0.7's body: the caller names the session
-            named = await self._sessions.seed_named(parse_seed(task), call.size, self.seed_session)
-            return in_session(seeded_answer(named), named)
+        for dialect in self.dialects:
+            if dialect.takes(task):
+                opened, answer = await dialect.seed(
+                    task, call.size, self._sessions, self.seed_session
+                )
+                return in_session(answer, opened)
         session = new_session(task, call.size)
         await self.seed_session(session)
         self._sessions.hold(session)
         return in_session({"session_id": session.id}, session)
-
-    async def _close(self, body: Any, call: Call) -> Any:
-        request = parse_close(body)
-        self._sessions.close(request, session_id(call))
-        return {RESOURCES_SESSION_ID: request.resources_session_id}
 
     def _session(self, call: Call) -> Session:
         sid = session_id(call)
@@ -325,7 +355,7 @@ class ResourcesServer(BaseServer):
         response = body["response"]
         result = await self.verify(session, body, response)
         # Dropped only once verified, so a retried /verify (idempotent) still finds it; a named
-        # session (0.7's) only when its caller closes it.
+        # session only when its caller closes it.
         if session.name is None:
             self._sessions.release(session)
         if isinstance(result, dict):
@@ -348,8 +378,8 @@ class ResourcesServer(BaseServer):
         except ValidationError as exc:
             message = format_validation_error("aggregate_metrics", exc, one_line=True)
             raise InvalidRequest(message, status=422) from None
-        # The environment's own metrics over the measured rows only, as 0.7 gives its
-        # compute_metrics_fn: a masked row's reward is no measurement.
+        # The environment's own metrics over the measured rows only: a masked row's reward is
+        # no measurement.
         own = await self.aggregate_metrics(measured(request.verify_responses))
         if not isinstance(own, dict):
             raise InternalError(f"{type(self).__name__}.aggregate_metrics returned no dict")
@@ -384,4 +414,12 @@ async def _retire(pool: CpuPool, stuck: Future[Any], grace: float) -> None:
         pool.kill()
 
 
-__all__ = ["ResourcesServer", "ReverifyMode", "Session", "output_text", "tool"]
+__all__ = [
+    "ResourcesDialect",
+    "ResourcesServer",
+    "ReverifyMode",
+    "Session",
+    "dialects_of",
+    "output_text",
+    "tool",
+]

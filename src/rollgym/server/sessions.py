@@ -3,17 +3,15 @@ the id a call carries, held within bounds until the rollout ends.
 
 A call names its session in the ``x-rollgym-session`` header or the ``rollgym_session`` cookie
 (``rollgym.wire``); the header wins when both are sent. Every answer within a session sets the
-cookie again: NeMo Gym's agents carry cookies only, and keep just those of the latest answer.
+cookie again: some agents carry cookies only, and keep just those of the latest answer.
 
-NeMo Gym 0.7's Environment Servers name the session themselves: ``/seed_session`` with
-``{resources_session_id, episode_id, task_id, task_data}`` (``SeedRequest``) opens a *named*
-session, and ``/close_session`` with ``{resources_session_id, episode_id}`` (``CloseRequest``)
-ends it. A named session:
+A dialect (``rollgym.server.resources.ResourcesDialect``) may let the caller name the session
+itself (``seed_named``, ``close``). A named session:
 
 - is opened once per name: a repeated seed with the same name and episode answers the same
   session (a seed racing the first one waits for it); another episode or task under that name
   is refused (409);
-- lives until its close (not until its ``/verify``: 0.7 verifies, then closes);
+- lives until its close (not until its ``/verify``: its caller verifies, then closes);
 - cannot be opened again once closed: a closed name, seeded or not, is remembered (the last
   ``MAX_CLOSED`` of them, by a 16-byte digest) and a later seed of it is refused (409).
 
@@ -34,42 +32,31 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from rollgym.config import ServerLimits, format_validation_error
+from rollgym.config import ServerLimits
 from rollgym.errors import InvalidRequest
-from rollgym.nemo_gym.episodes import CREATE_PARAMS, EpisodeId, TaskId
 from rollgym.server.endpoint import Call, JSONResponse
-from rollgym.wire import (
-    EPISODE_ID,
-    RESOURCES_SESSION_ID,
-    RESOURCES_TOOLS,
-    SANDBOX_ACCESS,
-    SESSION_COOKIE,
-    SESSION_HEADER,
-    TASK_DATA,
-    session_cookie,
-)
-
-M = TypeVar("M", bound=BaseModel)
+from rollgym.wire import SESSION_COOKIE, SESSION_HEADER, session_cookie
 
 MAX_SESSIONS = 200_000
 """Sessions held at most by one server."""
 MAX_CLOSED = MAX_SESSIONS
 """Closed session names remembered at most (oldest forgotten first)."""
-MAX_NAME_CHARS = 1024
-"""The longest ``resources_session_id`` taken (0.7 names its sessions with 50 characters)."""
+
+Prepare = Callable[["Session"], Awaitable[None]]
+"""A server's seed hook: prepares a new session's state before it is handed out."""
 
 
 @dataclass(frozen=True)
 class SessionName:
-    """Who opened a named session: the caller's name for it, and the episode it is for."""
+    """Who opened a named session: the caller's name for it, and the episode and task it is
+    for, as its dialect spells them (the same episode and task: equal values)."""
 
-    resources_session_id: str
-    episode_id: EpisodeId
-    task_id: TaskId
+    name: str
+    episode: str
+    task: tuple[str, ...]
+    """The task's id in its parts (messages join them with ``/``)."""
 
 
 @dataclass
@@ -83,7 +70,8 @@ class Session:
     size: int = 0
     """The bytes of its opening body: what it counts against ``limits.sessions_bytes``."""
     name: SessionName | None = None
-    """Set when 0.7's seed opened it: it then lives until ``/close_session``."""
+    """Set when its caller named it (``SessionStore.seed_named``): it then lives until its
+    close."""
     seeding: asyncio.Future[None] | None = None
     """Set while its seed runs: a repeated seed waits for it."""
 
@@ -105,63 +93,6 @@ def in_session(result: Any, session: Session) -> Any:
     return JSONResponse(result, headers={"set-cookie": session_cookie(session.id)})
 
 
-# -- NeMo Gym 0.7's session bodies -----------------------------------------------------------
-
-
-class SeedRequest(BaseModel):
-    """0.7's ``/seed_session`` body (its ``ResourcesSeedSessionRequest``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    resources_session_id: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
-    episode_id: EpisodeId
-    task_id: TaskId
-    task_data: dict[str, Any]
-
-
-class CloseRequest(BaseModel):
-    """0.7's ``/close_session`` body (its ``ResourcesCloseSessionRequest``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    resources_session_id: str = Field(max_length=MAX_NAME_CHARS)
-    episode_id: EpisodeId
-
-
-def is_named_seed(body: dict[str, Any]) -> bool:
-    """Whether a ``/seed_session`` body is 0.7's (else a task row): it has
-    ``resources_session_id``, or it has ``episode_id`` or ``task_data`` and no
-    ``responses_create_params`` (which every task row has). Unlike 0.7, which takes a malformed
-    one for a task row, such a body is then validated as 0.7's and refused if it is not."""
-    if RESOURCES_SESSION_ID in body:
-        return True
-    return CREATE_PARAMS not in body and (EPISODE_ID in body or TASK_DATA in body)
-
-
-def parse_seed(body: Any) -> SeedRequest:
-    return _parse(SeedRequest, body, "seed_session")
-
-
-def parse_close(body: Any) -> CloseRequest:
-    return _parse(CloseRequest, body, "close_session")
-
-
-def _parse(model: type[M], body: Any, endpoint: str) -> M:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        message = format_validation_error(endpoint, exc, one_line=True, model=model)
-        raise InvalidRequest(message, status=422) from None
-
-
-def seeded_answer(session: Session) -> dict[str, Any]:
-    """0.7's answer to the seed that opened the named ``session``."""
-    assert session.name is not None
-    return {
-        RESOURCES_SESSION_ID: session.name.resources_session_id,
-        RESOURCES_TOOLS: None,
-        SANDBOX_ACCESS: None,
-    }
-
-
 def _shown(name: str) -> str:
     """A caller's session name as messages show it (a long one cut)."""
     return repr(name) if len(name) <= 80 else f"{name[:60]!r}... ({len(name)} characters)"
@@ -181,7 +112,7 @@ class SessionStore(Mapping[str, Session]):
         self.server = server
         self.limits = limits
         self._held: OrderedDict[str, Session] = OrderedDict()
-        self._named: dict[str, Session] = {}  # resources_session_id -> its session
+        self._named: dict[str, Session] = {}  # a caller's name -> its session
         self._closed: OrderedDict[bytes, None] = OrderedDict()  # digests of closed names
         # Bounded in number and in the bytes of their opening bodies (a parsed row takes a few
         # times its JSON's bytes; what a server adds to ``data`` is not counted).
@@ -204,7 +135,7 @@ class SessionStore(Mapping[str, Session]):
         self._held[session.id] = session
         self._bytes += session.size
         if session.name is not None:
-            self._named[session.name.resources_session_id] = session
+            self._named[session.name.name] = session
         while len(self._held) > 1 and (
             len(self._held) > MAX_SESSIONS or self._bytes > self.limits.sessions_bytes
         ):
@@ -219,11 +150,8 @@ class SessionStore(Mapping[str, Session]):
 
     def _forget(self, session: Session) -> None:
         self._bytes -= session.size
-        if (
-            session.name is not None
-            and self._named.get(session.name.resources_session_id) is session
-        ):
-            del self._named[session.name.resources_session_id]
+        if session.name is not None and self._named.get(session.name.name) is session:
+            del self._named[session.name.name]
 
     def why_missing(self) -> str:
         """What to add to "unknown session" when sessions were dropped ("" if none were)."""
@@ -235,30 +163,28 @@ class SessionStore(Mapping[str, Session]):
             f"bodies (raise servers.{self.server}.limits.sessions_bytes)"
         )
 
-    # -- named sessions (0.7) -----------------------------------------------------------------
+    # -- named sessions ------------------------------------------------------------------------
 
     async def seed_named(
-        self, request: SeedRequest, size: int, prepare: Callable[[Session], Awaitable[None]]
+        self, name: SessionName, task: dict[str, Any], size: int, prepare: Prepare
     ) -> Session:
-        """The session named by ``request``: the one already open under its name (same
-        episode and task, else 409), or a new one for ``request.task_data``, held once
-        ``prepare`` (the server's seed hook) has run on it. A closed name is refused (409)."""
-        name = request.resources_session_id
-        while (open_ := self._named.get(name)) is not None:
-            _same_episode(open_, request.episode_id, request.task_id)
+        """The session ``name`` names: the one already open under ``name.name`` (same episode
+        and task, else 409), or a new one for task row ``task``, held once ``prepare`` (the
+        server's seed hook) has run on it. A closed name is refused (409)."""
+        while (open_ := self._named.get(name.name)) is not None:
+            _same_episode(open_, name.episode, name.task)
             if open_.seeding is None:
                 return open_
             # The first seed of this name still runs (this is a retry of it): its outcome is
             # ours. ``shield``: a waiter that goes away must not cancel the first seed.
             await asyncio.shield(open_.seeding)
-        if _digest(name) in self._closed:
+        if _digest(name.name) in self._closed:
             raise InvalidRequest(
-                f"resources session {_shown(name)} is closed: a closed session is not seeded "
-                "again (name a new one)",
+                f"resources session {_shown(name.name)} is closed: a closed session is not "
+                "seeded again (name a new one)",
                 status=409,
             )
-        label = SessionName(name, request.episode_id, request.task_id)
-        session = new_session(request.task_data, size, label)
+        session = new_session(task, size, name)
         session.seeding = asyncio.get_running_loop().create_future()
         self.hold(session)  # holds the name while the hook runs
         try:
@@ -269,23 +195,22 @@ class SessionStore(Mapping[str, Session]):
         finally:
             session.seeding.set_result(None)
             session.seeding = None
-        if self._named.get(name) is not session:
+        if self._named.get(name.name) is not session:
             raise InvalidRequest(
-                f"resources session {_shown(name)} was closed (or dropped{self.why_missing()}) "
-                "while it was being seeded",
+                f"resources session {_shown(name.name)} was closed (or dropped"
+                f"{self.why_missing()}) while it was being seeded",
                 status=409,
             )
         return session
 
-    def close(self, request: CloseRequest, caller: str | None = None) -> Session | None:
-        """End the session named by ``request`` (and remember the name as closed, seeded or
-        not, so that no late seed opens it); also the unnamed session ``caller`` (the call's
-        session id) names, if it is held. The session ended, if any; an unknown or closed
-        name is no error. Another episode's session is refused (409) and kept."""
-        name = request.resources_session_id
+    def close(self, name: str, episode: str, caller: str | None = None) -> Session | None:
+        """End the session named ``name`` (and remember the name as closed, seeded or not, so
+        that no late seed opens it); also the unnamed session ``caller`` (the call's session
+        id) names, if it is held. The session ended, if any; an unknown or closed name is no
+        error. Another episode's session is refused (409) and kept."""
         named = self._named.get(name)
         if named is not None:
-            _same_episode(named, request.episode_id, None)
+            _same_episode(named, episode, None)
         digest = _digest(name)
         self._closed[digest] = None
         self._closed.move_to_end(digest)
@@ -301,36 +226,30 @@ class SessionStore(Mapping[str, Session]):
         return None
 
 
-def _same_episode(session: Session, episode: EpisodeId, task: TaskId | None) -> None:
+def _same_episode(session: Session, episode: str, task: tuple[str, ...] | None) -> None:
     assert session.name is not None
     seeded = session.name
-    if seeded.episode_id != episode:
-        what = f"episode {seeded.episode_id.capture_key!r}, not {episode.capture_key!r}"
-    elif task is not None and seeded.task_id != task:
-        what = f"task {seeded.task_id.taskset}/{seeded.task_id.task_id}"
+    if seeded.episode != episode:
+        what = f"episode {seeded.episode!r}, not {episode!r}"
+    elif task is not None and seeded.task != task:
+        what = f"task {'/'.join(seeded.task)}"
     else:
         return
     raise InvalidRequest(
-        f"resources session {_shown(seeded.resources_session_id)} is open for {what}: a "
-        "session name belongs to one episode",
+        f"resources session {_shown(seeded.name)} is open for {what}: a session name belongs "
+        "to one episode",
         status=409,
     )
 
 
 __all__ = [
     "MAX_CLOSED",
-    "MAX_NAME_CHARS",
     "MAX_SESSIONS",
-    "CloseRequest",
-    "SeedRequest",
+    "Prepare",
     "Session",
     "SessionName",
     "SessionStore",
     "in_session",
-    "is_named_seed",
     "new_session",
-    "parse_close",
-    "parse_seed",
-    "seeded_answer",
     "session_id",
 ]
