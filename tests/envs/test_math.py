@@ -110,6 +110,11 @@ COMPUTE = "Compute $\\frac{3}{4} + \\frac{1}{8}$. Put your final answer in \\box
         ("1", "Evaluate $\\int_0^1 2x \\, dx$.", "Evaluate $\\int_0^1 2x \\, dx$."),
         ("x+1", "Simplify $\\frac{x^2-1}{x-1}$.", "\\boxed{\\frac{x^2-1}{x-1}}"),
         ("\\frac{3}{4}", "Write $0.75$ as a fraction.", "\\boxed{0.75}"),
+        # Without math mode in the problem.
+        ("1024", "What is 2^10?", "\\boxed{2^{10}}"),
+        ("42", "Compute 7!/5!.", "\\boxed{7!/5!}"),
+        ("\\frac{7}{8}", "Compute 3/4 + 1/8.", "\\boxed{\\frac{3}{4} + \\frac{1}{8}}"),
+        ("x^2+6x+9", "Expand (x+3)^2, please.", "$(x+3)^2$"),
     ],
 )
 def test_an_answer_that_restates_the_problem_earns_nothing(
@@ -141,6 +146,7 @@ def test_an_answer_that_restates_the_problem_earns_nothing(
         ("6", "Solve $2x + 5 = 17$ for $x$.", "\\boxed{x = 6}"),
         ("6\\sqrt{2}", "Simplify $\\sqrt{72}$.", "\\boxed{\\sqrt{2} \\cdot 6}"),
         ("6\\sqrt{2}", "What is the diagonal of a square of side 6?", "\\boxed{\\sqrt{72}}"),
+        ("1024", "What is 2^10? A well-known power.", "\\boxed{1024}"),
     ],
 )
 def test_a_correct_answer_keeps_its_reward_beside_the_problem(

@@ -5,19 +5,20 @@ process's main thread. ``MathEnv`` runs ``check_answer`` in a spawn process pool
 function runs in the worker's main thread, so those inner timeouts stay on; the pool's timeout
 is the backstop for work a signal cannot interrupt.
 
-An answer that only restates the problem earns nothing. math-verify evaluates what it reads,
-so the problem's own expression (``\\frac{3}{4} + \\frac{1}{8}``, ``\\sqrt{72}``, ``2^{10}``,
+An answer that only restates the problem earns nothing. math-verify evaluates what it reads, so
+the problem's own expression (``\\frac{3}{4} + \\frac{1}{8}``, ``\\sqrt{72}``, ``2^{10}``,
 ``(x+3)^2`` for "Expand") equals the gold: a reply that gives the prompt back, or boxes its
 expression, would be paid for solving nothing. So a correct answer whose final expression is
-one the problem states (each of its ``$...$``, ``\\(...\\)`` and ``\\[...\\]`` spans, and what
-math-verify reads in the whole problem) scores 0 (``restates_problem``), unless it is the
-gold's own form (a problem may name its answer: "the gcd of 12 and 24"). Expressions are the
-same when math-verify parses them to the same unevaluated tree, up to the order of terms and
-how a fraction of integers is written (``3/4``, ``\\frac{3}{4}``). An answer that does part
-of the work (``0.75 + 0.125``) is not a restatement; one in another form than the gold that
-the problem also states is one (``0.75`` for "Write $0.75$ as a fraction") or a right answer
-(``0.75`` for "Which is larger, $0.75$ or $\\frac{2}{3}$?" whose gold is ``\\frac{3}{4}``):
-the check cannot tell those apart, so it scores 0 and says why rather than guess.
+one the problem states (each of its ``$...$``, ``\\(...\\)`` and ``\\[...\\]`` spans, each
+expression written outside them, ``2^10``, and what math-verify reads in the whole problem)
+scores 0 (``restates_problem``), unless it is the gold's own form (a problem may name its
+answer: "the gcd of 12 and 24"). Expressions are the same when math-verify parses them to the
+same unevaluated tree, up to the order of terms and how a fraction of integers is written
+(``3/4``, ``\\frac{3}{4}``). An answer that does part of the work (``0.75 + 0.125``) is not a
+restatement; one in another form than the gold that the problem also states is one (``0.75``
+for "Write $0.75$ as a fraction") or a right answer (``0.75`` for "Which is larger, $0.75$ or
+$\\frac{2}{3}$?" whose gold is ``\\frac{3}{4}``): the check cannot tell those apart, so it
+scores 0 and says why rather than guess.
 """
 
 from __future__ import annotations
@@ -119,18 +120,24 @@ def restates_problem(predicted: list[Any], gold: list[Any], problem: str) -> boo
 
 
 _SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_PLAIN = re.compile(
+    r"[\w.!]+(?:\s*[-+*/^]\s*\(?[\w.!]+\)?)+|\([^()]*[-+*/^][^()]*\)(?:\s*[-+*/^]\s*[\w.!]+)*"
+)
+"""An expression written without math mode: operands joined by operators (``2^10``,
+``7!/5!``, ``(x+3)^2``)."""
 
 
 @lru_cache(maxsize=256)  # a row is verified once per repeat: its problem is parsed once
 def problem_expressions(problem: str) -> frozenset[str]:
-    """The keys (``expression_key``) of the expressions ``problem`` states: each math span (the
-    first ``PROBLEM_SPANS``), and what math-verify reads in the whole problem (what an answer
-    that echoes it is read as)."""
+    """The keys (``expression_key``) of the expressions ``problem`` states: each math span and
+    each expression written outside one (the first ``PROBLEM_SPANS`` of them), and what
+    math-verify reads in the whole problem (what an answer that echoes it is read as)."""
     if not problem.strip():
         return frozenset()
     parse, _, _, answer_targets = _math_verify()
     spans = [next(g for g in m.groups() if g is not None) for m in _SPAN.finditer(problem)]
-    texts = [f"${span}$" for span in spans[:PROBLEM_SPANS] if len(span) <= SPAN_CHARS]
+    plain = [run.rstrip(".,") for run in _PLAIN.findall(_SPAN.sub(" ", problem))]
+    texts = [f"${span}$" for span in [*spans, *plain][:PROBLEM_SPANS] if len(span) <= SPAN_CHARS]
     keys: set[str] = set()
     for text in [*texts, problem]:
         try:
