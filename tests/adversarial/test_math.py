@@ -33,11 +33,11 @@ pytestmark = pytest.mark.timeout(180)
 CRASH = "this answer kills the worker that checks it"
 
 
-def crashing_check(expected: str, answer: str) -> MathCheck:
+def crashing_check(expected: str, answer: str, problem: str = "") -> MathCheck:
     """``hanging_check``, and a worker that dies (as out of memory would) on ``CRASH``."""
     if answer == CRASH:
         os._exit(1)
-    return hanging_check(expected, answer)
+    return hanging_check(expected, answer, problem)
 
 
 class HostileMathEnv(MathEnv):

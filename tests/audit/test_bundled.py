@@ -1,8 +1,9 @@
 """Every bundled environment comes out of ``rollgym audit`` clean: a finding there is our bug.
 
-Each config is audited as the command does it (its servers started as processes). The two
-environments with a known finding are marked strict xfail with what the audit found, so the
-test turns red the day they are fixed (and the mark must go)."""
+Each config is audited as the command does it (its servers started as processes). The audit
+once found two: math paid a prompt given back (math-verify evaluated its expression to the
+reference) and reasoning_gym paid ``<answer></answer>`` 0.05 on arc_agi (reasoning-gym's
+scorer pays any board that parses); both environments now score those 0."""
 
 from __future__ import annotations
 
@@ -16,25 +17,9 @@ from rollgym.config import load_config
 pytestmark = pytest.mark.timeout(300)
 
 ENVS = Path(__file__).resolve().parents[2] / "src" / "rollgym" / "envs"
-KNOWN = {
-    "math": "prompt_echo: 'Compute $\\frac{3}{4} + \\frac{1}{8}$...' echoed back is paid 1.0: "
-    "math-verify evaluates the prompt's expression to the reference (2 of 8 rows)",
-    "reasoning_gym": "format_only: '<answer></answer>' is paid 0.05 on arc_agi, whose own "
-    "score_answer pays any board that parses (the empty one too) and 0 to a wrong word",
-}
 
 
-@pytest.mark.parametrize(
-    "env",
-    [
-        pytest.param(
-            p.parent.name, marks=pytest.mark.xfail(reason=KNOWN[p.parent.name], strict=True)
-        )
-        if p.parent.name in KNOWN
-        else p.parent.name
-        for p in sorted(ENVS.glob("*/config.yaml"))
-    ],
-)
+@pytest.mark.parametrize("env", [p.parent.name for p in sorted(ENVS.glob("*/config.yaml"))])
 async def test_a_bundled_environment_is_clean(env: str, tmp_path: Path) -> None:
     report = await audit_config(load_config(ENVS / env / "config.yaml"), log_dir=tmp_path)
     for name, audit in report.servers.items():

@@ -10,8 +10,8 @@ from rollgym.envs.math.check import MathCheck, check_answer
 HANG = "this answer makes the check hang"
 
 
-def hanging_check(expected: str, answer: str) -> MathCheck:
+def hanging_check(expected: str, answer: str, problem: str = "") -> MathCheck:
     """``check_answer``, except that it does not finish in time for ``HANG``."""
     if answer == HANG:
         time.sleep(60)
-    return check_answer(expected, answer)
+    return check_answer(expected, answer, problem)

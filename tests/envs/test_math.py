@@ -37,8 +37,8 @@ def pool() -> Iterator[ProcessPoolExecutor]:
         yield executor
 
 
-def check(pool: ProcessPoolExecutor, expected: str, answer: str) -> MathCheck:
-    result: MathCheck = pool.submit(check_answer, expected, answer).result(timeout=30)
+def check(pool: ProcessPoolExecutor, expected: str, answer: str, problem: str = "") -> MathCheck:
+    result: MathCheck = pool.submit(check_answer, expected, answer, problem).result(timeout=30)
     return result
 
 
@@ -86,6 +86,73 @@ def test_different_answers_are_wrong(
     pool: ProcessPoolExecutor, expected: str, answer: str, parsed: bool
 ) -> None:
     assert check(pool, expected, answer) == MathCheck(True, parsed, False)
+
+
+COMPUTE = "Compute $\\frac{3}{4} + \\frac{1}{8}$. Put your final answer in \\boxed{}."
+
+
+@pytest.mark.parametrize(
+    ("expected", "problem", "answer"),
+    [
+        # math-verify evaluates the problem's own expression to the gold: restating it is no
+        # solution, whether the prompt comes back whole or its expression is boxed.
+        ("\\frac{7}{8}", COMPUTE, COMPUTE),
+        ("\\frac{7}{8}", COMPUTE, "\\boxed{\\frac{3}{4} + \\frac{1}{8}}"),
+        ("\\frac{7}{8}", COMPUTE, "\\boxed{\\frac{1}{8}+\\frac{3}{4}}"),  # terms in another order
+        ("\\frac{7}{8}", COMPUTE, "\\boxed{3/4 + 1/8}"),  # fractions written otherwise
+        ("\\frac{7}{8}", COMPUTE, "3/4 + 1/8"),
+        ("\\frac{7}{8}", COMPUTE, "The answer is $\\frac{3}{4} + \\frac{1}{8}$."),
+        ("\\frac{7}{8}", COMPUTE, "\\boxed{x = \\frac{3}{4} + \\frac{1}{8}}"),
+        ("6\\sqrt{2}", "Simplify $\\sqrt{72}$.", "\\boxed{\\sqrt{72}}"),
+        ("x^2+6x+9", "Expand $(x+3)^2$.", "\\boxed{(x+3)^2}"),
+        ("1024", "What is $2^{10}$?", "\\boxed{2^{10}}"),
+        ("42", "Compute $7!/5!$.", "\\boxed{7!/5!}"),
+        ("1", "Evaluate $\\int_0^1 2x \\, dx$.", "Evaluate $\\int_0^1 2x \\, dx$."),
+        ("x+1", "Simplify $\\frac{x^2-1}{x-1}$.", "\\boxed{\\frac{x^2-1}{x-1}}"),
+        ("\\frac{3}{4}", "Write $0.75$ as a fraction.", "\\boxed{0.75}"),
+        # Without math mode in the problem.
+        ("1024", "What is 2^10?", "\\boxed{2^{10}}"),
+        ("42", "Compute 7!/5!.", "\\boxed{7!/5!}"),
+        ("\\frac{7}{8}", "Compute 3/4 + 1/8.", "\\boxed{\\frac{3}{4} + \\frac{1}{8}}"),
+        ("x^2+6x+9", "Expand (x+3)^2, please.", "$(x+3)^2$"),
+    ],
+)
+def test_an_answer_that_restates_the_problem_earns_nothing(
+    pool: ProcessPoolExecutor, expected: str, problem: str, answer: str
+) -> None:
+    assert check(pool, expected, answer, problem) == MathCheck(True, True, False, True)
+
+
+@pytest.mark.parametrize(
+    ("expected", "problem", "answer"),
+    [
+        ("\\frac{7}{8}", COMPUTE, "\\boxed{\\frac{7}{8}}"),
+        ("\\frac{7}{8}", COMPUTE, "7/8"),
+        ("\\frac{7}{8}", COMPUTE, "\\boxed{0.875}"),
+        ("\\frac{7}{8}", COMPUTE, "\\boxed{\\frac{14}{16}}"),
+        ("\\frac{7}{8}", COMPUTE, "\\boxed{0.75 + 0.125}"),  # part of the work done
+        # Working that quotes the problem's expression on the way to the answer.
+        (
+            "\\frac{7}{8}",
+            COMPUTE,
+            "We have $\\frac{3}{4} + \\frac{1}{8} = \\frac{6}{8} + \\frac{1}{8}$, so \\boxed{\\frac{7}{8}}.",
+        ),
+        ("\\frac{7}{8}", COMPUTE, "$\\frac{3}{4} + \\frac{1}{8} = \\frac{7}{8}$"),
+        # The problem names the answer, in the gold's form: that is the answer, not a restatement.
+        ("12", "What is the gcd of $12$ and $24$?", "\\boxed{12}"),
+        ("12", "What is the gcd of 12 and 24?", "12"),
+        ("\\frac{1}{2}", "Which is larger, $\\frac{1}{2}$ or $\\frac{1}{3}$?", "1/2"),
+        ("5", "Let $a = 5$. What is $a$?", "$a = 5$"),
+        ("6", "Solve $2x + 5 = 17$ for $x$.", "\\boxed{x = 6}"),
+        ("6\\sqrt{2}", "Simplify $\\sqrt{72}$.", "\\boxed{\\sqrt{2} \\cdot 6}"),
+        ("6\\sqrt{2}", "What is the diagonal of a square of side 6?", "\\boxed{\\sqrt{72}}"),
+        ("1024", "What is 2^10? A well-known power.", "\\boxed{1024}"),
+    ],
+)
+def test_a_correct_answer_keeps_its_reward_beside_the_problem(
+    pool: ProcessPoolExecutor, expected: str, problem: str, answer: str
+) -> None:
+    assert check(pool, expected, answer, problem) == MathCheck(True, True, True)
 
 
 def test_gold_text_boxes_the_answer_as_nemo_gym_does() -> None:
@@ -140,6 +207,32 @@ async def test_verify_scores_equivalent_forms_the_same(math_env: EnvClient) -> N
     for (text, reward, parsed), (status, verified) in zip(cases, results, strict=True):
         assert status == 200, verified
         assert (verified["reward"], verified["answer_parsed"]) == (reward, parsed), text
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_verify_pays_nothing_for_the_problem_given_back(math_env: EnvClient) -> None:
+    # The problem is every message of the prompt, and NeMo Gym's question field.
+    task = {
+        "responses_create_params": {"input": [
+            {"role": "system", "content": "Put your final answer in \\boxed{}."},
+            {"role": "user", "content": [{"type": "input_text", "text": COMPUTE}]},
+        ]},
+        "expected_answer": "\\frac{7}{8}",
+    }  # fmt: skip
+    nemo = {**_task("\\frac{7}{8}"), "question": "Compute $\\frac{3}{4} + \\frac{1}{8}$."}
+    cases = [
+        (task, COMPUTE, 0.0),
+        (task, "\\boxed{\\frac{3}{4} + \\frac{1}{8}}", 0.0),
+        (nemo, "\\boxed{\\frac{3}{4} + \\frac{1}{8}}", 0.0),
+        (task, "So $\\frac{3}{4} + \\frac{1}{8} = \\frac{7}{8}$: \\boxed{\\frac{7}{8}}", 1.0),
+        (nemo, "\\boxed{0.875}", 1.0),
+    ]
+    for row, text, reward in cases:
+        status, verified = await math_env.verify(row, text)
+        assert status == 200, verified
+        reason = None if reward else "restates_problem"
+        got = (verified["reward"], verified["answer_parsed"], verified.get("reason"))
+        assert got == (reward, 1, reason), text
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -222,8 +315,8 @@ async def test_a_check_lost_to_a_broken_pool_runs_once_more(
 
         monkeypatch.setattr(server, "run_cpu", run_cpu)
         outcomes[:] = [BrokenProcessPool("a worker was killed"), MathCheck(True, True, True)]
-        assert await server._check("1/2", "\\boxed{0.5}") == MathCheck(True, True, True)
-        assert calls == [("1/2", "\\boxed{0.5}")] * 2
+        assert await server._check("1/2", "\\boxed{0.5}", "Halve 1.") == MathCheck(True, True, True)
+        assert calls == [("1/2", "\\boxed{0.5}", "Halve 1.")] * 2
 
         # A second break in a row is this answer's own doing: not tried a third time, scored 0.
         calls.clear()

@@ -18,7 +18,7 @@ import pytest_asyncio
 from reasoning_gym.utils import extract_answer
 
 from rollgym.envs.reasoning_gym.carry import NotCarried, carry, restore
-from rollgym.envs.reasoning_gym.extract import answer_block, extract
+from rollgym.envs.reasoning_gym.extract import answer_block, extract, says_nothing
 from rollgym.envs.reasoning_gym.guard import screen
 from rollgym.envs.reasoning_gym.server import ReasoningGymEnv
 from rollgym.envs.reasoning_gym.tasks import DatasetChoice, make_rows
@@ -224,6 +224,38 @@ async def test_no_answer_tag_scores_zero_without_the_scorer(env: Any) -> None:
     assert (status, body["reward"], body["answer_found"], body["reason"]) == (
         200, 0.0, 0, "no_answer",
     )  # fmt: skip
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("nothing", ["", "   ", "\n", "[]", "{}", "[[]]", "''"])
+@pytest.mark.parametrize("dataset", ["arc_agi", "knight_swap", "word_sorting"])
+async def test_an_answer_that_says_nothing_scores_zero_without_the_scorer(
+    env: Any, dataset: str, nothing: str
+) -> None:
+    # arc_agi's own scorer pays 0.05 for any board that parses, the empty one too (and 0 for a
+    # wrong word); knight_swap's pays 0.05 for an empty move list: paid for nothing.
+    row = _row(dataset)
+    status, body = await _verify(env, row, f"<answer>{nothing}</answer>")
+    assert (status, body["reward"], body["answer_found"], body["reason"]) == (
+        200, 0.0, 0, "empty_answer",
+    )  # fmt: skip
+    assert body[f"{dataset}/reward"] == 0.0
+
+
+def test_an_empty_answer_is_the_scorers_when_the_reference_is_empty() -> None:
+    # ab's program may print nothing, codeio's output may be {}: then nothing is the answer.
+    assert says_nothing("", "A# #A") and says_nothing("[]", None) and says_nothing(" ", "0")
+    assert not says_nothing("", "") and not says_nothing("{}", "{}")
+    assert not says_nothing("0", "1") and not says_nothing("[0]", "[]")
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_empty_reference_still_takes_an_empty_answer(env: Any) -> None:
+    # An A::B program may reduce to nothing ("A# #A"); ab's scorer compares the answer with
+    # the entry's, so an entry of empty output scores the empty answer 1.0.
+    row = {**_row("ab"), "answer": ""}
+    status, body = await _verify(env, row, "<answer></answer>")
+    assert (status, body["reward"], body["answer_found"]) == (200, 1.0, 1), body
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -7,7 +7,11 @@ The reply is all the assistant's output text (``protocol.output_text``); the ans
 from it as NeMo Gym does (``check.py``), so ``1/2``, ``0.5`` and ``\\frac{1}{2}`` score the
 same. Metric ``answer_parsed`` (1/0) separates "no readable answer" from "wrong answer".
 Unlike NeMo Gym, ``question`` is not required (there is no judge), a numeric ``expected_answer``
-is read as text, and a gold that math-verify cannot parse is refused (422) instead of scoring 0.
+is read as text, a gold that math-verify cannot parse is refused (422) instead of scoring 0, and
+an answer that only restates the problem (the prompt given back, or its expression boxed:
+``\\boxed{\\frac{3}{4} + \\frac{1}{8}}`` for "Compute $\\frac{3}{4} + \\frac{1}{8}$", which
+math-verify evaluates to the gold) scores 0 with ``reason`` ``restates_problem`` (``check.py``
+says what counts). The problem is the text of the prompt's messages and ``question``.
 
 Option ``verify_timeout`` (seconds, default 30) bounds each check. The answer is model output,
 and an answer must never fail its rollout (a failure is no reward of 0, so a policy would learn
@@ -33,7 +37,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from rollgym.envs.math.check import MathCheck, check_answer
-from rollgym.envs.rows import expected_text, mean_field
+from rollgym.envs.rows import content_texts, expected_text, mean_field, prompt_items
 from rollgym.errors import DeadlineExceeded, InvalidRequest, WaitedTooLong
 from rollgym.protocol import output_text
 from rollgym.server.base import ServerContext
@@ -55,7 +59,7 @@ class MathEnv(ResourcesServer):
 
     options: Options
     # Module-level and picklable: it runs in a spawn worker process.
-    checker: ClassVar[staticmethod[[str, str], MathCheck]] = staticmethod(check_answer)
+    checker: ClassVar[staticmethod[[str, str, str], MathCheck]] = staticmethod(check_answer)
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
@@ -67,7 +71,7 @@ class MathEnv(ResourcesServer):
         expected = expected_text(task, "math")
         answer = output_text(response)
         try:
-            result = await self._check(expected, answer)
+            result = await self._check(expected, answer, problem_text(task))
         except _Unscored as unscored:
             if unscored.masked:
                 log.info("%s: answer masked (%s beside other checks)", self.name, unscored.reason)
@@ -80,15 +84,18 @@ class MathEnv(ResourcesServer):
                 f"math task's expected_answer {expected!r} cannot be parsed by math-verify",
                 status=422,
             )
-        return {
+        verified: dict[str, Any] = {
             "reward": 1.0 if result.correct else 0.0,
             "answer_parsed": int(result.answer_parsed),
         }
+        if result.restates_problem:
+            verified["reason"] = "restates_problem"
+        return verified
 
-    async def _check(self, expected: str, answer: str) -> MathCheck:
+    async def _check(self, expected: str, answer: str, problem: str) -> MathCheck:
         try:
             with self._attempt():
-                return await self._run(expected, answer)
+                return await self._run(expected, answer, problem)
         except BrokenProcessPool:
             # A worker that dies (out of memory, a crash in native code, killed) breaks the
             # whole pool and fails every check in flight on it, most of them innocent. The work
@@ -96,7 +103,7 @@ class MathEnv(ResourcesServer):
             log.info("%s: check lost to a broken worker pool, running it once more", self.name)
         with self._attempt() as attempt:
             try:
-                return await self._run(expected, answer)
+                return await self._run(expected, answer, problem)
             except BrokenProcessPool:
                 # Alone on the pool, the answer broke it: its own failure. Beside others, it
                 # may be their doing: no measurement.
@@ -116,10 +123,10 @@ class MathEnv(ResourcesServer):
         finally:
             self._attempts.discard(attempt)
 
-    async def _run(self, expected: str, answer: str) -> MathCheck:
+    async def _run(self, expected: str, answer: str, problem: str) -> MathCheck:
         try:
             result: MathCheck = await self.run_cpu(
-                type(self).checker, expected, answer, timeout=self.options.verify_timeout
+                type(self).checker, expected, answer, problem, timeout=self.options.verify_timeout
             )
         except DeadlineExceeded as exc:
             # math-verify bounds its own parse and compare (5 s each); a check past the
@@ -132,6 +139,20 @@ class MathEnv(ResourcesServer):
 
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
         return mean_field(rollouts, "answer_parsed", "answer_parse_rate")
+
+
+def problem_text(task: dict[str, Any]) -> str:
+    """The problem an answer must not merely restate: the text of the prompt's messages, and
+    the row's ``question`` (NeMo Gym's rows have one)."""
+    items = prompt_items(task)
+    texts = [items] if isinstance(items, str) else [
+        text for item in items if isinstance(item, dict)
+        for text in content_texts(item.get("content"))
+    ]  # fmt: skip
+    question = task.get("question")
+    if isinstance(question, str):
+        texts.append(question)
+    return "\n\n".join(texts)
 
 
 class _Attempt:

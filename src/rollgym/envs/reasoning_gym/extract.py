@@ -14,12 +14,25 @@ An ``<answer>`` inside an ``<answer>`` is text of the outer block (as for the re
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
 
 OPEN, CLOSE = "<answer>", "</answer>"
 BOXED_OPEN = "\\boxed{"
 
 Extraction = Literal["answer_tag", "nemo_gym"]
+
+_NOTHING = re.compile(r"[\s\[\](){}'\",]*")
+
+
+def says_nothing(answer: str, reference: Any) -> bool:
+    """Whether ``answer`` says nothing (only whitespace, brackets, quotes and commas: ``""``,
+    ``[]``, ``{[]}``) where the entry's ``reference`` says something or there is none. Such an
+    answer earns 0 unscored: some scorers pay any answer that parses (the server's docstring
+    names them); an empty reference (ab's empty output) leaves the answer to the scorer."""
+    if not _NOTHING.fullmatch(answer):
+        return False
+    return not (isinstance(reference, str) and _NOTHING.fullmatch(reference))
 
 
 def answer_block(text: str) -> str | None:

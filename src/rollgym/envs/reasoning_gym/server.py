@@ -11,6 +11,13 @@ these exceptions, each named in ``reason``:
 - no ``<answer>`` block: 0 (``no_answer``), the scorer is not called;
 - an answer past ``max_answer_chars``: 0 (``answer_too_long``); no dataset's reference is near
   it, and some scorers are slow on a long answer (sympy);
+- an answer that says nothing (``<answer></answer>``, ``[]``, ``{}``: nothing but whitespace,
+  brackets, quotes and commas) where the entry's reference says something, or the entry has
+  none: 0 (``empty_answer``, ``answer_found`` 0), the scorer is not called. Here rollgym
+  departs from reasoning-gym 0.1.25, whose scorers pay for nothing: arc_agi and rearc 0.05 to
+  any board that parses (the empty one too, while a wrong word gets 0), boxnet and
+  knight_swap 0.05, jugs, group_anagrams, graph_color and codeio 0.01 to an empty list or
+  object. An entry whose own reference is empty (ab's empty output) is left to its scorer;
 - an answer the scorer would run as code or misread (``nan``; ``1*2*3*4`` for puzzle24's row
   of other numbers): 0 (``answer_refused``, and ``refusal`` says why: ``guard.py``);
 - the scorer raises on the answer (or returns no number in [0, 1]) but not on the entry's own
@@ -49,7 +56,7 @@ from pydantic import Field
 
 from rollgym.envs.reasoning_gym import guard
 from rollgym.envs.reasoning_gym.carry import restore
-from rollgym.envs.reasoning_gym.extract import Extraction, extract
+from rollgym.envs.reasoning_gym.extract import Extraction, extract, says_nothing
 from rollgym.envs.reasoning_gym.scoring import Scored, score_entry
 from rollgym.envs.reasoning_gym.tasks import (
     ROW_FIELD,
@@ -114,6 +121,8 @@ class ReasoningGymEnv(ResourcesServer):
         if len(answer) > self.options.max_answer_chars:
             out["extracted_answer"] = answer[:200]  # the record keeps what was refused, cut
             return self._scored(out, entry, 0.0, reason="answer_too_long")
+        if says_nothing(answer, entry.plain.get("answer")):
+            return self._scored(out, entry, 0.0, found=False, reason="empty_answer")
         refusal = guard.screen(entry.dataset, answer, entry.plain)
         if refusal is not None:
             out["refusal"] = refusal
