@@ -74,11 +74,13 @@ import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from rollgym.collect.dialect import Dialects
 from rollgym.collect.dispatch import FeedDispatcher, LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.feed import GroupFeed, OnFailure, OpenGroup, StreamStats
@@ -88,6 +90,7 @@ from rollgym.collect.records import RolloutItem
 from rollgym.collect.rollout import RolloutPolicy
 from rollgym.collect.staleness import StalenessJudge
 from rollgym.collect.stream_ledger import StreamLedger
+from rollgym.dialects import ROW_DIALECTS
 from rollgym.errors import PausedTooLong, RollgymError, RunAborted
 from rollgym.policy_control import PauseAnswer, PolicyControl
 
@@ -161,7 +164,9 @@ class RolloutStream:
         self.budget = budget
         self.stats = StreamStats()
         self.ledger = StreamLedger(Path(output)) if output is not None else None
-        self._make_dispatcher = dispatcher or LocalDispatcher
+        self._make_dispatcher = dispatcher or partial(
+            LocalDispatcher, dialects=Dialects(ROW_DIALECTS)
+        )
         self.judge = (
             StalenessJudge(max_staleness, lambda: self._version)
             if max_staleness is not None
