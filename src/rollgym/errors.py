@@ -254,13 +254,17 @@ class RollgymError(Exception):
 
     def to_record(self) -> dict[str, Any]:
         """The compact JSON form of a run's records (``failures.jsonl``): ``to_dict`` without
-        the fields that say nothing (None, not truncated, one attempt), which ``from_dict``
-        restores as they were. A chain of three errors is a line, not a page."""
+        the fields that say nothing (None, not truncated, one attempt, the class's own
+        ``retryable``), which ``from_dict`` restores as they were. A chain of three errors is
+        a line, not a page."""
         data: dict[str, Any] = {"type": self.type}
         for name, value in self.fields().items():
             if name == "origin":
                 if value is not None:
                     data["origin"] = value.to_record()
+            elif name == "retryable":
+                if value != self.default_retryable:
+                    data[name] = value
             elif value is not None and _SAYS[name](value):
                 data[name] = value
         return data
