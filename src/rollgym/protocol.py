@@ -133,7 +133,7 @@ def mask_sample(verified: dict[str, Any], *, server: str | None = None) -> bool 
     environment said is none), and for one of its objects holding a ``mask_sample`` that the
     top-level one does not say (NeMo RL's ``instance_config``): rollgym reads the flag at the
     top only, and one it does not read is never dropped in silence. A dialect that reads it
-    elsewhere lifts it to the top first (``rollgym.nemo_gym.rows``)."""
+    elsewhere lifts it to the top first (its row dialect)."""
     said = verified.get(MASK_SAMPLE)
     if said is not None and not isinstance(said, bool):
         raise _mask_error(verified, server, f"{MASK_SAMPLE} {_shown(said)}, which is no boolean")

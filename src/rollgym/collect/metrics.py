@@ -6,8 +6,8 @@ are not scored (a failure is never a reward of 0), so they lower n, not c.
 
 Masked rollouts (``mask_sample: true``: the environment says the reward is no measurement) are
 recorded successes, counted in ``succeeded``, but like failures they lower n, not c, and are left
-out of the reward mean/std, the environment's metrics and the sub-scores, as NeMo Gym 0.7 leaves
-them out of every quality statistic. ``coverage`` says how much was measured, in 0.7's terms:
+out of the reward mean/std, the environment's metrics and the sub-scores: they measure nothing.
+``coverage`` says how much was measured:
 ``measured_rollouts``, ``masked_rollouts``, ``measured_tasks`` (tasks with a measured rollout),
 ``fully_masked_tasks`` (tasks with recorded rollouts, none measured). The agent's own fields and
 token drift still cover every recorded rollout: they describe the agent's loop, which ran.
@@ -144,8 +144,8 @@ class TokenDrift:
 
 @dataclass
 class Coverage:
-    """How much of a run its reward statistics were computed from (NeMo Gym 0.7's
-    ``coverage/*``)."""
+    """How much of a run its reward statistics were computed from (``/aggregate_metrics``'s
+    ``coverage/*`` too)."""
 
     measured_rollouts: int = 0
     masked_rollouts: int = 0
@@ -256,7 +256,7 @@ class RunMetrics:
     failures_by_server: dict[str, int] = field(default_factory=dict)
     failures_by_status: dict[str, int] = field(default_factory=dict)
     failures_by_kind: dict[str, int] = field(default_factory=dict)
-    """By the ``failure_kind`` a line carries (a dialect's: ``rollgym.nemo_gym.rows``'s)."""
+    """By the ``failure_kind`` a line carries (its row dialect's, when it says one)."""
     failures_by_root: dict[str, int] = field(default_factory=dict)
     """By root cause (``rollgym.errors.root_cause``), most frequent first."""
     failures_by_root_context: dict[str, dict[str, int]] = field(default_factory=dict)

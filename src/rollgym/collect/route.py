@@ -19,7 +19,7 @@ BY_TASKSET = "taskset"
 @dataclass(frozen=True)
 class AgentRoute:
     """Which server runs a row. ``agents`` are every server a row can go to: the agent servers
-    and the environment servers (``environments``, NeMo Gym 0.7's). A flat row: with
+    and the environment servers (``environments``). A flat row: with
     ``override``, ``default`` runs every row; else the row's ``agent_ref.name``, a server of the
     config or a foreign name (NeMo Gym's ``mcqa_simple_agent``...) that ``aliases`` maps to one;
     a row naming none goes to ``default``. A materialized row: ``default`` with ``override``,
