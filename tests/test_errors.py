@@ -164,6 +164,19 @@ def test_json_round_trip_keeps_type_and_fields(cls: type[RollgymError]) -> None:
     assert_plain(back)
 
 
+@pytest.mark.parametrize("cls", ALL_ERRORS, ids=lambda c: c.__name__)
+def test_the_compact_record_round_trips_too(cls: type[RollgymError]) -> None:
+    """``to_record`` (failures.jsonl) leaves out what says nothing; ``from_dict`` restores it:
+    the same error, as from ``to_dict`` (whose lines older runs hold)."""
+    for err in (make(cls), cls("m"), cls("m", retryable=not cls.default_retryable, attempts=2)):
+        data = orjson.loads(orjson.dumps(err.to_record()))
+        assert data["type"] == cls.type and data["message"] == err.message
+        assert RollgymError.from_dict(data) == err == RollgymError.from_dict(err.to_dict())
+        assert len(orjson.dumps(data)) <= len(orjson.dumps(err.to_dict()))
+    bare = cls("m").to_record()
+    assert set(bare) <= {"type", "message", "retryable", *cls.extra_fields}, bare
+
+
 def test_from_dict_of_an_unknown_type_is_the_root_error() -> None:
     back = RollgymError.from_dict({"type": "upstream_error", "message": "m", "status": 502})
     assert type(back) is RollgymError

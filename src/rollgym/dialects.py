@@ -7,10 +7,19 @@ them. Adding a protocol is its folder plus one line here. Only entry points impo
 
 from __future__ import annotations
 
+from rollgym.collect.dialect import RowDialect
 from rollgym.nemo_gym.agent import AGENT_DIALECT as NEMO_GYM_07_AGENT
 from rollgym.nemo_gym.resources_sessions import RESOURCES_DIALECT as NEMO_GYM_07_RESOURCES
+from rollgym.nemo_gym.rows import ROWS as NEMO_GYM_07_ROWS
 from rollgym.server.agent import AgentDialect
 from rollgym.server.resources import ResourcesDialect
+
+ROW_DIALECTS: tuple[RowDialect, ...] = (
+    NEMO_GYM_07_ROWS,  # materialized rows: episodes, task ids, its failure fields
+)
+"""What the collector speaks beside the flat row (the CLI, the Ray collect workers and the
+trainer API pass it down; a library caller who builds a ``RolloutRunner`` or a run by hand
+speaks the flat row unless it passes one)."""
 
 SERVER_DIALECTS: tuple[AgentDialect | ResourcesDialect, ...] = (
     NEMO_GYM_07_AGENT,  # episodes on /run, agent sessions
@@ -20,4 +29,4 @@ SERVER_DIALECTS: tuple[AgentDialect | ResourcesDialect, ...] = (
 server takes the entries of its own seam (an agent ``AgentDialect``s, a resources or
 Gymnasium-style server ``ResourcesDialect``s)."""
 
-__all__ = ["SERVER_DIALECTS"]
+__all__ = ["ROW_DIALECTS", "SERVER_DIALECTS"]

@@ -60,6 +60,8 @@ like the others, and every other class's JSON form is unchanged.
 from __future__ import annotations
 
 import re
+from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, Self, SupportsIndex
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -249,6 +251,23 @@ class RollgymError(Exception):
         data = self.fields()
         data["origin"] = self.origin.to_dict() if self.origin is not None else None
         return {"type": self.type, **data}
+
+    def to_record(self) -> dict[str, Any]:
+        """The compact JSON form of a run's records (``failures.jsonl``): ``to_dict`` without
+        the fields that say nothing (None, not truncated, one attempt, the class's own
+        ``retryable``), which ``from_dict`` restores as they were. A chain of three errors is
+        a line, not a page."""
+        data: dict[str, Any] = {"type": self.type}
+        for name, value in self.fields().items():
+            if name == "origin":
+                if value is not None:
+                    data["origin"] = value.to_record()
+            elif name == "retryable":
+                if value != self.default_retryable:
+                    data[name] = value
+            elif value is not None and _SAYS[name](value):
+                data[name] = value
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RollgymError:
@@ -475,6 +494,12 @@ _FIELDS = (
     "message", "status", "body", "truncated", "url", "method", "server", "endpoint",
     "attempts", "retryable", "origin",
 )  # fmt: skip
+
+_SAYS: defaultdict[str, Callable[[Any], bool]] = defaultdict(
+    lambda: lambda value: True, truncated=bool, attempts=lambda n: n != 1
+)
+"""Whether a field's value (not None) says something a record must keep (``to_record``): a
+``truncated`` false and a single attempt are what ``from_dict`` assumes."""
 
 
 def _opt_int(value: Any) -> int | None:

@@ -18,8 +18,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollgym.errors import InvalidRequest, ProtocolError
-from rollgym.nemo_gym.mask import mask_sample
-from rollgym.wire import RESERVED_ENDPOINTS
+from rollgym.wire import MASK_SAMPLE, RESERVED_ENDPOINTS
 
 
 class AgentRef(BaseModel):
@@ -119,10 +118,52 @@ def check_verified(verified: Any, agent: str, *, what: str = "agent answered") -
             f"{what} without a numeric 'reward'", server=agent, endpoint="/run",
             body=orjson.dumps(verified)[:2000],
         )  # fmt: skip
-    # A mask_sample that is no boolean is no answer either (rollgym.nemo_gym.mask): refused
-    # here, it is the agent's, as a reward that is no number is.
+    # A mask_sample that is no boolean is no answer either: refused here, it is the agent's,
+    # as a reward that is no number is.
     mask_sample(verified, server=agent)
     return verified  # type: ignore[no-any-return]
+
+
+def mask_sample(verified: dict[str, Any], *, server: str | None = None) -> bool | None:
+    """What a verify response says of ``mask_sample`` (true: its reward is no measurement; the
+    environment's own infrastructure failed): True or False, None when it says nothing.
+
+    ``ProtocolError`` (blaming ``server``) for a value that is no boolean (read as masked it
+    would drop a real measurement, read as not masked it would train on a reward the
+    environment said is none), and for one of its objects holding a ``mask_sample`` that the
+    top-level one does not say (NeMo RL's ``instance_config``): rollgym reads the flag at the
+    top only, and one it does not read is never dropped in silence. A dialect that reads it
+    elsewhere lifts it to the top first (its row dialect)."""
+    said = verified.get(MASK_SAMPLE)
+    if said is not None and not isinstance(said, bool):
+        raise _mask_error(verified, server, f"{MASK_SAMPLE} {_shown(said)}, which is no boolean")
+    for key, value in verified.items():
+        nested = value.get(MASK_SAMPLE) if isinstance(value, dict) else None
+        if nested is not None and nested is not (said is True):
+            raise _mask_error(
+                verified, server, f"{key}.{MASK_SAMPLE} {_shown(nested)} but "
+                f"{MASK_SAMPLE} {_shown(said)} at the top, where it is read",
+            )  # fmt: skip
+    return said
+
+
+def is_masked(record: dict[str, Any]) -> bool:
+    """Whether a verify response (or its line in ``rollouts.jsonl``) asks to be masked."""
+    return record.get(MASK_SAMPLE) is True
+
+
+def _mask_error(verified: dict[str, Any], server: str | None, what: str) -> ProtocolError:
+    return ProtocolError(
+        f"verify response has {what} (true: the reward is no measurement; false or absent: it "
+        "is one)", server=server, body=orjson.dumps(verified)[:2000],
+    )  # fmt: skip
+
+
+def _shown(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()[:100]
+    except TypeError:
+        return type(value).__name__
 
 
 def rollout_key(row: dict[str, Any]) -> str:

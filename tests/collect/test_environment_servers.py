@@ -24,9 +24,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from rollgym.collect import RolloutPolicy, RunningServers, RunOutcome, run_collection
+from rollgym.collect.dialect import Dialects
 from rollgym.collect.rundir import prepare_run
 from rollgym.collect.tasks import scan_tasks
 from rollgym.config import Config, parse_config
+from rollgym.dialects import ROW_DIALECTS
 from rollgym.errors import ConfigError, InputError
 from rollgym.testing import serve_asgi
 from tests.compat.stack import echo_row, serve_stack, write_rows
@@ -177,8 +179,9 @@ async def collect(
     cfg: Config, rows: Path, out: Path, urls: dict[str, list[str]], *, resume: bool = False
 ) -> RunOutcome:
     return await run_collection(
-        cfg, cfg.collect, rows, out, RunningServers(urls), resume=resume, progress=False
-    )
+        cfg, cfg.collect, rows, out, RunningServers(urls), resume=resume, progress=False,
+        dialects=ROW_DIALECTS,
+    )  # fmt: skip
 
 
 def error_fields(record: dict[str, Any]) -> dict[str, Any]:
@@ -388,8 +391,10 @@ def test_one_environment_server_needs_no_route(tmp_path: Path) -> None:
         tmp_path / "tasks.jsonl", [episode_row("a", taskset="a:x"), episode_row("b", taskset="b")]
     )
     cfg = env_config({"env07": "http://127.0.0.1:9"})
-    prepared = prepare_run(cfg, cfg.collect, rows, tmp_path / "out", resume=False)
-    assert prepared.info.tasksets == {"a:x", "b"}
+    prepared = prepare_run(
+        cfg, cfg.collect, rows, tmp_path / "out", resume=False, dialects=Dialects(ROW_DIALECTS)
+    )
+    assert prepared.info.named("taskset") == {"a:x", "b"}
 
 
 async def test_a_mixed_file_runs_flat_rows_on_the_agent_and_materialized_ones_by_taskset(
@@ -516,7 +521,7 @@ async def test_episodes_run_the_same_on_ray_workers(tmp_path: Path, ray_cluster:
         dispatcher = RayDispatcher(RolloutPolicy.from_collect(cfg.collect), 4, workers=1)
         outcome = await run_collection(
             cfg, cfg.collect, rows, tmp_path / "out", RunningServers({"env07": [url]}),
-            dispatcher=dispatcher, progress=False,
+            dispatcher=dispatcher, progress=False, dialects=ROW_DIALECTS,
         )  # fmt: skip
     assert outcome.exit_code == 1
     rollouts, failures = assert_ledger_invariant(tmp_path / "out")
@@ -576,7 +581,7 @@ def test_a_bad_materialized_row_is_refused_with_its_line(
 ) -> None:
     rows = write_rows(tmp_path / "tasks.jsonl", [echo_row(0), row])
     with pytest.raises(InputError) as err:
-        scan_tasks(rows, agents={"env07"})
+        scan_tasks(rows, agents={"env07"}, dialects=Dialects(ROW_DIALECTS))
     assert err.value.message.startswith(f"{rows}:2: ")
     assert problem in err.value.message
 
@@ -586,14 +591,16 @@ def test_a_row_for_an_agent_must_give_the_flat_row_it_takes(tmp_path: Path) -> N
     conflicting["task_input"]["expected_answer"] = "C"
     rows = write_rows(tmp_path / "tasks.jsonl", [conflicting])
     with pytest.raises(InputError, match=r"tasks\.jsonl:1: task_input: conflicting task field"):
-        scan_tasks(rows, agents={"agent"})
+        scan_tasks(rows, agents={"agent"}, dialects=Dialects(ROW_DIALECTS))
     no_params = {"task_id": {"taskset": "s", "task_id": "a"}, "task_input": {"x": 1}}
     rows = write_rows(tmp_path / "tasks.jsonl", [no_params])
     with pytest.raises(InputError, match=r"tasks\.jsonl:1: task_input: .*responses_create_params"):
-        scan_tasks(rows, agents={"agent"})
+        scan_tasks(rows, agents={"agent"}, dialects=Dialects(ROW_DIALECTS))
     # An environment server's task input is its own to validate.
     cfg = env_config({"env07": "http://127.0.0.1:9"})
-    prepare_run(cfg, cfg.collect, rows, tmp_path / "out", resume=False)
+    prepare_run(
+        cfg, cfg.collect, rows, tmp_path / "out", resume=False, dialects=Dialects(ROW_DIALECTS)
+    )
 
 
 def test_with_several_servers_a_row_naming_none_is_refused_with_its_line(tmp_path: Path) -> None:

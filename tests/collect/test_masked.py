@@ -4,7 +4,9 @@ A real run against an environment that masks some rollouts: they are recorded in
 ``rollouts.jsonl`` with the flag, left out of the reward mean/std, pass@k and the environment's
 aggregate, counted in ``metrics.json``'s coverage, the progress counters and ``rollgym report``,
 and the trainer API keeps them out of a group's rewards. A ``mask_sample`` that is no boolean
-fails its rollout as a ``ProtocolError``.
+fails its rollout as a ``ProtocolError``; so does NeMo RL's ``instance_config.mask_sample`` said
+without the top-level flag in a plain run (rollgym reads the top only; NeMo Gym 0.7's rows lift
+it there: ``rollgym.nemo_gym.rows``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import pytest
 from rollgym.collect import EXIT_SOME_FAILED, Collector, prepare_run
 from rollgym.collect.records import FailedRollout, ScoredRollout
 from rollgym.errors import InvalidRequest, ProtocolError
-from rollgym.nemo_gym.mask import INSTANCE_CONFIG, is_masked, mask_sample
+from rollgym.nemo_gym.mask import INSTANCE_CONFIG, is_masked, lifted, mask_sample
+from rollgym.protocol import check_verified
+from rollgym.protocol import mask_sample as core_mask_sample
 from rollgym.report import load_run
 from rollgym.report.summary import headline
 from rollgym.server.aggregate import aggregate, measured
@@ -63,7 +67,7 @@ def _rows() -> list[dict[str, Any]]:
     return [
         task_row(0),  # measured: 1, 1
         {**task_row(1), "mask_as": "top"},  # both masked: a fully masked task
-        {**task_row(2), "mask_as": "rl", "mask_rollouts": [1]},  # 1, masked
+        {**task_row(2), "mask_as": "rl", "mask_rollouts": [1]},  # 1, a flag not read: fails
         {**task_row(3, say="I do not know"), "mask_as": "false"},  # measured: 0, 0
         {**task_row(4), "mask_as": "bad"},  # no boolean: both fail
     ]
@@ -79,23 +83,29 @@ async def test_a_run_records_masked_rollouts_and_measures_only_the_others(tmp_pa
         collector = Collector(prepared, stack.urls, progress=False)
         async with asyncio.timeout(60):
             outcome = await collector.execute()
-    assert outcome.exit_code == EXIT_SOME_FAILED  # task 4's rollouts failed
+    assert outcome.exit_code == EXIT_SOME_FAILED  # task 4's rollouts and (2, 1) failed
 
     rollouts, failures = assert_ledger_invariant(out)
     masked = sorted((r["task_index"], r["rollout_index"]) for r in rollouts if r.get(MASK_SAMPLE))
-    assert masked == [(1, 0), (1, 1), (2, 1)]  # NeMo RL's flag is written at the top too
+    assert masked == [(1, 0), (1, 1)]
     assert all(
         r[MASK_SAMPLE] is True and r["reward"] == 0.0 for r in rollouts if r.get(MASK_SAMPLE)
     )
-    assert sorted(f["task_index"] for f in failures) == [4, 4]
+    assert sorted((f["task_index"], f["rollout_index"]) for f in failures) == [
+        (2, 1), (4, 0), (4, 1),
+    ]  # fmt: skip
     for line in failures:
         assert line["error"]["type"] == "protocol_error"
-        assert "mask_sample" in line["error"]["message"] and '"yes"' in line["error"]["message"]
+        message = line["error"]["message"]
+        if line["task_index"] == 4:
+            assert "mask_sample" in message and '"yes"' in message
+        else:  # NeMo RL's flag alone is not dropped in silence: the rollout is no measurement
+            assert "instance_config.mask_sample true" in message
 
     m = orjson.loads((out / "metrics.json").read_bytes())
-    assert m["counts"] == {"total": 10, "succeeded": 8, "failed": 2, "pending": 0}
+    assert m["counts"] == {"total": 10, "succeeded": 7, "failed": 3, "pending": 0}
     assert m["coverage"] == {
-        "measured_rollouts": 5, "masked_rollouts": 3, "measured_tasks": 3,
+        "measured_rollouts": 5, "masked_rollouts": 2, "measured_tasks": 3,
         "fully_masked_tasks": 1,
     }  # fmt: skip
     # Measured: task 0 (1, 1), task 2 (1), task 3 (0, 0); the masked zeros are no rewards.
@@ -103,13 +113,13 @@ async def test_a_run_records_masked_rollouts_and_measures_only_the_others(tmp_pa
     assert m["pass_at_k"] == pytest.approx({"pass@1": 2 / 3, "pass@2": 0.5})
     per_task = {t["task_index"]: t for t in read_jsonl(out / "per_task.jsonl")}
     assert (per_task[1]["scored"], per_task[1]["masked"], per_task[1]["pass_rate"]) == (0, 2, None)
-    assert (per_task[2]["scored"], per_task[2]["masked"]) == (1, 1)
-    assert collector.progress.masked == 3 and collector.progress.failed == 2
+    assert (per_task[2]["scored"], per_task[2]["masked"]) == (1, 0)
+    assert collector.progress.masked == 2 and collector.progress.failed == 3
 
     # The environment's aggregate, in NeMo Gym's shape: masked rows out, 0.7's coverage in.
     agg = m["env_aggregate"]
     for section in (agg["agent_metrics"], agg["key_metrics"]):
-        assert section["coverage/masked_rollouts"] == 3
+        assert section["coverage/masked_rollouts"] == 2
         assert section["coverage/measured_rollouts"] == 5
         assert section["coverage/fully_masked_tasks"] == 1
     assert agg["agent_metrics"]["mean/reward"] == pytest.approx(3 / 5)
@@ -118,9 +128,9 @@ async def test_a_run_records_masked_rollouts_and_measures_only_the_others(tmp_pa
     assert [g["_ng_task_index"] for g in written["group_level_metrics"]] == [0, 2, 3]
 
     run = load_run(out)
-    assert (run.scored, run.masked, len(run.failures), run.pending) == (5, 3, 2, 0)
+    assert (run.scored, run.masked, len(run.failures), run.pending) == (5, 2, 3, 0)
     assert run.reward_mean() == pytest.approx(3 / 5)
-    assert headline(run)["rollouts"] == "5 ok, 3 masked, 2 failed, 0 pending of 10"
+    assert headline(run)["rollouts"] == "5 ok, 2 masked, 3 failed, 0 pending of 10"
     assert run.tasks[1].pass_rate is None and run.tasks[1].masked == 2
 
 
@@ -133,7 +143,8 @@ async def test_the_trainer_never_sees_a_masked_reward() -> None:
     assert fully.rewards == [] and fully.scored == [] and len(fully.masked) == 2
     assert not fully.complete
     assert all(isinstance(r, ScoredRollout) and r.masked for r in fully.masked)
-    assert half.rewards == [1.0] and [r.rollout_index for r in half.masked] == [1]
+    assert half.rewards == [1.0] and not half.masked
+    assert [r.rollout_index for r in half.failed] == [1]
     assert wrong.rewards == [0.0, 0.0] and wrong.complete  # an explicit false is measured
     assert len(bad.failed) == 2 and bad.rewards == [] and not bad.masked
     assert all(isinstance(r.error, ProtocolError) for r in bad.failed)
@@ -152,6 +163,21 @@ def test_the_flag_is_read_where_0_7_and_nemo_rl_put_it() -> None:
         assert not is_masked({MASK_SAMPLE: bad})
     with pytest.raises(ProtocolError):
         mask_sample({INSTANCE_CONFIG: {MASK_SAMPLE: "yes"}})
+
+
+def test_the_core_reads_the_top_and_drops_no_flag_it_does_not_read() -> None:
+    """rollgym's own reading: the top-level flag; one nested that the top does not say is a
+    typed failure, never a reward; a 0.7 row's response is lifted first."""
+    assert core_mask_sample({MASK_SAMPLE: True, INSTANCE_CONFIG: {MASK_SAMPLE: True}}) is True
+    assert core_mask_sample({INSTANCE_CONFIG: {MASK_SAMPLE: False}}) is None
+    for said in ({INSTANCE_CONFIG: {MASK_SAMPLE: True}},
+                 {MASK_SAMPLE: False, INSTANCE_CONFIG: {MASK_SAMPLE: True}},
+                 {INSTANCE_CONFIG: {MASK_SAMPLE: "yes"}}):  # fmt: skip
+        with pytest.raises(ProtocolError, match=r"instance_config\.mask_sample"):
+            check_verified({"reward": 0.0, **said}, "agent")
+    nemo_rl = {"reward": 0.0, INSTANCE_CONFIG: {MASK_SAMPLE: True}}
+    assert check_verified(lifted(nemo_rl), "agent")[MASK_SAMPLE] is True
+    assert lifted({"reward": 1.0}) == {"reward": 1.0}
 
 
 # -- /aggregate_metrics --------------------------------------------------------------------------

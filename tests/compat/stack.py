@@ -11,6 +11,7 @@ import orjson
 
 from rollgym.collect import RunningServers, RunOutcome, run_collection
 from rollgym.config import Config, RetryPolicy, kind_defaults, parse_config
+from rollgym.dialects import ROW_DIALECTS
 from rollgym.http import Target
 from rollgym.server.base import BaseServer
 from rollgym.testing import serve_asgi, serve_server
@@ -87,5 +88,6 @@ async def collect(
     cfg: Config, rows: Path, out: Path, urls: dict[str, list[str]], *, agent: str | None = None
 ) -> RunOutcome:
     return await run_collection(
-        cfg, cfg.collect, rows, out, RunningServers(urls), agent=agent, progress=False
-    )
+        cfg, cfg.collect, rows, out, RunningServers(urls), agent=agent, progress=False,
+        dialects=ROW_DIALECTS,
+    )  # fmt: skip

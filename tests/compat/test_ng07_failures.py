@@ -25,9 +25,11 @@ import pytest
 
 from rollgym import errors
 from rollgym.collect import Collector, prepare_run
+from rollgym.collect.dialect import Dialects
 from rollgym.collect.ledger import Ledger
 from rollgym.collect.metrics import compute_metrics
 from rollgym.collect.records import FailedRollout
+from rollgym.dialects import ROW_DIALECTS
 from rollgym.envs.judge.server import JudgeEnv
 from rollgym.errors import (
     ALL_ERRORS,
@@ -56,6 +58,7 @@ from rollgym.nemo_gym.failures import (
     failure_class,
     failure_kind,
     failure_stage,
+    record_fields,
     sidecar_fields,
     terminal,
 )
@@ -306,19 +309,34 @@ async def judge_stack() -> AsyncIterator[str]:
                 yield agent_url
 
 
+def _materialized(path: Path) -> Path:
+    """The flat task rows of ``path`` as 0.7's materialized rows (run by the one agent)."""
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    path.write_bytes(b"".join(
+        orjson.dumps({"task_id": {"taskset": "mcqa", "task_id": f"t{i}"}, "task_input": row})
+        + b"\n" for i, row in enumerate(rows)
+    ))  # fmt: skip
+    return path
+
+
 async def test_failures_jsonl_carries_0_7s_sidecar_fields_and_rollgyms_readers_read_it(
     tmp_path: Path,
 ) -> None:
-    tasks = write_tasks(tmp_path / "tasks.jsonl", 4, fail={1, 3})
+    """A 0.7 row's line carries what 0.7's sidecar readers read, without a second copy of
+    rollgym's error; a plain row's line carries rollgym's fields only."""
+    tasks = _materialized(write_tasks(tmp_path / "tasks.jsonl", 4, fail={1, 3}))
+    plain = write_tasks(tmp_path / "plain.jsonl", 2, fail={0, 1})
     out = tmp_path / "out"
+    dialects = Dialects(ROW_DIALECTS)
     async with running_stack(model_options={"fail_marker": FAIL_MARKER}) as stack:
         cfg = stack_config({"concurrency": 2})
-        prepared = prepare_run(cfg, cfg.collect, tasks, out, resume=False)
+        prepared = prepare_run(cfg, cfg.collect, tasks, out, resume=False, dialects=dialects)
         async with asyncio.timeout(60):
             outcome = await Collector(prepared, stack.urls, progress=False).execute()
         rollouts, failures = assert_ledger_invariant(out)
         assert len(rollouts) == 2 and len(failures) == 2
         for line in failures:
+            assert line["_ng_task_id"] == {"taskset": "mcqa", "task_id": f"t{line['task_index']}"}
             assert line["failure_kind"] == "agent_run_error" and line["delivery"] == "delivered"
             assert line[NG_TASK_INDEX] == line["task_index"]
             assert line["_ng_rollout_index"] == line["rollout_index"]
@@ -327,8 +345,9 @@ async def test_failures_jsonl_carries_0_7s_sidecar_fields_and_rollgyms_readers_r
             assert line["_ng_failure_stage"] == "agent"
             assert line["_ng_failure_type"] == "HTTPStatusError"
             assert line["_ng_failure_http_status"] == 502
-            assert "model answered 500" in line["_ng_failure_message"]
-            assert len(line["_ng_failure_response_body"]) <= 2000
+            assert line["_ng_failure_message"].startswith("agent answered 502")
+            assert len(line["_ng_failure_message"]) <= 200  # what 0.7's readers show
+            assert "_ng_failure_response_body" not in line  # the error holds the body
             assert line["error"]["type"] == "http_status"  # rollgym's record, unchanged
         assert outcome.metrics["failures"]["by_kind"] == {"agent_run_error": 2}
         assert outcome.metrics["failures"]["by_server"] == {"model": 2}
@@ -336,22 +355,49 @@ async def test_failures_jsonl_carries_0_7s_sidecar_fields_and_rollgyms_readers_r
         assert run.failures.by_server == {"model": 2}
         # --resume reads those lines and redoes the two rollouts, once the model is fixed.
         stack.model.options.fail_marker = None
-        prepared = prepare_run(cfg, cfg.collect, tasks, out, resume=True)
+        prepared = prepare_run(cfg, cfg.collect, tasks, out, resume=True, dialects=dialects)
         async with asyncio.timeout(60):
             outcome = await Collector(prepared, stack.urls, progress=False).execute()
-    assert outcome.status == "completed"
-    rollouts, failures = assert_ledger_invariant(out)
-    assert len(rollouts) == 4 and failures == []
-    history = read_jsonl(out / "failures.history.jsonl")
-    assert [h["failure_kind"] for h in history] == ["agent_run_error"] * 2
+        assert outcome.status == "completed"
+        rollouts, failures = assert_ledger_invariant(out)
+        assert len(rollouts) == 4 and failures == []
+        history = read_jsonl(out / "failures.history.jsonl")
+        assert [h["failure_kind"] for h in history] == ["agent_run_error"] * 2
+        # The same failure of a plain row: rollgym's fields only.
+        stack.model.options.fail_marker = FAIL_MARKER
+        prepared = prepare_run(cfg, cfg.collect, plain, tmp_path / "plain", resume=False)
+        async with asyncio.timeout(60):
+            outcome = await Collector(prepared, stack.urls, progress=False).execute()
+    (line, _) = read_jsonl(tmp_path / "plain" / "failures.jsonl")
+    assert set(line) == {
+        "task_index", "rollout_index", NG_TASK_INDEX, "_ng_rollout_index", "attempts",
+        "duration_s", "finished_at", "error",
+    }  # fmt: skip
+    assert outcome.metrics["failures"]["by_kind"] == {}
+    assert outcome.metrics["failures"]["by_server"] == {"model": 2}
 
 
-def test_a_line_written_before_failure_kind_gets_it_from_its_error(tmp_path: Path) -> None:
+def test_a_line_written_before_this_change_is_still_counted_by_its_kind(
+    tmp_path: Path,
+) -> None:
+    """Lines of runs written before the 0.7 fields became its rows' only: their kind is
+    counted; one with no kind is counted by type, server and root, not by kind."""
     error = ConnectError("refused", server="agent", endpoint="/run").to_dict()
-    line = {"task_index": 0, "rollout_index": 0, "attempts": 1, "error": error}
-    (tmp_path / "failures.jsonl").write_bytes(orjson.dumps(line) + b"\n")
-    metrics = compute_metrics(tmp_path, total=1, repeats=1)
+    old = {
+        "task_index": 0,
+        "rollout_index": 0,
+        "attempts": 1,
+        "error": error,
+        "failure_kind": "transport_unreachable",
+        "_ng_failure_class": "agent_request_failed",
+    }
+    older = {"task_index": 1, "rollout_index": 0, "attempts": 1, "error": error}
+    lines = b"".join(orjson.dumps(line) + b"\n" for line in (old, older))
+    (tmp_path / "failures.jsonl").write_bytes(lines)
+    metrics = compute_metrics(tmp_path, total=2, repeats=1)
     assert metrics.failures_by_kind == {"transport_unreachable": 1}
+    assert metrics.failures_by_type == {"connect_error": 2}
+    assert metrics.failures_by_root == {"connect_error": 2}
 
 
 # -- 0.7's handled failures ---------------------------------------------------------------------
@@ -405,7 +451,9 @@ def test_a_0_7_failure_survives_the_ledger_and_its_readers(tmp_path: Path) -> No
     err = error_from_failure(FAILURE, server="mcqa_env", endpoint="/run")
     ledger = Ledger(tmp_path, total=1, repeats=1)
     ledger.open()
-    assert ledger.add(FailedRollout(0, 0, err, attempts=1, duration_s=0.5))
+    # A 0.7 row's record: the fields its dialect adds (``rows.ROWS``'s exchanges).
+    fields = record_fields(err)
+    assert ledger.add(FailedRollout(0, 0, err, attempts=1, duration_s=0.5, fields=fields))
     ledger.close()
     (line,) = read_jsonl(tmp_path / "failures.jsonl")
     assert line["failure_kind"] == "agent_timeout" and line["delivery"] == "delivered"

@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from rollgym.collect import RunningServers, run_collection
 from rollgym.config import parse_config
+from rollgym.dialects import ROW_DIALECTS
 from rollgym.testing import serve_asgi
 from tests.compat.stack import collect, echo_row, serve_stack, stack_config, write_rows
 from tests.support.ledger import read_jsonl
@@ -76,7 +77,7 @@ async def test_a_native_environment_server_given_flat_rows_stops_the_run_saying_
     async with serve_asgi(native_environment_app(seen)) as url:
         outcome = await run_collection(
             cfg, cfg.collect, tasks, out, RunningServers({"mcqa_single_agent_turn": [url]}),
-            progress=False,
+            progress=False, dialects=ROW_DIALECTS,
         )  # fmt: skip
     assert outcome.exit_code != 0 and outcome.status == "aborted"
     reason = outcome.abort_reason or ""
@@ -101,7 +102,7 @@ async def test_another_422_is_not_taken_for_an_environment_server(tmp_path: Path
     async with serve_asgi(Starlette(routes=[Route("/run", run, methods=["POST"])])) as url:
         await run_collection(
             cfg, cfg.collect, tasks, tmp_path / "out", RunningServers({"agent": [url]}),
-            progress=False,
+            progress=False, dialects=ROW_DIALECTS,
         )  # fmt: skip
     (failed,) = read_jsonl(tmp_path / "out" / "failures.jsonl")
     assert failed["error"]["type"] == "http_status"

@@ -247,7 +247,8 @@ def test_server_retries_from_metrics(tmp_path: Path) -> None:
 
 def test_masked_samples(tmp_path: Path) -> None:
     masked = rollout(0, 0, mask_sample=True)
-    nested = rollout(0, 1, instance_config={"mask_sample": True})
+    # NeMo RL's flag: rollgym's line carries it at the top too (its reader reads the top).
+    nested = rollout(0, 1, mask_sample=True, instance_config={"mask_sample": True})
     report = failed_only(clean_except(tmp_path / "run", 4, 3, {(0, 0): masked, (0, 1): nested}),
                          "masked_samples")  # fmt: skip
     assert check(report, "masked_samples").count == 2

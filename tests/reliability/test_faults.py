@@ -81,7 +81,7 @@ async def test_always_failing_model_aborts_fast_with_summary(tmp_path: Path) -> 
     for line in (tmp_path / "out" / "failures.jsonl").read_text().splitlines():
         chain = _origins(json.loads(line)["error"])  # the agent's 502 and what it carried
         model = [e for e in chain if e.get("server") == "model"]
-        attempts = max(e.get("attempts") or 0 for e in model)
+        attempts = max(e.get("attempts", 1) for e in model)  # to_record: 1 is left out
         spent = any(e["type"] == "budget_exhausted" for e in model)
         assert 1 <= attempts <= 3 and (attempts >= 2 or spent), chain
     # Nothing near the full 1,000 was tried: the run stopped early.

@@ -79,7 +79,7 @@ async def _run(
     """``run`` launches the config's servers; ``collect`` (``urls`` given) finds them running."""
     from rollgym.collect import RunAgents, local_launcher, run_collection
     from rollgym.collect.layout import RunDir
-    from rollgym.dialects import SERVER_DIALECTS
+    from rollgym.dialects import ROW_DIALECTS, SERVER_DIALECTS
 
     # Pre-flight, before anything is written: the agent, then the servers (checked here when
     # launched, found reachable when running).
@@ -91,6 +91,7 @@ async def _run(
         cfg, collect, input_path, output, launcher, resume=options.resume, agents=agents,
         progress=options.progress, metrics_port=options.metrics_port,
         metrics_host=options.metrics_host, agent_dialects=SERVER_DIALECTS,
+        dialects=ROW_DIALECTS,
     )  # fmt: skip
 
 

@@ -8,6 +8,9 @@ The path of one run (see the README's architecture section)::
       Dispatcher (dispatch.py)       LocalDispatcher here, RayDispatcher on a cluster
       RolloutRunner (rollout.py)     one rollout -> one ScoredRollout | FailedRollout
       Recorder (recorder.py)         sink (ledger files | memory), progress, failure budget
+      Dialects (dialect.py)          how each row shape is checked, routed, sent, read and
+                                     recorded: the flat row built in, others listed by the
+                                     entry points (rollgym.dialects)
 """
 
 from rollgym.collect.collector import Collector

@@ -27,7 +27,6 @@ from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.launchers import RunAgents
 from rollgym.collect.ledger import Ledger
 from rollgym.collect.live import RunWatch
-from rollgym.collect.materialized import task_item
 from rollgym.collect.metrics import compute_metrics
 from rollgym.collect.peers import resources_of
 from rollgym.collect.progress import RunProgress
@@ -35,6 +34,7 @@ from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
 from rollgym.collect.required import check_rows
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
+from rollgym.collect.route import BY_AGENT, AgentRoute
 from rollgym.collect.rundir import (
     EXIT_ABORTED,
     EXIT_OK,
@@ -45,16 +45,14 @@ from rollgym.collect.rundir import (
     mark_finished,
     write_json,
 )
-from rollgym.collect.tasks import ROLLGYM_ROW_FIELDS, AgentRoute, iter_rollouts
+from rollgym.collect.tasks import ROLLGYM_ROW_FIELDS, iter_rollouts
 from rollgym.collect.undeclared import UndeclaredTools
 from rollgym.collect.unscripted import unscripted_warning
 from rollgym.config import DISPATCH_KINDS, RetryPolicy, format_validation_error
 from rollgym.errors import ConfigError, ProtocolError, RollgymError
 from rollgym.http import HttpClient, Target
-from rollgym.nemo_gym.episodes import is_materialized_row
 from rollgym.server.aggregate import AggregateMetrics
 from rollgym.server.provenance import LoadedCode
-from rollgym.wire import TASK_ID, TASKSET
 
 log = logging.getLogger("rollgym.collect")
 
@@ -88,7 +86,7 @@ class Collector:
         }
         RunAgents(self.agent_name).require_url(self.targets, config)
         self.route = AgentRoute.of(config, self.cfg, self.agent_name)
-        for ref in sorted(run.info.agent_refs):
+        for ref in sorted(run.info.named(BY_AGENT)):
             routed = self.route.agent_for(ref)
             if routed is not None and routed not in self.targets:
                 # Sent to the default agent instead, it would run under another agent's loop.
@@ -96,18 +94,18 @@ class Collector:
                     f"task rows name agent {ref!r}, run by server {routed!r}, which has no URL: "
                     f"pass --servers {routed}=URL, or --agent to run every row with one agent"
                 )
-        for taskset in sorted(run.info.tasksets):
-            routed = self.route.server_for_taskset(taskset)
+        for by, name in sorted(r for r in run.info.routes if r[0] != BY_AGENT):
+            routed = self.route.server(by, name)
             if routed is not None and routed not in self.targets:
                 raise ConfigError(
-                    f"task rows of taskset {taskset!r} go to server {routed!r}, which has no "
+                    f"task rows of {by} {name!r} go to server {routed!r}, which has no "
                     f"URL: pass --servers {routed}=URL"
                 )
         self.urls = {name: list(u) for name, u in urls.items()}
         self.client = client or HttpClient()
         self._own_client = client is None
         self.dispatcher = dispatcher or LocalDispatcher(
-            RolloutPolicy.from_collect(self.cfg), self.cfg.concurrency
+            RolloutPolicy.from_collect(self.cfg), self.cfg.concurrency, dialects=run.dialects
         )
         self.ledger = Ledger(run.out_dir, run.total, self.cfg.repeats)
         self.progress = RunProgress(enabled=progress)
@@ -150,41 +148,18 @@ class Collector:
             # verify time, after its model calls: refuse the file before any is made.
             await check_rows(
                 self.run.config, self.route, Path(self.run.info.path), self.run.info.tasks,
-                self._health,
+                self._health, self.run.dialects,
             )  # fmt: skip
             await self.dispatcher.start(self.client, self.targets)
             self._started = True
 
     def pending(self) -> Iterator[RolloutItem]:
         """The rollouts of ``tasks.jsonl`` that have no record yet, in order."""
+        dialects = self.run.dialects
         for task_index, rollout_index, raw in iter_rollouts(self.run.files.tasks):
             if not self.ledger.is_done(task_index, rollout_index):
                 prior = self.ledger.attempts_so_far(task_index, rollout_index)
-                # A cheap check first: most rows are flat.
-                row = orjson.loads(raw) if b'"task_input"' in raw else None
-                if row is not None and is_materialized_row(row):
-                    server = self._server_for(row[TASK_ID][TASKSET])
-                    yield task_item(
-                        task_index, rollout_index, raw, row, server, prior,
-                        episode=server in self.route.environments,
-                    )  # fmt: skip
-                else:
-                    agent = self._agent_for(raw)
-                    yield RolloutItem(task_index, rollout_index, raw, agent, prior)
-
-    def _agent_for(self, raw: bytes) -> str:
-        # Cheap checks first: most runs route every row alike, most rows name no agent.
-        default = self.agent_name
-        if not self.route.override and b'"agent_ref"' in raw:
-            ref = orjson.loads(raw).get("agent_ref")
-            agent = self.route.agent_for(ref.get("name") if isinstance(ref, dict) else None)
-            # Every name was checked when the run was prepared (and against the URLs above).
-            if agent in self.targets:
-                assert agent is not None
-                return agent
-        if default is None:  # refused when the run was prepared: the file changed since
-            raise ConfigError("a task row names no agent, and the run has no default agent")
-        return default
+                yield dialects.item(task_index, rollout_index, raw, self.route, prior)
 
     def _environments(self) -> list[str] | None:
         """Each task's environment, by task index (``metrics.json``'s ``by_environment``): the
@@ -199,23 +174,13 @@ class Collector:
         for task_index, rollout_index, raw in iter_rollouts(self.run.files.tasks):
             if rollout_index != 0:
                 continue
-            row = orjson.loads(raw) if b'"task_input"' in raw else None
-            if row is not None and is_materialized_row(row):
-                server = self._server_for(row[TASK_ID][TASKSET])
-            else:
-                server = self._agent_for(raw)
+            server = self.run.dialects.item(task_index, 0, raw, self.route, 0).agent
             if server not in envs:
                 kind = self.run.config.servers[server].kind
                 envs[server] = server if kind != "agent" else resources_of(self.run.config, server)
             out.extend([""] * (task_index + 1 - len(out)))
             out[task_index] = envs[server]
         return out
-
-    def _server_for(self, taskset: str) -> str:
-        server = self.route.server_for_taskset(taskset)
-        if server is None:  # refused when the run was prepared: the file changed since
-            raise ConfigError(f"no server runs taskset {taskset!r}")
-        return server
 
     async def execute(self) -> RunOutcome:
         """Dispatch every pending rollout, then write metrics and ``run.json``."""

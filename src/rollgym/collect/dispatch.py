@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from rollgym.collect.dialect import Dialects
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem, RolloutRecord
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
@@ -94,11 +95,18 @@ RunnerFactory = Callable[[HttpClient, dict[str, Target], RolloutPolicy, Callable
 """Makes the runner of a dispatch: (client, agents, policy, stopping) -> runner."""
 
 
-def rollout_runner(
-    http: HttpClient, agents: dict[str, Target], policy: RolloutPolicy, stopping: Callable[[], bool]
-) -> Runner:
-    """The default: rollouts through their agent's ``/run``."""
-    return RolloutRunner(http, agents, policy, stopping=stopping)
+def _rollout_runner(dialects: Dialects) -> RunnerFactory:
+    """The default: rollouts through their server's ``/run``, in ``dialects``."""
+
+    def make(
+        http: HttpClient,
+        agents: dict[str, Target],
+        policy: RolloutPolicy,
+        stopping: Callable[[], bool],
+    ) -> Runner:
+        return RolloutRunner(http, agents, policy, stopping=stopping, dialects=dialects)
+
+    return make
 
 
 def cancel_others(tasks: list[asyncio.Task[None]]) -> None:
@@ -112,14 +120,20 @@ def cancel_others(tasks: list[asyncio.Task[None]]) -> None:
 
 class LocalDispatcher:
     """At most ``concurrency`` rollouts in flight, as asyncio tasks of this event loop, each
-    run by the runner that ``runner`` makes (default: ``rollout_runner``)."""
+    run by the runner that ``runner`` makes (default: a ``RolloutRunner`` speaking
+    ``dialects``, the flat row only when None)."""
 
     def __init__(
-        self, policy: RolloutPolicy, concurrency: int, *, runner: RunnerFactory | None = None
+        self,
+        policy: RolloutPolicy,
+        concurrency: int,
+        *,
+        runner: RunnerFactory | None = None,
+        dialects: Dialects | None = None,
     ) -> None:
         self.policy = policy
         self.concurrency = concurrency
-        self.make_runner = runner or rollout_runner
+        self.make_runner = runner or _rollout_runner(dialects or Dialects())
         self.runner: Runner | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._cancelled = False

@@ -12,7 +12,7 @@ Three rules, each independent of how long the run has been going:
   no outcome, so the rate alone would wait for their holds to run out.
 A 401/403/404 among the first ``config_error_window`` finished rollouts is a configuration
 error (wrong URL, key or route): abort at once; so is a rollout failed with a ``ConfigError``
-(a server of the wrong kind: a NeMo Gym 0.7 Environment Server given as an agent).
+(a server of the wrong kind, say an environment server given as an agent).
 
 A stale rollout (``StaleRollout``: asynchronous training left it too many policy versions
 behind) is no failure of any server: it is not counted at all, neither as a failure nor as a

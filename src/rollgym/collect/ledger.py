@@ -174,9 +174,9 @@ class Ledger:
 
 
 def _said_final(record: dict[str, object]) -> bool:
-    """Whether a failure is an Environment Server's own ``terminal: true`` (NeMo Gym 0.7): it
-    said the episode must not be tried again, so ``--resume`` does not, as 0.7's resume does
-    not. rollgym's own errors keep the attempts rule: their retry judgement is the policy's."""
+    """Whether a failure is an environment's own ``terminal: true`` (``EnvironmentFailure``):
+    it said the rollout must not be tried again, so ``--resume`` does not. rollgym's own errors
+    keep the attempts rule: their retry judgement is the policy's."""
     error = record.get("error")
     return (
         isinstance(error, dict)

@@ -6,8 +6,8 @@ are not scored (a failure is never a reward of 0), so they lower n, not c.
 
 Masked rollouts (``mask_sample: true``: the environment says the reward is no measurement) are
 recorded successes, counted in ``succeeded``, but like failures they lower n, not c, and are left
-out of the reward mean/std, the environment's metrics and the sub-scores, as NeMo Gym 0.7 leaves
-them out of every quality statistic. ``coverage`` says how much was measured, in 0.7's terms:
+out of the reward mean/std, the environment's metrics and the sub-scores: they measure nothing.
+``coverage`` says how much was measured:
 ``measured_rollouts``, ``masked_rollouts``, ``measured_tasks`` (tasks with a measured rollout),
 ``fully_masked_tasks`` (tasks with recorded rollouts, none measured). The agent's own fields and
 token drift still cover every recorded rollout: they describe the agent's loop, which ran.
@@ -40,10 +40,9 @@ from typing import Any
 import orjson
 
 from rollgym.collect.layout import RunDir, open_run_file, raw_lines
-from rollgym.errors import RollgymError, root_cause, root_record
+from rollgym.errors import root_cause, root_record
 from rollgym.models.tokens import DRIFTED_TURNS
-from rollgym.nemo_gym.failures import failure_kind
-from rollgym.nemo_gym.mask import is_masked
+from rollgym.protocol import is_masked
 from rollgym.wire import FAILURE_KIND, INDEX_FIELDS
 
 AGENT_FIELDS = frozenset(
@@ -145,8 +144,8 @@ class TokenDrift:
 
 @dataclass
 class Coverage:
-    """How much of a run its reward statistics were computed from (NeMo Gym 0.7's
-    ``coverage/*``)."""
+    """How much of a run its reward statistics were computed from (``/aggregate_metrics``'s
+    ``coverage/*`` too)."""
 
     measured_rollouts: int = 0
     masked_rollouts: int = 0
@@ -257,7 +256,7 @@ class RunMetrics:
     failures_by_server: dict[str, int] = field(default_factory=dict)
     failures_by_status: dict[str, int] = field(default_factory=dict)
     failures_by_kind: dict[str, int] = field(default_factory=dict)
-    """By NeMo Gym 0.7's ``failure_kind`` (``rollgym.nemo_gym.failures``)."""
+    """By the ``failure_kind`` a line carries (its row dialect's, when it says one)."""
     failures_by_root: dict[str, int] = field(default_factory=dict)
     """By root cause (``rollgym.errors.root_cause``), most frequent first."""
     failures_by_root_context: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -415,7 +414,8 @@ def compute_metrics(
         by_type[str(err.get("type"))] += 1
         by_server[str(err.get("server"))] += 1
         by_status[str(err.get("status") if err.get("status") is not None else err.get("type"))] += 1
-        by_kind[_kind(rec)] += 1
+        if isinstance(kind := rec.get(FAILURE_KIND), str):  # a line its dialect classed
+            by_kind[kind] += 1
         cause = root_cause(rec.get("error") or {})
         causes.add(cause.type, cause.context)
         env = group(rec["task_index"])
@@ -459,12 +459,3 @@ def compute_metrics(
             }
             fh.write(orjson.dumps(row) + b"\n")
     return m
-
-
-def _kind(rec: dict[str, Any]) -> str:
-    """A failure line's ``failure_kind``; one written before it had one gets it from its error."""
-    kind = rec.get(FAILURE_KIND)
-    if isinstance(kind, str):
-        return kind
-    error = rec.get("error")
-    return failure_kind(RollgymError.from_dict(error if isinstance(error, dict) else {}))

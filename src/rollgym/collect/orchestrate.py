@@ -21,12 +21,13 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollgym import tracing
 from rollgym.collect.collector import Collector
+from rollgym.collect.dialect import Dialects, RowDialect
 from rollgym.collect.dispatch import Dispatcher
 from rollgym.collect.launchers import InProcessAgents, Launcher, RunAgents
 from rollgym.collect.rundir import (
@@ -64,12 +65,14 @@ async def run_collection(
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     agent_dialects: tuple[Any, ...] = (),
+    dialects: Iterable[RowDialect] = (),
 ) -> RunOutcome:
     """Run (or ``resume``) one collection into ``out_dir`` with servers from ``launcher``.
     ``agents``: the run's agents as the caller resolved them (default: from ``agent`` and
     ``collect``). With ``collect.agent_in_process`` the agents run here (``InProcessAgents``,
     speaking ``agent_dialects``); ``launcher`` must then leave them out (``local_launcher``
-    does)."""
+    does). ``dialects``: the row shapes the run speaks besides the flat row (the entry point's
+    ``rollgym.dialects``)."""
     # Pre-flight, before anything is written: traces if asked for (rollgym.tracing), the agent,
     # and whether it runs here.
     tracing.setup("rollgym-collector")
@@ -83,7 +86,10 @@ async def run_collection(
     metrics = _collector_metrics(metrics_host, metrics_port) if metrics_port is not None else None
     targets: TargetsFile | None = None
     try:
-        prepared = prepare_run(config, collect, input_path, out_dir, resume=resume, lock=True)
+        prepared = prepare_run(
+            config, collect, input_path, out_dir, resume=resume, lock=True,
+            dialects=Dialects(dialects),
+        )  # fmt: skip
     except BaseException:
         if metrics is not None:
             await metrics.server.close()

@@ -6,15 +6,14 @@ trainer API hands them to the trainer. They pickle (the error is a ``RollgymErro
 plain data), so they cross a ``spawn`` process or a Ray actor boundary unchanged.
 
 A **masked** rollout is a ``ScoredRollout`` whose verify response says ``mask_sample: true``
-(NeMo Gym 0.7: its reward is no measurement, the environment's infrastructure failed; NeMo RL's
-``instance_config.mask_sample`` is read too). It is recorded in ``rollouts.jsonl`` with the flag,
-as 0.7 records it, but it is left out of every reward statistic and never reaches a trainer as a
-reward. A ``mask_sample`` that is not a boolean is not guessed either way: ``checked`` turns the
-rollout into a ``FailedRollout`` with a ``ProtocolError`` naming the value.
+(its reward is no measurement: the environment's infrastructure failed). It is recorded in
+``rollouts.jsonl`` with the flag, but it is left out of every reward statistic and never reaches
+a trainer as a reward. A ``mask_sample`` that is not a boolean is not guessed either way:
+``checked`` turns the rollout into a ``FailedRollout`` with a ``ProtocolError`` naming the value
+(``rollgym.protocol.mask_sample``).
 
-A failed rollout's line in ``failures.jsonl`` also carries what a 0.7 reader of its
-``<stem>_failures.jsonl`` sidecar expects: ``failure_kind``, ``delivery``, the ``_ng_*`` indices
-and the ``_ng_failure_*`` fields (``rollgym.nemo_gym.failures``).
+A work item and a failure carry what their row's dialect adds (``collect.dialect``): the item
+its name and its own data, the failure the fields of its line beside rollgym's.
 """
 
 from __future__ import annotations
@@ -26,17 +25,9 @@ from typing import Any, Literal
 import orjson
 
 from rollgym.errors import ProtocolError, RollgymError
-from rollgym.nemo_gym.failures import delivery, failure_kind, sidecar_fields
-from rollgym.nemo_gym.mask import is_masked, mask_sample
+from rollgym.protocol import is_masked, mask_sample
 from rollgym.server.versions import rollout_versions
-from rollgym.wire import (
-    DELIVERY,
-    FAILURE_KIND,
-    INDEX_FIELDS,
-    MASK_SAMPLE,
-    NG_ROLLOUT_INDEX,
-    NG_TASK_INDEX,
-)
+from rollgym.wire import INDEX_FIELDS, NG_ROLLOUT_INDEX, NG_TASK_INDEX
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +40,10 @@ class RolloutItem:
     agent: str
     prior_attempts: int = 0
     """Attempts recorded by earlier sessions of the run (``--resume``)."""
+    dialect: str = ""
+    """The name of its row's dialect (``collect.dialect``; ``""``: the flat row)."""
+    context: Any = None
+    """Its dialect's own data for this rollout (plain and picklable: it crosses to Ray)."""
 
     @property
     def key(self) -> str:
@@ -108,13 +103,9 @@ class ScoredRollout:
         ng_task = self.verified.get(NG_TASK_INDEX)
         if not isinstance(ng_task, int) or isinstance(ng_task, bool):
             ng_task = self.task_index
-        # A mask asked for in instance_config only is written at the top too, where 0.7's
-        # aggregation and rollgym's readers look for it.
-        masked = {MASK_SAMPLE: True} if self.masked else {}
         return orjson.dumps(
             {
                 **self.verified,
-                **masked,
                 "task_index": self.task_index,
                 "rollout_index": self.rollout_index,
                 NG_TASK_INDEX: ng_task,
@@ -137,6 +128,8 @@ class FailedRollout:
     error: RollgymError
     attempts: int
     duration_s: float
+    fields: dict[str, Any] | None = None
+    """What its row's dialect adds to its line (``Exchange.fields``)."""
     ok: Literal[False] = field(default=False, init=False)
 
     @property
@@ -144,22 +137,20 @@ class FailedRollout:
         return self.error.retryable
 
     def to_json(self) -> bytes:
-        """This record as one line of ``failures.jsonl``: indices, attempts, the error, and the
-        fields of a 0.7 sidecar row (``failure_kind``, ``delivery``, ``_ng_failure_*``)."""
-        err = self.error
+        """This record as one line of ``failures.jsonl``: indices (in both spellings, as in
+        ``rollouts.jsonl``), attempts, the error (``RollgymError.to_record``) and the fields
+        its row's dialect adds."""
         return orjson.dumps(
             {
                 "task_index": self.task_index,
                 "rollout_index": self.rollout_index,
+                NG_TASK_INDEX: self.task_index,
+                NG_ROLLOUT_INDEX: self.rollout_index,
                 "attempts": self.attempts,
                 "duration_s": round(self.duration_s, 4),
                 "finished_at": round(time.time(), 3),
-                "error": err.to_dict(),
-                FAILURE_KIND: failure_kind(err),
-                DELIVERY: delivery(err),
-                NG_TASK_INDEX: self.task_index,
-                NG_ROLLOUT_INDEX: self.rollout_index,
-                **sidecar_fields(err),
+                "error": self.error.to_record(),
+                **(self.fields or {}),
             }
         )
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import orjson
 
+from rollgym.collect.dialect import Dialects
 from rollgym.collect.peers import resources_of
-from rollgym.collect.tasks import AgentRoute
+from rollgym.collect.route import AgentRoute
 from rollgym.config import Config
 from rollgym.errors import ConfigError, InputError
-from rollgym.nemo_gym.episodes import is_materialized_row
 
 Health = Callable[[str], Awaitable[dict[str, Any] | None]]
 
@@ -28,11 +28,17 @@ SHOWN = 5
 
 
 async def check_rows(
-    config: Config, route: AgentRoute, task_file: Path, tasks: int, health: Health
+    config: Config,
+    route: AgentRoute,
+    task_file: Path,
+    tasks: int,
+    health: Health,
+    dialects: Dialects | None = None,
 ) -> None:
-    """Refuse ``task_file`` (its first ``tasks`` rows) if a row lacks a field that the resources
-    server of its agent requires (``required_row_fields`` in that server's ``/health``, asked
-    with ``health``; a server that does not say requires nothing)."""
+    """Refuse ``task_file`` (its first ``tasks`` rows) if a flat row lacks a field that the
+    resources server of its agent requires (``required_row_fields`` in that server's
+    ``/health``, asked with ``health``; a server that does not say requires nothing). A row of
+    another of ``dialects`` is its server's to read."""
     resources: dict[str, str] = {}
     for agent in route.agents:
         spec = config.servers.get(agent)
@@ -54,7 +60,7 @@ async def check_rows(
         server = resources.get(agent or "", "")
         return server, needs.get(server, ())
 
-    refuse_missing_fields(task_file, tasks, required)
+    refuse_missing_fields(task_file, tasks, required, dialects)
 
 
 def _required(health: dict[str, Any] | None) -> frozenset[str]:
@@ -63,12 +69,15 @@ def _required(health: dict[str, Any] | None) -> frozenset[str]:
 
 
 def missing_fields(
-    path: Path, limit: int, required: Callable[[dict[str, object]], tuple[str, Collection[str]]]
+    path: Path,
+    limit: int,
+    required: Callable[[dict[str, object]], tuple[str, Collection[str]]],
+    dialects: Dialects | None = None,
 ) -> Iterator[tuple[int, str, list[str]]]:
-    """``(line, server, fields)`` for each of the first ``limit`` rows of the task file at
+    """``(line, server, fields)`` for each of the first ``limit`` flat rows of the task file at
     ``path`` that lacks fields ``required(row)`` says its server (named) needs. The file was
-    validated when the run was prepared; NeMo Gym 0.7's materialized rows are their
-    environment server's to read, and are skipped."""
+    validated when the run was prepared; a row of another of ``dialects`` is skipped."""
+    dialects = dialects or Dialects()
     seen = 0
     with path.open("rb") as fh:
         for number, line in enumerate(fh, start=1):  # as scan_tasks numbers them
@@ -78,7 +87,7 @@ def missing_fields(
                 continue
             seen += 1
             row = orjson.loads(line)
-            if not isinstance(row, dict) or is_materialized_row(row):
+            if not isinstance(row, dict) or dialects.claimed(row):
                 continue
             server, fields = required(row)
             lacking = sorted(f for f in fields if f not in row)
@@ -87,10 +96,13 @@ def missing_fields(
 
 
 def refuse_missing_fields(
-    path: Path, limit: int, required: Callable[[dict[str, object]], tuple[str, Collection[str]]]
+    path: Path,
+    limit: int,
+    required: Callable[[dict[str, object]], tuple[str, Collection[str]]],
+    dialects: Dialects | None = None,
 ) -> None:
     """Raise ``InputError`` naming the first rows of ``path`` that lack a required field."""
-    found = list(missing_fields(path, limit, required))
+    found = list(missing_fields(path, limit, required, dialects))
     if not found:
         return
     shown = "; ".join(

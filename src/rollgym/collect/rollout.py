@@ -1,5 +1,4 @@
-"""The rollout core: one rollout through an agent's ``/run`` (or a NeMo Gym 0.7 Environment
-Server's), to exactly one record.
+"""The rollout core: one rollout through its server's ``/run``, to exactly one record.
 
 Every entry point runs rollouts here and nowhere else: the local collector's workers, the Ray
 collect workers and the trainer API. What happens to one rollout:
@@ -17,15 +16,12 @@ collect workers and the trainer API. What happens to one rollout:
 - otherwise it ends as a ``FailedRollout``; an answer with a reward ends it as a
   ``ScoredRollout``. Only cancellation escapes.
 
-A materialized row (``collect.materialized.TaskItem``) sent to an environment server goes as
-0.7's episodes (``nemo_gym.environment_client.Episode``): ``result`` is the verified record,
-``failure`` the typed error of ``error_from_failure``. A non-terminal failure (or any other
-retryable one) is run again as the next attempt (``episode_id.attempt`` + 1, the same
-``rollout_id``, after the server's backoff) while the environment server's
-``retry.max_attempts`` allows; a terminal one, a 4xx or an answer that is no episode response
-(``ProtocolError``) is recorded at once. Every record of a materialized row carries its
-``_ng_task_id``. A flat row refused with a native Environment Server's 422 (``episode_id``
-missing) is recorded as the ``ConfigError`` that says how to declare that server.
+How each attempt is sent and its answer read is the item's row dialect's (``collect.dialect``:
+the flat row unless the runner was given others): its ``Exchange`` makes the body of attempt N,
+reads the answer into the verified record or a typed error, says whether the server's own
+retry policy runs the attempts (its ``max_attempts``, its backoff between them) and which fields
+a failure's line carries. A failure is also read as any listed dialect's server meant it
+(``RowDialect.foreign``).
 """
 
 from __future__ import annotations
@@ -37,18 +33,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from rollgym import tracing
-from rollgym.collect.materialized import TaskFailedRollout, TaskItem
+from rollgym.collect.dialect import Dialects, Exchange
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
 from rollgym.config import CollectConfig
 from rollgym.errors import ConnectError, InternalError, RollgymError
 from rollgym.http import HttpClient, Target
 from rollgym.http.policy import backoff
 from rollgym.http.replicas import resends_elsewhere
-from rollgym.nemo_gym.environment_client import Episode, episodes_only, flat_failure
-from rollgym.protocol import check_verified
 from rollgym.tracing.names import (
     ATTEMPT,
     CIRCUIT_HOLD_SPAN,
@@ -56,7 +48,7 @@ from rollgym.tracing.names import (
     ERROR_SERVER,
     ROLLOUT_RETRY_SPAN,
 )
-from rollgym.wire import HEADER_ROLLOUT, NG_TASK_ID
+from rollgym.wire import HEADER_ROLLOUT
 
 log = logging.getLogger("rollgym.collect")
 
@@ -93,7 +85,8 @@ class RolloutRunner:
     """Runs rollouts against ``agents`` (name -> target) through ``http``. ``stopping()`` says
     the run is being aborted: no more holds or re-runs, the record is made at once;
     ``on_hold(err)`` hears of every rollout held by an open circuit (the run's failure budget
-    watches). ``circuit_holds`` and ``failovers`` count what it did; ``in_flight`` is the
+    watches). ``dialects``: the row dialects its items may be of (the flat row only, by
+    default). ``circuit_holds`` and ``failovers`` count what it did; ``in_flight`` is the
     rollouts it is running now (``/metrics``, the live progress)."""
 
     http: HttpClient
@@ -101,6 +94,7 @@ class RolloutRunner:
     policy: RolloutPolicy
     stopping: Callable[[], bool] = field(default=_never, kw_only=True)
     on_hold: Callable[[RollgymError], None] | None = field(default=None, kw_only=True)
+    dialects: Dialects = field(default_factory=Dialects, kw_only=True)
     circuit_holds: int = field(default=0, init=False)
     failovers: int = field(default=0, init=False)
     in_flight: int = field(default=0, init=False)
@@ -115,41 +109,32 @@ class RolloutRunner:
 
     async def _run(self, item: RolloutItem) -> RolloutRecord:
         started = time.monotonic()
-        task_id = item.task_id if isinstance(item, TaskItem) else None
+        exchange: Exchange | None = None
         self.in_flight += 1
         try:
             target = self.agents[item.agent]
+            exchange = self.dialects.named(item.dialect).exchange(item)
             key = item.key
             headers = {HEADER_ROLLOUT: key}
             waits = iter(self.policy.circuit_waits)
             failovers = len(target.urls) - 1  # each replica may refuse once
             attempts = item.prior_attempts
-            episode = None
             max_attempts = self.policy.max_attempts
-            if isinstance(item, TaskItem) and item.episode:
-                episode = Episode.of(orjson.loads(item.row))
-                # Episodes are the environment server's to retry: each try is a new attempt.
+            if exchange.server_retries:
                 max_attempts = max(max_attempts, target.policy.max_attempts)
             while True:
                 attempts += 1
+                answer = None
                 try:
-                    # 0.7 numbers an episode's attempts from 0: the tries before this one.
-                    body = item.row if episode is None else episode.request(attempts - 1)
                     answer = await self.http.call(
-                        target, "/run", body, headers=headers, deadline=self.policy.timeout,
-                        sticky=key,
+                        target, "/run", exchange.request(attempts), headers=headers,
+                        deadline=self.policy.timeout, sticky=key,
                     )  # fmt: skip
-                    if episode is not None:
-                        verified = episode.read(answer, attempts - 1, target.name)
-                    else:
-                        verified = _flat_answer(answer, target.name, task_id)
+                    verified = exchange.read(answer, attempts, target.name)
                 except RollgymError as caught:
-                    err = caught
-                    if episode is None:
-                        # A native 0.7 Environment Server refused a flat row: a config to fix.
-                        err = episodes_only(caught, target.name) or caught
+                    err = self.dialects.foreign(caught, answer, target.name)
                     if self.stopping():
-                        return self._failed(item, err, attempts, started)
+                        return self._failed(item, err, attempts, started, exchange)
                     if (
                         err.root().type == "circuit_open"
                         and (wait := next(waits, None)) is not None
@@ -169,16 +154,16 @@ class RolloutRunner:
                         # Nothing reached the agent: recorded (the run must see a dead agent),
                         # but not as an attempt, so a later --resume still has all of its
                         # attempts.
-                        return self._failed(item, err, attempts - 1, started)
+                        return self._failed(item, err, attempts - 1, started, exchange)
                     if err.retryable and attempts < max_attempts:
-                        if episode is not None:
+                        if exchange.server_retries:
                             delay = backoff(target.policy, attempts)
                             with tracing.span(
                                 ROLLOUT_RETRY_SPAN, {DELAY: delay, ATTEMPT: attempts}
                             ):
                                 await asyncio.sleep(delay)
                         continue
-                    return self._failed(item, err, attempts, started)
+                    return self._failed(item, err, attempts, started, exchange)
                 return ScoredRollout(
                     item.task_index, item.rollout_index, float(verified["reward"]), attempts,
                     time.monotonic() - started, verified,
@@ -188,7 +173,7 @@ class RolloutRunner:
         except Exception as exc:  # a bug here must still end as this rollout's record
             log.exception("unexpected error in rollout %s", item.key)
             bug = InternalError(f"collector: {type(exc).__name__}: {exc}", server="collector")
-            return self._failed(item, bug, item.prior_attempts + 1, started)
+            return self._failed(item, bug, item.prior_attempts + 1, started, exchange)
         finally:
             self.in_flight -= 1
 
@@ -209,22 +194,12 @@ class RolloutRunner:
 
     @staticmethod
     def _failed(
-        item: RolloutItem, err: RollgymError, attempts: int, started: float
+        item: RolloutItem,
+        err: RollgymError,
+        attempts: int,
+        started: float,
+        exchange: Exchange | None,
     ) -> FailedRollout:
+        fields = None if exchange is None else exchange.fields(err)
         took = time.monotonic() - started
-        if isinstance(item, TaskItem):
-            return TaskFailedRollout(
-                item.task_index, item.rollout_index, err, attempts, took, task_id=item.task_id
-            )
-        return FailedRollout(item.task_index, item.rollout_index, err, attempts, took)
-
-
-def _flat_answer(answer: object, server: str, task_id: dict[str, str] | None) -> dict[str, Any]:
-    """The verified record of a flat ``/run`` answer: an agent's verify response (or a 0.7
-    relay's, which forwards it), with a materialized row's ``_ng_task_id``. 0.7's flattened
-    failure (``single_agent_turn_legacy``'s) is raised as its typed error."""
-    failed = flat_failure(answer, server)
-    if failed is not None:
-        raise failed
-    verified = check_verified(answer, server)
-    return verified if task_id is None else {**verified, NG_TASK_ID: task_id}
+        return FailedRollout(item.task_index, item.rollout_index, err, attempts, took, fields)

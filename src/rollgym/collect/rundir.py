@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from rollgym.collect.dialect import Dialects
 from rollgym.collect.layout import (
     FAILURES,
     LOCK,
@@ -40,7 +41,8 @@ from rollgym.collect.layout import (
     RunDir,
     not_followed,
 )
-from rollgym.collect.tasks import AgentRoute, TaskFileInfo, materialize, scan_tasks
+from rollgym.collect.route import AgentRoute
+from rollgym.collect.tasks import TaskFileInfo, materialize, scan_tasks
 from rollgym.config import CollectConfig, Config
 from rollgym.errors import ConfigError, RollgymError
 from rollgym.server.provenance import LoadedCode
@@ -188,6 +190,8 @@ class PreparedRun:
     resume: bool
     run_info: dict[str, Any] = field(default_factory=dict)
     lock: RunLock | None = None
+    dialects: Dialects = field(default_factory=Dialects)
+    """The row dialects the run speaks (``collect.dialect``)."""
 
     @property
     def files(self) -> RunDir:
@@ -216,12 +220,15 @@ def prepare_run(
     *,
     resume: bool,
     lock: bool = False,
+    dialects: Dialects | None = None,
 ) -> PreparedRun:
     """Validate the input and set up (or check, on resume) the output directory. ``lock``:
     hold ``run.lock`` until ``PreparedRun.release`` (``run_collection`` does); either way a
-    directory whose run is still alive is refused."""
+    directory whose run is still alive is refused. ``dialects``: the row shapes the run
+    speaks besides the flat row (an entry point's list, ``rollgym.dialects``)."""
     _check_output(out_dir)
-    info = scan_tasks(input_path, collect.limit, AgentRoute.of(config, collect))
+    dialects = dialects or Dialects()
+    info = scan_tasks(input_path, collect.limit, AgentRoute.of(config, collect), dialects)
     fingerprint = {
         "input": str(input_path.absolute()),  # absolute: --resume may run from elsewhere
         "input_sha256": info.sha256,
@@ -230,7 +237,9 @@ def prepare_run(
         "limit": collect.limit,
     }
     try:
-        return _prepare(config, collect, input_path, out_dir, fingerprint, info, resume, lock)
+        return _prepare(
+            config, collect, input_path, out_dir, fingerprint, info, resume, lock, dialects
+        )
     except OSError as exc:
         raise ConfigError(
             f"--output {out_dir}: cannot write the run there ({exc.strerror or exc}); choose a "
@@ -247,6 +256,7 @@ def _prepare(
     info: TaskFileInfo,
     resume: bool,
     lock: bool,
+    dialects: Dialects,
 ) -> PreparedRun:
     run_json = RunDir(out_dir).run_json
     tasks_path = RunDir(out_dir).tasks
@@ -270,7 +280,7 @@ def _prepare(
             run_info.setdefault("resumes", []).append(now())
         else:
             _refuse_earlier_run(out_dir)
-            total = materialize(input_path, tasks_path, collect.repeats, collect.limit)
+            total = materialize(input_path, tasks_path, collect.repeats, collect.limit, dialects)
             run_info = {"started_at": now()}
         run_info.update(
             {
@@ -289,7 +299,7 @@ def _prepare(
         if held is not None:
             held.release()
         raise
-    return PreparedRun(config, collect, out_dir, info, total, resume, run_info, held)
+    return PreparedRun(config, collect, out_dir, info, total, resume, run_info, held, dialects)
 
 
 def _check_output(out_dir: Path) -> None:

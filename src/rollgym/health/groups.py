@@ -25,7 +25,7 @@ from rollgym.collect.layout import LedgerLine
 from rollgym.health.checks import EXAMPLES, Example
 from rollgym.health.environments import Environments
 from rollgym.health.slots import Slots
-from rollgym.nemo_gym.mask import is_masked
+from rollgym.protocol import is_masked
 
 MIN_GROUP = 2
 """Scored rollouts a task needs to be a group (one reward has no spread to judge)."""

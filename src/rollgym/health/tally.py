@@ -18,7 +18,7 @@ from rollgym.errors import root_cause, root_record
 from rollgym.health.checks import EXAMPLES, Example
 from rollgym.health.slots import Slots
 from rollgym.health.turns import RolloutFacts, rollout_facts
-from rollgym.nemo_gym.mask import is_masked
+from rollgym.protocol import is_masked
 
 
 @dataclass

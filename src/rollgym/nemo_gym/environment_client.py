@@ -36,6 +36,7 @@ from rollgym.nemo_gym.episodes import (
     split_task_input,
 )
 from rollgym.nemo_gym.failures import error_from_failure
+from rollgym.nemo_gym.mask import lifted
 from rollgym.protocol import check_verified
 from rollgym.wire import (
     AGENT_OWN_FIELDS,
@@ -122,7 +123,7 @@ class Episode:
         if got.failure is not None:
             raise error_from_failure(dict(answer[FAILURE]), server=server, endpoint=RUN_ENDPOINT)
         assert got.result is not None
-        verified = check_verified(got.result, server, what="the episode's result came")
+        verified = check_verified(lifted(got.result), server, what="the episode's result came")
         # A rollgym agent's own numbers come back where the flat /run puts them (the result's
         # own top-level fields win: they are the environment's).
         own = verified.pop(NG_ROLLGYM_AGENT, None)

@@ -7,6 +7,7 @@
     episode_failure(err, stage)  0.7's EpisodeFailure JSON for an error
     error_from_failure(...)      0.7's EpisodeFailure JSON -> a typed rollgym error
     sidecar_fields(err)          the _ng_failure_* fields of 0.7's sidecar failure rows
+    record_fields(err)           what a 0.7 row's line in failures.jsonl adds to rollgym's
 
 **failure_kind** names the cause, so it is read at the root of the error's ``origin`` chain
 (``RollgymError.root``: the server where the failure started), by the root's type:
@@ -108,6 +109,7 @@ from rollgym.wire import (
     AGENT_SESSIONS_CLOSE_ENDPOINT,
     AGENT_SESSIONS_ENDPOINT,
     CLOSE_SESSION_ENDPOINT,
+    DELIVERY,
     FAILURE_KIND,
     FAILURE_REASON,
     NG_FAILURE_CLASS,
@@ -489,6 +491,27 @@ def sidecar_fields(err: RollgymError) -> dict[str, Any]:
     return out
 
 
+SHOWN = 200
+"""Characters of ``_ng_failure_message`` a 0.7 reader shows (its reverification and collection
+summaries cut it there); the whole error is rollgym's own, beside it."""
+
+
+def record_fields(err: RollgymError) -> dict[str, Any]:
+    """What a 0.7 row's line in ``failures.jsonl`` carries beside rollgym's (whose ``error`` is
+    the whole chain, body and partial response included): ``failure_kind``, ``delivery`` and
+    the ``_ng_failure_*`` fields 0.7's readers of a ``<stem>_failures.jsonl`` sidecar read, its
+    message cut to what they show, without a second copy of the body."""
+    full = sidecar_fields(err)
+    out: dict[str, Any] = {FAILURE_KIND: failure_kind(err), DELIVERY: delivery(err)}
+    out.update((k, v) for k, v in full.items() if k not in _REPEATED)
+    message = full[NG_FAILURE_MESSAGE]
+    out[NG_FAILURE_MESSAGE] = message if len(message) <= SHOWN else f"{message[: SHOWN - 3]}..."
+    return out
+
+
+_REPEATED = frozenset({NG_FAILURE_RESPONSE_BODY, NG_FAILURE_PARTIAL_RESPONSE})
+"""Sidecar fields a line's ``error`` holds already."""
+
 __all__ = [
     "DELIVERIES",
     "ENVIRONMENT_SERVER_FAILED",
@@ -503,6 +526,7 @@ __all__ = [
     "failure_class",
     "failure_kind",
     "failure_stage",
+    "record_fields",
     "sidecar_fields",
     "terminal",
 ]

@@ -4,7 +4,9 @@ An environment sets ``mask_sample: true`` when its own infrastructure failed (a 
 not be asked, a checker that crashed) and the reward it answers is a placeholder. 0.7 leaves
 such a sample out of every quality statistic; NeMo RL zeroes its loss, reading the flag from
 ``instance_config.mask_sample`` (which 0.7's ``judge_failsafe`` also writes "for older NeMo RL
-consumers"). Both places are read here, and either one true masks.
+consumers"). Both places are read here, and either one true masks. rollgym's core reads the
+top only (``rollgym.protocol.mask_sample``, which refuses a nested flag the top does not say);
+a 0.7 row's verify response is ``lifted`` before it reads it.
 
 A value that is not a boolean is refused, not guessed: read as masked it would drop a real
 measurement, read as not masked it would train on a reward the environment said is none.
@@ -49,6 +51,18 @@ def mask_sample(verified: dict[str, Any], *, server: str | None = None) -> bool 
                 body=orjson.dumps(verified)[:2000],
             )
     return any(said) if said else None
+
+
+def lifted(verified: Any) -> Any:
+    """``verified`` with a ``mask_sample: true`` said only in ``instance_config`` said at the
+    top too, where rollgym reads it (anything else as it is: a value that is no boolean, or two
+    that disagree, is refused by the core)."""
+    if not isinstance(verified, dict) or verified.get(MASK_SAMPLE) is not None:
+        return verified
+    config = verified.get(INSTANCE_CONFIG)
+    if isinstance(config, dict) and config.get(MASK_SAMPLE) is True:
+        return {**verified, MASK_SAMPLE: True}
+    return verified
 
 
 def _shown(value: Any) -> str:

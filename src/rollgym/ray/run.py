@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rollgym.collect import RolloutPolicy, RunOutcome, run_collection
 from rollgym.config import CollectConfig, Config
+from rollgym.dialects import ROW_DIALECTS
 from rollgym.ray.dispatch import RayDispatcher
 from rollgym.ray.launcher import ray_launcher
 
@@ -44,4 +45,5 @@ async def run_on_ray(
     return await run_collection(
         config, collect, input_path, out_dir, launcher, dispatcher=dispatcher, resume=resume,
         agent=agent, progress=progress, metrics_port=metrics_port, metrics_host=metrics_host,
+        dialects=ROW_DIALECTS,
     )  # fmt: skip

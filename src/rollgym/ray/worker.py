@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from rollgym import tracing
+from rollgym.collect.dialect import Dialects
 from rollgym.collect.records import RolloutItem, RolloutRecord
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
+from rollgym.dialects import ROW_DIALECTS
 from rollgym.errors import RollgymError
 from rollgym.http import HttpClient, Target
 from rollgym.launch.ports import bind_socket, is_loopback, socket_url
@@ -123,7 +125,7 @@ class CollectWorker:
         if self._runner is None:
             self._runner = RolloutRunner(
                 HttpClient(), self._all, self._policy, stopping=lambda: self._aborted,
-                on_hold=self._on_hold,
+                on_hold=self._on_hold, dialects=Dialects(ROW_DIALECTS),
             )  # fmt: skip
         return self._runner
 

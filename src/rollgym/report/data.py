@@ -21,7 +21,7 @@ from rollgym.collect.layout import METRICS, RUN_JSON, RunDir, open_run_file
 from rollgym.collect.metrics import CauseCounts, TaskTable, pass_at_ks
 from rollgym.collect.rundir import read_state
 from rollgym.errors import RollgymError, root_cause, root_record
-from rollgym.nemo_gym.mask import is_masked
+from rollgym.protocol import is_masked
 from rollgym.report.sample import OTHER, Sample, count_capped, finite
 from rollgym.server.agent import TIMING_FIELD
 

@@ -14,6 +14,7 @@ from typing import Any, TypedDict, TypeVar, Unpack
 
 import orjson
 
+from rollgym.collect.dialect import Dialects
 from rollgym.collect.dispatch import LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.launchers import check_reachable
@@ -25,6 +26,7 @@ from rollgym.collect.records import (
 )
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.config import RetryPolicy, kind_defaults
+from rollgym.dialects import ROW_DIALECTS
 from rollgym.errors import RollgymError, RunAborted
 from rollgym.http import HttpClient, Target
 from rollgym.trainer.group import TaskGroup
@@ -117,7 +119,10 @@ class RolloutClient:
     ) -> RolloutRecord:
         """One rollout of ``row``, as a record (never raises a ``RollgymError``)."""
         runner = RolloutRunner(
-            self.http(), {self.target.name: self.target}, RolloutPolicy(rollout_timeout, attempts)
+            self.http(),
+            {self.target.name: self.target},
+            RolloutPolicy(rollout_timeout, attempts),
+            dialects=Dialects(ROW_DIALECTS),
         )
         # No recorder on this path: the record is checked here as the recorder checks it.
         return checked(await runner.run(_item(row, task_index, rollout_index, self.target.name)))
@@ -153,7 +158,9 @@ class RolloutClient:
         rules = BudgetRules(max_failures=1, max_failure_rate=None) if strict else budget
         budget_ = None if rules is None else FailureBudget(rules.for_concurrency(concurrency))
         recorder = Recorder(sink, budget_)
-        dispatcher = LocalDispatcher(RolloutPolicy(rollout_timeout, attempts), concurrency)
+        dispatcher = LocalDispatcher(
+            RolloutPolicy(rollout_timeout, attempts), concurrency, dialects=Dialects(ROW_DIALECTS)
+        )
         recorder.on_abort(dispatcher.cancel)
         await dispatcher.start(http, {name: self.target})
         try:

@@ -74,17 +74,20 @@ import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from rollgym.collect.dialect import Dialects
 from rollgym.collect.dispatch import FeedDispatcher, LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.launchers import check_reachable
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
 from rollgym.collect.rollout import RolloutPolicy
+from rollgym.dialects import ROW_DIALECTS
 from rollgym.errors import PausedTooLong, RollgymError, RunAborted
 from rollgym.trainer.feed import GroupFeed, OnFailure, OpenGroup, StreamStats
 from rollgym.trainer.group import TaskGroup
@@ -163,7 +166,9 @@ class RolloutStream:
         self.budget = budget
         self.stats = StreamStats()
         self.ledger = StreamLedger(Path(output)) if output is not None else None
-        self._make_dispatcher = dispatcher or LocalDispatcher
+        self._make_dispatcher = dispatcher or partial(
+            LocalDispatcher, dialects=Dialects(ROW_DIALECTS)
+        )
         self.judge = (
             StalenessJudge(max_staleness, lambda: self._version)
             if max_staleness is not None

@@ -45,7 +45,7 @@ from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
-from rollgym.collect.tasks import AgentRoute
+from rollgym.collect.route import AgentRoute
 from rollgym.config import Config
 from rollgym.errors import ConfigError, RollgymError, RunAborted, WaitedTooLong
 from rollgym.http import HttpClient, Target
