@@ -177,6 +177,20 @@ def test_the_compact_record_round_trips_too(cls: type[RollgymError]) -> None:
     assert set(bare) <= {"type", "message", "retryable", *cls.extra_fields}, bare
 
 
+def test_the_record_leaves_out_a_relays_bare_envelope_only() -> None:
+    """A relay's body that is only rollgym's error envelope restates its origin: the record
+    leaves it out. The root's body, and any body that says more, stay."""
+    root = HTTPStatusError("upstream answered 500", status=500, body='{"error":"x"}')
+    envelope = '{"error":{"type":"upstream_error","status":502,"server":"model","retryable":false}}'
+    relay = HTTPStatusError("model answered 502", status=502, body=envelope, origin=root)
+    record = relay.to_record()
+    assert "body" not in record and record["origin"]["body"] == '{"error":"x"}'
+    said = envelope.replace('"retryable":false', '"retryable":false,"detail":"nan logprob"')
+    assert HTTPStatusError("m", status=502, body=said, origin=root).to_record()["body"] == said
+    assert HTTPStatusError("m", status=502, body=envelope).to_record()["body"] == envelope
+    assert RollgymError.from_dict(record).origin == root
+
+
 def test_from_dict_of_an_unknown_type_is_the_root_error() -> None:
     back = RollgymError.from_dict({"type": "upstream_error", "message": "m", "status": 502})
     assert type(back) is RollgymError

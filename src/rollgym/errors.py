@@ -265,6 +265,8 @@ class RollgymError(Exception):
             elif name == "retryable":
                 if value != self.default_retryable:
                     data[name] = value
+            elif name == "body" and self.origin is not None and _bare_envelope(value):
+                continue  # a relay's own envelope: its origin, below, says it all
             elif value is not None and _SAYS[name](value):
                 data[name] = value
         return data
@@ -820,3 +822,20 @@ def chain_text(err: RollgymError) -> str:
             parts.append(node.message)
         node = node.origin
     return ": ".join(parts)
+
+
+_ENVELOPE_KEYS = frozenset({"type", "status", "server", "retryable"})
+
+
+def _bare_envelope(body: str | None) -> bool:
+    """Whether ``body`` is only the error envelope a rollgym server answers a relayed failure
+    with (``{"error": {"type", "status", "server", "retryable"}}``): nothing its ``origin``
+    does not hold. Any other body, even a similar one, is kept."""
+    if not body or not body.startswith('{"error":'):
+        return False
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    inner = parsed.get("error") if isinstance(parsed, dict) and len(parsed) == 1 else None
+    return isinstance(inner, dict) and set(inner) <= _ENVELOPE_KEYS
