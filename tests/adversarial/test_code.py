@@ -520,7 +520,7 @@ print(os.getuid(), int(cap, 16), tried)
 """
 
 
-HARNESS = [f"rollgym/{name}" for name in ("__init__.py", "envs/__init__.py")] + [
+HARNESS = [f"rollgym/{name}" for name in ("__init__.py", "version.py", "envs/__init__.py")] + [
     f"rollgym/envs/code/{name}.py"
     for name in ("__init__", "launcher", "codec", "confine", "isolation")
 ]

@@ -21,7 +21,8 @@ this launcher decoded before the program's first line, so a forged line claims n
 an honest solution returns (``asserts.py`` says why in full). Values cross as ``codec.py``
 writes them.
 
-Standard library only, as are the three modules it imports (and the packages' ``__init__``):
+Standard library only, as are the three modules it imports (and the packages' ``__init__``,
+with ``rollgym/version.py``, which ``rollgym``'s own imports):
 site-packages may hold anything, and is not visible anyway.
 """
 
