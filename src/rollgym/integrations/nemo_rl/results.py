@@ -42,17 +42,19 @@ from typing import Any
 
 from rollgym.errors import RollgymError, chain_text
 from rollgym.nemo_gym import failures
-from rollgym.wire import (
-    FAILURE_KIND,
+from rollgym.nemo_gym.wire import (
     FAILURE_REASON,
-    GENERATION_IDS,
-    GENERATION_LOGPROBS,
     INSTANCE_CONFIG,
-    MASK_REASON,
-    MASK_SAMPLE,
     NG_DISPATCH_DRAINED,
     NG_FAILURE_CLASS,
     NG_NO_PERSIST,
+)
+from rollgym.wire import (
+    FAILURE_KIND,
+    GENERATION_IDS,
+    GENERATION_LOGPROBS,
+    MASK_REASON,
+    MASK_SAMPLE,
     PROMPT_IDS,
     ROLLGYM_ATTEMPTS,
     ROLLGYM_ERROR,
