@@ -176,7 +176,7 @@ async def _check(
     report.add("health", status == 200 and health.get("kind") == "resources", f"{status} {health}")
     if OPENENV_FEATURE in (health.get("features") or ()):
         # A foreign OpenEnv app (impl: openenv) speaks OpenEnv's protocol, not rollgym's: none
-        # of the checks below applies (its own /reset is OpenEnv's, not NeMo Gym's).
+        # of the checks below applies (its own /reset is OpenEnv's, not the Gymnasium-style one).
         report.add(
             "openenv", True, "an OpenEnv environment (impl: openenv): not checked by rollgym "
             "check; openenv_agent plays it (tests/openenv) and its reward is its own",

@@ -42,8 +42,8 @@ from rollgym.errors import ConfigError, redact_url
 
 ServerKind = Literal["model", "resources", "agent", "environment"]
 DISPATCH_KINDS: tuple[ServerKind, ...] = ("agent", "environment")
-"""The kinds of server the collector sends task rows to (``/run``): rollgym's and NeMo Gym's
-agents, and NeMo Gym 0.7's Environment Servers."""
+"""The kinds of server the collector sends task rows to (``/run``): agents, and environment
+servers (NeMo Gym 0.7's Environment Server kind)."""
 SERVER_NAME_MAX = 64
 _SERVER_NAME = re.compile(rf"[A-Za-z_][A-Za-z0-9_.-]{{0,{SERVER_NAME_MAX - 1}}}")
 
@@ -182,7 +182,7 @@ def kind_defaults(kind: ServerKind) -> dict[str, Any]:
     An environment server's ``max_attempts`` counts *episodes*: a failure it calls non-terminal
     is run again in the run as a new attempt (``episode_id.attempt`` + 1), up to that many. The
     HTTP client itself sends each attempt once (``/run``'s own ``max_attempts: 1``): replaying
-    the same attempt of an episode is never what 0.7 asks for."""
+    the same attempt of an episode is never what an environment server asks for."""
     if kind == "environment":
         return {
             "max_attempts": 3,
@@ -293,8 +293,8 @@ class ServerConfig(_Strict):
     @model_validator(mode="after")
     def _impl_or_url(self) -> ServerConfig:
         if self.kind == "environment":
-            # NeMo Gym 0.7's Environment Servers are NeMo Gym's to start (``gym env start``):
-            # rollgym finds one running, like an agent given by URL.
+            # An environment server is started by its own tool (``gym env start``): rollgym
+            # finds one running, like an agent given by URL.
             if self.impl is not None or self.url is None:
                 raise ValueError(
                     "an environment server (NeMo Gym 0.7's Environment Server) runs "
@@ -321,8 +321,7 @@ class CollectConfig(_Strict):
     )
     agent_aliases: dict[str, str] = Field(
         default_factory=dict,
-        description="agent_ref names of the task rows (e.g. NeMo Gym's) -> agent or environment "
-        "servers",
+        description="agent_ref names of the task rows -> agent or environment servers",
     )
     taskset_routes: dict[str, str] = Field(
         default_factory=dict,

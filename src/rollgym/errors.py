@@ -38,8 +38,8 @@ this one, as the same kind of record.
     ├── StaleRollout           the rollout's oldest model call is more than the allowed number
     │                          of policy versions behind the live weights (an outcome of
     │                          asynchronous training, not a server's failure)
-    ├── EnvironmentFailure     an Environment Server (NeMo Gym 0.7) answered an episode with a
-    │                          handled failure: terminal, stage, failure_kind, partial_response
+    ├── EnvironmentFailure     an environment server answered an episode with a handled
+    │                          failure: terminal, stage, failure_kind, partial_response
     ├── InternalError          a bug or unexpected exception inside a rollgym server
     │   ├── SandboxError       an environment's sandbox could not run the code (not the code)
     │   └── ScorerError        an environment's scorer cannot score a row (it fails on the
@@ -49,8 +49,8 @@ this one, as the same kind of record.
     ├── LaunchError            a server could not be started or never became healthy
     └── RunAborted             the run-level failure budget stopped the run
 
-aiohttp's exceptions become these in exactly one place: ``rollgym.http.translate``; NeMo Gym
-0.7's failure records in one other, ``rollgym.nemo_gym.failures``.
+aiohttp's exceptions become these in exactly one place: ``rollgym.http.translate``; a dialect's
+failure records in its own folder.
 
 A class may carry fields of its own beside the common ones (``extra_fields``; only
 ``EnvironmentFailure`` does): they pickle, convert to and from JSON and survive ``with_fields``
@@ -712,17 +712,18 @@ class ScorerError(InternalError):
 
 class EnvironmentFailure(RollgymError):
     """An Environment Server (NeMo Gym 0.7) answered an episode with a handled failure
-    (``EpisodeFailure``): its ``failure_reason`` is the message, and it keeps what 0.7 says of it.
+    (``EpisodeFailure``): its ``failure_reason`` is the message, and it keeps what it says of it.
 
     - ``terminal``: the environment says the episode must not be tried again; ``retryable``
       is ``not terminal`` unless given;
     - ``stage``: where it failed (``admission``, ``seed``, ``agent``, ``verification``,
       ``cleanup``), or None;
-    - ``failure_kind``: 0.7's name for what went wrong, as the environment gave it, or None;
+    - ``failure_kind``: the name of what went wrong, as the environment gave it, or None;
     - ``partial_response``: the response the agent had made so far (JSON), or None; past
       ``PARTIAL_LIMIT`` bytes it is dropped and the error flagged ``truncated``.
 
-    ``rollgym.nemo_gym.failures.error_from_failure`` makes one from 0.7's JSON and checks it."""
+    The dialect's ``failures.error_from_failure`` makes one from the failure's JSON and checks
+    it."""
 
     type = "environment_failure"
     extra_fields = (TERMINAL, STAGE, FAILURE_KIND, PARTIAL_RESPONSE)

@@ -47,7 +47,7 @@ class FunctionTool(BaseModel):
 
 
 class TaskRow(BaseModel):
-    """One line of a task file (NeMo Gym compatible): create params plus environment data."""
+    """One line of a task file: create params plus environment data."""
 
     model_config = ConfigDict(extra="allow")
     responses_create_params: ResponsesCreateParams
@@ -66,7 +66,7 @@ class ToolOutput:
 
 @dataclass(frozen=True)
 class Reset:
-    """A Gymnasium-style ``/reset`` answer (NeMo Gym's ``GymnasiumServer``'s)."""
+    """A Gymnasium-style ``/reset`` answer (``rollgym.server.gymnasium``)."""
 
     observation: str | None
     info: dict[str, Any] = field(default_factory=dict)
@@ -178,8 +178,8 @@ def output_text(response: dict[str, Any]) -> str:
     so a reward does not change with the side that computes it: reasoning items, tool calls and
     their outputs, refusals and other roles' messages are not part of it. Joining without a
     separator is theirs too: ``"Answer: B"`` then ``"Thanks"`` reads ``"Answer: BThanks"``. An
-    assistant message whose content is not a list of parts is no Responses API output (NeMo Gym
-    fails on it too): it is refused (422) rather than read one way or another.
+    assistant message whose content is not a list of parts is no Responses API output (their
+    verifiers fail on it too): it is refused (422) rather than read one way or another.
     """
     texts: list[str] = []
     for item in response.get("output") or []:

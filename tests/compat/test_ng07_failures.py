@@ -62,11 +62,12 @@ from rollgym.nemo_gym.failures import (
     sidecar_fields,
     terminal,
 )
+from rollgym.nemo_gym.wire import NG_FAILURE_CLASS, NG_FAILURE_TERMINAL
 from rollgym.report import load_run
 from rollgym.server.resources import Session
 from rollgym.testing import serve_server
 from rollgym.trainer import RolloutClient
-from rollgym.wire import NG_FAILURE_CLASS, NG_FAILURE_TERMINAL, NG_TASK_INDEX
+from rollgym.wire import NG_TASK_INDEX
 from tests.envs.env_client import reply
 from tests.support.ledger import assert_ledger_invariant, read_jsonl
 from tests.support.servers import FAIL_MARKER, CountingEcho, FaultyModel

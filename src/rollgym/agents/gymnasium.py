@@ -1,4 +1,4 @@
-"""The Gymnasium-style agent: NeMo Gym's ``/reset`` + ``/step`` environments under rollgym.
+"""The Gymnasium-style agent: ``/reset`` + ``/step`` environments under rollgym.
 
     /reset -> model -> /step -> model -> /step ... until terminated, truncated or max_steps
 
@@ -13,8 +13,7 @@ The protocol is NeMo Gym 0.4's (``resources_servers/gymnasium`` and its ``gymnas
   user message, for the next model call.
 - The reward is the sum of the step rewards, in order. An episode still running after
   ``max_steps`` model calls is ``truncated``.
-- The session lives in a cookie the server sets (NeMo Gym's signed session cookie), carried on
-  every call of this rollout only.
+- The session lives in a cookie the server sets, carried on every call of this rollout only.
 
 It takes no turns (``AgentServer.turn``: a turn is a model-and-tools loop on granted tool
 routes, and this agent's episode is ``/reset`` + ``/step`` on its own server, which scores as it
@@ -22,14 +21,14 @@ goes). Its ``/run`` takes the dialects' bodies like any agent's (``rollgym.diale
 
 The verified rollout is the task row plus ``reward``, ``step_rewards``, ``num_steps``,
 ``terminated``, ``truncated``, ``info`` (the last step's), ``responses_create_params`` with the
-prompt the model saw first (the reset observation included), and
-``response``: the last model response whose ``output`` is the whole episode, model items and
-the environment's items (user messages, tool outputs) in order, as NeMo Gym records it.
+prompt the model saw first (the reset observation included), and ``response``: the last model
+response whose ``output`` is the whole episode, model items and the environment's items (user
+messages, tool outputs) in order.
 
 Where rollgym is stricter: a ``/step`` answer must carry ``reward``, ``terminated`` and
-``truncated`` with the right types (NeMo Gym's servers always send them; a missing one is a
-``protocol_error``, never taken as 0 or false), and keys of an answer outside the protocol are
-logged as a warning (an old-style ``done`` would otherwise be ignored quietly).
+``truncated`` with the right types (a missing one is a ``protocol_error``, never taken as 0 or
+false), and keys of an answer outside the protocol are logged as a warning (an old-style ``done``
+would otherwise be ignored quietly).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 The loop in the middle is also the agent's ``turn``: the same loop, its tools called on the
 resources its caller granted, answering the turn's response unverified (a dialect's endpoints
-drive it: ``rollgym.nemo_gym.agent_sessions``).
+drive it; ``rollgym.dialects`` lists them).
 
 A rollout that runs out of steps is verified as it stands and marked ``truncated``.
 

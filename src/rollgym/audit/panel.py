@@ -101,7 +101,7 @@ REFERENCE_FIELDS = (
     "expected_answer", "answer", "correct_answer", "ground_truth", "reference", "target",
     "solution", "label",
 )  # fmt: skip
-"""Row fields that hold a reference answer (NeMo Gym's, reasoning-gym's and others' names)."""
+"""Row fields that hold a reference answer (the names task files in the wild use)."""
 
 
 def references(row: dict[str, Any]) -> list[str]:

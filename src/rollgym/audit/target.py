@@ -6,7 +6,7 @@ and a Responses API ``response`` whose output holds the calls, their outputs and
 an assistant message (the shape rollgym's tool agent sends). A Gymnasium-style environment
 (``/reset`` + ``/step``, as ``rollgym check`` tells them apart) gets ``/reset`` then one
 ``/step`` with that response. The session travels as rollgym's header and as every cookie the
-server sets, so NeMo Gym's servers keep theirs.
+server sets, so a server that keeps its session in a cookie keeps it.
 
 Every call has a timeout and one attempt: what the server answers is the finding. A 5xx, a
 timeout, a reset connection or an answer that is no reward is a ``crash``; a 4xx is the server
@@ -103,7 +103,7 @@ class Environment:
 
     async def detect(self) -> list[dict[str, Any]]:
         """Which protocol the server speaks (``gym``), and its tools (``GET /tools``; none for
-        a server without that route, as NeMo Gym's)."""
+        a server without that route)."""
         try:
             await self._post("/reset", {}, {}, "detect")
             self.gym = True

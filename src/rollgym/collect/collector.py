@@ -296,8 +296,8 @@ class Collector:
         }
 
     async def _health(self, name: str) -> dict[str, Any] | None:
-        """Server ``name``'s ``/health`` answer; ``None`` if it gives none (NeMo Gym's servers
-        have no such endpoint). Once, briefly: it informs, it never holds a run up."""
+        """Server ``name``'s ``/health`` answer; ``None`` if it gives none (not every server has
+        that endpoint). Once, briefly: it informs, it never holds a run up."""
         if name not in self.urls or name not in self.run.config.servers:
             return None
         once = RetryPolicy(max_attempts=1, attempt_timeout=5.0)
@@ -392,12 +392,12 @@ class Collector:
 
     async def _env_aggregate(self) -> dict[str, Any]:
         """The environment's metrics over the run (``/aggregate_metrics`` of the agent's
-        resources server, in NeMo Gym's shapes): ``agent_metrics`` and ``key_metrics`` go to
-        ``metrics.json``; all of it, per-task metrics too, to ``rollouts_aggregate_metrics.json``
-        as NeMo Gym writes it. Only asked of an environment that has metrics of its own."""
+        resources server): ``agent_metrics`` and ``key_metrics`` go to ``metrics.json``; all of
+        it, per-task metrics too, to ``rollouts_aggregate_metrics.json``. Only asked of an
+        environment that has metrics of its own."""
         agent = self.agent_name
         if agent is None or self.run.config.servers[agent].kind != "agent":
-            return {}  # no one agent, or a NeMo Gym environment server: no resources of ours
+            return {}  # no one agent, or an environment server: no resources of ours
         try:
             res_name = resources_of(self.run.config, agent)
         except ConfigError:
@@ -432,8 +432,8 @@ class Collector:
     def _verify_responses(self) -> bytes:
         """``{"verify_responses": [...]}`` of the recorded rollouts, built as bytes one compact
         record at a time: as a list of dicts it would be the largest object of the whole run.
-        Scalars only (reward, metrics, indices, short task fields) and ``response.usage``, as
-        NeMo Gym sends them; the response and the inputs stay out."""
+        Scalars only (reward, metrics, indices, short task fields) and ``response.usage``; the
+        response and the inputs stay out."""
         body = bytearray(b'{"verify_responses":[')
         count = 0
         for got in self.run.files.successes():

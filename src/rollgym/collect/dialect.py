@@ -3,8 +3,7 @@
 The collector reads a task file, routes each row to a server, sends every attempt of a rollout
 and records its end; a dialect says how for its own rows, so the core never asks which shape it
 runs. The flat row is built in (``FLAT``: ``/run`` takes the stamped row as it is and answers a
-verify response, NeMo Gym 0.4's contract); every other shape is a folder of its own that
-implements ``RowDialect`` (materialized rows: ``rollgym.nemo_gym.rows``). Only
+verify response); every other shape is a folder of its own that implements ``RowDialect``. Only
 entry points list them (``rollgym.dialects``) and pass the list down to ``prepare_run``, the
 ``Collector`` and ``RolloutRunner``; given none, they speak the flat row only.
 

@@ -6,7 +6,7 @@
       stale.jsonl                      a stream's stale outcomes (``rollgym.trainer.stream``)
       failures.history.jsonl           failures superseded on --resume
       metrics.json, per_task.jsonl     the run's metrics
-      rollouts_aggregate_metrics.json  the environment's /aggregate_metrics (NeMo Gym's file)
+      rollouts_aggregate_metrics.json  the environment's /aggregate_metrics
       run.json, run.lock, logs/        how the run went, its lock, the servers' logs
 
 ``RunDir`` is what every reader and writer of a run directory uses (the collector, the ledger,

@@ -98,7 +98,7 @@ class ScoredRollout:
 
     def to_json(self) -> bytes:
         """This record as one line of ``rollouts.jsonl`` (without the newline), its indices in
-        rollgym's and NeMo Gym's spelling. ``_ng_task_index`` is the task row's, which the
+        both spellings (``wire.INDEX_FIELDS``). ``_ng_task_index`` is the task row's, which the
         verify response echoes (an input file may carry its own); else the task index."""
         ng_task = self.verified.get(NG_TASK_INDEX)
         if not isinstance(ng_task, int) or isinstance(ng_task, bool):

@@ -21,7 +21,7 @@ class AgentRoute:
     """Which server runs a row. ``agents`` are every server a row can go to: the agent servers
     and the environment servers (``environments``). A flat row: with
     ``override``, ``default`` runs every row; else the row's ``agent_ref.name``, a server of the
-    config or a foreign name (NeMo Gym's ``mcqa_simple_agent``...) that ``aliases`` maps to one;
+    config or a foreign name (``mcqa_simple_agent``...) that ``aliases`` maps to one;
     a row naming none goes to ``default``. A materialized row: ``default`` with ``override``,
     else ``tasksets[taskset]``, else the config's only agent or environment server."""
 

@@ -11,8 +11,8 @@ whole without a config edit:
       - job_name: rollgym
         file_sd_configs: [{files: ["/runs/*/scrape_targets.json"]}]
 
-Servers given by URL in the config (``url:``, e.g. NeMo Gym's) are not rollgym processes and
-serve no ``/metrics``: they are left out.
+Servers given by URL in the config (``url:``) are not rollgym processes and serve no
+``/metrics``: they are left out.
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ if any line is bad), fingerprint the file and note the row fields it uses, once 
 rollgym's ``task_index`` / ``rollout_index`` and NeMo Gym's ``_ng_task_index`` /
 ``_ng_rollout_index``.
 
-NeMo Gym's indices on input: ``_ng_task_index`` names the task (NeMo Gym keeps a caller's value,
-e.g. a global index across the chunks of a big file) and is kept as given; rollgym's
-``task_index`` is still the line's position. ``_ng_rollout_index`` is replaced by the repeat,
-as NeMo Gym does. Two lines with the same ``_ng_task_index`` are refused: NeMo Gym would run
-them as one task's rollouts, rollgym as two tasks, and pass@k would differ without a word.
+The ``_ng_*`` indices on input: ``_ng_task_index`` names the task (a caller's value, e.g. a
+global index across the chunks of a big file) and is kept as given; rollgym's ``task_index`` is
+still the line's position. ``_ng_rollout_index`` is replaced by the repeat. Two lines with the
+same ``_ng_task_index`` are refused: NeMo Gym would run them as one task's rollouts, rollgym as
+two tasks, and pass@k would differ without a word.
 
 Each row is its dialect's (``collect.dialect``: the flat row, or a shape an entry point
 listed), checked by it when the file is read and routed as it says: a row no server runs stops
@@ -86,7 +86,7 @@ def scan_tasks(
     count = 0
     fields: set[str] = set()
     routes: set[tuple[str, str | None]] = set()
-    ng_tasks: set[int] = set()  # only filled when rows carry NeMo Gym's task index
+    ng_tasks: set[int] = set()  # only filled when rows carry ``_ng_task_index``
     try:
         fh = path.open("rb")
     except OSError as exc:

@@ -2,8 +2,8 @@
 
 rollgym's ``tool_agent`` runs only the tools a row declares (``responses_create_params.tools``)
 and answers any other call with a tool error; NeMo Gym's ``simple_agent`` sends every call to
-the resources server. So a row that declares no tools (0.7's ``example_mcp_weather``) pays 1
-under NeMo Gym's agent and 0 under rollgym's, with nothing failing. The agent names such tools
+the resources server. So a row that declares no tools (``example_mcp_weather``'s) pays 1
+under that agent and 0 under rollgym's, with nothing failing. The agent names such tools
 in the record (``rollgym_undeclared_tools``); this listener warns at the first one (so a long
 run says it early) and sums them up for ``run.json``'s ``warnings``.
 """

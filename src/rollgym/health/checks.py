@@ -5,16 +5,16 @@ Each check counts something over the run (``count``), usually out of something (
 **fails when the value exceeds its threshold**. A check with nothing to judge (``of`` is 0:
 no token data in the run, no metrics.json) is ``unobserved``, never a pass in disguise.
 
-The checks NeMo Gym 0.7's ``gym eval health-check`` makes, read from rollgym's records (0.7
-reads its ``ng_trajectory`` captures, which rollgym does not write): duplicate identities,
-missing agent turns, hollow turns, zero completion tokens, missing token counts, runaway
-generations, token-count mismatches, tasks that never succeed (every repeat a failure) and
-tasks consistently unhealthy (every repeat a failure or a rollout with one of those findings).
-0.7's ``model_call_failed`` and ``rollout_ended_on_failed_model_call`` have no counterpart: a rollgym rollout whose model call
+The checks NeMo Gym 0.7's ``gym eval health-check`` makes, read from rollgym's records (it reads
+its ``ng_trajectory`` captures, which rollgym does not write): duplicate identities, missing agent
+turns, hollow turns, zero completion tokens, missing token counts, runaway generations, token-count
+mismatches, tasks that never succeed (every repeat a failure) and tasks consistently unhealthy
+(every repeat a failure or a rollout with one of those findings). Its ``model_call_failed`` and
+``rollout_ended_on_failed_model_call`` have no counterpart: a rollgym rollout whose model call
 failed for good is a failure record, never scored, and counted by ``failure_rate`` and
 ``failure_bursts``. Then rollgym's own: the ledger invariant, failures by server over time,
-re-tokenisation drift, retries and attempts, masked samples, and groups whose rewards are all
-equal (no gradient for GRPO: ``rollgym.health.groups``).
+re-tokenisation drift, retries and attempts, masked samples, and groups whose rewards are all equal
+(no gradient for GRPO: ``rollgym.health.groups``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ SPECS: tuple[CheckSpec, ...] = (
     CheckSpec("missing_records", "count", 0,
               "rows of tasks.jsonl without a record (judged once the run completed)"),
     CheckSpec("duplicate_task_rows", "count", 0, "rows of tasks.jsonl with the same indices"),
-    # NeMo Gym 0.7's kinds, per recorded rollout.
+    # ``gym eval health-check``'s kinds, per recorded rollout.
     CheckSpec("missing_agent_turns", "rate", 0.01,
               "rollouts without a model item in response.output / rollouts"),
     CheckSpec("hollow_turns", "rate", 0.01,

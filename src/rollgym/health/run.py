@@ -142,7 +142,7 @@ def _judged(
     always, unhealthy = Counted(), Counted()
     for task, got, failed, sick in t.slots.task_totals():
         if got < 2:
-            continue  # one repeat says nothing about the task (as 0.7: 2 repeats at least)
+            continue  # one repeat says nothing about the task (2 repeats at least)
         always.of += 1
         unhealthy.of += 1
         if failed == got:

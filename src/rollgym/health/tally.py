@@ -118,7 +118,7 @@ class Tally:
             self.masked.add(line, "mask_sample: true")
 
     def _findings(self, line: LedgerLine, facts: RolloutFacts) -> bool:
-        """Count the findings NeMo Gym 0.7 makes on one rollout; whether there was one."""
+        """Count the per-rollout findings (``checks.py``'s) on one rollout; whether there was one."""
         before = sum(c.count for c in self._rollout_checks())
         hollow = [i for i, t in enumerate(facts.turns) if t.hollow]
         if not facts.turns:

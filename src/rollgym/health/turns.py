@@ -28,7 +28,7 @@ TOOL_CALL_TYPES = frozenset(
         "image_generation_call", "code_interpreter_call", "local_shell_call", "custom_tool_call",
     }
 )  # fmt: skip
-"""Output item types that are a call the model made (NeMo Gym 0.7's list)."""
+"""Output item types that are a call the model made."""
 
 _MODEL_ROLES = frozenset({"assistant", None})
 _TEXT_KEYS = ("text", "content", "output_text", "refusal", "summary", "reasoning_content")

@@ -50,8 +50,8 @@ class RawAnswer(NamedTuple):
     body: bytes
     retry_after: str | None = None
     cookies: tuple[tuple[str, str], ...] = ()
-    """Cookies the answer set, as (name, value): a NeMo Gym environment keeps its session in
-    one. Plain strings: they pickle, and nothing of aiohttp's leaves the transport."""
+    """Cookies the answer set, as (name, value): an environment may keep its session in one.
+    Plain strings: they pickle, and nothing of aiohttp's leaves the transport."""
 
 
 def cookie_pairs(header: str) -> list[tuple[str, str]]:

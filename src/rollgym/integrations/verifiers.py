@@ -152,7 +152,7 @@ def mcp_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The task rows of a rollgym (NeMo Gym) task file: one JSON object a line, each with a
+    """The task rows of a rollgym task file: one JSON object a line, each with a
     ``responses_create_params`` object holding ``input``. ``InputError`` naming the file and
     line for a malformed one; ``ConfigError`` for a missing or empty file."""
     source = Path(path).expanduser()

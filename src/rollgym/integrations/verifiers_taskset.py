@@ -119,7 +119,7 @@ class RollgymTaskConfig(TaskConfig):  # type: ignore[misc, unused-ignore]
 
 class RollgymTasksetConfig(TasksetConfig):  # type: ignore[misc, unused-ignore]
     dataset: str | None = None
-    """A rollgym (NeMo Gym) task file."""
+    """A rollgym task file."""
     env: str | None = None
     """Else a bundled environment whose example rows to use (``lookup``, ``mcqa``, ...)."""
     tools: SharedToolsetConfig = SharedToolsetConfig()
@@ -209,7 +209,7 @@ class RollgymToolset(Toolset[SharedToolsetConfig, RollgymState]):  # type: ignor
 
     def register(self, mcp: MCPServer) -> None:
         # The tool list differs per rollout (a row may declare its own), so the handlers are
-        # replaced rather than registering a fixed schema (as verifiers' NeMo Gym toolset does).
+        # replaced rather than registering a fixed schema.
         server: Any = mcp
         server.list_tools = self._with_state(self.list_tools)
         server.call_tool = self._with_state(self.call_tool)

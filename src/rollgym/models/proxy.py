@@ -2,9 +2,9 @@
 
 ``POST /v1/responses`` translates Responses API requests to Chat Completions and back
 (``rollgym.models.translate``); ``POST /v1/chat/completions`` passes through, and so does vLLM's
-``POST /tokenize`` (to the upstream's root: ``base_url`` without its ``/v1``, where vLLM serves
-it and NeMo Gym's vLLM client looks for it). ``GET /v1/models`` lists the ``model`` option
-(without it the proxy cannot say which model the upstream serves, and answers 501). Options::
+``POST /tokenize`` (to the upstream's root: ``base_url`` without its ``/v1``, where vLLM serves it
+and its clients look for it). ``GET /v1/models`` lists the ``model`` option (without it the proxy
+cannot say which model the upstream serves, and answers 501). Options::
 
     servers:
       model:
@@ -88,18 +88,17 @@ answer.
 **Training token data** (``return_token_ids: true``): the last output item of every
 ``/v1/responses`` answer carries that call's ``prompt_token_ids``, ``generation_token_ids`` and
 ``generation_log_probs``, where NeMo Gym's ``vllm_model`` puts them for NeMo RL
-(``rollgym.models.tokens``). The proxy asks vLLM for logprobs with token ids and, for a vLLM
-that sends no ``prompt_token_ids``, renders the prompt with the upstream's ``/tokenize``; an
-answer without usable token data fails the call (``ProtocolError``), never a record without
-them. The raw fields stay under ``rollgym_upstream``. A call at NeMo Gym 0.7's
-``/ng-rollout/<id>/training-token-capture/v1/responses`` asks for the same token data for that
-call alone, whatever ``return_token_ids`` says (0.7's own model servers record it in a capture
-store instead; rollgym puts it where NeMo RL reads it in 0.4's protocol). Such a call without
-usable token data (an upstream that gives no per-token logprobs, or no ``/tokenize``) is answered
-200 as 0.7 answers it, its ``rollgym_upstream`` entry saying ``rollgym_token_capture: {complete:
-false, reason}`` (0.7 marks the rollout's capture incomplete), with one warning per server.
-Chat completions pass through unchanged either way: a client asks vLLM for token ids in its own
-request.
+(``rollgym.models.tokens``). The proxy asks vLLM for logprobs with token ids and, for a vLLM that
+sends no ``prompt_token_ids``, renders the prompt with the upstream's ``/tokenize``; an answer
+without usable token data fails the call (``ProtocolError``), never a record without them. The raw
+fields stay under ``rollgym_upstream``. A call at
+``/ng-rollout/<id>/training-token-capture/v1/responses`` asks for the same token data for that call
+alone, whatever ``return_token_ids`` says (put where NeMo RL reads it, not in a capture store). Such
+a call without usable token data (an upstream that gives no per-token logprobs, or no ``/tokenize``)
+is answered 200, its ``rollgym_upstream`` entry saying
+``rollgym_token_capture: {complete: false, reason}`` (the rollout's capture is incomplete), with one
+warning per server. Chat completions pass through unchanged either way: a client asks vLLM for token
+ids in its own request.
 
 **Several replicas** (``base_url: [http://gpu-0:8000/v1, http://gpu-1:8000/v1]``, e.g. vLLM's
 data-parallel servers with no load balancer): each call goes to the replica with the fewest
@@ -418,7 +417,7 @@ class OpenAIProxy(ModelServer):
     async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any] | Response:
         chat = responses_to_chat(params, model=self.options.model)
         # ``return_token_ids`` promises token data on every call: without it a call fails. A
-        # 0.7 capture call alone asks; 0.7 answers it 200 without them, and so does rollgym.
+        # capture call alone asks, and is answered 200 without them.
         required = self.options.return_token_ids
         with_tokens = required or call.token_capture
         if with_tokens:
@@ -471,8 +470,8 @@ class OpenAIProxy(ModelServer):
     def _capture_missing(
         self, response: dict[str, Any], rollout: str | None, err: ProtocolError
     ) -> None:
-        """A 0.7 capture call answered without token data: the answer goes back (200, as 0.7's
-        model servers answer), saying so in its ``rollgym_upstream`` entry; warned once."""
+        """A capture call answered without token data: the answer goes back (200), saying so in
+        its ``rollgym_upstream`` entry; warned once."""
         entry = response.setdefault(UPSTREAM_KEY, {})
         if isinstance(entry, dict):
             entry[CAPTURE_FIELD] = {"complete": False, "reason": err.message}

@@ -6,8 +6,9 @@ It is NOT a language model. It answers OpenAI-compatible ``/v1/responses`` and
 
 - ``{"call": "tool", "arguments": {...}}`` or ``{"calls": [{"name", "arguments"}, ...]}``
 - ``{"say": "text"}`` or ``{"say": ["alt 1", "alt 2"]}``: one alternative per rollout, chosen by
-  a hash of the rollout id (the ``x-rollgym-rollout`` header, else the ``<id>`` of NeMo Gym
-  0.7's ``/ng-rollout/<id>/`` path), so repeats can differ but a rerun gives the same answers. ``{tool_output}`` in the text is replaced by the last tool output.
+  a hash of the rollout id (the ``x-rollgym-rollout`` header, else the ``<id>`` of the
+  ``/ng-rollout/<id>/`` path), so repeats can differ but a rerun gives the same answers.
+  ``{tool_output}`` in the text is replaced by the last tool output.
 
 Without a script it calls the first declared tool once (string arguments filled from the last
 user message) and then says the tool's output; with no tools it says a fixed sentence.
@@ -21,8 +22,8 @@ With ``"stream": true`` (either endpoint) the answer comes as server-sent events
 ``GET /v1/models`` lists ``rollgym-scripted``. ``POST /tokenize`` answers like vLLM's
 (``{"count", "max_model_len", "tokens", "token_strs"}`` for a ``prompt`` or chat ``messages``)
 with a made-up deterministic tokenizer: the same text always gives the same ids, and that is
-all it promises. 0.7's ``/ng-rollout/<id>/training-token-capture/...`` is served as the plain
-call: a stand-in has no training token ids to give.
+all it promises. ``/ng-rollout/<id>/training-token-capture/...`` is served as the plain call: a
+stand-in has no training token ids to give.
 """
 
 from __future__ import annotations

@@ -47,9 +47,9 @@ DRIFTED_TURNS = "drifted_turns"
 DRIFT_FIELD = "rollgym_drift"
 """A verified rollout's drift details: ``{"checked": pairs compared, "turns": [call index]}``."""
 CAPTURE_FIELD = "rollgym_token_capture"
-"""On a 0.7 ``training-token-capture`` call answered without token data: ``{"complete": false,
-"reason"}`` in the response's ``rollgym_upstream`` entry (0.7 marks such a rollout's capture
-incomplete and answers 200; so does rollgym, where the response says it)."""
+"""On a ``training-token-capture`` call answered without token data: ``{"complete": false,
+"reason"}`` in the response's ``rollgym_upstream`` entry (the call is answered 200, and the
+rollout's capture is incomplete)."""
 
 
 @dataclass(frozen=True)

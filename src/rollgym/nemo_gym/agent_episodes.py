@@ -38,9 +38,16 @@ from rollgym.nemo_gym.episodes import (
     split_task_input,
 )
 from rollgym.nemo_gym.failures import Stage, episode_failure
+from rollgym.nemo_gym.wire import (
+    AGENT_OWN_FIELDS,
+    EPISODE_ID,
+    FAILURE,
+    NG_ROLLGYM_AGENT,
+    RESULT,
+    TASK_ID,
+)
 from rollgym.protocol import TaskRow
 from rollgym.server.agent import Phase
-from rollgym.wire import AGENT_OWN_FIELDS, EPISODE_ID, FAILURE, NG_ROLLGYM_AGENT, RESULT, TASK_ID
 
 MAX_ID_CHARS = 256
 """Episode and task ids, and an episode's capture key, are at most this long (0.7 sets no

@@ -45,14 +45,7 @@ from rollgym.errors import HTTPStatusError, InvalidRequest
 from rollgym.http import Target
 from rollgym.nemo_gym.agent_episodes import MAX_ID_CHARS, check_ids
 from rollgym.nemo_gym.episodes import EpisodeId, TaskId
-from rollgym.protocol import ResponsesCreateParams
-from rollgym.server.base import ServerContext
-from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
-from rollgym.server.episode import Grant, ResourcesClient
-from rollgym.server.model import RESPONSES_ENDPOINT
-from rollgym.server.sessions import Session, SessionStore
-from rollgym.server.versions import CallVersions
-from rollgym.wire import (
+from rollgym.nemo_gym.wire import (
     AGENT_OBSERVATIONS,
     AGENT_SESSION_COOKIE,
     AGENT_SESSION_ID,
@@ -60,8 +53,15 @@ from rollgym.wire import (
     AGENT_SESSIONS_ENDPOINT,
     DIRECT_HTTP,
     RESOURCES_COOKIES,
-    ROLLOUT_ID_PATTERN,
 )
+from rollgym.protocol import ResponsesCreateParams
+from rollgym.server.base import ServerContext
+from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
+from rollgym.server.episode import Grant, ResourcesClient
+from rollgym.server.model import RESPONSES_ENDPOINT
+from rollgym.server.sessions import Session, SessionStore
+from rollgym.server.versions import CallVersions
+from rollgym.wire import ROLLOUT_ID_PATTERN
 
 log = logging.getLogger("rollgym.server")
 

@@ -37,8 +37,7 @@ from rollgym.nemo_gym.episodes import (
 )
 from rollgym.nemo_gym.failures import error_from_failure
 from rollgym.nemo_gym.mask import lifted
-from rollgym.protocol import check_verified
-from rollgym.wire import (
+from rollgym.nemo_gym.wire import (
     AGENT_OWN_FIELDS,
     ATTEMPT,
     EPISODE_ID,
@@ -49,16 +48,14 @@ from rollgym.wire import (
     NG_FAILURE_STAGE,
     NG_FAILURE_TERMINAL,
     NG_ROLLGYM_AGENT,
-    NG_ROLLOUT_INDEX,
     NG_TASK_ID,
-    NG_TASK_INDEX,
     ROLLOUT_ID,
-    STAGE,
     TASK,
     TASK_ID,
     TASK_INPUT,
-    TERMINAL,
 )
+from rollgym.protocol import check_verified
+from rollgym.wire import NG_ROLLOUT_INDEX, NG_TASK_INDEX, STAGE, TERMINAL
 
 RUN_ENDPOINT = "/run"
 ROW_INDEX_FIELDS = ("task_index", "rollout_index", NG_TASK_INDEX, NG_ROLLOUT_INDEX)

@@ -16,16 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollgym.errors import InvalidRequest
-from rollgym.wire import (
-    EPISODE_ID,
-    FAILURE,
-    RESULT,
-    ROLLOUT_ID_PATTERN,
-    TASK,
-    TASK_DATA,
-    TASK_ID,
-    TASK_INPUT,
-)
+from rollgym.nemo_gym.wire import EPISODE_ID, FAILURE, RESULT, TASK, TASK_DATA, TASK_ID, TASK_INPUT
+from rollgym.wire import ROLLOUT_ID_PATTERN
 
 CREATE_PARAMS = "responses_create_params"
 

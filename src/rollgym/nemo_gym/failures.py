@@ -105,12 +105,10 @@ from rollgym.errors import (
     RunAborted,
     TransportError,
 )
-from rollgym.wire import (
+from rollgym.nemo_gym.wire import (
     AGENT_SESSIONS_CLOSE_ENDPOINT,
     AGENT_SESSIONS_ENDPOINT,
-    CLOSE_SESSION_ENDPOINT,
     DELIVERY,
-    FAILURE_KIND,
     FAILURE_REASON,
     NG_FAILURE_CLASS,
     NG_FAILURE_HTTP_STATUS,
@@ -120,6 +118,10 @@ from rollgym.wire import (
     NG_FAILURE_STAGE,
     NG_FAILURE_TERMINAL,
     NG_FAILURE_TYPE,
+)
+from rollgym.wire import (
+    CLOSE_SESSION_ENDPOINT,
+    FAILURE_KIND,
     PARTIAL_RESPONSE,
     ROLLOUT_PREFIX,
     STAGE,

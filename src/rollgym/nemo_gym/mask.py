@@ -19,7 +19,8 @@ from typing import Any
 import orjson
 
 from rollgym.errors import ProtocolError
-from rollgym.wire import INSTANCE_CONFIG, MASK_SAMPLE
+from rollgym.nemo_gym.wire import INSTANCE_CONFIG
+from rollgym.wire import MASK_SAMPLE
 
 
 def mask_values(verified: dict[str, Any]) -> list[Any]:

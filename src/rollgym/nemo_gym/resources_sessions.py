@@ -24,16 +24,16 @@ from starlette.routing import BaseRoute, Route
 from rollgym.config import format_validation_error
 from rollgym.errors import InvalidRequest
 from rollgym.nemo_gym.episodes import CREATE_PARAMS, EpisodeId, TaskId
-from rollgym.server.endpoint import Call, json_endpoint
-from rollgym.server.sessions import Prepare, Session, SessionName, SessionStore, session_id
-from rollgym.wire import (
-    CLOSE_SESSION_ENDPOINT,
+from rollgym.nemo_gym.wire import (
     EPISODE_ID,
     RESOURCES_SESSION_ID,
     RESOURCES_TOOLS,
     SANDBOX_ACCESS,
     TASK_DATA,
 )
+from rollgym.server.endpoint import Call, json_endpoint
+from rollgym.server.sessions import Prepare, Session, SessionName, SessionStore, session_id
+from rollgym.wire import CLOSE_SESSION_ENDPOINT
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -39,8 +39,7 @@ from rollgym.nemo_gym.environment_client import Episode, episodes_only, flat_fai
 from rollgym.nemo_gym.episodes import CREATE_PARAMS, TaskId, is_materialized_row
 from rollgym.nemo_gym.failures import record_fields
 from rollgym.nemo_gym.mask import lifted
-from rollgym.protocol import TaskRow, check_verified
-from rollgym.wire import (
+from rollgym.nemo_gym.wire import (
     NG_ATTEMPT_INDEX,
     NG_ROLLOUT_ID,
     NG_TASK_ID,
@@ -48,6 +47,7 @@ from rollgym.wire import (
     TASK_INPUT,
     TASKSET,
 )
+from rollgym.protocol import TaskRow, check_verified
 
 
 class _Materialized(BaseModel):

@@ -1,19 +1,17 @@
 """``/aggregate_metrics`` in NeMo Gym's shapes, with the baseline statistics it computes.
 
-NeMo Gym's collector, after a run, posts ``{"verify_responses": [...]}`` to each agent (which
+A collector, after a run, posts ``{"verify_responses": [...]}`` to each agent (which
 forwards it to its resources server): the verify responses without ``response`` (but with
 ``response.usage``) and ``responses_create_params``, each carrying ``_ng_task_index``,
 ``_ng_rollout_index`` and ``reward``. The answer is ``{"group_level_metrics": [...],
 "agent_metrics": {...}, "key_metrics": {...}}``:
 
 - ``agent_metrics``: ``mean/``, ``max/``, ``min/``, ``median/``, ``std/`` of every numeric field
-  over all rollouts (booleans count as 0/1, ``response.usage``'s counts included), as NeMo Gym's
-  reward profiler computes them, plus the environment's own metrics
-  (``ResourcesServer.aggregate_metrics``);
+  over all rollouts (booleans count as 0/1, ``response.usage``'s counts included), plus the
+  environment's own metrics (``ResourcesServer.aggregate_metrics``);
 - ``group_level_metrics``: the same statistics per task (by ``_ng_task_index``, in order), with
-  ``num_rollouts`` and ``rollout_infos``; NeMo Gym's meaningless ``sample`` is left out;
-- ``key_metrics``: the environment's own metrics when it has any, else every ``mean/`` entry
-  (NeMo Gym's default headline).
+  ``num_rollouts`` and ``rollout_infos`` (no ``sample``: it would mean nothing);
+- ``key_metrics``: the environment's own metrics when it has any, else every ``mean/`` entry.
 
 Masked rows (a top-level ``mask_sample: true``: the reward is no measurement) are left out of
 every statistic and of ``group_level_metrics``, and ``mask_sample`` is never a metric. When

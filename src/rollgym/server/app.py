@@ -13,9 +13,8 @@ NeMo Gym 0.7 calls servers at ``/ng-rollout/<id>/<rest>`` to name the rollout (a
 agent servers at ``/ng-rollout/<id>/training-token-capture/<rest>`` to ask for training token
 ids): every rollgym server serves such a path as ``/<rest>``, with ``<id>`` as the call's rollout
 id when it sends no ``x-rollgym-rollout`` header (``Call.rollout``, ``Call.token_capture``).
-An ``<id>`` that is not 0.7's (``wire.ROLLOUT_ID_PATTERN``, at most ``MAX_ROLLOUT_ID_CHARS``) is
-answered 404, as 0.7 answers it (the path names no endpoint). Other paths pay one
-``str.startswith`` for this.
+An invalid ``<id>`` (not ``wire.ROLLOUT_ID_PATTERN``, or over ``MAX_ROLLOUT_ID_CHARS``) is
+answered 404 (the path names no endpoint). Other paths pay one ``str.startswith`` for this.
 """
 
 from __future__ import annotations
@@ -59,10 +58,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("rollgym.server")
 
 MAX_ROLLOUT_ID_CHARS = 256
-"""The longest ``<id>`` of ``/ng-rollout/<id>/`` taken (0.7 sets no bound; its ids are
+"""The longest ``<id>`` of ``/ng-rollout/<id>/`` taken (the protocol sets no bound; ids are
 ``<task>-<rollout>[-a<attempt>]`` or a caller's own short id)."""
 TOKEN_CAPTURE_KINDS = frozenset({"model", "agent"})
-"""The server kinds that take ``/ng-rollout/<id>/training-token-capture/`` (as in 0.7)."""
+"""The server kinds that take ``/ng-rollout/<id>/training-token-capture/``."""
 
 _PREFIX = f"/{ROLLOUT_PREFIX}/"
 _CAPTURE = f"/{TOKEN_CAPTURE_SEGMENT}"

@@ -70,12 +70,12 @@ class Call:
     @property
     def rollout(self) -> str | None:
         """The caller's rollout id, if it sent one: its ``x-rollgym-rollout`` header, else the
-        ``<id>`` of the ``/ng-rollout/<id>/`` path it called (NeMo Gym 0.7's)."""
+        ``<id>`` of the ``/ng-rollout/<id>/`` path it called."""
         return self.request.headers.get(HEADER_ROLLOUT) or self.request.scope.get(SCOPE_ROLLOUT)
 
     @property
     def token_capture(self) -> bool:
-        """Whether the call asked for training token ids (0.7's
+        """Whether the call asked for training token ids (the
         ``/ng-rollout/<id>/training-token-capture/...`` path, on model and agent servers)."""
         return SCOPE_TOKEN_CAPTURE in self.request.scope
 

@@ -6,16 +6,16 @@
     output = await episode.call_tool("lookup", {"key": "QX-4471"})
     verified = await episode.verify(row, response)
 
-An episode carries the session both ways rollgym and NeMo Gym know: the ``x-rollgym-session``
-header (from ``/seed_session``'s answer) and every cookie the server sets (NeMo Gym's servers
-keep their session in a signed cookie named after the server). Its calls stay on the replica
-that holds the session (sticky, then pinned once there is a session). Cookies live in the
-episode only, so a session never reaches another rollout.
+An episode carries the session both ways a server may keep it: the ``x-rollgym-session`` header
+(from ``/seed_session``'s answer) and every cookie the server sets (a server may keep its session in
+a signed cookie named after the server). Its calls stay on the replica that holds the session
+(sticky, then pinned once there is a session). Cookies live in the episode only, so a session never
+reaches another rollout.
 
-A ``Grant`` is a session someone else seeded (NeMo Gym 0.7's Environment Server seeds the
-resources and grants an agent session ``direct_http`` access: a base URL, cookies, headers): an
-episode resumed from it calls that server's tools with those cookies and headers, and keeps the
-cookies the server sets in the grant, for the caller to read back when the session closes.
+A ``Grant`` is a session someone else seeded (an environment server seeds the resources and grants
+an agent session ``direct_http`` access: a base URL, cookies, headers): an episode resumed from it
+calls that server's tools with those cookies and headers, and keeps the cookies the server sets in
+the grant, for the caller to read back when the session closes.
 
 An episode also holds its rollout's tool-call budget, so every path that runs a model's tool
 calls (the tool agent, an agent-session turn, verifiers' MCP tools, an OpenEnv client of

@@ -1,4 +1,4 @@
-"""Gymnasium-style environments: ``POST /reset`` + ``POST /step``, NeMo Gym's ``GymnasiumServer``
+"""Gymnasium-style environments: ``POST /reset`` + ``POST /step``, the ``GymnasiumServer``
 protocol, so rollgym's ``gymnasium_agent`` and NeMo Gym's own can play them.
 
 Writing one takes one small class; the episode's state lives in ``session.data``::

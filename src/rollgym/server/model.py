@@ -56,8 +56,8 @@ RESPONSES_ENDPOINT = "/v1/responses"
 CHAT_ENDPOINT = "/v1/chat/completions"
 MODELS_ENDPOINT = "/v1/models"
 TOKENIZE_ENDPOINT = "/tokenize"
-"""vLLM's tokenizer endpoint: at the server's root, not under ``/v1`` (NeMo Gym's vLLM client
-strips ``/v1`` from its base URL to reach it)."""
+"""vLLM's tokenizer endpoint: at the server's root, not under ``/v1`` (a client strips ``/v1``
+from its base URL to reach it)."""
 
 
 class ModelServer(BaseServer):

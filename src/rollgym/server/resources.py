@@ -208,8 +208,8 @@ class ResourcesServer(BaseServer):
     async def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
         """Environment-level metrics over finished rollouts: their verify responses without
         ``response`` and ``responses_create_params`` (reward, metrics, task fields, indices).
-        ``POST /aggregate_metrics`` answers them as the key metrics, in NeMo Gym's shape
-        (``rollgym.server.aggregate``)."""
+        ``POST /aggregate_metrics`` answers them as the key metrics, in the shape of
+        ``rollgym.server.aggregate``."""
         return {}
 
     def features(self) -> list[str]:

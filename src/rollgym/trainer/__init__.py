@@ -9,16 +9,15 @@ Each record is a ``ScoredRollout`` (reward, the verified response, every field t
 the model server attached) or a ``FailedRollout`` holding the typed ``RollgymError``. A failure
 never cancels its siblings and is never a reward of 0.
 
-A masked rollout (its verify response says ``mask_sample: true``, NeMo Gym 0.7's "this reward is
-no measurement", e.g. the environment's checker crashed) is a ``ScoredRollout`` with ``masked``
-true. For the group it counts like a failure: it is in ``group.masked``, never in
-``group.scored`` or ``group.rewards``, and the group is not ``complete``; so a GRPO baseline
-over ``group.rewards`` never sees its placeholder reward, and its loss should be zeroed as NeMo
-RL zeroes a masked sample's (``r.ok`` only says it was recorded as a success: go through
-``scored``, or check ``r.masked``, before reading ``r.reward``). A ``mask_sample`` that is no
-boolean fails the rollout (``ProtocolError``) instead of being guessed. Records are plain
-frozen dataclasses: they pickle, so they cross a ``spawn`` process or a Ray actor boundary
-(``ray.get``) unchanged.
+A masked rollout (its verify response says ``mask_sample: true``: "this reward is no measurement",
+e.g. the environment's checker crashed) is a ``ScoredRollout`` with ``masked`` true. For the group
+it counts like a failure: it is in ``group.masked``, never in ``group.scored`` or ``group.rewards``,
+and the group is not ``complete``; so a GRPO baseline over ``group.rewards`` never sees its
+placeholder reward, and its loss should be zeroed as NeMo RL zeroes a masked sample's (``r.ok`` only
+says it was recorded as a success: go through ``scored``, or check ``r.masked``, before reading
+``r.reward``). A ``mask_sample`` that is no boolean fails the rollout (``ProtocolError``) instead of
+being guessed. Records are plain frozen dataclasses: they pickle, so they cross a ``spawn`` process
+or a Ray actor boundary (``ray.get``) unchanged.
 
 Every rollout runs through the same core as ``rollgym run`` (``rollgym.collect.rollout``),
 with the run's rules: an agent that does not answer fails the batch before anything is sent

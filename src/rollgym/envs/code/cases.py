@@ -1,10 +1,10 @@
 """A code row's tests and how a run is judged against them (no process is started here).
 
-The row format is NeMo Gym's ``code_gen`` (LiveCodeBench's): ``verifier_metadata.unit_tests``
-with ``inputs`` and ``outputs`` (stdin -> expected stdout; with ``fn_name``, each input is one
-JSON argument per line and each output the JSON result), plus rollgym's ``asserts`` (``assert`` statements over the solution's names,
-judged by the server: ``asserts.py``). Every comparison is made here, in the server, never in
-the sandbox: a program's exit status or hooks cannot make a test pass.
+The row format is ``code_gen``'s (LiveCodeBench's): ``verifier_metadata.unit_tests`` with ``inputs``
+and ``outputs`` (stdin -> expected stdout; with ``fn_name``, each input is one JSON argument per
+line and each output the JSON result), plus rollgym's ``asserts`` (``assert`` statements over the
+solution's names, judged by the server: ``asserts.py``). Every comparison is made here, in the
+server, never in the sandbox: a program's exit status or hooks cannot make a test pass.
 """
 
 from __future__ import annotations

@@ -93,8 +93,8 @@ def _load(namespace: dict[str, Any]) -> None:
 
 
 def _run_call(fd: int, fn_name: str) -> None:
-    """NeMo Gym's call-based tests: stdin holds one JSON argument per line; the result goes
-    to the server, which compares it."""
+    """Call-based tests: stdin holds one JSON argument per line; the result goes to the server,
+    which compares it."""
     args = [json.loads(line) for line in sys.stdin.read().split("\n") if line.strip()]
     namespace: dict[str, Any] = {"__name__": "__main__"}
     _load(namespace)

@@ -1,8 +1,8 @@
 """``CodeEnv``: the model's Python solution run against the row's tests in a sandbox.
 
 Rows are NeMo Gym ``code_gen`` rows (``verifier_metadata.unit_tests``; see ``cases.py``). The
-solution is the reply's last fenced code block. Reward: 1.0 when every test passes (NeMo Gym's
-rule, ``scoring: all``) or the fraction passed (``scoring: fraction``), per row
+solution is the reply's last fenced code block. Reward: 1.0 when every test passes (the
+default, ``scoring: all``) or the fraction passed (``scoring: fraction``), per row
 (``verifier_metadata.scoring``) or for the server (option ``scoring``). A reply without code
 scores 0 without running anything. A sandbox that cannot run at all fails the verify as
 ``SandboxError`` (500): a broken environment is never a reward of 0, nor a masked sample (a

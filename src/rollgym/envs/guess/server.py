@@ -1,14 +1,14 @@
 """Guess the number: a multi-turn environment served Gymnasium-style (``/reset`` + ``/step``).
 
-Row fields: ``secret`` (an integer from 1 to ``high``), optional ``high`` (default 100). The
-reset observation asks for ``<guess>N</guess>``; each step reads the guess from the model's
-text. A wrong guess costs 0.1 and answers "higher" or "lower"; an answer without a guess costs
-0.1 and asks again; the right guess pays 1.0 and ends the episode. The episode's reward is the
-sum: 1.0 for a first-try guess, 0.7 after three wrong ones. Play it with ``gymnasium_agent``,
-which bounds the episode with ``max_steps``.
+Row fields: ``secret`` (an integer from 1 to ``high``), optional ``high`` (default 100). The reset
+observation asks for ``<guess>N</guess>``; each step reads the guess from the model's text. A wrong
+guess costs 0.1 and answers "higher" or "lower"; an answer without a guess costs 0.1 and asks again;
+the right guess pays 1.0 and ends the episode. The episode's reward is the sum: 1.0 for a first-try
+guess, 0.1 less for each wrong one before it. Play it with ``gymnasium_agent``, which bounds the
+episode with ``max_steps``.
 
-The protocol is NeMo Gym's ``GymnasiumServer``'s (``rollgym.server.gymnasium``), so NeMo Gym's
-own ``gymnasium_agent`` can play it too; a session ends with its episode.
+The protocol is ``rollgym.server.gymnasium``'s, so NeMo Gym's own ``gymnasium_agent`` can play it
+too; a session ends with its episode.
 """
 
 from __future__ import annotations

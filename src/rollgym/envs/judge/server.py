@@ -16,9 +16,9 @@ the judge repeats (``verdict.without_quotes``): an answer cannot forge the judge
 The judge is the model server named by option ``judge`` (any ``kind: model`` server), called
 under that server's retry policy and breaker: its failures fail the rollout with the judge's
 error as ``origin``, and an answer without a readable verdict fails it as
-``unparseable_verdict``; neither is ever a reward of 0 (NeMo Gym scores both 0). Nor are they
-masked (NeMo Gym 0.7's ``judge_failsafe`` answers reward 0 with ``mask_sample: true``): a
-failed rollout is tried again by ``--resume`` once the judge is back, a masked one never is.
+``unparseable_verdict``; neither is ever a reward of 0 nor masked (NeMo Gym scores both 0, and
+0.7's ``judge_failsafe`` masks that 0): a failed rollout is tried again by ``--resume`` once the
+judge is back, a masked one never is.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reading a judge's verdict: equivalence labels (NeMo Gym's ``[[A=B]]`` / ``[[A!=B]]``) or
+"""Reading a judge's verdict: equivalence labels (``[[A=B]]`` / ``[[A!=B]]``) or
 rubric scores (``[[criterion: N]]``). A verdict that cannot be read is ``UnparseableVerdict``,
 a failure of the rollout, never a score of 0 (NeMo Gym scores it 0).
 
@@ -116,8 +116,8 @@ class Criterion:
 
 
 def equivalence(text: str, equal: str = EQUAL_LABEL, not_equal: str = NOT_EQUAL_LABEL) -> bool:
-    """Whether the judge said equal: the first label in the text wins (NeMo Gym's rule), outside
-    any quote of the answer; ``ValueError`` if neither label is there."""
+    """Whether the judge said equal: the first label in the text wins, outside any quote of the
+    answer; ``ValueError`` if neither label is there."""
     text = without_quotes(text)
     at_equal, at_not = text.find(equal), text.find(not_equal)
     if at_equal < 0 and at_not < 0:

@@ -125,8 +125,8 @@ class LookupEnv(ResourcesServer):
 
     row_fields = frozenset({"expected_answer"})
     required_row_fields = row_fields
-    # verify pays only a rollout whose session made a lookup: /verify alone (NeMo Gym 0.7's
-    # reverify) cannot tell; rollgym reverify replays the tool calls first.
+    # verify pays only a rollout whose session made a lookup: /verify alone (a reverify that
+    # does not replay) cannot tell; rollgym reverify replays the tool calls first.
     reverify_mode = "unsupported"
 
     async def seed_session(self, session: Session) -> None:

@@ -65,8 +65,8 @@ class MathCheck:
 
 
 def gold_text(expected: str) -> str:
-    """``expected`` as math-verify's gold, as NeMo Gym writes it: outer ``\\(...\\)`` and then
-    ``$...$`` removed, the rest boxed (bare ``\\sqrt{18}`` would not parse; boxed it does)."""
+    """``expected`` as math-verify's gold: outer ``\\(...\\)`` and then ``$...$`` removed, the
+    rest boxed (bare ``\\sqrt{18}`` would not parse; boxed it does)."""
     expected = expected.strip()
     if expected.startswith("\\(") and expected.endswith("\\)"):
         expected = expected[2:-2].strip()
@@ -77,7 +77,7 @@ def gold_text(expected: str) -> str:
 
 def check_answer(expected: str, answer: str, problem: str = "") -> MathCheck:
     """Whether an answer extracted from ``answer`` equals ``expected``: math-verify's
-    ``math_metric`` as NeMo Gym configures it, gold first (the comparison is not symmetric);
+    ``math_metric`` with ``_math_verify``'s targets, gold first (the comparison is not symmetric);
     an answer that restates ``problem`` is not (module docstring)."""
     parse, verify, gold_targets, answer_targets = _math_verify()
     gold = parse(gold_text(expected), gold_targets, parsing_timeout=PARSE_TIMEOUT_S)

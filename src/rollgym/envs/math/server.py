@@ -2,28 +2,27 @@
 the same reward as NeMo Gym 0.4.0's ``math_with_judge`` with its judge off.
 
 Task field ``expected_answer`` is the gold answer in any form math-verify reads (``12``,
-``\\frac{3}{4}``, ``3\\sqrt{2}``, ``x^2+1``, with or without outer ``$...$`` or ``\\(...\\)``).
-The reply is all the assistant's output text (``protocol.output_text``); the answer is extracted
-from it as NeMo Gym does (``check.py``), so ``1/2``, ``0.5`` and ``\\frac{1}{2}`` score the
-same. Metric ``answer_parsed`` (1/0) separates "no readable answer" from "wrong answer".
-Unlike NeMo Gym, ``question`` is not required (there is no judge), a numeric ``expected_answer``
-is read as text, a gold that math-verify cannot parse is refused (422) instead of scoring 0, and
-an answer that only restates the problem (the prompt given back, or its expression boxed:
+``\\frac{3}{4}``, ``3\\sqrt{2}``, ``x^2+1``, with or without outer ``$...$`` or ``\\(...\\)``). The
+reply is all the assistant's output text (``protocol.output_text``); the answer is extracted from it
+as ``check.py`` says, so ``1/2``, ``0.5`` and ``\\frac{1}{2}`` score the same. Metric
+``answer_parsed`` (1/0) separates "no readable answer" from "wrong answer". Unlike NeMo Gym,
+``question`` is not required (there is no judge), a numeric ``expected_answer`` is read as text, a
+gold that math-verify cannot parse is refused (422) instead of scoring 0, and an answer that only
+restates the problem (the prompt given back, or its expression boxed:
 ``\\boxed{\\frac{3}{4} + \\frac{1}{8}}`` for "Compute $\\frac{3}{4} + \\frac{1}{8}$", which
-math-verify evaluates to the gold) scores 0 with ``reason`` ``restates_problem`` (``check.py``
-says what counts). The problem is the text of the prompt's messages and ``question``.
+math-verify evaluates to the gold) scores 0 with ``reason`` ``restates_problem`` (``check.py`` says
+what counts). The problem is the text of the prompt's messages and ``question``.
 
-Option ``verify_timeout`` (seconds, default 30) bounds each check. The answer is model output,
-and an answer must never fail its rollout (a failure is no reward of 0, so a policy would learn
-that such answers cost nothing): a check still running at the deadline is abandoned (its pool is
-retired) and scores 0 with ``reason`` ``check_timeout``, as NeMo Gym scores it; a check that lost
-its worker to a broken pool is run once more, and if it breaks that one too it scores 0 with
-``reason`` ``check_crashed`` when it ran alone (then the answer broke it). A dead worker breaks
-every check on its pool, so when other checks ran beside it the answer may be an innocent
-neighbour of the one that kills workers: then it is masked (``mask_sample: true``, NeMo Gym 0.7:
-the reward is no measurement) rather than scored a 0 it may not deserve. A check that never got
-a worker before the deadline (the server is overloaded: no fault of the answer) still fails with
-``DeadlineExceeded``.
+Option ``verify_timeout`` (seconds, default 30) bounds each check. The answer is model output, and
+an answer must never fail its rollout (a failure is no reward of 0, so a policy would learn that
+such answers cost nothing): a check still running at the deadline is abandoned (its pool is retired)
+and scores 0 with ``reason`` ``check_timeout``; a check that lost its worker to a broken pool is run
+once more, and if it breaks that one too it scores 0 with ``reason`` ``check_crashed`` when it ran
+alone (then the answer broke it). A dead worker breaks every check on its pool, so when other checks
+ran beside it the answer may be an innocent neighbour of the one that kills workers: then it is
+masked (``mask_sample: true``: the reward is no measurement) rather than scored a 0 it may not
+deserve. A check that never got a worker before the deadline (the server is overloaded: no fault of
+the answer) still fails with ``DeadlineExceeded``.
 """
 
 from __future__ import annotations
@@ -143,7 +142,7 @@ class MathEnv(ResourcesServer):
 
 def problem_text(task: dict[str, Any]) -> str:
     """The problem an answer must not merely restate: the text of the prompt's messages, and
-    the row's ``question`` (NeMo Gym's rows have one)."""
+    the row's ``question`` if it has one."""
     items = prompt_items(task)
     texts = [items] if isinstance(items, str) else [
         text for item in items if isinstance(item, dict)

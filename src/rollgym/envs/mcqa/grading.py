@@ -2,10 +2,10 @@
 (``resources_servers/mcqa``), reproduced rule for rule so a row scores the same on either side,
 and rollgym's own ``rollgym_lenient`` (``extract.extract_choice``).
 
-Order, as in NeMo Gym: the reply's text is stripped (empty: no answer); the row's
+Order: the reply's text is stripped (empty: no answer); the row's
 ``template_metadata.output_regex`` patterns are tried first, then the grading mode.
 
-NeMo Gym's rules are kept even where they surprise (each is pinned by a test in
+Its rules are kept even where they surprise (each is pinned by a test in
 ``tests/envs/test_mcqa_grading.py``):
 - ``strict_single_letter_boxed`` reads the first ``\\boxed{...}`` holding one uppercase letter
   among non-letters; ``\\boxed{\\text{B}}`` and ``Answer: B`` are no answer.
@@ -30,8 +30,8 @@ from rollgym.envs.mcqa.task import GradingMode, MCQATask
 log = logging.getLogger("rollgym.envs.mcqa")
 
 # One uppercase letter alone among non-letters in a box: \boxed{B}, \boxed{(B)}, \boxed{ B. }.
-# [^A-Za-z] also crosses braces and lines, as NeMo Gym's pattern does.
-# NeMo Gym's pattern is "\\boxed\{\s*[^A-Za-z]*([A-Z])[^A-Za-z]*\s*\}": the same language
+# [^A-Za-z] also crosses braces and lines. The reference pattern,
+# "\\boxed\{\s*[^A-Za-z]*([A-Z])[^A-Za-z]*\s*\}", is the same language
 # without its "\s*", which "[^A-Za-z]*" already reads (the overlap made it quadratic in spaces).
 _STRICT_BOXED = re.compile(r"\\boxed\{[^A-Za-z]*([A-Z])[^A-Za-z]*\}")
 _BOX_OPEN = "\\boxed{"
@@ -41,7 +41,7 @@ _ANSWER_COLON = re.compile(r"answer\s*:\s*(.+)", re.IGNORECASE)
 _ANSWER_COLON_MD = re.compile(
     r"[*_]{0,2}Answer[*_]{0,2}\s*:[*_\s]{0,2}\s*([A-Z])(?![a-zA-Z0-9])", re.IGNORECASE
 )
-# Option letters of other scripts that NeMo Gym reads as A-D in a template regex's capture:
+# Option letters of other scripts read as A-D in a template regex's capture:
 # Arabic, Bengali and fullwidth Latin.
 _OTHER_SCRIPTS = (
     "\u0623\u0628\u062c\u062f",
@@ -82,7 +82,7 @@ def _by_template(text: str, pattern: str, task: MCQATask) -> str | None:
 
 @functools.lru_cache(maxsize=64)
 def _warn_bad_pattern(pattern: str, error: str) -> None:
-    # NeMo Gym skips such a pattern silently; the fallback grading mode decides instead.
+    # The fallback grading mode decides instead; the warning is rollgym's (the reference is silent).
     log.warning(
         "mcqa: output_regex %r does not compile (%s); using the grading mode", pattern, error
     )
@@ -111,7 +111,7 @@ def _lenient_boxed(text: str, task: MCQATask) -> str | None:
 
 
 def _first_box(text: str) -> str | None:
-    """The first box's content up to the first closing brace, stripped, as NeMo Gym's pattern
+    """The first box's content up to the first closing brace, stripped, as the reference pattern
     reads it; found by index, linear where that pattern is quadratic (many unclosed boxes)."""
     start = text.find(_BOX_OPEN)
     if start < 0:
@@ -148,7 +148,7 @@ def _equal_text(candidate: str, task: MCQATask) -> str | None:
 
 def _unwrap_text(s: str) -> str:
     """``s`` without the ``\\text{...}`` wrappers that enclose all of it, each one's content
-    stripped (NeMo Gym's pattern, as a fullmatch, by index: linear in ``s``)."""
+    stripped (the reference pattern, as a fullmatch, by index: linear in ``s``)."""
     start, end = 0, len(s)
     while end - start > len(_TEXT_OPEN) and s.startswith(_TEXT_OPEN, start) and s[end - 1] == "}":
         start, end = start + len(_TEXT_OPEN), end - 1

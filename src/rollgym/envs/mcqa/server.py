@@ -3,8 +3,7 @@ same reward as NeMo Gym 0.4.0's ``mcqa`` for the rows it accepts.
 
 Task fields (``task.py``): ``options``, ``expected_answer`` (a letter), and optionally
 ``grading_mode`` and ``template_metadata.output_regex`` (``grading.py``). The reply is all the
-assistant's output text (``protocol.output_text``). Option ``grading_mode`` overrides every row's,
-as NeMo Gym's server config does.
+assistant's output text (``protocol.output_text``). Option ``grading_mode`` overrides every row's.
 
 Besides ``reward``, verify answers ``extracted`` (1/0: was a single choice found at all, so an
 unreadable format shows apart from a wrong answer) and ``extracted_answer`` (the letter or null).

@@ -6,8 +6,8 @@ Rows come in two shapes:
   an option whose text is null is no option), ``grading_mode`` (default
   ``strict_single_letter_boxed``), ``template_metadata.output_regex``.
 - rollgym's own: ``options`` a dict letter -> text, or a list of texts lettered A, B, C, ...;
-  graded by default in the ``rollgym_lenient`` mode (``extract.extract_choice``). NeMo Gym
-  refuses these ``options`` shapes, so no row NeMo Gym grades changes meaning here.
+  graded by default in the ``rollgym_lenient`` mode (``extract.extract_choice``). The first
+  shape's server refuses these, so no row it grades changes meaning here.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class MCQATask:
     mode: GradingMode | None
     """The row's ``grading_mode``; None when it names none."""
     default_mode: GradingMode
-    """The mode for a row that names none: NeMo Gym's for its row shape, rollgym's for ours."""
+    """The mode for a row that names none: ``NEMO_DEFAULT_MODE`` for a list of one-key objects,
+    ``ROLLGYM_DEFAULT_MODE`` for rollgym's shapes."""
     output_regex: tuple[str, ...] | None
     """``template_metadata.output_regex`` as a tuple of patterns; None when absent."""
 
@@ -61,7 +62,7 @@ def parse_task(row: dict[str, Any]) -> MCQATask:
     letters = {letter for letter, _ in options}
     expected = row.get("expected_answer")
     gold = expected.strip().upper() if isinstance(expected, str) else ""
-    # NeMo Gym would score such a row 0 for every answer; a failure is not a reward of 0.
+    # No answer could match such a row: it is refused, as a failure is not a reward of 0.
     valid = gold in letters if letters else len(gold) == 1 and gold.isalpha()
     if not valid:
         allowed = ", ".join(sorted(letters)) or "a single letter"
@@ -81,9 +82,10 @@ def option_letters(options: Any) -> list[str]:
 
 
 def _options(raw: Any, *, regex: bool) -> tuple[list[tuple[str, str]], bool]:
-    """(letter, text) pairs and whether ``raw`` is in NeMo Gym's shape."""
+    """(letter, text) pairs and whether ``raw`` is a list of one-key objects (or absent where a
+    regex stands in)."""
     if (raw is None or raw == []) and regex:
-        # NeMo Gym trusts a template's regex when a row lists no options.
+        # A template's regex is trusted when a row lists no options.
         return [], True
     if isinstance(raw, dict) and raw:
         return _lettered(raw.items()), False
@@ -111,7 +113,7 @@ def _lettered(items: Any) -> list[tuple[str, str]]:
         if letter in seen:
             raise _invalid(f"option {letter} is given twice")
         seen.add(letter)
-        if text is not None:  # NeMo Gym: an option whose text is null is not offered
+        if text is not None:  # an option whose text is null is not offered
             out.append((letter, text))
     if not out:
         raise _invalid("'options' offers no option with text")
@@ -149,7 +151,7 @@ def _output_regex(metadata: Any) -> tuple[str, ...] | None:
         try:
             groups = re.compile(pattern, re.IGNORECASE).groups
         except re.error:
-            continue  # NeMo Gym skips a pattern that does not compile; grading warns
+            continue  # grading skips (and warns about) a pattern that does not compile
         if groups > 1:
             # NeMo Gym 0.4.0 fails with a 500 once such a pattern matches (it reads a tuple).
             raise _invalid(

@@ -1,11 +1,10 @@
 """A reasoning-gym entry carried in a JSON task row, and restored exactly for its scorer.
 
-Entries are Python values: most of them lose their types through JSON (a tuple becomes a list,
-an ``int``-keyed dict gets ``str`` keys), and some scorers then give a wrong score (arc_agi and
-rearc compare the answer's board, a tuple of tuples, with the entry's: after JSON the
-reference answer scores 0.05). So a row carries the entry as plain JSON (``question``,
-``answer``, ``metadata``: the fields NeMo Gym's reasoning_gym rows have) plus ``restore``, the
-few type changes to undo, each ``[path, kind]``:
+Entries are Python values: most of them lose their types through JSON (a tuple becomes a list, an
+``int``-keyed dict gets ``str`` keys), and some scorers then give a wrong score (arc_agi and rearc
+compare the answer's board, a tuple of tuples, with the entry's: after JSON the reference answer
+scores 0.05). So a row carries the entry as plain JSON (``question``, ``answer``, ``metadata``) plus
+``restore``, the few type changes to undo, each ``[path, kind]``:
 
 - ``tuple``: the list at ``path`` was a tuple;
 - ``tuples``: the list at ``path`` and every list inside it were tuples (one patch for a board);

@@ -65,7 +65,7 @@ def extract(text: str, how: Extraction) -> str | None:
 
 
 def first_boxed(text: str) -> str | None:
-    """What ``re.search(r"\\boxed\\{([^}]+)\\}")`` finds (NeMo Gym's reading), in one pass: that
+    """What ``re.search(r"\\boxed\\{([^}]+)\\}")`` finds, in one pass: that
     regex scans the rest of the text from every opening, quadratic on ``"\\boxed{" * n``."""
     pos = 0
     while (start := text.find(BOXED_OPEN, pos)) >= 0:

@@ -7,7 +7,7 @@ dataset's scorer is built once per worker for each (dataset, config): some read 
 when built (codeio, arc_agi). Its ``score_answer`` is called on the answer; if that raises,
 once more on the entry's reference answer (None when it has none), to say whose fault it was:
 an entry whose reference makes the scorer raise too is broken, an answer that alone does is
-an answer the scorer cannot read. A row carried without type patches (NeMo Gym-shaped) of a
+an answer the scorer cannot read. A row carried without type patches (no ``reasoning_gym``) of a
 dataset whose entries need them is refused (``row_error``): its reference would score wrong.
 """
 

@@ -1,12 +1,12 @@
 """``ReasoningGymEnv``: a reasoning-gym entry's answer scored by its dataset's own
 ``score_answer``, in the CPU pool, under a deadline.
 
-The row (``tasks.py``; NeMo Gym's reasoning_gym rows are read too) carries the entry:
-``question``, ``answer``, ``metadata``, and ``reasoning_gym`` with the ``dataset`` (else
-``metadata.source_dataset``), the ``config`` overrides it was made with and the ``restore``
-patches (``carry.py``). The answer is the reply's last ``<answer>`` block (``extract.py``;
-option ``extraction: nemo_gym`` falls back as NeMo Gym does). The reward is the scorer's, with
-these exceptions, each named in ``reason``:
+The row (``tasks.py``; NeMo Gym's reasoning_gym rows are read too) carries the entry: ``question``,
+``answer``, ``metadata``, and ``reasoning_gym`` with the ``dataset`` (else
+``metadata.source_dataset``), the ``config`` overrides it was made with and the ``restore`` patches
+(``carry.py``). The answer is the reply's last ``<answer>`` block (``extract.py``; option
+``extraction: nemo_gym`` falls back to a box, then the whole reply). The reward is the scorer's,
+with these exceptions, each named in ``reason``:
 
 - no ``<answer>`` block: 0 (``no_answer``), the scorer is not called;
 - an answer past ``max_answer_chars``: 0 (``answer_too_long``); no dataset's reference is near
@@ -29,15 +29,15 @@ these exceptions, each named in ``reason``:
   lost its worker twice: ``ScorerError`` when it ran alone, masked (``worker_lost``) beside
   other scores (a dead worker breaks every score on its pool).
 
-A NeMo Gym-shaped row (no ``reasoning_gym`` field) carries no type patches and no config: one
-of a dataset whose entries hold types JSON loses (arc_agi's boards: its reference would score
-0.05) is refused (422); one of a dataset whose scorer reads its config (puzzle24's number
-range, time_intervals' tolerances) is scored with the default config, with a warning once per
-dataset and ``config_assumed: true`` in the answer.
+A row without the ``reasoning_gym`` field carries no type patches and no config: one of a dataset
+whose entries hold types JSON loses (arc_agi's boards: its reference would score 0.05) is refused
+(422); one of a dataset whose scorer reads its config (puzzle24's number range, time_intervals'
+tolerances) is scored with the default config, with a warning once per dataset and
+``config_assumed: true`` in the answer.
 
-Besides ``reward`` (and NeMo Gym's ``task_name``, ``score``, ``extracted_answer``) verify
-answers ``answer_found`` (1/0) and ``<dataset>/reward``, so ``metrics.json``'s environment
-metrics show the mean reward of each dataset.
+Besides ``reward`` (and ``task_name``, ``score``, ``extracted_answer``) verify answers
+``answer_found`` (1/0) and ``<dataset>/reward``, so ``metrics.json``'s environment metrics show the
+mean reward of each dataset.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Entry:
     plain: dict[str, Any]
     patches: list[Any]
     made_by: str | None
-    carried: bool  # the row has the ``reasoning_gym`` field (else NeMo Gym-shaped)
+    carried: bool  # the row has the ``reasoning_gym`` field (else no patches, no config)
 
 
 class ReasoningGymEnv(ResourcesServer):

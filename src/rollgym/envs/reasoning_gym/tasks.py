@@ -9,10 +9,10 @@ polynomial_multiplication, ransom_note, word_ladder: they iterate sets of string
 follows the process's hash seed), so ``write_rows`` makes a file in a child process whose
 ``PYTHONHASHSEED`` is ``HASH_SEED``.
 
-A row is NeMo Gym-shaped (``responses_create_params`` with the prompt) and carries the entry as
-NeMo Gym's reasoning_gym rows do (``question``, ``answer``, ``metadata``), plus ``reasoning_gym``:
-the dataset, the config overrides it was made with (its scorer is built with the same), the
-version that made it, and the type patches that restore the entry exactly (``carry.py``).
+A row has the prompt in ``responses_create_params`` and carries the entry as NeMo Gym's
+reasoning_gym rows do (``question``, ``answer``, ``metadata``), plus ``reasoning_gym``: the dataset,
+the config overrides it was made with (its scorer is built with the same), the version that made it,
+and the type patches that restore the entry exactly (``carry.py``).
 """
 
 from __future__ import annotations

@@ -1,30 +1,31 @@
-"""``run_examples``'s batch: NeMo RL's rows through rollgym's rollout core, as 0.7's awaitables.
+"""``run_examples``'s batch: NeMo RL's rows through rollgym's rollout core, as awaitables.
 
-0.7's ``run_examples`` returns an iterator of awaitables; the k-th resolves to the k-th
-rollout to finish, as ``(row, result)``. Rows start in the order given, once the iterator is
-first consumed. Here each row is one rollout through the trainer API's machinery: the rollout
-core (``RolloutRunner``: the agent's own retry policy, the rollout's deadline, circuit holds,
-replica failover) under a ``LocalDispatcher`` (bounded, ramped concurrency) and a ``Recorder``
-with the batch's failure budget. A batch whose failures cross the budget (the servers are
-broken) is cancelled: every awaitable not yet resolved raises ``RunAborted`` with the failure
-summary. Otherwise no rollout raises: a failed one resolves to a masked result (see
-``results``), unless the helper was made with ``on_failure="raise"``.
+``run_examples`` returns an iterator of awaitables, as NeMo Gym 0.7's does; the k-th resolves to the
+k-th rollout to finish, as ``(row, result)``. Rows start in the order given, once the iterator is
+first consumed. Here each row is one rollout through the trainer API's machinery: the rollout core
+(``RolloutRunner``: the agent's own retry policy, the rollout's deadline, circuit holds, replica
+failover) under a ``LocalDispatcher`` (bounded, ramped concurrency) and a ``Recorder`` with the
+batch's failure budget. A batch whose failures cross the budget (the servers are broken) is
+cancelled: every awaitable not yet resolved raises ``RunAborted`` with the failure summary.
+Otherwise no rollout raises: a failed one resolves to a masked result (see ``results``), unless the
+helper was made with ``on_failure="raise"``.
 
-0.7's keyword arguments, as honoured here:
+Its keyword arguments, as honoured here:
 
-- ``semaphore``: held around each rollout, as 0.7 does;
+- ``semaphore``: held around each rollout;
 - ``route_failures_to_sidecar``: a failure never raises (its result is the masked one, which
-  carries 0.7's ``_ng_failure_*`` fields), even with ``on_failure="raise"``;
+  carries the ``_ng_failure_*`` fields), even with ``on_failure="raise"``;
 - ``environment_server_name``: the rollgym agent that runs every row (rollgym's agents serve
-  the episodes 0.7's environment servers do);
+  the episodes environment servers do);
 - ``max_resident_tasks``: the most rollouts in flight (else the config's
-  ``collect.concurrency`` if it sets one, else every row at once, as 0.7);
+  ``collect.concurrency`` if it sets one, else every row at once);
 - ``dispatch_budget_s`` / ``drain_margin_s``: a row not started within the budget (or with less
   than the margin left; without a margin, the p75 of the batch's rollouts once 5 finished)
-  resolves to a masked ``not_dispatched`` result with 0.7's ``cancelled`` markers, and counts
+  resolves to a masked ``not_dispatched`` result with the ``cancelled`` markers, and counts
   toward no failure budget;
-- ``latency_tracker``: 0.7's ``DispatchLatencyTracker`` (anything with ``record``,
-  ``record_drained`` and ``drain_margin``) is fed as 0.7 feeds it.
+- ``latency_tracker``: a ``DispatchLatencyTracker`` (anything with ``record``,
+  ``record_drained`` and ``drain_margin``) is told each rollout's seconds and each drained row,
+  and asked for the margin.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class LatencyTracker(Protocol):
 
 
 class BatchTracker:
-    """0.7's drain margin: an explicit one, else the p75 of the rollouts finished (from 5 on)."""
+    """The drain margin: an explicit one, else the p75 of the rollouts finished (from 5 on)."""
 
     def __init__(self) -> None:
         self._durations: list[float] = []
@@ -214,7 +215,7 @@ class Batch:
                                (self.rows[index], result))  # fmt: skip
 
     def drain_reason(self) -> str | None:
-        """Why a row that is about to start is not started (0.7's dispatch drain), or None."""
+        """Why a row that is about to start is not started (the dispatch drain), or None."""
         if self.deadline is None:
             return None
         remaining = self.deadline - time.monotonic()

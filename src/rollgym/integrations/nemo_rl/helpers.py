@@ -1,7 +1,6 @@
-"""The entry points NeMo RL calls, on rollgym's core: point NeMo RL here instead of NeMo Gym.
+"""The entry points NeMo RL calls, on rollgym's core: point NeMo RL here instead of NeMo Gym 0.7.
 
-NeMo RL (``nemo_rl/environments/nemo_gym.py``) imports exactly these, from NeMo Gym 0.7's
-modules, with 0.7's names and signatures::
+NeMo RL's Gym environment imports exactly these, and rollgym keeps their names and signatures::
 
     from nemo_gym.cli import GlobalConfigDictParserConfig, RunHelper
     from nemo_gym.rollout_collection import RolloutCollectionHelper
@@ -13,13 +12,13 @@ its environment on) and NeMo RL runs on rollgym unchanged.
 
 - ``RunHelper().start(GlobalConfigDictParserConfig(initial_global_config_dict=...,
   dotenv_path=..., skip_load_from_cli=True))`` starts the servers of the rollgym config that the
-  NeMo Gym config names (``rollgym_config``; see ``plan`` for every key), waits until all
+  global config names (``rollgym_config``; see ``plan`` for every key), waits until all
   answer (and NeMo RL's vLLM URLs do), and serves the head server. ``poll()`` raises
   ``RuntimeError`` when a server cannot be kept up (one that dies is restarted by the watchdog;
   ``rollgym_max_restarts`` within 60 s, default 3, then it is fatal). ``shutdown()`` stops every
   process it started and waits for each to end.
 - ``RolloutCollectionHelper().run_examples(examples, head_server_config, ...)`` runs each row
-  once through rollgym's rollout core and returns 0.7's iterator of awaitables, the k-th
+  once through rollgym's rollout core and returns an iterator of awaitables, the k-th
   resolving to the k-th rollout finished as ``(row, result)`` (see ``collect``); ``result``
   is what NeMo RL post-processes (see ``results``): a failed rollout is a masked sample with
   its typed error, never a crash of NeMo RL's step and never a silent reward of 0.
@@ -58,11 +57,11 @@ __all__ = [
 ]
 
 POLL_INTERVAL = 60.0
-"""``run_forever`` polls this often, as 0.7's does."""
+"""``run_forever`` polls this often."""
 
 
 class BaseServerConfig(BaseModel):
-    """Where a server listens (0.7's ``nemo_gym.server_utils.BaseServerConfig``)."""
+    """Where a server listens (``server_utils.BaseServerConfig``)."""
 
     host: str
     port: int
@@ -70,7 +69,7 @@ class BaseServerConfig(BaseModel):
 
 
 class GlobalConfigDictParserConfig(BaseModel):
-    """0.7's parse options for ``RunHelper.start``. ``initial_global_config_dict``: the NeMo Gym
+    """The parse options for ``RunHelper.start``. ``initial_global_config_dict``: the global
     config (an omegaconf ``DictConfig`` or any mapping), over the yaml at ``dotenv_path``
     (``env.yaml`` in the working directory by default). rollgym reads no command line, so
     ``skip_load_from_cli=False`` only warns; secrets are never served (``hide_secrets``)."""
@@ -91,7 +90,7 @@ _STARTED: list[RunHelper] = []
 
 
 class RunHelper:
-    """Starts, watches and stops the servers of a NeMo RL run (0.7's ``RunHelper``)."""
+    """Starts, watches and stops the servers of a NeMo RL run."""
 
     def __init__(self) -> None:
         self._stack: RunningStack | None = None
@@ -130,7 +129,7 @@ class RunHelper:
         self._running().poll()
 
     def pids(self) -> dict[str, list[int]]:
-        """The pids of each server's processes, by name (0.7 has no such method)."""
+        """The pids of each server's processes, by name (rollgym's addition: NeMo RL never asks)."""
         return self._stack.pids() if self._stack is not None else {}
 
     def shutdown(self) -> None:
@@ -159,7 +158,7 @@ class RunHelper:
 
 
 class RolloutCollectionHelper:
-    """0.7's ``RolloutCollectionHelper`` for NeMo RL: ``run_examples`` (see the module).
+    """Rollout collection for NeMo RL: ``run_examples`` (see the module).
 
     ``on_failure``: ``"mask"`` (the default) resolves a failed rollout to a masked result;
     ``"raise"`` makes its awaitable raise the typed ``RollgymError`` instead (``status`` set for
@@ -194,7 +193,7 @@ class RolloutCollectionHelper:
         layout = Layout.fetch(head.host, head.port)
         rows = list(examples)
         agents = route_rows(rows, layout.config, environment_server_name)
-        # Every row at once, as 0.7, unless a cap is asked for.
+        # Every row at once, unless a cap is asked for.
         caps = (len(rows), max_resident_tasks, layout.concurrency)
         concurrency = min((c for c in caps if c), default=1)
         return Batch(

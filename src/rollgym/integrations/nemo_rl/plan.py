@@ -1,25 +1,23 @@
 """NeMo RL's NeMo Gym config -> a rollgym config and how to run it (``RunHelper.start``'s plan).
 
-NeMo RL hands ``RunHelper.start`` the ``env.nemo_gym`` section of its yaml plus keys of its own
-(``nemo_rl/environments/nemo_gym.py``, ``_spinup``). A rollgym user names a rollgym config in
-that section::
+NeMo RL's ``_spinup`` hands ``RunHelper.start`` the ``env.nemo_gym`` section of its yaml plus
+keys of its own. A rollgym user names a rollgym config in that section::
 
     env:
       nemo_gym:
         rollgym_config: configs/mcqa_training.yaml   # a path, or the config inline (a mapping)
 
 and writes ``${policy_base_url}``, ``${policy_model_name}`` or ``${policy_api_key}`` in it where
-NeMo RL's values go, as NeMo Gym's own configs do (a string that is only the placeholder takes
+NeMo RL's values go (a string that is only the placeholder takes
 the value as it is: NeMo RL's list of per-DP-rank vLLM URLs stays a list, so an
 ``openai_proxy``'s ``base_url: ${policy_base_url}`` gets one replica per rank).
 
 The other keys NeMo RL sets and rollgym honours: ``default_host`` (the host of every server whose
 entry names none), ``port_range_low`` / ``port_range_high`` (free ports in that range for every
 server whose entry names none), ``head_server`` (where the head server listens),
-``global_aiohttp_connector_limit`` (the collector's connection pool), and NeMo Gym's
-``nemo_gym_log_dir``, ``server_spinup_timeout_seconds`` and
-``model_endpoint_readiness_timeout_seconds``. Every other key is reported in one warning,
-never silently ignored.
+``global_aiohttp_connector_limit`` (the collector's connection pool), ``nemo_gym_log_dir``,
+``server_spinup_timeout_seconds`` and ``model_endpoint_readiness_timeout_seconds``. Every other
+key is reported in one warning, never silently ignored.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ from rollgym.wire import ROLLGYM_CONFIG, ROLLGYM_MAX_RESTARTS
 
 HEAD_SERVER_KEY_NAME = "head_server"
 DEFAULT_HEAD_SERVER_PORT = 11000
-"""0.7's, for a config that names no head server."""
+"""The default, for a config that names no head server."""
 
 PLACEHOLDERS = ("policy_base_url", "policy_model_name", "policy_api_key")
 """NeMo RL's values that a rollgym config takes where it writes ``${name}``."""
@@ -71,13 +69,13 @@ WHY_IGNORED = {
 }
 
 STARTUP_TIMEOUT = 600.0
-"""0.7's ``server_spinup_timeout_seconds`` default; so is the model readiness wait's."""
+"""The default ``server_spinup_timeout_seconds``; so is the model readiness wait's."""
 
 _PLACEHOLDER = re.compile(r"\$\{(" + "|".join(PLACEHOLDERS) + r")\}")
 
 
 class RollgymCompatWarning(UserWarning):
-    """A NeMo Gym setting rollgym does not honour (named in the message)."""
+    """A setting of the config that rollgym does not honour (named in the message)."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +116,8 @@ def plain(value: Any) -> Any:
 def global_config(
     initial: Any, dotenv_path: Path | None, *, skip_dotenv: bool, skip_cli: bool
 ) -> dict[str, Any]:
-    """The NeMo Gym global config as 0.7 merges it for ``RunHelper.start``: the dotenv yaml
-    (``env.yaml`` in the working directory by default), overridden by ``initial``."""
+    """The global config as ``RunHelper.start`` merges it: the dotenv yaml (``env.yaml`` in
+    the working directory by default), overridden by ``initial``."""
     merged: dict[str, Any] = {}
     path = dotenv_path if dotenv_path is not None else Path("env.yaml")
     if not skip_dotenv and path.is_file():
@@ -135,7 +133,7 @@ def global_config(
 
 
 def make_plan(settings: dict[str, Any]) -> StackPlan:
-    """Turn the merged NeMo Gym config into a plan; ``ConfigError`` names the key at fault."""
+    """Turn the merged global config into a plan; ``ConfigError`` names the key at fault."""
     raw, source = _rollgym_raw(settings)
     values = {name: settings[name] for name in PLACEHOLDERS if name in settings}
     if not isinstance(raw.get("servers"), dict):

@@ -21,7 +21,7 @@ What rollgym hands back:
   turns before the first bad one and removed from it and every turn after (so NeMo RL's
   checks pass), ``rollgym_mask_reason: "token_data"``, the problem in ``failure_reason``;
 - a failed rollout: never a crash and never a silent 0. ``reward: 0.0``, ``mask_sample: true``
-  (and ``instance_config.mask_sample: true``), ``failure_kind`` / ``failure_reason`` and 0.7's
+  (and ``instance_config.mask_sample: true``), ``failure_kind`` / ``failure_reason`` and the
   ``_ng_failure_*`` fields, the typed error under ``rollgym_error`` (``RollgymError.from_dict``
   rebuilds it), ``rollgym_mask_reason: "rollout_failed"`` (``"not_dispatched"`` for a row the
   dispatch budget never started), and a ``response`` whose one output item carries the row's
@@ -29,7 +29,7 @@ What rollgym hands back:
   RL's post-processing accepts it.
 
 A scored rollout with no token data at all is passed on unchanged: that is a model server
-without ``return_token_ids``, which NeMo RL reports itself (with 0.7 too).
+without ``return_token_ids``, which NeMo RL reports itself.
 """
 
 from __future__ import annotations
@@ -42,17 +42,19 @@ from typing import Any
 
 from rollgym.errors import RollgymError, chain_text
 from rollgym.nemo_gym import failures
-from rollgym.wire import (
-    FAILURE_KIND,
+from rollgym.nemo_gym.wire import (
     FAILURE_REASON,
-    GENERATION_IDS,
-    GENERATION_LOGPROBS,
     INSTANCE_CONFIG,
-    MASK_REASON,
-    MASK_SAMPLE,
     NG_DISPATCH_DRAINED,
     NG_FAILURE_CLASS,
     NG_NO_PERSIST,
+)
+from rollgym.wire import (
+    FAILURE_KIND,
+    GENERATION_IDS,
+    GENERATION_LOGPROBS,
+    MASK_REASON,
+    MASK_SAMPLE,
     PROMPT_IDS,
     ROLLGYM_ATTEMPTS,
     ROLLGYM_ERROR,
@@ -61,7 +63,7 @@ from rollgym.wire import (
 
 ROUTED_EXPERTS = "routed_experts"
 CANCELLED = "cancelled"
-"""0.7's failure class (and ``failure_kind``) of a row its dispatch budget never started."""
+"""The failure class (and ``failure_kind``) of a row its dispatch budget never started."""
 
 TOKEN_FIELDS = (PROMPT_IDS, GENERATION_IDS, GENERATION_LOGPROBS, ROUTED_EXPERTS)
 PLACEHOLDER_PROMPT = (0,)
@@ -134,9 +136,9 @@ def failed_result(
         "responses_create_params": row.get("responses_create_params"),
         "response": response,
         "reward": 0.0,
-        FAILURE_KIND: CANCELLED if drained else _failure_kind(error),
+        FAILURE_KIND: CANCELLED if drained else failures.failure_kind(error),
         FAILURE_REASON: chain_text(error),  # the chain: a gateway's message alone names no cause
-        **_sidecar_fields(error),
+        **failures.sidecar_fields(error),
         ROLLGYM_ERROR: error.to_dict(),
         ROLLGYM_ATTEMPTS: attempts,
         MASK_REASON: "not_dispatched" if drained else "rollout_failed",
@@ -148,8 +150,8 @@ def failed_result(
 
 
 def mask(result: dict[str, Any]) -> None:
-    """Mark ``result`` masked where 0.7 and NeMo RL read it: the top level and
-    ``instance_config`` (which NeMo RL reads)."""
+    """Mark ``result`` masked where it is read: the top level and ``instance_config`` (which
+    NeMo RL reads)."""
     result[MASK_SAMPLE] = True
     result[INSTANCE_CONFIG] = {**_instance_config(result), MASK_SAMPLE: True}
 
@@ -212,17 +214,3 @@ def _numbers(value: Any) -> bool:
     return isinstance(value, list) and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value
     )
-
-
-def _failure_kind(error: RollgymError) -> str | None:
-    try:
-        return failures.failure_kind(error)
-    except NotImplementedError:  # TODO: drop once rollgym.nemo_gym.failures is filled in
-        return None
-
-
-def _sidecar_fields(error: RollgymError) -> dict[str, Any]:
-    try:
-        return failures.sidecar_fields(error)
-    except NotImplementedError:  # TODO: drop once rollgym.nemo_gym.failures is filled in
-        return {}

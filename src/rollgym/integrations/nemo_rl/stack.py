@@ -5,13 +5,11 @@ Everything runs on an event loop of a private thread, so ``start``, ``poll`` and
 are plain calls that work with or without an event loop running in the caller's thread (NeMo
 RL's Ray actor has one). The server processes are children of that thread: they get SIGTERM if
 it ends (``rollgym.lifeline``), which is the process's end at the latest, and ``stop`` ends them
-first, SIGTERM then SIGKILL, and waits for each (0.7 signals the shells around its servers and
-leaves the servers running).
+first, SIGTERM then SIGKILL, and waits for each (so no server outlives the run).
 
-The head server answers 0.7's liveness routes (``/``, ``/health``, ``/healthz``, ``/livez``,
+The head server answers the liveness routes (``/``, ``/health``, ``/healthz``, ``/livez``,
 ``/readyz``) and ``GET /rollgym_layout``: the config (credentials redacted) and the URLs of
-the servers, which ``RolloutCollectionHelper.run_examples`` reads (as 0.7's reads
-``/global_config_dict_yaml``).
+the servers, which ``RolloutCollectionHelper.run_examples`` reads.
 """
 
 from __future__ import annotations
@@ -257,7 +255,7 @@ def _bind_head(host: str, port: int) -> socket.socket:
 
 async def _wait_answering(urls: list[str], seconds: float) -> None:
     """Wait until every URL answers HTTP at all (NeMo RL spins Gym up while vLLM is still
-    loading, and 0.7 waits the same way); ``LaunchError`` after ``seconds``."""
+    loading); ``LaunchError`` after ``seconds``."""
     deadline = time.monotonic() + seconds
     async with HttpClient(limit=64) as http:
         while True:
