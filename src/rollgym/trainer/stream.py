@@ -76,7 +76,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -96,7 +96,19 @@ from rollgym.trainer.staleness import StalenessJudge
 from rollgym.trainer.stream_ledger import StreamLedger
 
 if TYPE_CHECKING:
-    from rollgym.trainer.client import RolloutClient
+    from rollgym.http import HttpClient, Target
+
+
+class StreamClient(Protocol):
+    """What a stream needs of its ``RolloutClient``: the agent it sends to, and the client's
+    HTTP client (the stream's own module does not import the client's: the client makes
+    streams)."""
+
+    @property
+    def target(self) -> Target: ...
+
+    def http(self) -> HttpClient: ...
+
 
 log = logging.getLogger("rollgym.stream")
 
@@ -117,7 +129,7 @@ class RolloutStream:
 
     def __init__(
         self,
-        client: RolloutClient,
+        client: StreamClient,
         rows: Iterable[dict[str, Any]] | AsyncIterable[dict[str, Any]],
         *,
         repeats: int = 1,
