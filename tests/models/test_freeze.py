@@ -99,7 +99,7 @@ def test_a_model_server_frozen_mid_run_ends_the_run_naming_the_cause(
         if root["type"] == "replica_down":
             # Failed by the heartbeat's probe, and not sent to the frozen replica again.
             assert "failed its liveness probe (POST /ping: no answer" in root["message"]
-            assert root["attempts"] == 1
+            assert root.get("attempts", 1) == 1  # the record leaves out one attempt
         else:
             # Refused by the replica's open breaker, which says what opened it.
             assert root["type"] == "circuit_open", root
