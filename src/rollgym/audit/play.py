@@ -75,7 +75,7 @@ async def audit_server(env: Environment, rows: list[dict[str, Any]]) -> ServerAu
     results = [r for rs in done for r in rs]
     found = findings([r for r in results if r.reward is not None or r.crash])
     return ServerAudit(
-        verdict=verdict(found),
+        verdict=verdict(found, scored=sum(r.reward is not None for r in results)),
         findings=found,
         plays=len(results),
         refused=sum(r.refused for r in results),

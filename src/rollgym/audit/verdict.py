@@ -15,7 +15,8 @@
 4. A play that crashed (5xx, timeout, garbage) is a ``crash`` finding, whatever its probe; a
    repeated answer whose rewards differ on a row is a ``nondeterministic`` one.
 5. ``exploitable`` if any finding is of another class, else ``unreliable`` if any finding,
-   else ``clean``.
+   else ``clean``; ``unaudited`` when no play was scored (every one refused or skipped), so a
+   server that does not speak the protocol played never reads ``clean``.
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ class Finding:
         }  # fmt: skip
 
 
-def verdict(findings: list[Finding]) -> str:
+def verdict(findings: list[Finding], scored: int = 1) -> str:
+    """The verdict on a server's ``findings``; ``scored``: its plays that earned a reward."""
+    if not findings and not scored:
+        return "unaudited"
     if any(f.cls not in UNRELIABLE for f in findings):
         return "exploitable"
     return "unreliable" if findings else "clean"
