@@ -1,7 +1,8 @@
 """Environments with a planted flaw, each with a hardened twin, to check ``rollgym audit``.
 
 A ``Flaw`` is a scoring function (row, answer text, the server's own state) and the tools it
-offers; ``python_server`` makes it a rollgym ``ResourcesServer`` class, ``foreign_app`` a bare
+offers (the score's row carries ``_called``: whether the session called a tool);
+``python_server`` makes it a rollgym ``ResourcesServer`` class, ``foreign_app`` a bare
 starlette app of the same HTTP shape (``/seed_session``, ``POST /<tool>``, ``/verify``; no
 ``/tools``, as NeMo Gym's servers). ``FLAWS`` holds two flaws of every probe class; ``HARDENED``
 their twins, which must come out clean. Server processes import the classes by name
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -65,6 +67,24 @@ SECRET_ROWS = [
     for row in ROWS[:3]
 ]  # fmt: skip
 """Rows whose answer only the server knows (``key``, a field the audit does not read)."""
+
+
+_ASKED_ROWS = [
+    {**row, "responses_create_params": {**row["responses_create_params"], "tools": [LOOKUP_TOOL]}}
+    for row in ROWS[:3]
+]
+"""Rows with a reference and a lookup tool that answers it."""
+
+EXPRESSION_ROWS = [
+    ROWS[2],
+    _row("Complete the function:\n\ndef rev(s):\n    ...\n\nIt returns s reversed.",
+         tests=["assert rev('hello') == 'hello'[::-1]", "assert rev('ab') == ''.join(['b', 'a'])"]),
+    _row("Complete the function:\n\ndef squares(n):\n    ...\n\nIt returns the first n squares.",
+         tests=["assert squares(4) == [i * i for i in range(4)]"]),
+]  # fmt: skip
+"""Code rows whose asserts' expected side is an expression, not a literal (and one row with a
+reference): the shapes rollgym's code environment let a solution forge before issue 36's fix
+(b81273b)."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +254,81 @@ def _read_back_hardened(row: dict[str, Any], text: str, _: Any) -> float:
     return float(ran.stdout.strip() == row["expected_output"])
 
 
+def _sides(source: str) -> tuple[str, str]:
+    """The two sides of ``assert A == B``."""
+    left, right = source.removeprefix("assert ").split(" == ", 1)
+    return left, right
+
+
+def _encode_value(value: Any) -> Any:
+    return ["l", [_encode_value(v) for v in value]] if isinstance(value, list) else ["v", value]
+
+
+_REPORTER = """
+def _enc(v):
+    return ["l", [_enc(x) for x in v]] if isinstance(v, list) else ["v", v]
+_report = []
+for _p in probes:
+    try:
+        _report.append(["ok", _enc(eval(_p))])
+    except Exception as _e:
+        _report.append(["error", type(_e).__name__])
+sys.stdout.write("\\n" + json.dumps(_report) + "\\n")
+"""
+
+
+def _report(text: str, probes: list[str]) -> list[Any] | None:
+    """Run the solution, then each probe (an expression) in its process, as rollgym's code
+    harness did before issue 36's fix; the report is the last line of its output."""
+    # The harness is loaded and knows its probes before the solution runs.
+    ran = _run(f"import json, sys\nprobes = {probes!r}\n" + _code(text) + "\n" + _REPORTER)
+    try:
+        report = json.loads(ran.stdout.strip().rsplit("\n", 1)[-1])
+    except ValueError:
+        return None
+    return report if isinstance(report, list) and len(report) == len(probes) else None
+
+
+def _expected_in_process(row: dict[str, Any], text: str, _: Any) -> float:
+    # Planted: both sides of each assert computed in the solution's process (its builtins),
+    # compared on the server.
+    if "tests" not in row:
+        return _exact(row, text)
+    probes = [side for test in row["tests"] for side in _sides(test)]
+    report = _report(text, probes)
+    if report is None:
+        return 0.0
+    pairs = zip(report[::2], report[1::2], strict=True)
+    return float(all(a[0] == b[0] == "ok" and a[1] == b[1] for a, b in pairs))
+
+
+def _expected_on_server(row: dict[str, Any], text: str, _: Any) -> float:
+    # The twin: only the solution's call runs beside it; the expected side is the server's.
+    if "tests" not in row:
+        return _exact(row, text)
+    calls, expected = zip(*(_sides(test) for test in row["tests"]), strict=True)
+    report = _report(text, list(calls))
+    if report is None:
+        return 0.0
+    return float(all(
+        got == ["ok", _encode_value(eval(want))] for got, want in zip(report, expected, strict=True)
+    ))  # fmt: skip
+
+
+def _list_after_lookup(row: dict[str, Any], text: str, _: Any) -> float:
+    # Planted: the reference among the answer's words pays, once the rollout used the tool
+    # (rollgym's lookup environment before issue 36's fix, b81273b: "Velmora or Serrowby").
+    return float(bool(row.get("_called"))) * _list_any_word(row, text, None)
+
+
+def _single_after_lookup(row: dict[str, Any], text: str, _: Any) -> float:
+    return float(bool(row.get("_called"))) * _list_hardened(row, text, None)
+
+
+def _lookup_reference(row: dict[str, Any], args: dict[str, Any]) -> Any:
+    return {"question": args.get("question"), "value": row["expected_answer"]}
+
+
 def _verdict_marker(row: dict[str, Any], text: str, _: Any) -> float:
     # Planted: a "judge" that returns the last verdict marker in its prompt, which holds the
     # answer.
@@ -343,6 +438,15 @@ FLAWS = [
     Flaw("LeakKey", "tool_leak", _key, {"lookup_answer": _lookup}, SECRET_ROWS),
     Flaw("Flaky", "nondeterministic", _flaky),
     Flaw("FirstOnly", "nondeterministic", _first_only),
+    Flaw(
+        "ListAfterLookup",
+        "candidate_list",
+        _list_after_lookup,
+        {"lookup_answer": _lookup_reference},
+        _ASKED_ROWS,
+    ),
+    Flaw("ForgedReport", "early_exit", _expected_in_process, rows=EXPRESSION_ROWS),
+    Flaw("RiggedBuiltins", "always_equal", _expected_in_process, rows=EXPRESSION_ROWS),
     Flaw("Overflow", "crash", _overflow),
     Flaw("Hangs", "crash", _hangs),
 ]
@@ -365,6 +469,15 @@ HARDENED = [
     Flaw("LeakKeyHardened", "", _key, {"lookup_answer": _lookup_hardened}, SECRET_ROWS),
     Flaw("FlakyHardened", "", _exact),
     Flaw("FirstOnlyHardened", "", _exact),
+    Flaw(
+        "ListAfterLookupHardened",
+        "",
+        _single_after_lookup,
+        {"lookup_answer": _lookup_reference},
+        _ASKED_ROWS,
+    ),
+    Flaw("ForgedReportHardened", "", _expected_on_server, rows=EXPRESSION_ROWS),
+    Flaw("RiggedBuiltinsHardened", "", _expected_on_server, rows=EXPRESSION_ROWS),
     Flaw("OverflowHardened", "", _overflow_hardened),
     Flaw("HangsHardened", "", _short_only),
 ]
@@ -390,6 +503,7 @@ class _Planted(ResourcesServer):
     async def verify(
         self, session: Session, task: dict[str, Any], response: dict[str, Any]
     ) -> float:
+        task = {**task, "_called": session.data.get("called", False)}
         return await score(self.flaw, task, output_text(response), self.state)
 
 
@@ -397,6 +511,7 @@ class _WithDebug(_Planted):
     @tool
     async def debug_state(self, session: Session) -> Any:
         """The session's state."""
+        session.data["called"] = True
         return self.flaw.tools["debug_state"](session.task, {})
 
 
@@ -404,6 +519,7 @@ class _WithLookup(_Planted):
     @tool
     async def lookup_answer(self, session: Session, question: str) -> Any:
         """Look an entry up."""
+        session.data["called"] = True
         return self.flaw.tools["lookup_answer"](session.task, {"question": question})
 
 
@@ -434,7 +550,7 @@ def foreign_app(flaw: Flaw) -> Starlette:
         return answer
 
     async def verify(request: Request) -> JSONResponse:
-        body = await request.json()
+        body = {**await request.json(), "_called": session(request).get("_called", False)}
         reward = await score(flaw, body, output_text(body["response"]), state)
         return JSONResponse({"reward": reward})  # the body is not echoed: it may not encode
 
@@ -442,7 +558,9 @@ def foreign_app(flaw: Flaw) -> Starlette:
         name = request.path_params["name"]
         if name not in flaw.tools:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
-        return JSONResponse(flaw.tools[name](session(request), await request.json()))
+        seeded = session(request)
+        seeded["_called"] = True
+        return JSONResponse(flaw.tools[name](seeded, await request.json()))
 
     app = Starlette(
         routes=[

@@ -8,6 +8,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from rollgym.audit.play import ServerAudit, audit_server
 from rollgym.audit.target import Environment
@@ -58,3 +61,18 @@ async def test_a_hardened_twin_is_clean(flaw: Flaw, kind: str) -> None:
     result = await audit(flaw, kind)
     assert result.verdict == "clean", result.to_dict()
     assert result.skipped == 0
+
+
+async def test_a_server_that_scores_no_play_is_unaudited_not_clean() -> None:
+    # An OpenEnv app answers rollgym's /reset and /step bodies 422 (it wants an action over
+    # its /ws session): nothing was scored, so nothing is known.
+    async def refuse(request: object) -> JSONResponse:
+        return JSONResponse({"detail": "action: field required"}, status_code=422)
+
+    app = Starlette(routes=[Route(p, refuse, methods=["POST"]) for p in ("/reset", "/step")])
+    async with serve_asgi(app) as url, HttpClient() as http:
+        result = await audit_server(
+            Environment(http, "openenv", url, timeout=TIMEOUT), FLAWS[0].rows
+        )
+    assert result.verdict == "unaudited", result.to_dict()
+    assert result.refused == result.plays > 0

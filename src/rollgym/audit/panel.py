@@ -1,7 +1,7 @@
 """The probe panel: answers that need no knowledge of the task, built from a row alone.
 
-A probe is data: its class (``CLASSES``), a name, and either an answer text or a tool plan
-(calls to make; the strings their outputs hold are then tried as answers, ``leaked_strings``).
+A probe is data: its class (``CLASSES``), a name, an answer text, and the tool calls made before
+it; a ``leak`` probe's answers are the strings the calls' outputs hold (``leaked_strings``).
 Nothing here talks to a server (``rollgym.audit.target`` plays the probes) or judges a reward
 (``rollgym.audit.verdict``).
 
@@ -59,14 +59,15 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Probe:
-    """One answer to play on a row: ``answer``, or (``tool_leak``) a tool plan ``calls`` whose
-    outputs' strings become the answers. ``repeats``: times the answer is played."""
+    """One answer to play on a row: ``answer`` after the tool ``calls``, or (``leak``, the
+    ``tool_leak`` plans) each string the calls' outputs hold. ``repeats``: times it is played."""
 
     cls: str
     name: str
     answer: str = ""
     calls: tuple[ToolCall, ...] = ()
     repeats: int = 1
+    leak: bool = False
 
 
 def prompt_messages(row: dict[str, Any]) -> list[str]:
@@ -255,7 +256,46 @@ def _early_exit(prompt: str) -> list[Probe]:
     # A harness that imports the solution and then calls it: exit at the first call.
     defs = "\n".join(f"def {n}(*args, **kwargs):\n    os._exit(0)" for n in _function_names(prompt))
     named.append(("exit in the called function", _code(f"import os\n{defs}")))
+    named += [
+        (f"forged report ({name}), then os._exit(0)",
+         _code(_returning_empty(prompt) + _FORGE.replace("REPORT", line)))
+        for name, line in _REPORTS.items()
+    ]  # fmt: skip
     return _probes("early_exit", named)
+
+
+def _returning_empty(prompt: str) -> str:
+    """The functions the prompt names, each answering ``[]``: what the forgeries below make
+    every value the tests compute."""
+    return "".join(f"def {n}(*args, **kwargs):\n    return []\n" for n in _function_names(prompt))
+
+
+# A harness that runs the tests in the solution's process and reports on a descriptor: a
+# report that every test passed, on every descriptor, then an exit before the harness writes
+# its own. The count of tests is read from the harness's frames (a list named like tests).
+_FORGE = r"""
+import json, os, sys
+_n, _frame = 1, sys._getframe()
+while _frame is not None:
+    for _key, _value in list(_frame.f_locals.items()):
+        if isinstance(_value, list) and any(w in _key.lower() for w in ("probe", "test", "case")):
+            _n = max(_n, len(_value))
+    _frame = _frame.f_back
+_out = ("\n" + REPORT + "\n").encode()
+for _fd in range(1, 64):
+    try:
+        os.write(_fd, _out)
+    except OSError:
+        pass
+os._exit(0)
+"""
+_REPORTS = {
+    # rollgym's code harness before issue 36's fix (b81273b): one ["ok", value] per test, the value an
+    # empty list (what the functions answer).
+    "one ok per test": 'json.dumps([["ok", ["l", []]]] * _n)',
+    "a summary": 'json.dumps({"passed": _n, "failed": 0, "errors": 0})',
+    "unittest's": 'f"Ran {_n} tests in 0.001s\\n\\nOK"',
+}
 
 
 _ALWAYS_EQUAL = """
@@ -285,8 +325,23 @@ def _always_equal(prompt: str) -> list[Probe]:
             ("functions return an always-equal object", _code(_ALWAYS_EQUAL + bound)),
             ("prints an always-equal object", _code(_ALWAYS_EQUAL + "print(AlwaysEqual())")),
             ("reads the tests back", _code(_READ_BACK)),
+            ("rigs the builtins", _code(_returning_empty(prompt) + _RIG_BUILTINS)),
         ],
     )
+
+
+# A harness that computes a test's expected side in the solution's process (``eval`` of the
+# text, ``sorted(...)``, ``math.isclose``): every builtin it may call answers what the
+# solution's functions answer, so both sides agree.
+_RIG_BUILTINS = """
+import builtins, math
+def _agree(*args, **kwargs):
+    return []
+for _name in ("eval", "sorted", "abs", "range", "all", "any", "map", "sum", "min", "max",
+              "round", "len"):
+    setattr(builtins, _name, _agree)
+math.isclose = math.fabs = lambda *args, **kwargs: True
+"""
 
 
 def _verdict_injection() -> list[Probe]:
@@ -361,13 +416,35 @@ def _tool_plans(tools: Sequence[dict[str, Any]], prompt: str) -> list[Probe]:
         sets = [tool_arguments(schema, strings, pick) for pick in range(CALLS_PER_TOOL)]
         unique = list({repr(sorted(s.items())): s for s in sets}.values())
         calls = tuple(ToolCall(tool["name"], args) for args in unique)
-        probes.append(Probe("tool_leak", str(tool["name"]), calls=calls))
+        probes.append(Probe("tool_leak", str(tool["name"]), calls=calls, leak=True))
     return probes
 
 
-def leaked_strings(outputs: Iterable[Any]) -> list[str]:
+AFTER_TOOLS = ("floor", "empty_answer", "format_only", "prompt_echo", "candidate_list",
+               "verdict_injection")  # fmt: skip
+"""The answer classes played a second time after the tools were called, and the floor with
+them (it is what those plays are compared with)."""
+_WARM_CALLS = 8
+
+
+def after_tools(probes: Sequence[Probe]) -> list[Probe]:
+    """``probes`` of ``AFTER_TOOLS`` classes again, each after the calls of every
+    ``tool_leak`` plan among them (8 at most). A verifier may pay only a rollout that used its
+    tools: "Velmora or Serrowby" was paid 1.0 by the lookup environment once any lookup had
+    been made (b81273b), 0 without one."""
+    calls = [c for p in probes if p.leak for c in p.calls][:_WARM_CALLS]
+    if not calls:
+        return []
+    return [
+        Probe(p.cls, f"{p.name}, after the tools", p.answer, tuple(calls))
+        for p in probes
+        if p.cls in AFTER_TOOLS and not p.calls and p.repeats == 1
+    ]
+
+
+def leaked_strings(outputs: Iterable[Any], limit: int = LEAKED_MAX) -> list[str]:
     """Every string the tool outputs hold (JSON decoded where they are JSON; numbers as text),
-    longest first, at most ``LEAKED_MAX``."""
+    longest first, at most ``limit``."""
     found: list[str] = []
 
     def walk(value: Any, depth: int = 0) -> None:
@@ -389,7 +466,17 @@ def leaked_strings(outputs: Iterable[Any]) -> list[str]:
     for output in outputs:
         walk(output)
     unique = list(dict.fromkeys(found))
-    return sorted(unique, key=len, reverse=True)[:LEAKED_MAX]
+    return sorted(unique, key=len, reverse=True)[:limit]
+
+
+def outputs_together(plan: Probe, outputs: Sequence[Any], prompt: str) -> Probe | None:
+    """A ``candidate_list`` probe: every string the ``plan``'s outputs hold that the prompt
+    does not, in one answer, after the same calls. The lookup environment paid its whole
+    entry ("Eastmarch, 48213, 1742, Ilse Marrow") for one of its fields."""
+    items = [s for s in leaked_strings(outputs, _CANDIDATES) if s not in prompt]
+    if len(items) < 2:
+        return None
+    return Probe("candidate_list", f"{plan.name} outputs together", ", ".join(items), plan.calls)
 
 
 def _nondeterministic(row: dict[str, Any]) -> list[Probe]:

@@ -2,7 +2,8 @@
 
     floor answers, probes (each ``repeats`` times), tool plans -> their leaked strings -> results
 
-A tool plan is played twice over: once to read what the tools answer, then each string of those
+The answer probes are played once more after the tools were called (``after_tools``). A tool
+plan is played twice over: once to read what the tools answer, then each string of those
 outputs as the answer, in a session of its own with the same calls before it (a tool may keep
 state the verifier reads).
 """
@@ -16,8 +17,10 @@ from typing import Any
 
 from rollgym.audit.panel import (
     Probe,
+    after_tools,
     floor_answers,
     leaked_strings,
+    outputs_together,
     panel,
     prompt_messages,
     references,
@@ -66,12 +69,13 @@ async def audit_server(env: Environment, rows: list[dict[str, Any]]) -> ServerAu
             pool.insert(len(pool) // 2, refs[i][0])
         probes = [Probe("floor", "plainly wrong", a) for a in floor_answers(row)]
         probes += panel(row, pool, [] if env.gym else row_tools(row) or server_tools)
+        probes += after_tools(probes)
         jobs += [_probe(env, row, i, refs[i], p) for p in probes]
     done = await asyncio.gather(*jobs)
     results = [r for rs in done for r in rs]
     found = findings([r for r in results if r.reward is not None or r.crash])
     return ServerAudit(
-        verdict=verdict(found),
+        verdict=verdict(found, scored=sum(r.reward is not None for r in results)),
         findings=found,
         plays=len(results),
         refused=sum(r.refused for r in results),
@@ -83,7 +87,7 @@ async def audit_server(env: Environment, rows: list[dict[str, Any]]) -> ServerAu
 async def _probe(
     env: Environment, row: dict[str, Any], index: int, refs: list[str], probe: Probe
 ) -> list[Result]:
-    if probe.calls:
+    if probe.leak:
         return await _tool_plan(env, row, index, refs, probe)
     plays = await asyncio.gather(*(_one(env, row, index, refs, probe, probe.answer)
                                    for _ in range(probe.repeats)))  # fmt: skip
@@ -101,7 +105,11 @@ async def _tool_plan(
     # tools revealed is tried.
     prompt = "\n".join(prompt_messages(row))
     answers = [a for a in leaked_strings(first.outputs) if a not in prompt]
-    return list(await asyncio.gather(*(_one(env, row, index, refs, probe, a) for a in answers)))
+    plays = [_one(env, row, index, refs, probe, a) for a in answers]
+    together = outputs_together(probe, first.outputs, prompt)
+    if together is not None:
+        plays.append(_one(env, row, index, refs, together, together.answer))
+    return list(await asyncio.gather(*plays))
 
 
 async def _one(

@@ -1,7 +1,9 @@
 """The verdict on one server: which probes earn more than a plainly wrong answer.
 
-1. A row's **floor** is the most any of its plainly wrong answers earned (``floor_answers``);
-   a row whose floor is unknown (each wrong answer crashed or was refused) is not compared.
+1. A row's **floor** is the most any of its plainly wrong answers earned (``floor_answers``),
+   played as the probe is: with no tool call, or after the tools were called (a verifier may
+   pay for using them); a row whose floor is unknown (each wrong answer crashed or was
+   refused) is not compared.
 2. A probe's answer is **right** when the row carries a reference and the answer's one final
    answer (its ``\\boxed{}``, ``<answer>`` or ``Answer:`` part, else the whole text) equals
    one, normalized: then paying it is no exploit (a tool's output that holds the answer of a
@@ -13,7 +15,8 @@
 4. A play that crashed (5xx, timeout, garbage) is a ``crash`` finding, whatever its probe; a
    repeated answer whose rewards differ on a row is a ``nondeterministic`` one.
 5. ``exploitable`` if any finding is of another class, else ``unreliable`` if any finding,
-   else ``clean``.
+   else ``clean``; ``unaudited`` when no play was scored (every one refused or skipped), so a
+   server that does not speak the protocol played never reads ``clean``.
 """
 
 from __future__ import annotations
@@ -63,7 +66,10 @@ class Finding:
         }  # fmt: skip
 
 
-def verdict(findings: list[Finding]) -> str:
+def verdict(findings: list[Finding], scored: int = 1) -> str:
+    """The verdict on a server's ``findings``; ``scored``: its plays that earned a reward."""
+    if not findings and not scored:
+        return "unaudited"
     if any(f.cls not in UNRELIABLE for f in findings):
         return "exploitable"
     return "unreliable" if findings else "clean"
@@ -71,10 +77,11 @@ def verdict(findings: list[Finding]) -> str:
 
 def findings(results: list[Result]) -> list[Finding]:
     """The findings of one server's plays (see the module docstring)."""
-    floors: dict[int, float] = {}
+    floors: dict[tuple[int, bool], float] = {}
     for r in results:
         if r.probe.cls == "floor" and r.reward is not None and not r.right:
-            floors[r.row] = max(floors.get(r.row, r.reward), r.reward)
+            key = _floor_key(r)
+            floors[key] = max(floors.get(key, r.reward), r.reward)
     by_probe: dict[tuple[str, str], list[Result]] = defaultdict(list)
     for r in results:
         by_probe[(r.probe.cls, r.probe.name)].append(r)
@@ -86,19 +93,27 @@ def findings(results: list[Result]) -> list[Finding]:
     return out
 
 
-def _pays(cls: str, name: str, plays: list[Result], floors: dict[int, float]) -> Finding | None:
+def _floor_key(r: Result) -> tuple[int, bool]:
+    """Which floor ``r`` is compared with: its row's, with or without tool calls before."""
+    return r.row, bool(r.probe.calls)
+
+
+def _pays(
+    cls: str, name: str, plays: list[Result], floors: dict[tuple[int, bool], float]
+) -> Finding | None:
     if cls == "floor":
         return None
     rows: dict[int, list[Result]] = defaultdict(list)
     for r in plays:
-        if r.reward is not None and r.row in floors:
+        if r.reward is not None and _floor_key(r) in floors:
             rows[r.row].append(r)
     paid = {
         row: [
-            r for r in rs if not r.right and r.reward is not None and r.reward > floors[row] + EPS
+            r for r in rs
+            if not r.right and r.reward is not None and r.reward > floors[_floor_key(r)] + EPS
         ]
         for row, rs in rows.items()
-    }
+    }  # fmt: skip
     paid = {row: rs for row, rs in paid.items() if rs}
     if not paid:
         return None
@@ -106,7 +121,8 @@ def _pays(cls: str, name: str, plays: list[Result], floors: dict[int, float]) ->
     example = next(iter(paid.values()))[0]
     return Finding(
         cls, name, len(rows), len(paid),
-        _mean(best), _mean([floors[row] for row in rows]), _example(example),
+        _mean(best), _mean([floors[_floor_key(rs[0])] for rs in rows.values()]),
+        _example(example),
     )  # fmt: skip
 
 

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     from rollgym.audit.run import AuditReport
 
 EXIT_FINDINGS = 1
-_COLOURS = {"clean": "green", "unreliable": "yellow", "exploitable": "bold red"}
+_COLOURS = {
+    "clean": "green", "unreliable": "yellow", "exploitable": "bold red", "unaudited": "yellow",
+}  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
@@ -50,7 +52,8 @@ def register(app: typer.Typer) -> None:
         earns more than the floor with an answer that is not right is a finding.
 
         A server is `exploitable` when some probe pays, `unreliable` when it only crashes
-        (5xx, timeout, garbage) or scores one answer differently, `clean` otherwise. Writes
+        (5xx, timeout, garbage) or scores one answer differently, `unaudited` when it scored
+        no play (it refused every one: not the protocol played), `clean` otherwise. Writes
         OUTPUT/audit.json and prints a table. Exit 0 when every server is clean, 1 on findings,
         2 on a usage error (a bad config, a missing task file)."""
         from rollgym import runtime
