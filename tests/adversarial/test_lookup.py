@@ -4,6 +4,9 @@ server.
 - Listing many registry values so the expected one is "contained" (after one lookup, any
   lookup): before, every such list scored 1.0; now an answer that also names another value of
   the expected one's kind, not named by the question, scores 0 (``several_candidates``).
+- The looked-up entry's fields all at once ("Eastmarch, 48213, 1742, Ilse Marrow"): before, 1.0
+  for whichever field was asked; now an answer naming values of three other fields is a list
+  (``several_candidates``), while one that explains itself with one or two still scores.
 - A comparison answered with both of its candidates ("Velmora or Serrowby", "either Serrowby or
   Velmora"): before, 1.0 on every bundled comparison row; now 0, and no text pays for both
   choices of a comparison.
@@ -78,6 +81,12 @@ async def _verify(
         (REGION, "Eastmarch, Saltreach, Highfold or Fenmoor"),
         (PRICE, " ".join(f"€{p['price_eur']}" for p in PRODUCTS.values())),
         (PRICE, EVERY_PRODUCT),
+        # The looked-up entry's every field at once pays for whichever was asked (found by
+        # rollgym audit: 21 of the 26 example rows paid 1.0 before).
+        (POPULATION, ", ".join(str(v) for k, v in TOWNS["Brackenholt"].items() if k != "kind")),
+        (MAYOR, ", ".join(str(v) for k, v in TOWNS["Tallowmere"].items() if k != "kind")),
+        (REGION, ", ".join(str(v) for k, v in TOWNS["Serrowby"].items() if k != "kind")),
+        (PRICE, ", ".join(str(v) for k, v in PRODUCTS["QX-4471"].items() if k != "kind")),
     ],
 )
 async def test_an_answer_listing_candidates_scores_0(

@@ -20,11 +20,8 @@ from rollgym.config import load_config
 pytestmark = pytest.mark.timeout(300)
 
 ENVS = Path(__file__).resolve().parents[2] / "src" / "rollgym" / "envs"
-KNOWN = {
-    "lookup": "candidate_list: after a lookup, the entry's fields together ('Eastmarch, 48213, "
-    "1742, Ilse Marrow') are paid 1.0 for one of them (21 of the 26 example rows); only "
-    "values of the expected one's kind count as rivals",
-}
+KNOWN: dict[str, str] = {}
+"""Environments with a known finding (strict xfail: the mark must go when it is fixed)."""
 
 
 def _envs() -> list[object]:

@@ -9,7 +9,9 @@ turns it into the run's tool-call rate.
 
 Answers are model output, and a policy will try the cheap way to "contain" the value: list many
 of them. An answer that also names another registry value of the same kind as the expected one
-(another town's population, another mayor) scores 0 with ``reason`` ``several_candidates``.
+(another town's population, another mayor) scores 0 with ``reason`` ``several_candidates``;
+so does one naming values of ``LIST_FIELDS`` other fields (an entry's every field at once pays
+for whichever was asked), while one that explains itself with one or two still scores.
 A comparison names its candidates in the question ("Velmora or Serrowby?"); there an answer must
 choose: the first candidate it names is its choice, and the others may appear only as what it
 is set against ("... than Serrowby", "compared to Serrowby", "not Serrowby", "while Serrowby
@@ -94,6 +96,25 @@ def rival_values(expected: str, question: str) -> tuple[set[str], set[str]]:
     return rivals - named, named
 
 
+LIST_FIELDS = 3
+"""An answer naming values of this many other fields (besides the one asked, and what the
+question names) is a list of the registry, not an answer: an entry's every field given at once
+pays for whichever one was asked. An answer that explains itself names one or two."""
+
+
+def other_fields_named(normalized_text: str, wanted: str, question: str) -> int:
+    """How many registry fields other than ``wanted``'s the text names a value of (values the
+    question names left out)."""
+    asked = normalize(question)
+    fields = set()
+    for (_kind, field), values in _values_by_field().items():
+        if wanted in values:
+            continue
+        if any(_contains(normalized_text, v) and not _contains(asked, v) for v in values):
+            fields.add(field)
+    return len(fields)
+
+
 def chooses(normalized_text: str, wanted: str, candidates: set[str]) -> bool:
     """Whether the text picks ``wanted`` among a comparison's ``candidates``: it names
     ``wanted`` before any of them, and the others only as what it is set against."""
@@ -163,7 +184,11 @@ class LookupEnv(ResourcesServer):
         if not _contains(text, wanted):
             return scores
         others, candidates = rival_values(str(expected), _question(task))
-        if any(_contains(text, v) for v in others) or not chooses(text, wanted, candidates):
+        if (
+            any(_contains(text, v) for v in others)
+            or not chooses(text, wanted, candidates)
+            or other_fields_named(text, wanted, _question(task)) >= LIST_FIELDS
+        ):
             return {**scores, "reason": "several_candidates"}
         sourced = {normalize(str(v)) for entry in found for v in entry.values()}
         # A comparison is known only from the entries of all its candidates.
