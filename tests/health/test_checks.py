@@ -44,8 +44,10 @@ def test_a_clean_run_passes_every_check(tmp_path: Path) -> None:
     assert report.exit_code == 0 and not report.warnings
     got = outcomes(report)
     assert set(got) == {s.id for s in SPECS}
-    # Without token data, drift or metrics.json there is nothing to judge: said, not passed.
-    unobserved = {"token_count_mismatch", "token_drift", "failure_bursts", "server_retries"}
+    # Without token data, drift, metrics.json or integrity verdicts (hand-made records carry
+    # none) there is nothing to judge: said, not passed.
+    unobserved = {"token_count_mismatch", "token_drift", "failure_bursts", "server_retries",
+                  "integrity_tagged"}  # fmt: skip
     assert {k for k, v in got.items() if v == "unobserved"} == unobserved
     assert all(v == "pass" for k, v in got.items() if k not in unobserved)
     assert (report.rows, report.rollouts, report.failures) == (12, 12, 0)
