@@ -361,6 +361,12 @@ class CollectConfig(_Strict):
         description="run the agents inside the collector's process: no /run hop, no agent "
         "process (rollgym.collect.launchers.InProcessAgents; not with --ray)",
     )
+    mask_exploits: bool = Field(
+        default=False,
+        description="mask the rollouts whose integrity verdict is exploit (rollgym.audit.scan): "
+        "recorded with mask_sample: true, left out of every reward statistic, never a reward "
+        "for a trainer (never a 0)",
+    )
 
 
 class Config(_Strict):

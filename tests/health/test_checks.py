@@ -44,8 +44,10 @@ def test_a_clean_run_passes_every_check(tmp_path: Path) -> None:
     assert report.exit_code == 0 and not report.warnings
     got = outcomes(report)
     assert set(got) == {s.id for s in SPECS}
-    # Without token data, drift or metrics.json there is nothing to judge: said, not passed.
-    unobserved = {"token_count_mismatch", "token_drift", "failure_bursts", "server_retries"}
+    # Without token data, drift, metrics.json or integrity verdicts (hand-made records carry
+    # none) there is nothing to judge: said, not passed.
+    unobserved = {"token_count_mismatch", "token_drift", "failure_bursts", "server_retries",
+                  "integrity_tagged"}  # fmt: skip
     assert {k for k, v in got.items() if v == "unobserved"} == unobserved
     assert all(v == "pass" for k, v in got.items() if k not in unobserved)
     assert (report.rows, report.rollouts, report.failures) == (12, 12, 0)
@@ -252,6 +254,42 @@ def test_masked_samples(tmp_path: Path) -> None:
     report = failed_only(clean_except(tmp_path / "run", 4, 3, {(0, 0): masked, (0, 1): nested}),
                          "masked_samples")  # fmt: skip
     assert check(report, "masked_samples").count == 2
+
+
+def _verdict(task: int, tagged: bool, version: int | None = None) -> dict[str, Any]:
+    found = {"verdict": "exploit", "reasons": ["early_exit: os._exit"]} if tagged else {
+        "verdict": "clean", "reasons": []}  # fmt: skip
+    record = rollout(task, 0, integrity=found)
+    if version is not None:
+        record["response"]["rollgym_upstream"] = [{"rollgym_policy_version": version}]
+    return record
+
+
+@pytest.mark.parametrize("tagged", [2, 3])
+def test_integrity_tagged_fires_above_two_percent(tmp_path: Path, tagged: int) -> None:
+    records = [_verdict(t, t < tagged) for t in range(100)]
+    report = check_run(write_run(tmp_path / "run", 100, 1, rollouts=records))
+    result = check(report, "integrity_tagged")
+    assert (result.count, result.of) == (tagged, 100)
+    assert result.outcome == ("fail" if tagged > 2 else "pass")  # 2% is the line, not over it
+    assert set(report.failed) <= {"integrity_tagged"}
+    assert result.detail["exploit"] == tagged and result.detail["by_class"] == {
+        "early_exit": tagged}  # fmt: skip
+    assert result.examples[0].note == "exploit: early_exit: os._exit"
+
+
+def test_integrity_tagged_judges_each_policy_step(tmp_path: Path) -> None:
+    # 3 of 150 tagged (2%: the run passes), all in step 1's 50 rollouts (6%: it fails).
+    records = [_verdict(t, False, 0) for t in range(100)]
+    records += [_verdict(100 + t, t < 3, 1) for t in range(50)]
+    report = failed_only(write_run(tmp_path / "run", 150, 1, rollouts=records), "integrity_tagged")
+    result = check(report, "integrity_tagged")
+    assert (result.count, result.of, result.detail["worst_step"]) == (3, 50, 1)
+    assert result.detail["steps"] == [[0, 0, 100], [1, 3, 50]]
+    # A step too small to judge alone counts in the run only.
+    small = [_verdict(t, False, 0) for t in range(100)] + [_verdict(100, True, 1)]
+    report = check_run(write_run(tmp_path / "small", 101, 1, rollouts=small))
+    assert check(report, "integrity_tagged").outcome == "pass"
 
 
 def test_failures_by_server_over_time(tmp_path: Path) -> None:

@@ -194,9 +194,11 @@ _OR = re.compile(r"([\w'-]+(?: [\w'-]+){0,2}),? or ([\w'-]+(?: [\w'-]+){0,2})")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
 
 
-def _candidates(row: dict[str, Any], prompt: str, pool: Sequence[str]) -> list[Probe]:
-    """Every option the prompt (or the row's ``options``) names, in one answer; and the other
-    rows' answers, together."""
+def option_lists(row: dict[str, Any], prompt: str) -> list[tuple[str, list[str]]]:
+    """The options a task offers, named lists: the prompt's lettered options (their letters,
+    their texts), the row's ``options`` (keys and values) and the sides of the prompt's "X or
+    Y". An answer naming several of one list names no choice (the ``candidate_list`` probes
+    play them; ``rollgym.audit.scan`` tags a rollout whose answer does)."""
     lists: list[tuple[str, list[str]]] = []
     lettered = _LETTER.findall(prompt)
     if lettered:
@@ -209,9 +211,17 @@ def _candidates(row: dict[str, Any], prompt: str, pool: Sequence[str]) -> list[P
         )
     elif isinstance(options, list):
         lists.append(("row options", [str(v) for v in options]))
-    ors = [side.strip() for pair in _OR.findall(prompt) for side in pair]
-    if ors:
-        lists.append(("x or y", ors))
+    if " or " in prompt:  # a substring test first: the pattern is the costly part
+        ors = [side.strip() for pair in _OR.findall(prompt) for side in pair]
+        if ors:
+            lists.append(("x or y", ors))
+    return lists
+
+
+def _candidates(row: dict[str, Any], prompt: str, pool: Sequence[str]) -> list[Probe]:
+    """Every option the prompt (or the row's ``options``) names, in one answer; and the other
+    rows' answers, together."""
+    lists = option_lists(row, prompt)
     numbers = _NUMBER.findall(prompt)
     if numbers:
         lists.append(("numbers in the prompt", numbers))
@@ -442,9 +452,9 @@ def after_tools(probes: Sequence[Probe]) -> list[Probe]:
     ]
 
 
-def leaked_strings(outputs: Iterable[Any], limit: int = LEAKED_MAX) -> list[str]:
+def leaked_strings(outputs: Iterable[Any], limit: int | None = LEAKED_MAX) -> list[str]:
     """Every string the tool outputs hold (JSON decoded where they are JSON; numbers as text),
-    longest first, at most ``limit``."""
+    longest first, at most ``limit`` (None: all)."""
     found: list[str] = []
 
     def walk(value: Any, depth: int = 0) -> None:

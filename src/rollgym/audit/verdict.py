@@ -205,14 +205,18 @@ def final_answers(text: str) -> list[str]:
     return [prefixed[-1]] if prefixed else [text]
 
 
+_BRACE = re.compile(r"[{}]")
+
+
 def _boxed(text: str) -> list[str]:
     out = []
     for match in _BOXED.finditer(text[:100_000]):
         depth, start = 1, match.end()
-        for i in range(start, min(len(text), start + 10_000)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
+        # Brace by brace, not character by character: a long box costs its braces.
+        for brace in _BRACE.finditer(text, start, min(len(text), start + 10_000)):
+            depth += 1 if brace.group() == "{" else -1
             if depth == 0:
-                out.append(text[start:i])
+                out.append(text[start : brace.start()])
                 break
     return out
 

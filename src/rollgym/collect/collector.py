@@ -110,7 +110,7 @@ class Collector:
         self.ledger = Ledger(run.out_dir, run.total, self.cfg.repeats)
         self.progress = RunProgress(enabled=progress)
         self.recorder = Recorder(self.ledger, FailureBudget(BudgetRules.from_collect(self.cfg)),
-                                 self.progress)  # fmt: skip
+                                 self.progress, mask_exploits=self.cfg.mask_exploits)  # fmt: skip
         self.recorder.on_abort(self.dispatcher.cancel)
         self.watch = RunWatch()
         """What the run shows while it runs (``/metrics``, the progress bar's status line)."""

@@ -21,6 +21,12 @@ which agent runs each row and which resources server that agent verifies with), 
 covers more than one environment also gets ``by_environment``: each one's counts, reward
 mean/std, pass@k and failures by type, computed from the same records in the same pass.
 
+Integrity: each record's verdict (``rollgym.audit.scan``, on its line since the recorder
+tagged it) is counted in ``integrity``: clean, suspect, exploit, masked (by
+``collect.mask_exploits``), the tagged share (``rate``: suspect or exploit), the classes of the
+reasons, and the same per environment (``by_environment``) when the run covers more than one.
+Records written before the verdicts existed are not counted (``rollouts`` is those with one).
+
 Sub-scores: a verify response may carry ``scores``, an object of named numbers besides the
 reward (``{"tests": 0.5, "style": 1.0}``); each is aggregated as its mean and its pass rate
 (the share of rollouts where it reaches the run's pass threshold), over the rollouts that
@@ -39,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from rollgym.audit.scan import FIELD, VERDICTS, verdict_of
 from rollgym.collect.layout import RunDir, open_run_file, raw_lines
 from rollgym.errors import root_cause, root_record
 from rollgym.models.tokens import DRIFTED_TURNS
@@ -209,6 +216,53 @@ class CauseCounts:
         return ", ".join(parts) + (f" +{more} more" if more > 0 else "")
 
 
+class IntegrityCounts:
+    """Rollouts by integrity verdict (``rollgym.audit.scan``), read from their lines: the one
+    tally behind ``metrics.json``'s ``integrity``, ``rollgym health``'s ``integrity_tagged``
+    and ``rollgym report``."""
+
+    def __init__(self) -> None:
+        self.verdicts: Counter[str] = Counter()
+        self.masked = 0
+        self.by_class: Counter[str] = Counter()
+
+    @property
+    def rollouts(self) -> int:
+        """Rollouts with a verdict."""
+        return sum(self.verdicts.values())
+
+    @property
+    def tagged(self) -> int:
+        return self.rollouts - self.verdicts["clean"]
+
+    def rate(self) -> float | None:
+        """The tagged share (suspect or exploit); None when no rollout has a verdict."""
+        return self.tagged / self.rollouts if self.rollouts else None
+
+    def add(self, record: dict[str, Any]) -> str | None:
+        """Count ``record``'s verdict; the verdict (None: it has none)."""
+        verdict = verdict_of(record)
+        if verdict is None:
+            return None
+        self.verdicts[verdict] += 1
+        found = record[FIELD]
+        self.masked += found.get("masked") is True
+        reasons = found.get("reasons")
+        for reason in reasons[:20] if isinstance(reasons, list) else ():
+            if isinstance(reason, str):
+                self.by_class[reason.partition(":")[0][:40]] += 1
+        return verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rollouts": self.rollouts,
+            **{v: self.verdicts[v] for v in VERDICTS},
+            "masked": self.masked,
+            "rate": self.rate(),
+            "by_class": dict(self.by_class.most_common(20)),
+        }
+
+
 class _Group:
     """One environment's share of a run (``by_environment``)."""
 
@@ -268,6 +322,8 @@ class RunMetrics:
     scores: dict[str, ScoreStats] = field(default_factory=dict)
     token_drift: TokenDrift | None = None
     coverage: Coverage = field(default_factory=Coverage)
+    integrity: dict[str, Any] = field(default_factory=dict)
+    """Rollouts by integrity verdict, and per environment (see the module docstring)."""
     by_environment: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per environment, when the run covers more than one (see the module docstring)."""
 
@@ -295,6 +351,7 @@ class RunMetrics:
             "agent_fields": self.agent_fields,
             "scores": {name: vars(stats) for name, stats in self.scores.items()},
             "token_drift": vars(self.token_drift) if self.token_drift else None,
+            "integrity": self.integrity,
             **extra,
         }
 
@@ -345,6 +402,8 @@ def compute_metrics(
     agent_counts: Counter[str] = Counter()
     sub_scores = _ScoreSums()
     drift = TokenDrift()
+    integrity = IntegrityCounts()
+    integrity_by_env: dict[str, IntegrityCounts] = {}
     # A verify response echoes its task row: the row's own numbers (a secret, a difficulty)
     # are task data, not metrics of the environment.
     files = RunDir(out_dir)
@@ -359,6 +418,8 @@ def compute_metrics(
             drift.drifted_rollouts += turns > 0
             drift.drifted_turns += turns
         masked = is_masked(rec)
+        if integrity.add(rec) is not None and groups and i < len(groups):
+            integrity_by_env.setdefault(groups[i], IntegrityCounts()).add(rec)
         for key, value in rec.items():
             if key in skip or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
@@ -434,6 +495,11 @@ def compute_metrics(
     m.agent_fields = {k: agent_sums[k] / agent_counts[k] for k in sorted(agent_sums)}
     m.scores = sub_scores.stats()
     m.token_drift = drift if drift.checked_rollouts else None
+    m.integrity = integrity.to_dict()
+    if integrity_by_env:
+        m.integrity["by_environment"] = {
+            name: counts.to_dict() for name, counts in sorted(integrity_by_env.items())
+        }
     if split and groups is not None:
         members: dict[str, list[int]] = {g: [] for g in per_env}
         for index, name in enumerate(groups):

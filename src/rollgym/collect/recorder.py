@@ -1,7 +1,7 @@
 """The recorder: every finished rollout goes through here, whoever ran it.
 
 It checks the record (a ``mask_sample`` that is no boolean makes it a failure: ``records.checked``),
-writes it to its sink (the run's ledger files, or memory for the trainer API), advances the
+gives it its integrity verdict (``records.tagged``: masked when ``mask_exploits`` and an exploit), writes it to its sink (the run's ledger files, or memory for the trainer API), advances the
 progress bar (counting failed and masked rollouts), feeds the failure budget, and aborts the run
 when the budget says the servers are broken. ``admit`` (the streaming API's staleness judge) may
 turn a record into the outcome it is before anything else sees it. A dispatcher (local asyncio workers, Ray worker actors) only runs
@@ -17,7 +17,7 @@ from typing import Protocol
 
 from rollgym.collect.failure_budget import FailureBudget
 from rollgym.collect.progress import RunProgress
-from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout, checked
+from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout, checked, tagged
 from rollgym.errors import RollgymError
 
 log = logging.getLogger("rollgym.collect")
@@ -57,8 +57,10 @@ class Recorder:
         progress: RunProgress | None = None,
         *,
         admit: Callable[[RolloutRecord], RolloutRecord] | None = None,
+        mask_exploits: bool = False,
     ) -> None:
         self.sink = sink
+        self.mask_exploits = mask_exploits
         self.admit = admit
         self.budget = budget
         self.progress = progress
@@ -89,7 +91,7 @@ class Recorder:
         return self.abort_reason is not None
 
     def record(self, record: RolloutRecord) -> None:
-        record = checked(record)
+        record = tagged(checked(record), self.mask_exploits)
         if self.admit is not None:
             record = self.admit(record)
         if not self.sink.add(record):

@@ -14,20 +14,28 @@ a trainer as a reward. A ``mask_sample`` that is not a boolean is not guessed ei
 
 A work item and a failure carry what their row's dialect adds (``collect.dialect``): the item
 its name and its own data, the failure the fields of its line beside rollgym's.
+
+A scored rollout carries its **integrity** verdict (``rollgym.audit.scan``: ``clean``,
+``suspect`` or ``exploit``, and why), given by ``tagged`` as the recorder takes it and written on
+its line. With ``collect.mask_exploits`` an ``exploit`` is masked as ``mask_sample`` masks: its
+line says ``mask_sample: true`` (any reader of ``rollouts.jsonl`` leaves it out of the rewards,
+NeMo RL's too) and its verdict ``masked: true``, saying why. Never a reward of 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 
+from rollgym.audit.scan import FIELD, Integrity, scan
 from rollgym.errors import ProtocolError, RollgymError
 from rollgym.protocol import is_masked, mask_sample
 from rollgym.server.versions import rollout_versions
-from rollgym.wire import INDEX_FIELDS, NG_ROLLOUT_INDEX, NG_TASK_INDEX
+from rollgym.wire import INDEX_FIELDS, MASK_SAMPLE, NG_ROLLOUT_INDEX, NG_TASK_INDEX
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +70,16 @@ class ScoredRollout:
     attempts: int
     duration_s: float
     verified: dict[str, Any]
+    integrity: Integrity | None = None
+    """Its integrity verdict (``tagged``); None until the recorder has taken it."""
     ok: Literal[True] = field(default=True, init=False)
 
     @property
     def masked(self) -> bool:
-        """The verify response asks for this rollout to be masked: its reward is no
-        measurement (``mask_sample``; see the module docstring)."""
-        return is_masked(self.verified)
+        """Its reward is no measurement: the verify response asks for it to be masked
+        (``mask_sample``), or the collector masked it for its integrity verdict (see the module
+        docstring)."""
+        return is_masked(self.verified) or (self.integrity is not None and self.integrity.masked)
 
     @property
     def response(self) -> dict[str, Any]:
@@ -103,19 +114,22 @@ class ScoredRollout:
         ng_task = self.verified.get(NG_TASK_INDEX)
         if not isinstance(ng_task, int) or isinstance(ng_task, bool):
             ng_task = self.task_index
-        return orjson.dumps(
-            {
-                **self.verified,
-                "task_index": self.task_index,
-                "rollout_index": self.rollout_index,
-                NG_TASK_INDEX: ng_task,
-                NG_ROLLOUT_INDEX: self.rollout_index,
-                "reward": self.reward,
-                "attempts": self.attempts,
-                "duration_s": round(self.duration_s, 4),
-                "finished_at": round(time.time(), 3),
-            }
-        )
+        line = {
+            **self.verified,
+            "task_index": self.task_index,
+            "rollout_index": self.rollout_index,
+            NG_TASK_INDEX: ng_task,
+            NG_ROLLOUT_INDEX: self.rollout_index,
+            "reward": self.reward,
+            "attempts": self.attempts,
+            "duration_s": round(self.duration_s, 4),
+            "finished_at": round(time.time(), 3),
+        }
+        if self.integrity is not None:
+            line[FIELD] = self.integrity.to_dict()
+            if self.integrity.masked:
+                line[MASK_SAMPLE] = True
+        return orjson.dumps(line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +170,18 @@ class FailedRollout:
 
 
 RolloutRecord = ScoredRollout | FailedRollout
+
+
+def tagged(record: RolloutRecord, mask_exploits: bool = False) -> RolloutRecord:
+    """``record`` with its integrity verdict (``rollgym.audit.scan``), masked when it is an
+    exploit and ``mask_exploits`` says so. A failure has no reward to judge; a record already
+    tagged is left as it is."""
+    if isinstance(record, FailedRollout) or record.integrity is not None:
+        return record
+    found = scan(record.verified, record.reward)
+    if mask_exploits and found.verdict == "exploit":
+        found = dataclasses.replace(found, masked=True)
+    return dataclasses.replace(record, integrity=found)
 
 
 def checked(record: RolloutRecord) -> RolloutRecord:

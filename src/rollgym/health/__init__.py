@@ -4,6 +4,7 @@ slots.py     the rows of tasks.jsonl as a byte per rollout (the ledger invariant
 turns.py     one rollout's model turns, token data and usage, read defensively
 tally.py     one streaming pass over the ledger, counted
 groups.py    each task's rewards: groups whose rewards are all equal (no signal for GRPO)
+integrity.py rollouts tagged by their integrity verdict, per policy step
 environments.py  a record's environment, read from the record and run.json
 checks.py    the checks, their default thresholds and the verdict
 run.py       check_run -> HealthReport; write_health -> DIR/health.json

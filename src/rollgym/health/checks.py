@@ -13,8 +13,9 @@ mismatches, tasks that never succeed (every repeat a failure) and tasks consiste
 ``rollout_ended_on_failed_model_call`` have no counterpart: a rollgym rollout whose model call
 failed for good is a failure record, never scored, and counted by ``failure_rate`` and
 ``failure_bursts``. Then rollgym's own: the ledger invariant, failures by server over time,
-re-tokenisation drift, retries and attempts, masked samples, and groups whose rewards are all equal
-(no gradient for GRPO: ``rollgym.health.groups``).
+re-tokenisation drift, retries and attempts, masked samples, rollouts tagged by their integrity
+verdict (``rollgym.health.integrity``), and groups whose rewards are all equal (no gradient for
+GRPO: ``rollgym.health.groups``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ SPECS: tuple[CheckSpec, ...] = (
     CheckSpec("server_retries", "rate", 0.1,
               "worst caller->server retries / calls in metrics.json (20+ calls)"),
     CheckSpec("masked_samples", "rate", 0.05, "rollouts with mask_sample: true / rollouts"),
+    # The onset of reward hacking (arXiv 2511.18397): rollgym.health.integrity.
+    CheckSpec("integrity_tagged", "rate", 0.02,
+              "rollouts whose integrity verdict is suspect or exploit / rollouts with one (run "
+              "or worst policy step of 50+)"),
     # GRPO's view: a group of equal rewards has every advantage 0 (rollgym.health.groups).
     CheckSpec("no_signal_groups", "rate", 0.5,
               "tasks whose 2+ scored rollouts all got one reward / tasks with 2+ (run or worst "

@@ -2,7 +2,8 @@
 
     tasks.jsonl (twice) ─► Slots        the rows the run asked for, a byte each
     rollouts.jsonl ──────► Tally        one streaming pass: ledger, turns, tokens, masks
-                     └──► RewardGroups  ... and each task's rewards: all equal or not
+                     ├──► RewardGroups  ... and each task's rewards: all equal or not
+                     └──► TaggedSteps   ... and integrity verdicts per policy step
     failures.jsonl ──────► Tally        ... servers, windows, attempts
     metrics.json, run.json              per-server retries; whether the run completed
     Tally ─► judge ─► HealthReport      one CheckResult per check; health.json; the table
@@ -37,6 +38,7 @@ from rollgym.health.checks import (
 )
 from rollgym.health.environments import Environments
 from rollgym.health.groups import RewardGroups
+from rollgym.health.integrity import TaggedSteps
 from rollgym.health.slots import Slots
 from rollgym.health.tally import Counted, Tally
 
@@ -104,6 +106,7 @@ def check_run(
     warnings: list[str] = []
     tally = Tally(Slots.shaped(read_ledger(files.tasks, Tolerance.TORN_LAST, [])), window_s)
     groups = RewardGroups(tally.slots, window_s, Environments(files.read_json(RUN_JSON)))
+    tagged = TaggedSteps()
     duplicate_rows, rows = Counted(), 0
     for line in read_ledger(files.tasks, Tolerance.TORN_LAST, warnings):
         rows += 1
@@ -112,6 +115,7 @@ def check_run(
     for line in read_ledger(files.rollouts, Tolerance.TORN_LAST, warnings):
         tally.rollout(line)
         groups.rollout(line)
+        tagged.rollout(line)
     for line in read_ledger(files.failures, Tolerance.TORN_LAST, warnings):
         tally.failure(line)
     state = read_state(root)
@@ -119,7 +123,9 @@ def check_run(
     if status is not None and status not in COMPLETED:
         warnings.append(f"run.json says the run is {status}: missing records are not judged")
     metrics = files.read_json(METRICS)
-    results = _judged(tally, rows, duplicate_rows, status, metrics, limits, frozenset(skip), groups)
+    results = _judged(
+        tally, rows, duplicate_rows, status, metrics, limits, frozenset(skip), groups, tagged
+    )
     return HealthReport(
         root, status, rows, tally.rollouts, tally.failures, tuple(warnings), tuple(results)
     )
@@ -134,6 +140,7 @@ def _judged(
     limits: dict[str, float],
     skip: frozenset[str],
     groups: RewardGroups,
+    tagged: TaggedSteps,
 ) -> list[CheckResult]:
     records = t.rollouts + t.failures
     missing = Counted()
@@ -180,6 +187,7 @@ def _judged(
         "rollout_attempts": (t.attempts.count, records, t.attempts.examples, {}, True),
         "server_retries": (retries, calls, [], retry_detail, True),
         "masked_samples": (t.masked.count, t.rollouts, t.masked.examples, {}, True),
+        "integrity_tagged": (*tagged.judged(), True),
         "no_signal_groups": (*groups.judged(), True),
     }  # fmt: skip
     out = []

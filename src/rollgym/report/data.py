@@ -7,6 +7,8 @@ for the counters no record holds: HTTP retries, breaker rejections, circuit hold
 A masked rollout (``mask_sample: true``: its reward is no measurement) is counted apart, in
 ``masked``: it is no scored rollout, so its reward is in no statistic, its task's pass rate or
 pass@k; its timings are kept (it ran).
+
+Each record's integrity verdict (``rollgym.audit.scan``) is counted in ``integrity``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rollgym.collect.layout import METRICS, RUN_JSON, RunDir, open_run_file
-from rollgym.collect.metrics import CauseCounts, TaskTable, pass_at_ks
+from rollgym.collect.metrics import CauseCounts, IntegrityCounts, TaskTable, pass_at_ks
 from rollgym.collect.rundir import read_state
 from rollgym.errors import RollgymError, root_cause, root_record
 from rollgym.protocol import is_masked
@@ -142,6 +144,8 @@ class RunData:
     timed: int = 0
     """Recorded rollouts that carry per-hop timing (runs made before it have none)."""
     failures: Failures = field(default_factory=Failures)
+    integrity: IntegrityCounts = field(default_factory=IntegrityCounts)
+    """Recorded rollouts by integrity verdict."""
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -212,6 +216,7 @@ def _read_rollouts(run: RunData, files: RunDir) -> None:
         _add(run.durations, rec.get("duration_s", 0.0))
         attempts = rec.get("attempts", 1)
         run.retried += isinstance(attempts, int) and not isinstance(attempts, bool) and attempts > 1
+        run.integrity.add(rec)
         slot = run.tasks.slot(rec["task_index"])
         table = run.tasks.table
         if is_masked(rec):

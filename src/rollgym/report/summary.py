@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Any
 
-from rollgym.collect.metrics import CauseCounts
+from rollgym.collect.metrics import CauseCounts, IntegrityCounts
 from rollgym.report.data import RunData
 
 HARDEST = 15
@@ -74,12 +75,28 @@ def headline(run: RunData) -> dict[str, str]:
         "pass@1": f"{curve[1]:.4f}" if curve else "-",
         f"pass@{kmax}": f"{curve[kmax]:.4f}" if kmax > 1 else "-",
         "failures": run.failures.causes.describe(limit=3) or "none",
+        "integrity": tagged(run.integrity),
         "hop p50 (ms)": ", ".join(f"{h} {_median(v) * 1000:.1f}" for h, v in hops.items())
         or "no per-hop timing",
     }
 
 
-ENV_HEADER = ("environment", "ok", "failed", "reward mean", "pass@1", "failures")
+def tagged(counts: IntegrityCounts) -> str:
+    """``3 tagged of 96 (3.1%): 1 exploit, 2 suspect``: the rollouts tagged by their integrity
+    verdict (``rollgym.audit.scan``)."""
+    rate = counts.rate()
+    if rate is None:
+        return "no verdicts"
+    kinds = ", ".join(
+        f"{counts.verdicts[v]} {v}" for v in ("exploit", "suspect") if counts.verdicts[v]
+    )
+    masked = f", {counts.masked} masked" if counts.masked else ""
+    return f"{counts.tagged} tagged of {counts.rollouts} ({rate:.1%})" + (
+        f": {kinds}{masked}" if kinds else ""
+    )
+
+
+ENV_HEADER = ("environment", "ok", "failed", "reward mean", "pass@1", "failures", "tagged")
 
 
 def environments(run: RunData) -> list[tuple[str, ...]]:
@@ -88,6 +105,9 @@ def environments(run: RunData) -> list[tuple[str, ...]]:
     by_env = run.metrics.get("by_environment")
     if not isinstance(by_env, dict):
         return []
+    integrity = run.metrics.get("integrity")
+    verdicts = integrity.get("by_environment") if isinstance(integrity, dict) else None
+    verdicts = verdicts if isinstance(verdicts, dict) else {}
     rows: list[tuple[str, ...]] = []
     for name, env in sorted(by_env.items()):
         if not isinstance(env, dict):
@@ -108,9 +128,18 @@ def environments(run: RunData) -> list[tuple[str, ...]]:
                 "-" if mean is None else f"{mean:.4f}",
                 "-" if p1 is None else f"{p1:.4f}",
                 failures.describe() or "none",
+                _tagged_share(verdicts.get(name)),
             )
         )
     return rows
+
+
+def _tagged_share(counts: Any) -> str:
+    """An environment's tagged share, from ``metrics.json``'s ``integrity.by_environment``."""
+    rate = counts.get("rate") if isinstance(counts, dict) else None
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+        return "-"
+    return f"{rate:.1%} of {counts.get('rollouts')}"
 
 
 def _median(values: object) -> float:

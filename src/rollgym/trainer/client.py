@@ -23,6 +23,7 @@ from rollgym.collect.records import (
     RolloutItem,
     RolloutRecord,
     checked,
+    tagged,
 )
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.config import RetryPolicy, kind_defaults
@@ -124,8 +125,9 @@ class RolloutClient:
             RolloutPolicy(rollout_timeout, attempts),
             dialects=Dialects(ROW_DIALECTS),
         )
-        # No recorder on this path: the record is checked here as the recorder checks it.
-        return checked(await runner.run(_item(row, task_index, rollout_index, self.target.name)))
+        # No recorder on this path: the record is checked and tagged here as the recorder does.
+        ran = await runner.run(_item(row, task_index, rollout_index, self.target.name))
+        return tagged(checked(ran))
 
     async def collect(
         self,
