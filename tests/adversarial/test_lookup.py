@@ -87,6 +87,8 @@ async def _verify(
         (MAYOR, ", ".join(str(v) for k, v in TOWNS["Tallowmere"].items() if k != "kind")),
         (REGION, ", ".join(str(v) for k, v in TOWNS["Serrowby"].items() if k != "kind")),
         (PRICE, ", ".join(str(v) for k, v in PRODUCTS["QX-4471"].items() if k != "kind")),
+        # Twice over: the asked value comes again, but not after the others.
+        (POPULATION, "; ".join([", ".join(str(v) for v in TOWNS["Brackenholt"].values())] * 2)),
     ],
 )
 async def test_an_answer_listing_candidates_scores_0(
@@ -113,6 +115,7 @@ async def test_an_answer_listing_candidates_scores_0(
         (_row("Who is the mayor of the town where LM-3310 is warehoused?", "Lucan Trevis",
               "LM-3310", "Quillon"),
          "LM-3310 is stocked in Quillon, whose mayor is Lucan Trevis."),
+        (POPULATION, f"The entry says {TOWNS['Brackenholt']}, so the answer is 48213."),
     ],
 )  # fmt: skip
 async def test_an_answer_that_explains_itself_still_scores(

@@ -10,8 +10,9 @@ turns it into the run's tool-call rate.
 Answers are model output, and a policy will try the cheap way to "contain" the value: list many
 of them. An answer that also names another registry value of the same kind as the expected one
 (another town's population, another mayor) scores 0 with ``reason`` ``several_candidates``;
-so does one naming values of ``LIST_FIELDS`` other fields (an entry's every field at once pays
-for whichever was asked), while one that explains itself with one or two still scores.
+so does one naming values of ``LIST_FIELDS`` other fields without concluding on the asked one
+(an entry's every field at once would pay for whichever was asked), while one that explains
+itself with one or two, or quotes the entry and then concludes, still scores.
 A comparison names its candidates in the question ("Velmora or Serrowby?"); there an answer must
 choose: the first candidate it names is its choice, and the others may appear only as what it
 is set against ("... than Serrowby", "compared to Serrowby", "not Serrowby", "while Serrowby
@@ -98,21 +99,30 @@ def rival_values(expected: str, question: str) -> tuple[set[str], set[str]]:
 
 LIST_FIELDS = 3
 """An answer naming values of this many other fields (besides the one asked, and what the
-question names) is a list of the registry, not an answer: an entry's every field given at once
-pays for whichever one was asked. An answer that explains itself names one or two."""
+question names) lists the registry: an entry's every field given at once would pay for
+whichever one was asked. It is an answer only if it then concludes: names the asked value
+again, after every other one ("The entry says {...}, so the answer is 1608")."""
 
 
-def other_fields_named(normalized_text: str, wanted: str, question: str) -> int:
-    """How many registry fields other than ``wanted``'s the text names a value of (values the
-    question names left out)."""
+def lists_fields(normalized_text: str, wanted: str, question: str) -> bool:
+    """Whether the text names values of ``LIST_FIELDS`` registry fields other than
+    ``wanted``'s (values the question names left out) without concluding on ``wanted``."""
     asked = normalize(question)
-    fields = set()
+    fields: set[str] = set()
+    last_other = -1
     for (_kind, field), values in _values_by_field().items():
         if wanted in values:
             continue
-        if any(_contains(normalized_text, v) and not _contains(asked, v) for v in values):
-            fields.add(field)
-    return len(fields)
+        for value in values:
+            if _contains(asked, value):
+                continue
+            if at := _mentions(normalized_text, value):
+                fields.add(field)
+                last_other = max(last_other, at[-1])
+    if len(fields) < LIST_FIELDS:
+        return False
+    mentions = _mentions(normalized_text, wanted)
+    return len(mentions) < 2 or mentions[-1] < last_other
 
 
 def chooses(normalized_text: str, wanted: str, candidates: set[str]) -> bool:
@@ -187,7 +197,7 @@ class LookupEnv(ResourcesServer):
         if (
             any(_contains(text, v) for v in others)
             or not chooses(text, wanted, candidates)
-            or other_fields_named(text, wanted, _question(task)) >= LIST_FIELDS
+            or lists_fields(text, wanted, _question(task))
         ):
             return {**scores, "reason": "several_candidates"}
         sourced = {normalize(str(v)) for entry in found for v in entry.values()}
