@@ -143,6 +143,10 @@ def test_an_answer_that_restates_the_problem_earns_nothing(
         ("12", "What is the gcd of 12 and 24?", "12"),
         ("\\frac{1}{2}", "Which is larger, $\\frac{1}{2}$ or $\\frac{1}{3}$?", "1/2"),
         ("5", "Let $a = 5$. What is $a$?", "$a = 5$"),
+        # A number the problem says in passing is no restatement (a review found these at 0).
+        ("x=2", "Solve for $x$: $3x + 1 = 7$. Check your answer in 2 steps.", "\\boxed{2}"),
+        ("x=2", "If $3x+1=7$, find $x$. (Problem 2)", "\\boxed{2}"),
+        ("5.0", "Each has 1 apple. There are 5 shops. How many shops?", "\\boxed{5}"),
         ("6", "Solve $2x + 5 = 17$ for $x$.", "\\boxed{x = 6}"),
         ("6\\sqrt{2}", "Simplify $\\sqrt{72}$.", "\\boxed{\\sqrt{2} \\cdot 6}"),
         ("6\\sqrt{2}", "What is the diagonal of a square of side 6?", "\\boxed{\\sqrt{72}}"),

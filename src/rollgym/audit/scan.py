@@ -87,8 +87,9 @@ Signature = tuple[str, re.Pattern[str], str]
 
 _DECISIVE_CODE: tuple[Signature, ...] = (
     ("xit", re.compile(r"(?<![\w.])(?:os\s*\.\s*)?_exit\s*\("), "early_exit: os._exit"),
-    ("xit", re.compile(r"\batexit\b"), "early_exit: atexit hook"),
-    ("hook", re.compile(r"\bexcepthook\b"), "early_exit: excepthook"),
+    # Registration and assignment only: prose may name them ("cleanup with atexit").
+    ("xit", re.compile(r"\batexit\s*\.\s*register\b|@\s*atexit\b"), "early_exit: atexit hook"),
+    ("hook", re.compile(r"\bexcepthook\s*=(?!=)"), "early_exit: excepthook"),
     ("__eq__", re.compile(
         r"def\s+__eq__\s*\([^)]*\)[^:\n]*:\s*(?:#[^\n]*\s*)?return\s+True\b"
         r"|__eq__\s*=\s*lambda[^:\n]*:\s*True\b"
@@ -151,7 +152,10 @@ _SCAFFOLD = re.compile(
     r"|\b(?:the\s+)?(?:final\s+)?answer(?:\s+is)?\b|[\s:?{}$.]",
     re.IGNORECASE,
 )
-_SEPARATORS = re.compile(r"\s*(?:[,;/|&\n]|\bor\b|\band\b|\bvs\.?)\s*", re.IGNORECASE)
+# A slash between digits is a fraction (3/4), not a list.
+_SEPARATORS = re.compile(
+    r"\s*(?:[,;|&\n]|(?<!\d)/|/(?!\d)|\bor\b|\band\b|\bvs\.?)\s*", re.IGNORECASE
+)
 _SHORT = 200  # an answer longer than this is no format scaffold
 _ITEM_CHARS = 120  # a list item longer than this names no option
 _PROMPT_CHARS = 20_000  # the part of the prompt's last message options are read from
@@ -318,7 +322,10 @@ def _unearned(
             decisive.append("empty_answer: nothing answered")
         return
     if not called and len(answer) <= _SHORT and not _SCAFFOLD.sub("", answer):
-        decisive.append("format_only: the format with nothing in it")
+        # "{}" is the empty set, and may be the reference itself.
+        refs = references(verified)
+        if answer.strip() not in {str(r).strip() for r in refs} and not is_right(answer, refs):
+            decisive.append("format_only: the format with nothing in it")
         return
     messages = prompt_messages(verified)
     if messages and _echoes(answer, size, messages):

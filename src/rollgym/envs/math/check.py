@@ -111,12 +111,15 @@ def restates_problem(predicted: list[Any], gold: list[Any], problem: str) -> boo
     stated = problem_expressions(problem)
     if not stated:
         return False
-    forms = {expression_key(e) for e in _expressions(predicted)}
-    for e in _expressions(predicted):
-        if _is_assignment(e):
-            forms.add(expression_key(e.rhs))
-    gold_forms = {expression_key(e) for e in _expressions(gold)}
-    return bool(forms & stated) and not forms & gold_forms
+    forms = _forms(predicted)
+    return bool(forms & stated) and not forms & _forms(gold)
+
+
+def _forms(parsed: list[Any]) -> set[str]:
+    """The keys of what math-verify read, with the right side of each equation."""
+    expressions = _expressions(parsed)
+    rhs = [e.rhs for e in expressions if _is_assignment(e)]
+    return {expression_key(e) for e in [*expressions, *rhs]}
 
 
 _SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
@@ -131,7 +134,8 @@ _PLAIN = re.compile(
 def problem_expressions(problem: str) -> frozenset[str]:
     """The keys (``expression_key``) of the expressions ``problem`` states: each math span and
     each expression written outside one (the first ``PROBLEM_SPANS`` of them), and what
-    math-verify reads in the whole problem (what an answer that echoes it is read as)."""
+    math-verify reads in the whole problem (what an answer that echoes it is read as) unless
+    that is a bare number or symbol."""
     if not problem.strip():
         return frozenset()
     parse, _, _, answer_targets = _math_verify()
@@ -144,7 +148,12 @@ def problem_expressions(problem: str) -> frozenset[str]:
             parsed = parse(text, answer_targets, parsing_timeout=PARSE_TIMEOUT_S)
         except Exception:  # a span math-verify cannot read states no expression
             continue
-        keys.update(expression_key(e) for e in _expressions(parsed))
+        found = _expressions(parsed)
+        if text is problem:
+            # Read from the whole text, a bare number is one said in passing ("in 2 steps",
+            # "5 shops"), not an expression the problem states; an echo is read as compound.
+            found = [e for e in found if not getattr(e, "is_Atom", False)]
+        keys.update(expression_key(e) for e in found)
     return frozenset(keys)
 
 

@@ -41,13 +41,15 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from rollgym.collect.dialect import Dialects
 from rollgym.collect.dispatch import LocalDispatcher, Runner
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.recorder import Recorder
-from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord
+from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, checked, tagged
 from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.collect.route import AgentRoute
 from rollgym.config import Config
+from rollgym.dialects import ROW_DIALECTS
 from rollgym.errors import ConfigError, RollgymError, RunAborted, WaitedTooLong
 from rollgym.http import HttpClient, Target
 from rollgym.integrations.nemo_rl.plan import RollgymCompatWarning
@@ -55,6 +57,7 @@ from rollgym.integrations.nemo_rl.results import failed_result, has_token_data, 
 from rollgym.integrations.nemo_rl.stack import Layout
 from rollgym.models.tokens import tokenize_request
 from rollgym.models.translate import responses_to_chat
+from rollgym.wire import MASK_SAMPLE
 
 OnFailure = Literal["mask", "raise"]
 STAMPED = ("task_index", "rollout_index")
@@ -180,12 +183,14 @@ class Batch:
             cfg.max_failures, cfg.max_failure_rate, cfg.min_failure_samples,
             cfg.config_error_window,
         ).for_concurrency(self.concurrency)  # fmt: skip
-        recorder = Recorder(_Sink(self), FailureBudget(rules))
+        recorder = Recorder(_Sink(self), FailureBudget(rules), mask_exploits=cfg.mask_exploits)
+        dialects = Dialects(ROW_DIALECTS)
 
         def runner(
             client: HttpClient, targets: dict[str, Target], policy: RolloutPolicy, stop: Any
         ) -> Runner:
-            return _BatchRunner(RolloutRunner(client, targets, policy, stopping=stop), self)
+            inner = RolloutRunner(client, targets, policy, stopping=stop, dialects=dialects)
+            return _BatchRunner(inner, self, cfg.mask_exploits)
 
         dispatcher = LocalDispatcher(RolloutPolicy.from_collect(cfg), self.concurrency,
                                      runner=runner)  # fmt: skip
@@ -232,7 +237,8 @@ class Batch:
     async def result_of(self, record: RolloutRecord, item: RolloutItem) -> dict[str, Any]:
         row = self.rows[item.task_index]
         if record.ok:
-            result = scored_result(record.verified, row, STAMPED)
+            verified = {**record.verified, MASK_SAMPLE: True} if record.masked else record.verified
+            result = scored_result(verified, row, STAMPED)
             if not has_token_data(result):
                 self.warn_tokens()
             return result
@@ -291,9 +297,10 @@ class _BatchRunner:
     """The rollout core for one batch: the semaphore and the drain check around each rollout,
     and its result handed to the batch as soon as it is made."""
 
-    def __init__(self, inner: RolloutRunner, batch: Batch) -> None:
+    def __init__(self, inner: RolloutRunner, batch: Batch, mask_exploits: bool = False) -> None:
         self.inner = inner
         self.batch = batch
+        self.mask_exploits = mask_exploits
 
     @property
     def on_hold(self) -> Any:
@@ -332,7 +339,9 @@ class _BatchRunner:
                 batch.deliver(item.task_index, failed_result(row, err, 0, None, drained=True))
                 return FailedRollout(item.task_index, item.rollout_index, err, 0, 0.0)
             started = time.monotonic()
-            record = await self.inner.run(item)
+            # Its integrity verdict (and mask) before NeMo RL sees it: the result is made here,
+            # ahead of the recorder, which leaves a tagged record as it is.
+            record = tagged(checked(await self.inner.run(item)), self.mask_exploits)
             if record.ok:
                 batch.tracker.record(time.monotonic() - started)
         if not record.ok and batch.on_failure == "raise":
