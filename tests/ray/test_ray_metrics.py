@@ -23,7 +23,10 @@ from tests.support.ledger import ledger_counts
 from tests.support.stack import stack_config, write_tasks
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(180)
+# Above the sum of the bounded waits inside (120 s for the targets, 120 s for every slot to
+# wait, 120 s for a killed worker's restart, then the run): on a busy machine a Ray worker's
+# restart alone has taken most of a minute.
+pytestmark = pytest.mark.timeout(480)
 
 CONCURRENCY = 8
 
