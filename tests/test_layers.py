@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
       "version")),
     ("config and protocol", ("config", "protocol", "control_token")),
     ("http, and monitoring as leaves", ("http", "tracing", "prometheus")),
-    ("servers and processes", ("server", "launch", "chaos")),
+    ("servers, processes and containers", ("server", "launch", "chaos", "containers")),
     ("models, agents, environments", ("models", "agents", "envs")),
     ("collection and reading a run", ("collect", "health", "report", "reverify", "audit")),
     ("trainer API, Ray, dialects", ("trainer", "ray", "check", "nemo_gym", "openenv", "dialects")),

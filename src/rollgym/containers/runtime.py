@@ -1,0 +1,123 @@
+"""What a rollout's container can do, whoever runs it.
+
+The seam is two Protocols: a ``Runtime`` makes containers, a ``Container`` runs commands in one,
+copies files in and out, snapshots itself into an image and goes away. podman is the local
+provider (``containers/podman.py``); E2B, Modal, Daytona or a Kubernetes sandbox would each be
+one module implementing the same two Protocols. Every call has a deadline and every output a
+bound: a container is run by code the policy wrote, so nothing it prints or does may hang or
+flood the collector.
+
+Every container carries a ``Lease`` (its run, the pid of the process that owns it, a deadline)
+as labels, so a reaper started later, by any process, can tell what is orphaned
+(``containers/lease.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one container may use. ``network`` is off unless a task allows it."""
+
+    cpus: float = 1.0
+    memory_mb: int = 1024
+    pids: int = 256
+    disk_mb: int | None = None
+    network: bool = False
+    nofile: int = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Who a container belongs to, written on it as labels: a reaper removes it when ``owner_pid``
+    is gone (on this host) or ``deadline`` (Unix time) has passed."""
+
+    run: str
+    owner_pid: int
+    deadline: float
+    host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """One command's outcome. ``exit_code`` is None when it was killed at its deadline
+    (``timed_out``); ``truncated`` says output past the bound was dropped."""
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool = False
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """How to start a container: its image, limits, lease and the rest of its setting."""
+
+    image: str
+    limits: Limits
+    lease: Lease
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Container(Protocol):
+    """One running container."""
+
+    @property
+    def id(self) -> str: ...
+
+    async def exec(
+        self,
+        command: list[str] | str,
+        *,
+        timeout: float,
+        max_output: int = 65536,
+        stdin: bytes | None = None,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """Run ``command`` (a string runs under ``sh -c``); kill it at ``timeout`` seconds."""
+        ...
+
+    async def put(self, source: Path, dest: str, *, timeout: float) -> None:
+        """Copy a host file or directory into the container at ``dest``."""
+        ...
+
+    async def get(self, source: str, dest: Path, *, timeout: float) -> None:
+        """Copy ``source`` out of the container to the host path ``dest``."""
+        ...
+
+    async def snapshot(self, *, timeout: float) -> str:
+        """An image of this container's filesystem as it is now (its changes over its image);
+        the verifier's fresh container starts from it."""
+        ...
+
+    async def stop_processes(self, *, timeout: float) -> None:
+        """End every process in the container (the agent phase is over)."""
+        ...
+
+    async def destroy(self) -> None:
+        """Remove the container; never raises for one already gone."""
+        ...
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """A provider of containers."""
+
+    name: str
+
+    async def create(self, spec: Spec, *, timeout: float) -> Container: ...
+
+    async def reap(self, *, now: float | None = None) -> list[str]:
+        """Remove every container and image of this provider whose lease has no live owner or
+        is past its deadline; return their ids."""
+        ...
