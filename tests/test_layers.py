@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("http, and monitoring as leaves", ("http", "tracing", "prometheus")),
     ("servers, processes and containers", ("server", "launch", "chaos", "containers")),
     ("models, agents, environments", ("models", "agents", "envs")),
-    ("collection and reading a run", ("collect", "health", "report", "reverify", "audit")),
+    ("collection and reading a run", ("collect", "health", "report", "reverify", "replay", "audit")),
     ("trainer API, Ray, dialects", ("trainer", "ray", "check", "nemo_gym", "openenv", "dialects")),
     ("integrations", ("integrations", "serving", "testing")),
     ("command line", ("cli", "__main__")),

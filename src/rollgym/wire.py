@@ -66,6 +66,10 @@ NG_ROLLOUT_INDEX = "_ng_rollout_index"
 INDEX_FIELDS = frozenset({"task_index", "rollout_index", NG_TASK_INDEX, NG_ROLLOUT_INDEX})
 """A rollout's indices, in both spellings a task row may use: never metrics."""
 
+PARENT_FIELD = "rollgym_parent"
+"""On a task row (and so on its record) of a ``rollgym replay`` run: the recorded rollout it
+replays or forks, ``{"run", "rollout", "fork_at"}`` (``fork_at`` null for a plain replay)."""
+
 TERMINAL = "terminal"
 FAILURE_KIND = "failure_kind"
 STAGE = "stage"
@@ -175,6 +179,7 @@ __all__ = [
     "HEADER_OLDEST_VERSION",
     "HEADER_ROLLOUT",
     "INDEX_FIELDS",
+    "PARENT_FIELD",
     "LAYOUT_PATH",
     "MASK_REASON",
     "MASK_SAMPLE",

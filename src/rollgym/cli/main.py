@@ -55,6 +55,7 @@ def _register() -> None:
         chaos,
         check,
         health,
+        replay,
         report,
         reverify,
         run,
@@ -71,6 +72,7 @@ def _register() -> None:
     audit.register(app)
     report.register(app)
     reverify.register(app)
+    replay.register(app)
     serve_model.register(app)
     serve_openenv.register(app)
     health.register(app)

@@ -32,7 +32,7 @@ from rollgym.collect.dialect import Dialects, RowCheck
 from rollgym.collect.layout import LINE_LIMIT, open_run_file, raw_lines
 from rollgym.collect.route import BY_AGENT, AgentRoute
 from rollgym.errors import InputError
-from rollgym.wire import NG_ROLLOUT_INDEX, NG_TASK_INDEX
+from rollgym.wire import NG_ROLLOUT_INDEX, NG_TASK_INDEX, PARENT_FIELD
 
 ROLLGYM_ROW_FIELDS = frozenset(
     {
@@ -43,6 +43,7 @@ ROLLGYM_ROW_FIELDS = frozenset(
         NG_TASK_INDEX,
         "rollgym_check",  # reference and wrong answers for `rollgym check`
         NG_ROLLOUT_INDEX,
+        PARENT_FIELD,  # a replay's row: the recorded rollout it replays (rollgym replay)
     }
 )
 """Top-level row fields rollgym itself reads; any other is the servers' (``row_fields``)."""
