@@ -44,7 +44,7 @@ async def original(env: str, out: Path, rollouts: int, latency: float, conc: int
     tasks = folder / "data" / "example.jsonl"
     n = sum(1 for line in tasks.read_bytes().splitlines() if line.strip())
     repeats = max(1, -(-rollouts // n))
-    limit = max(1, rollouts // repeats)
+    limit = min(n, -(-rollouts // repeats))  # limit x repeats: the share, or a few more
     collect = cfg.collect.model_copy(
         update={"repeats": repeats, "limit": limit, "concurrency": conc}
     )
@@ -75,8 +75,14 @@ async def main(args: argparse.Namespace) -> None:
             orig = await original(env, src, share, args.latency, args.concurrency)
             orig_all = time.monotonic() - t0
             t0 = time.monotonic()
-            _, report = await replay(src, dst, concurrency=args.concurrency, progress=False,
-                                     agent_dialects=SERVER_DIALECTS, dialects=ROW_DIALECTS)
+            _, report = await replay(
+                src,
+                dst,
+                concurrency=args.concurrency,
+                progress=False,
+                agent_dialects=SERVER_DIALECTS,
+                dialects=ROW_DIALECTS,
+            )
             replay_all = time.monotonic() - t0
             rep = _dispatch_s(dst)
             n = len(report.rollouts)

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
         TaskGroup,
         collect_batch,
         collect_batch_sync,
+        fork,
+        fork_sync,
         plain_error,
     )
 
@@ -68,6 +70,8 @@ _HOMES = {
     "TaskGroup": "rollgym.trainer",
     "collect_batch": "rollgym.trainer",
     "collect_batch_sync": "rollgym.trainer",
+    "fork": "rollgym.trainer",
+    "fork_sync": "rollgym.trainer",
     "plain_error": "rollgym.trainer",
     # what a rollout ends as
     "FailedRollout": "rollgym.collect.records",
@@ -135,6 +139,8 @@ __all__ = [
     "__version__",
     "collect_batch",
     "collect_batch_sync",
+    "fork",
+    "fork_sync",
     "plain_error",
     "serve_config",
     "tool",

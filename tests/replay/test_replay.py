@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from rollgym.config import parse_config
 from rollgym.errors import ConfigError
 from rollgym.replay import first_divergence, replay, replay_config
-from rollgym.config import parse_config
 from tests.replay.support import record, script_row, write_config, write_rows
 
 pytestmark = pytest.mark.timeout(180)
@@ -54,7 +54,7 @@ def test_nondeterminism_is_located_to_its_turn(tmp_path: Path) -> None:
     entries = {r.rollout: r for r in report.rollouts}
     assert len(entries) == len(cases) + len(stable_rows)
     located = 0
-    for i, (calls, turn) in enumerate(cases):
+    for i, (_, turn) in enumerate(cases):
         d = entries[f"{i}:0"].divergence
         if d is not None and d.turn == turn and d.field == "tool output":
             located += 1
@@ -118,7 +118,10 @@ def test_bundled_environment_replays_identically_and_a_fork_keeps_its_prefix(
     tmp_path: Path,
 ) -> None:
     root = Path(__file__).resolve().parents[2] / "src" / "rollgym" / "envs"
-    rows = [orjson.loads(line) for line in (root / "lookup/data/example.jsonl").read_bytes().splitlines()[:6]]
+    rows = [
+        orjson.loads(line)
+        for line in (root / "lookup/data/example.jsonl").read_bytes().splitlines()[:6]
+    ]
     tasks = write_rows(tmp_path / "tasks.jsonl", rows)
     cfg = write_config(tmp_path / "config.yaml", "lookup", repeats=3)
     source = tmp_path / "run"

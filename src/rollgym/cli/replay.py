@@ -110,11 +110,18 @@ def print_report(report: dict[str, Any], path: Path) -> None:
     env = report.get("environment") or {}
     if env.get("differs"):
         for line in (env.get("fingerprint_changes") or {}).items():
-            console.print(f"environment differs from the recorded one: {line[0]}: {', '.join(line[1])}", highlight=False)
+            console.print(
+                f"environment differs from the recorded one: {line[0]}: {', '.join(line[1])}",
+                highlight=False,
+            )
         for line in env.get("code_changes") or []:
-            console.print(f"environment code differs from the recorded one: {line}", highlight=False)
+            console.print(
+                f"environment code differs from the recorded one: {line}", highlight=False
+            )
     elif env.get("fingerprints") == "unknown":
-        console.print("environment: the recorded run carries no fingerprint to compare", highlight=False)
+        console.print(
+            "environment: the recorded run carries no fingerprint to compare", highlight=False
+        )
     console.print(f"report: {path}", highlight=False)
 
 

@@ -27,7 +27,7 @@ from rollgym.collect.launchers import RunAgents, local_launcher
 from rollgym.collect.layout import RunDir
 from rollgym.collect.orchestrate import run_collection
 from rollgym.collect.rundir import RunOutcome, write_json
-from rollgym.config import CollectConfig, Config, ServerConfig, parse_config
+from rollgym.config import Config, ServerConfig, parse_config
 from rollgym.errors import ConfigError, root_record
 from rollgym.replay.compare import Divergence, first_divergence
 from rollgym.replay.model import ReplayModel
@@ -153,6 +153,7 @@ async def replay(
     sample: int | None = None,
     seed: int = 0,
     fork_at: int | None = None,
+    copies: int = 1,
     concurrency: int | None = None,
     progress: bool = True,
     log_level: str = "WARNING",
@@ -160,25 +161,17 @@ async def replay(
     dialects: Iterable[Any] = (),
 ) -> tuple[RunOutcome, ReplayReport]:
     """Replay ``source``'s rollouts (all, the ids ``rollouts``, or ``sample`` of them) into
-    ``output``; with ``fork_at``, fork each at that turn onto ``config``'s live model. Write
-    and return the report (``output/replay.json``) with the replay run's outcome."""
-    files = RunDir(source)
-    if not files.tasks.exists():
-        raise ConfigError(f"{source}: not a run directory (no tasks.jsonl)")
-    if source.resolve() == output.resolve():
-        raise ConfigError(f"--output {output}: must differ from the run being replayed")
-    if fork_at is not None and fork_at < 0:
-        raise ConfigError(f"--fork-at {fork_at}: must be a turn index >= 0")
-    if RunDir(output).rollouts.exists():
-        raise ConfigError(f"--output {output}: holds a run already; replay into a new directory")
+    ``output``; with ``fork_at``, fork each at that turn onto ``config``'s live model (``copies``
+    times: several continuations of one prefix). Write and return the report
+    (``output/replay.json``) with the replay run's outcome."""
+    output = _check(source, output, fork_at)
     base = config if config is not None else recorded_config(source)
     recorded = RecordedRun(source)
     try:
-        keys = select(recorded, source, rollouts, sample, seed)
-        output.mkdir(parents=True, exist_ok=True)
-        mismatches = output / MISMATCH_LOG
+        keys = [key for key in select(recorded, source, rollouts, sample, seed)
+                for _ in range(max(1, copies))]  # fmt: skip
         cfg, replaced = replay_config(
-            base, (output / PLAN_FILE).resolve(), mismatches.resolve(), fork=fork_at is not None
+            base, output / PLAN_FILE, output / MISMATCH_LOG, fork=fork_at is not None
         )
         collect = cfg.collect.model_copy(
             update={
@@ -199,6 +192,20 @@ async def replay(
     report.environment = environment_change(source, output, replaced)
     write_json(output / REPORT_FILE, report.to_dict())
     return outcome, report
+
+
+def _check(source: Path, output: Path, fork_at: int | None) -> Path:
+    """Usage errors before anything is written; ``output`` made absolute (the replay model
+    runs in a process of its own)."""
+    if not RunDir(source).tasks.exists():
+        raise ConfigError(f"{source}: not a run directory (no tasks.jsonl)")
+    if source.resolve() == output.resolve():
+        raise ConfigError(f"--output {output}: must differ from the run being replayed")
+    if fork_at is not None and fork_at < 0:
+        raise ConfigError(f"--fork-at {fork_at}: must be a turn index >= 0")
+    if RunDir(output).rollouts.exists():
+        raise ConfigError(f"--output {output}: holds a run already; replay into a new directory")
+    return output.resolve()
 
 
 def compare_run(

@@ -47,9 +47,7 @@ class Divergence:
 
 
 def _volatile(key: str) -> bool:
-    return (
-        key in VOLATILE or key.startswith(VOLATILE_PREFIXES) or key.endswith(VOLATILE_SUFFIXES)
-    )
+    return key in VOLATILE or key.startswith(VOLATILE_PREFIXES) or key.endswith(VOLATILE_SUFFIXES)
 
 
 def _output(record: dict[str, Any]) -> Any:
@@ -100,9 +98,7 @@ def first_divergence(
         if _volatile(key):
             continue
         if recorded.get(key) != replayed.get(key):
-            return Divergence(
-                len(old), "verifier field", recorded.get(key), replayed.get(key), key
-            )
+            return Divergence(len(old), "verifier field", recorded.get(key), replayed.get(key), key)
     return None
 
 

@@ -101,7 +101,12 @@ class ReplayModel(ModelServer):
 
     async def _chat(self, body: Any, call: Call) -> Any:
         # Every rollgym agent calls /v1/responses; a record holds Responses API items only.
-        self._note(call.rollout, None, None, "chat completions asked: the record holds Responses API output")
+        self._note(
+            call.rollout,
+            None,
+            None,
+            "chat completions asked: the record holds Responses API output",
+        )
         raise InvalidRequest("the replay model answers /v1/responses only", status=MISMATCH_STATUS)
 
     async def _no(self, body: Any, call: Call) -> Any:
@@ -126,9 +131,7 @@ class ReplayModel(ModelServer):
         if turn >= len(entry.turns):
             why = f"asked for turn {turn}; the record has {len(entry.turns)} model turns"
             self._note(rollout, entry.parent, turn, why)
-            raise InvalidRequest(
-                f"replay: rollout {entry.parent} {why}", status=MISMATCH_STATUS
-            )
+            raise InvalidRequest(f"replay: rollout {entry.parent} {why}", status=MISMATCH_STATUS)
         return {
             **entry.shell,
             "id": f"resp_replay_{os.urandom(8).hex()}",

@@ -47,8 +47,11 @@ class PlanEntry:
     """The recorded response without its output: what each served turn is wrapped in."""
 
     @classmethod
-    def of(cls, rollout: str, parent: str, record: dict[str, Any], fork_at: int | None) -> PlanEntry:
-        response = record.get("response") if isinstance(record.get("response"), dict) else {}
+    def of(
+        cls, rollout: str, parent: str, record: dict[str, Any], fork_at: int | None
+    ) -> PlanEntry:
+        got = record.get("response")
+        response: dict[str, Any] = got if isinstance(got, dict) else {}
         _, turns = split_turns(response.get("output"))
         params = record.get("responses_create_params") or {}
         prompt = params.get("input") if isinstance(params, dict) else None
@@ -56,9 +59,7 @@ class PlanEntry:
             k: v for k, v in response.items()
             if k not in ("output", "usage", "rollgym_upstream")
         }  # fmt: skip
-        return cls(
-            rollout, parent, [t.model for t in turns], model_turns(prompt), fork_at, shell
-        )
+        return cls(rollout, parent, [t.model for t in turns], model_turns(prompt), fork_at, shell)
 
     def to_line(self) -> bytes:
         return orjson.dumps(asdict(self)) + b"\n"

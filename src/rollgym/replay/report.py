@@ -89,7 +89,9 @@ def environment_change(source: Path, output: Path, replaced: set[str]) -> dict[s
         if changed:
             out["fingerprint_changes"] = changed
     else:
-        out["fingerprints"] = "unknown" if not isinstance(fa, dict) else "not recorded by the replay"
+        out["fingerprints"] = (
+            "unknown" if not isinstance(fa, dict) else "not recorded by the replay"
+        )
     ca, cb = before.get("code"), after.get("code")
     if isinstance(ca, dict) and isinstance(cb, dict):
         code = [

@@ -34,7 +34,8 @@ with back-pressure, bounded staleness and pause/resume for weight updates (``Rol
 
 The modules: ``client`` (``RolloutClient``), ``group`` (``TaskGroup``), ``stream``
 (``RolloutStream``; its parts: ``feed``, rows in and groups out, ``staleness``, the judge of a
-rollout's policy versions, ``stream_ledger``, its run directory) and ``policy_control``. None of
+rollout's policy versions, ``stream_ledger``, its run directory), ``policy_control`` and ``forks``
+(continuations of a recorded rollout from its turn k, ``rollgym.replay``). None of
 them imports Ray.
 """
 
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
         plain_error,
     )
     from rollgym.trainer.feed import StreamStats
+    from rollgym.trainer.forks import fork, fork_sync
     from rollgym.trainer.group import TaskGroup
     from rollgym.trainer.policy_control import PolicyControl
     from rollgym.trainer.stream import RolloutStream
@@ -77,6 +79,8 @@ _HOMES = {
     "TaskGroup": "rollgym.trainer.group",
     "collect_batch": "rollgym.trainer.client",
     "collect_batch_sync": "rollgym.trainer.client",
+    "fork": "rollgym.trainer.forks",
+    "fork_sync": "rollgym.trainer.forks",
     "plain_error": "rollgym.trainer.client",
 }
 
@@ -95,6 +99,8 @@ __all__ = [
     "TaskGroup",
     "collect_batch",
     "collect_batch_sync",
+    "fork",
+    "fork_sync",
     "plain_error",
 ]
 
