@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -61,15 +63,26 @@ def _dispatch_s(out: Path) -> float:
     return float(orjson.loads((out / "metrics.json").read_bytes())["timing"]["wall_seconds"])
 
 
+@contextlib.contextmanager
+def _workdir(keep: str | None) -> Iterator[str]:
+    if keep is not None:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
+    with tempfile.TemporaryDirectory(prefix="rollgym-bench-replay-") as tmp:
+        yield tmp
+
+
 async def main(args: argparse.Namespace) -> None:
-    per_env = args.rollouts // len(ENVS)
-    shares = [per_env + (1 if i < args.rollouts % len(ENVS) else 0) for i in range(len(ENVS))]
+    envs = tuple(args.envs.split(",")) if args.envs else ENVS
+    per_env = args.rollouts // len(envs)
+    shares = [per_env + (1 if i < args.rollouts % len(envs) else 0) for i in range(len(envs))]
     totals = {"rollouts": 0, "identical": 0, "orig": 0.0, "replay": 0.0, "orig_all": 0.0,
               "replay_all": 0.0}  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="rollgym-bench-replay-") as tmp:
+    with _workdir(args.keep) as tmp:
         print(f"{'env':>14} {'replayed':>8} {'identical':>9} {'orig s':>7} {'replay s':>8} "
               f"{'ratio':>6} {'ratio(cmd)':>10}")  # fmt: skip
-        for env, share in zip(ENVS, shares, strict=True):
+        for env, share in zip(envs, shares, strict=True):
             src, dst = Path(tmp) / env, Path(tmp) / f"{env}-replay"
             t0 = time.monotonic()
             orig = await original(env, src, share, args.latency, args.concurrency)
@@ -84,6 +97,8 @@ async def main(args: argparse.Namespace) -> None:
                 dialects=ROW_DIALECTS,
             )
             replay_all = time.monotonic() - t0
+            for entry in report.diverged[:3]:
+                print(f"{'':>14} diverged: {entry.to_dict()}"[:400])
             rep = _dispatch_s(dst)
             n = len(report.rollouts)
             print(f"{env:>14} {n:>8} {report.identical:>9} {orig:>7.2f} {rep:>8.2f} "
@@ -105,4 +120,6 @@ if __name__ == "__main__":
     parser.add_argument("--rollouts", type=int, default=1000)
     parser.add_argument("--latency", type=float, default=1.0, help="seconds per model call")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--envs", help="comma-separated bundled environments (default: all)")
+    parser.add_argument("--keep", help="a directory to leave the runs in (default: removed)")
     asyncio.run(main(parser.parse_args()))
