@@ -70,7 +70,12 @@ def recorded_config(source: Path) -> Config:
             f"{files.run_json}: no 'config' recorded; give the run's config with --config"
         )
     where = data.get("source") or str(files.run_json)
-    return parse_config({k: v for k, v in data.items() if k != "source"}, str(where))
+    data = {k: v for k, v in data.items() if k != "source"}
+    used = files.read_json(files.run_json.name).get("collect")
+    if isinstance(used, dict):
+        # The collect options the run actually used (an --agent given on its command line).
+        data["collect"] = {**(data.get("collect") or {}), **used}
+    return parse_config(data, str(where))
 
 
 def replay_config(
