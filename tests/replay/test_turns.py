@@ -119,3 +119,17 @@ def test_the_environment_is_compared_by_fingerprints_when_both_runs_carry_them(
     got = environment_change(c, d, {"model"})
     assert got["differs"] and got["fingerprint_changes"] == {"env": ["data"]}
     assert environment_change(c, c, set())["fingerprints"] == "same"
+
+
+def test_a_rollout_is_found_by_either_spelling_of_its_id(tmp_path: Path) -> None:
+    from rollgym.config import ServerConfig
+    from rollgym.replay.model import ReplayModel
+    from rollgym.server.base import ServerContext
+
+    plan = tmp_path / "plan.jsonl"
+    plan.write_bytes(PlanEntry("4:0", "9:2", [[say("x")]]).to_line())
+    cfg = ServerConfig(kind="model", impl="rollgym.replay.model:ReplayModel",
+                       options={"plan": str(plan)})  # fmt: skip
+    model = ReplayModel(ServerContext("model", cfg))
+    assert model._served("4:0") is model._served("4-0") is model._served("4-0-a1") is not None
+    assert model._served("5:0") is None and model._served(None) is None

@@ -4,7 +4,8 @@ recorded for that rollout and turn (``impl: rollgym.replay.model:ReplayModel``).
 ``rollgym replay`` puts it in place of the model server its agents call, so the real agents and
 environments of the run's config run again while the model's side comes from the record. A
 request is matched to its recorded rollout by the rollout id every rollgym agent sends
-(``x-rollgym-rollout``, or the ``/ng-rollout/<id>/`` path) and the replay's plan
+(``x-rollgym-rollout``, or the ``/ng-rollout/<id>/`` path; NeMo Gym 0.7's episodes spell it
+``<task>-<rollout>[-a<attempt>]``) and the replay's plan
 (``rollgym.replay.plan``), and to its turn by what its ``input`` already holds: the served items
 come back in the next request with their ids, so the turn is one past the last recorded turn
 whose items it carries (an agent that drops the ids: the model turns its input holds beyond the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ from rollgym.server.base import ModelPeer, ServerContext
 from rollgym.server.endpoint import Call
 from rollgym.server.model import RESPONSES_ENDPOINT, ModelServer, model_list, openai_routes
 from rollgym.wire import HEADER_ROLLOUT
+
+_DIALECT_ID = re.compile(r"(\d+)-(\d+)(?:-a\d+)?")
 
 MISMATCH_STATUS = 409
 """The answer to a request the record cannot answer: a conflict with the record, never retried
@@ -114,7 +118,7 @@ class ReplayModel(ModelServer):
 
     async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any]:
         rollout = call.rollout
-        served = self.served.get(rollout) if rollout else None
+        served = self._served(rollout)
         if served is None:
             why = (
                 "the request names no rollout (x-rollgym-rollout)" if not rollout
@@ -137,6 +141,15 @@ class ReplayModel(ModelServer):
             "id": f"resp_replay_{os.urandom(8).hex()}",
             "output": copy.deepcopy(entry.turns[turn]),
         }
+
+    def _served(self, rollout: str | None) -> _Served | None:
+        if not rollout:
+            return None
+        served = self.served.get(rollout)
+        if served is None and (found := _DIALECT_ID.fullmatch(rollout)) is not None:
+            # NeMo Gym 0.7's episodes name a rollout <task>-<rollout>[-a<attempt>].
+            served = self.served.get(f"{found[1]}:{found[2]}")
+        return served
 
     async def _live(self, params: dict[str, Any], rollout: str) -> dict[str, Any]:
         if self.options.live is None:
