@@ -15,6 +15,8 @@ import pytest
 from rollgym.config import parse_config
 from rollgym.errors import ConfigError
 from rollgym.replay import first_divergence, replay, replay_config
+from rollgym.replay.plan import select
+from rollgym.reverify.source import RecordedRun
 from tests.replay.support import record, script_row, write_config, write_rows
 
 pytestmark = pytest.mark.timeout(180)
@@ -190,6 +192,18 @@ def test_a_turn_the_record_lacks_is_a_divergence_not_a_hang(tmp_path: Path) -> N
     assert asyncio.run(record(short, tasks, source)).status == "completed"
     with pytest.raises(ConfigError, match="has no rollout 9:0"):
         asyncio.run(replay(source, tmp_path / "x", rollouts="0:0,9:0", progress=False))
+    with pytest.raises(ConfigError, match="give one of them"):
+        asyncio.run(replay(source, tmp_path / "x", rollouts="0:0", sample=1, progress=False))
+    run = RecordedRun(source)
+    try:
+        drawn = [select(run, source, None, 1, seed) for seed in range(8)]
+        assert all(len(d) == 1 for d in drawn) and drawn == [
+            select(run, source, None, 1, s) for s in range(8)
+        ]
+        assert {d[0] for d in drawn} == {(0, 0), (1, 0)}  # seeded, and both get drawn
+        assert select(run, source, None, 5) == [(0, 0), (1, 0)]
+    finally:
+        run.close()
 
     longer = write_config(tmp_path / "long.yaml", ENV)  # max_steps 8: it asks for turn 1
     out = tmp_path / "replayed"

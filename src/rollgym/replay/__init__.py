@@ -222,6 +222,7 @@ def compare_run(
     failed = {f"{got.key[0]}:{got.key[1]}": got.record for got in files.failed()}
     noted = _mismatches(output / MISMATCH_LOG)
     report = ReplayReport(str(recorded.out_dir), str(output), fork_at=fork_at)
+    report.skipped = len(set(recorded.failed) - set(recorded.succeeded))
     for entry in plan:
         task, _, rollout = entry.parent.partition(":")
         old = recorded.record((int(task), int(rollout))) or {}

@@ -49,6 +49,8 @@ class ReplayReport:
     rollouts: list[RolloutReplay] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     fork_at: int | None = None
+    skipped: int = 0
+    """Rollouts that failed in the source run: there is no output to replay."""
 
     @property
     def identical(self) -> int:
@@ -66,6 +68,7 @@ class ReplayReport:
             "replayed": len(self.rollouts),
             "identical": self.identical,
             "diverged": len(self.diverged),
+            "skipped_failed": self.skipped,
             "environment": self.environment,
             "rollouts": [r.to_dict() for r in self.rollouts],
         }
