@@ -65,6 +65,7 @@ from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
 from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.policy import MAX_PAUSE_S
+from rollgym.server.usage import call_tokens
 from rollgym.server.versions import CallVersions
 from rollgym.wire import (
     HEADER_OLDEST_VERSION,
@@ -80,7 +81,8 @@ MODEL_PAUSE_S = 600.0
 default pause of ``rollgym.trainer.policy_control`` (a server's own default, 300 s, fits too)."""
 
 TIMING_FIELD = "rollgym_timing"
-"""The verify response's field that holds the rollout's ``Hops``."""
+"""The verify response's field that holds the rollout's ``Hops`` (with each model call's tokens,
+``tokens``)."""
 
 
 class _Call:
@@ -102,10 +104,13 @@ class Hops:
     """Per-hop timing of one rollout: seconds of every seed, model, tool and verify call, the
     retries inside them, and the time they waited between attempts (backoff)."""
 
-    __slots__ = ("failed", "retries", "seconds", "started", "wait_s")
+    __slots__ = ("failed", "retries", "seconds", "started", "tokens", "wait_s")
 
     def __init__(self) -> None:
         self.seconds: dict[str, list[float]] = {}
+        self.tokens: list[list[int] | None] = []
+        """Each model call's ``[input, output]`` tokens (None: its answer said neither), in
+        call order: the rollout's cost (``rollgym.collect.cost``)."""
         self.retries: dict[str, int] = {}
         self.wait_s = 0.0
         self.started = time.monotonic()
@@ -136,6 +141,8 @@ class Hops:
         out: dict[str, Any] = {k: [round(s, 5) for s in v] for k, v in self.seconds.items()}
         out["retries"] = self.retries
         out["wait_s"] = round(self.wait_s, 5)
+        if self.tokens:
+            out["tokens"] = self.tokens
         out["total_s"] = round(time.monotonic() - self.started, 5)
         out["end"] = round(time.time(), 3)
         return out
@@ -318,6 +325,8 @@ class RunContext:
         )  # fmt: skip
         response: dict[str, Any] = await self.hops.timed("model", call)
         self.versions.saw(response)
+        used = call_tokens(response)
+        self.hops.tokens.append(None if used is None else list(used))
         return response
 
 

@@ -1,0 +1,103 @@
+"""What each record adds to its line (its cost, its environment's fingerprint), and the run's
+budget (``collect.budget``), kept as the records are written.
+
+The ledger asks ``RunSpend.stamp`` for the extra fields of each line it writes
+(``rollgym_cost``: ``rollgym.collect.cost``; ``rollgym_fingerprint``: the short id of the
+fingerprint in ``run.json``), once per record, after its duplicate check: a record's cost is
+counted once. The spend so far (every session's, read back on ``--resume``) is held against
+the caps; the first cap reached sets ``stop_reason`` and calls ``on_cap`` once: the collector
+then stops sending rollouts, and lets those in flight finish or cancels them
+(``budget.in_flight``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rollgym.collect.cost import rollout_cost, tokens_of
+from rollgym.collect.layout import RunDir, read_ledger
+from rollgym.collect.records import RolloutRecord
+from rollgym.config import BudgetConfig, PriceTable
+from rollgym.wire import COST_FIELD, FINGERPRINT_FIELD
+
+
+def _no_fingerprint(task_index: int) -> str | None:
+    return None
+
+
+class RunSpend:
+    """A run's spend against its budget (None: no caps), and the stamp of its lines."""
+
+    def __init__(self, prices: PriceTable | None, budget: BudgetConfig | None) -> None:
+        self.prices = prices
+        self.budget = budget
+        self.tokens = 0
+        self.money = 0.0
+        self.sandbox_s = 0.0
+        self.stop_reason: str | None = None
+        """Why the run stopped at its budget (None: it has not)."""
+        self.abandoned = 0
+        """Rollouts in flight cancelled at the cap (``in_flight: abandon``)."""
+        self.on_cap: Callable[[str], None] | None = None
+        self.fingerprint_of: Callable[[int], str | None] = _no_fingerprint
+        """The fingerprint id of the environment that scores task ``i``."""
+
+    def load(self, out_dir: Path) -> None:
+        """Count what the run's earlier sessions spent (``--resume``): a budget is the run's."""
+        files = RunDir(out_dir)
+        for path in (files.rollouts, files.failures, files.failures_history, files.stale):
+            for got in read_ledger(path):
+                cost = got.record.get(COST_FIELD)
+                if isinstance(cost, dict):
+                    self._add(cost)
+        self._check()
+
+    def stamp(self, record: RolloutRecord) -> dict[str, Any]:
+        """The fields ``record``'s line gets beside its own; its cost is spent."""
+        cost = rollout_cost(record, self.prices)
+        self._add(cost)
+        if self.budget is not None and self.stop_reason is None:
+            self._check()
+        fingerprint = self.fingerprint_of(record.task_index)
+        if fingerprint is None:
+            return {COST_FIELD: cost}
+        return {COST_FIELD: cost, FINGERPRINT_FIELD: fingerprint}
+
+    def _add(self, cost: dict[str, Any]) -> None:
+        self.tokens += tokens_of(cost)
+        self.money += float(cost.get("money", 0.0))
+        self.sandbox_s += float(cost.get("sandbox_s", 0.0))
+
+    def _check(self) -> None:
+        cap = self.budget
+        if cap is None or self.stop_reason is not None:
+            return
+        reason = None
+        if cap.tokens is not None and self.tokens >= cap.tokens:
+            reason = f"collect.budget.tokens: {self.tokens:,} tokens spent (cap {cap.tokens:,})"
+        elif cap.money is not None and self.money >= cap.money:
+            currency = self.prices.currency if self.prices is not None else ""
+            reason = f"collect.budget.money: {self.money:.4f} {currency} spent (cap {cap.money:g})"
+        elif cap.sandbox_seconds is not None and self.sandbox_s >= cap.sandbox_seconds:
+            reason = (
+                f"collect.budget.sandbox_seconds: {self.sandbox_s:.1f} sandbox seconds spent "
+                f"(cap {cap.sandbox_seconds:g})"
+            )
+        if reason is None:
+            return
+        self.stop_reason = reason
+        if self.on_cap is not None:
+            self.on_cap(reason)
+
+    def summary(self) -> dict[str, Any]:
+        """For ``run.json``'s ``budget`` once the run stopped at it."""
+        out: dict[str, Any] = {"reason": self.stop_reason, "tokens": self.tokens,
+                               "sandbox_s": round(self.sandbox_s, 3)}  # fmt: skip
+        if self.prices is not None:
+            out["money"] = round(self.money, 6)
+        if self.budget is not None:
+            out["in_flight"] = self.budget.in_flight
+            out["abandoned"] = self.abandoned
+        return out
