@@ -332,6 +332,8 @@ def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
         "time", f"{timing['wall_seconds']:.1f}s, {timing['rollouts_per_second']} rollouts/s"
     )
     if (cost := m.get("cost")) is not None:
+        from rollgym.collect.cost_ledger import describe_cost
+
         table.add_row("cost", describe_cost(cost))
     at_budget = outcome.status == "stopped_at_budget"
     if outcome.abort_reason:
@@ -350,29 +352,6 @@ def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
         )  # fmt: skip
     elif outcome.abort_reason:
         console.print(abort_note(outcome, command), markup=False, highlight=False)
-
-
-def describe_cost(cost: dict[str, Any]) -> str:
-    """The summary's cost line, from ``metrics.json``'s ``cost`` (``cost.json``)."""
-    totals, per, useful = cost["totals"], cost["per_rollout"], cost["per_useful_sample"]
-    said = f"{totals['tokens']:,} tokens ({totals['model_calls']} model calls"
-    if totals["judge_calls"]:
-        said += f", {totals['judge_calls']} judge calls"
-    said += ")"
-    if totals["sandbox_seconds"]:
-        said += f", {totals['sandbox_seconds']:.1f} sandbox s"
-    prices = cost.get("prices")
-    if prices is not None:
-        said += f", {cost['money']:.4f} {prices['currency']} (prices of {prices['date']})"
-    if per.get("tokens") is not None:
-        said += f"; per rollout {per['tokens']:,.0f} tokens"
-        if per.get("money") is not None:
-            said += f" {per['money']:.6f}"
-    if useful.get("tokens") is not None:
-        said += f"; per useful sample {useful['tokens']:,.0f} tokens"
-        if useful.get("money") is not None:
-            said += f" {useful['money']:.6f}"
-    return said
 
 
 def abort_note(outcome: RunOutcome, command: str = "run") -> str:

@@ -186,3 +186,26 @@ def _per(n: int, tokens: int, spent: float | None) -> dict[str, Any]:
     if spent is not None:
         out["money"] = round(spent / n, 8)
     return out
+
+
+def describe_cost(cost: dict[str, Any]) -> str:
+    """The summary's cost line, from ``metrics.json``'s ``cost`` (``cost.json``)."""
+    totals, per, useful = cost["totals"], cost["per_rollout"], cost["per_useful_sample"]
+    said = f"{totals['tokens']:,} tokens ({totals['model_calls']} model calls"
+    if totals["judge_calls"]:
+        said += f", {totals['judge_calls']} judge calls"
+    said += ")"
+    if totals["sandbox_seconds"]:
+        said += f", {totals['sandbox_seconds']:.1f} sandbox s"
+    prices = cost.get("prices")
+    if prices is not None:
+        said += f", {cost['money']:.4f} {prices['currency']} (prices of {prices['date']})"
+    if per.get("tokens") is not None:
+        said += f"; per rollout {per['tokens']:,.0f} tokens"
+        if per.get("money") is not None:
+            said += f" {per['money']:.6f}"
+    if useful.get("tokens") is not None:
+        said += f"; per useful sample {useful['tokens']:,.0f} tokens"
+        if useful.get("money") is not None:
+            said += f" {useful['money']:.6f}"
+    return said
