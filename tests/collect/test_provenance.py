@@ -72,6 +72,19 @@ async def one_run(tmp_path: Path, env: type, name: str) -> Path:
     return out
 
 
+def replace(path: Path, text: str, *, keep_date: bool = False) -> None:
+    """Write ``text`` over ``path``; ``keep_date``: with its size, its date put back."""
+    before = path.stat()
+    path.write_text(text)
+    if keep_date:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert path.stat().st_size == before.st_size
+
+
+def read(path: Path) -> str:
+    return path.read_text()
+
+
 def recorded_ids(out: Path) -> set[str]:
     lines = (out / "rollouts.jsonl").read_bytes().splitlines()
     return {orjson.loads(line)[FINGERPRINT_FIELD] for line in lines}
@@ -85,7 +98,7 @@ def run_json(out: Path) -> dict[str, Any]:
 async def test_an_edited_verifier_is_told_apart_and_named(tmp_path: Path, weather: Any) -> None:
     first = await one_run(tmp_path, weather.Weather, "first")
     same = await one_run(tmp_path, weather.Weather, "same")
-    (Path(weather.__file__)).write_text(EDITED)
+    replace(Path(weather.__file__), EDITED)
     second = await one_run(tmp_path, weather.Weather, "second")
 
     prints = [run_json(out)["fingerprints"]["env"] for out in (first, same, second)]
@@ -107,19 +120,13 @@ async def test_an_edited_verifier_is_told_apart_and_named(tmp_path: Path, weathe
 
     made = write_report(first, [second])
     assert "code: weather.py changed" in made.summary
-    assert "code: weather.py changed" in made.path.read_text()
+    assert "code: weather.py changed" in read(made.path)
     assert "scored by the same environments" in write_report(first, [same]).summary
 
 
-async def test_a_same_name_file_replaced_silently_is_caught(
-    tmp_path: Path, weather: Any
-) -> None:
+async def test_a_same_name_file_replaced_silently_is_caught(tmp_path: Path, weather: Any) -> None:
     first = await one_run(tmp_path, weather.Weather, "first")
-    path = Path(weather.__file__)
-    before = path.stat()
-    path.write_text(SWAPPED)
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the same date, the same size
-    assert path.stat().st_size == before.st_size
+    replace(Path(weather.__file__), SWAPPED, keep_date=True)
     second = await one_run(tmp_path, weather.Weather, "second")
     [said] = compare_fingerprints(first, second)
     assert "code: weather.py changed" in said
@@ -153,7 +160,7 @@ def test_a_tool_cannot_take_the_fingerprint_endpoint() -> None:
 
     with pytest.raises(TypeError, match="reserved"):
 
-        class Forger(ResourcesServer):  # noqa: F841 (defining it is the test)
+        class Forger(ResourcesServer):
             @tool
             async def fingerprint(self, session: Any) -> dict[str, Any]:
                 return {"id": "forged"}

@@ -1,0 +1,175 @@
+"""What keeping the cost and provenance records costs the collector (issue 41: at most 5%).
+
+    .venv/bin/python bench/cost.py [--rollouts 2000] [--concurrency 256] [--repeats 5]
+                                   [--variant proxy]
+
+Every record's line gets ``rollgym_cost`` and ``rollgym_fingerprint``
+(``rollgym.collect.spend.RunSpend.stamp``, called by the ledger as it writes the line), and
+the run ends with ``cost.json`` (``rollgym.collect.cost_ledger``: one pass over the run's
+files). Two figures, each against a baseline measured in the same invocation:
+
+1. **collector CPU, with vs without**: the servers are real processes
+   (``harness.start_pipeline``: the proxy variant by default, so every line has real token
+   counts); the collector runs here, once as it is, once with the stamp removed from its ledger
+   (``ledger.stamp = None``: the lines as they were before), alternating; its CPU over the
+   dispatch window (``metrics.json``'s ``timing.cpu_seconds``, per rollout), paired medians;
+2. **the stamp alone**: the lines of a real run read back into records and written again through
+   the ledger, with and without the stamp, best of several passes: microseconds per record, as a
+   share of the collector's whole CPU per rollout from (1); and the end-of-run ledger's pass, per
+   rollout (outside the dispatch window, so not in (1)).
+
+Written to ``bench/results/cost.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import harness
+import orjson
+from harness import Pipeline
+
+from rollgym import runtime
+from rollgym.collect import Collector, prepare_run
+from rollgym.collect.cost_ledger import cost_ledger
+from rollgym.collect.ledger import Ledger
+from rollgym.collect.records import ScoredRollout
+from rollgym.collect.spend import RunSpend
+from rollgym.config import PriceTable
+from rollgym.http import HttpClient
+
+MODES = ("with", "without")
+PRICES = PriceTable.model_validate(
+    {"date": "2026-12-01", "default": {"input_per_1m": 0.5, "output_per_1m": 1.5}}
+)
+
+
+async def one_run(pipe: Pipeline, mode: str, tasks: Path, out: Path, concurrency: int) -> float:
+    """Collector CPU ms per rollout of one run."""
+    assert pipe.config is not None and isinstance(pipe.client, HttpClient)
+    collect = pipe.config.collect.model_copy(update={"concurrency": concurrency,
+                                                     "prices": PRICES})  # fmt: skip
+    prepared = prepare_run(pipe.config, collect, tasks, out, resume=False)
+    collector = Collector(
+        prepared, harness.rollgym_urls(pipe), agent="agent", progress=False, client=pipe.client
+    )
+    if mode == "without":
+        collector.ledger.stamp = None
+    outcome = await collector.execute()
+    assert outcome.metrics["counts"]["failed"] == 0, outcome.metrics["failures"]
+    return 1000 * outcome.metrics["timing"]["cpu_seconds"] / prepared.total
+
+
+def stamp_alone(run_dir: Path, passes: int = 5) -> dict[str, float]:
+    """Microseconds per record written through the ledger, with and without the stamp (best of
+    ``passes``), and of the end-of-run ledger pass."""
+    records = []
+    for raw in (run_dir / "rollouts.jsonl").read_bytes().splitlines():
+        line = orjson.loads(raw)
+        verified = {k: v for k, v in line.items() if k not in ("rollgym_cost",
+                                                               "rollgym_fingerprint")}  # fmt: skip
+        records.append(ScoredRollout(line["task_index"], line["rollout_index"], line["reward"],
+                                     1, line["duration_s"], verified))  # fmt: skip
+    best: dict[str, float] = {}
+    for mode in MODES * passes:
+        with tempfile.TemporaryDirectory(prefix="rollgym-bench-cost-") as tmp:
+            ledger = Ledger(Path(tmp), len(records), 1)
+            spend = RunSpend(PRICES, None)
+            spend.fingerprint_of = lambda i: "3f2a9c0d41be"
+            ledger.stamp = spend.stamp if mode == "with" else None
+            ledger.open()
+            t0 = time.process_time()
+            for i, record in enumerate(records):
+                ledger.add(ScoredRollout(i, 0, record.reward, 1, record.duration_s,
+                                         record.verified))  # fmt: skip
+            took = (time.process_time() - t0) / len(records) * 1e6
+            ledger.close()
+        best[mode] = min(best.get(mode, took), took)
+    t0 = time.process_time()
+    for _ in range(passes):
+        cost_ledger(run_dir, 1, PRICES)
+    best["ledger_pass"] = (time.process_time() - t0) / passes / len(records) * 1e6
+    return {k: round(v, 2) for k, v in best.items()}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    harness.raise_fd_limit()
+    out: dict[str, Any] = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "rollouts": args.rollouts,
+        "concurrency": args.concurrency,
+        "variant": args.variant,
+    }
+    runs: dict[str, list[float]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory(prefix="rollgym-bench-cost-") as tmp:
+        work = Path(tmp)
+        tasks = harness.write_tasks(work / "tasks.jsonl", args.rollouts)
+        warm = harness.write_tasks(work / "warm.jsonl", args.warmup)
+        pipe = await harness.start_pipeline("rollgym", args.variant, log_dir=work / "logs")
+        try:
+            await one_run(pipe, "with", warm, work / "warm", args.concurrency)
+            for i in range(args.repeats):
+                for mode in MODES if i % 2 == 0 else tuple(reversed(MODES)):
+                    cpu = await one_run(pipe, mode, tasks, work / f"{mode}-{i}", args.concurrency)
+                    runs[mode].append(cpu)
+                    print(f"run {i + 1}/{args.repeats} {mode:<8}: collector CPU {cpu:.3f} ms "
+                          "per rollout", flush=True)  # fmt: skip
+        finally:
+            await pipe.stop()
+        alone = stamp_alone(work / "with-0")
+        line = orjson.loads((work / "with-0" / "rollouts.jsonl").read_bytes().splitlines()[0])
+    ratios = sorted(a / b for a, b in zip(runs["with"], runs["without"], strict=True))
+    median = {m: round(statistics.median(v), 4) for m, v in runs.items()}
+    share = (alone["with"] - alone["without"]) / (1000 * median["without"])
+    out.update(
+        runs=runs,
+        median_collector_cpu_ms_per_rollout=median,
+        ratio_with_over_without=round(ratios[len(ratios) // 2], 4),
+        stamp_us_per_record=alone,
+        stamp_share_of_collector_cpu=round(share, 4),
+        ledger_pass_share_of_collector_cpu=round(
+            alone["ledger_pass"] / (1000 * median["without"]), 4
+        ),
+        cost_field_bytes=len(orjson.dumps(line["rollgym_cost"])),
+        fingerprint_field_bytes=len(orjson.dumps({"rollgym_fingerprint": "3f2a9c0d41be"})) - 2,
+    )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--rollouts", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=512)
+    parser.add_argument("--variant", default="proxy", choices=harness.VARIANTS)
+    args = parser.parse_args()
+    r = runtime.run(main_async(args))
+    median = r["median_collector_cpu_ms_per_rollout"]
+    alone = r["stamp_us_per_record"]
+    print(f"\n{args.rollouts} rollouts per run, concurrency {args.concurrency}, {args.variant}")
+    print(f"  collector CPU per rollout: with {median['with']:.3f} ms, without "
+          f"{median['without']:.3f} ms (medians of {args.repeats})")  # fmt: skip
+    print(f"  with / without: x{r['ratio_with_over_without']:.4f} (paired median; target <= "
+          "x1.05)")  # fmt: skip
+    print(f"  the stamp alone: {alone['with'] - alone['without']:.1f} us per record "
+          f"({alone['with']:.1f} with, {alone['without']:.1f} without): "
+          f"{r['stamp_share_of_collector_cpu']:.2%} of the collector's CPU per rollout")  # fmt: skip
+    print(f"  end-of-run cost.json pass: {alone['ledger_pass']:.1f} us per rollout "
+          f"({r['ledger_pass_share_of_collector_cpu']:.2%}, once per run)")  # fmt: skip
+    print(f"  line size: rollgym_cost {r['cost_field_bytes']} bytes, rollgym_fingerprint "
+          f"{r['fingerprint_field_bytes']} bytes")  # fmt: skip
+    path = harness.save_json("cost.json", r)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
