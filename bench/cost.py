@@ -11,12 +11,18 @@ files). Two figures, each against a baseline measured in the same invocation:
 1. **collector CPU, with vs without**: the servers are real processes
    (``harness.start_pipeline``: the proxy variant by default, so every line has real token
    counts); the collector runs here, once as it is, once with the stamp removed from its ledger
-   (``ledger.stamp = None``: the lines as they were before), alternating; its CPU over the
-   dispatch window (``metrics.json``'s ``timing.cpu_seconds``, per rollout), paired medians;
-2. **the stamp alone**: the lines of a real run read back into records and written again through
-   the ledger, with and without the stamp, best of several passes: microseconds per record, as a
-   share of the collector's whole CPU per rollout from (1); and the end-of-run ledger's pass, per
-   rollout (outside the dispatch window, so not in (1)).
+   (``ledger.stamp = None``: no fingerprint id, no cost ledger kept; the agent still sends its
+   ``rollgym_cost``, whose reading (2) measures), alternating; its CPU over the dispatch window
+   (``metrics.json``'s ``timing.cpu_seconds``, per rollout), paired medians;
+2. **the records alone**: the lines of a real run read back (as the agent's answers are) and
+   written again through the ledger, with the stamp and the new fields and without either, best
+   of several passes: microseconds per record, as a share of the collector's whole CPU per
+   rollout from (1); and the end-of-run ledger's pass, per rollout (outside the dispatch
+   window, so not in (1)).
+
+Without a price table or a budget (the default) the collector adds only the fingerprint id to
+each line: the cost is summed by the agent, where it was measured. A price table adds the
+money per record (an opt-in).
 
 Written to ``bench/results/cost.json``.
 """
@@ -41,20 +47,15 @@ from rollgym.collect.cost_ledger import cost_ledger
 from rollgym.collect.ledger import Ledger
 from rollgym.collect.records import ScoredRollout
 from rollgym.collect.spend import RunSpend
-from rollgym.config import PriceTable
 from rollgym.http import HttpClient
 
 MODES = ("with", "without")
-PRICES = PriceTable.model_validate(
-    {"date": "2026-12-01", "default": {"input_per_1m": 0.5, "output_per_1m": 1.5}}
-)
 
 
 async def one_run(pipe: Pipeline, mode: str, tasks: Path, out: Path, concurrency: int) -> float:
     """Collector CPU ms per rollout of one run."""
     assert pipe.config is not None and isinstance(pipe.client, HttpClient)
-    collect = pipe.config.collect.model_copy(update={"concurrency": concurrency,
-                                                     "prices": PRICES})  # fmt: skip
+    collect = pipe.config.collect.model_copy(update={"concurrency": concurrency})
     prepared = prepare_run(pipe.config, collect, tasks, out, resume=False)
     collector = Collector(
         prepared, harness.rollgym_urls(pipe), agent="agent", progress=False, client=pipe.client
@@ -67,25 +68,32 @@ async def one_run(pipe: Pipeline, mode: str, tasks: Path, out: Path, concurrency
 
 
 def stamp_alone(run_dir: Path, passes: int = 5) -> dict[str, float]:
-    """Microseconds per record written through the ledger, with and without the stamp (best of
-    ``passes``), and of the end-of-run ledger pass."""
-    records = []
+    """Microseconds per record, best of ``passes``: the answer read (``orjson.loads`` of the
+    line: the agent's answer carries its ``rollgym_cost``) and the record written through the
+    ledger, with the stamp and the fields, and without either (the lines as they were before);
+    and the end-of-run ledger pass, per rollout."""
+    variants: dict[str, list[tuple[bytes, ScoredRollout]]] = {m: [] for m in MODES}
+    added = ("rollgym_cost", "rollgym_fingerprint")
     for raw in (run_dir / "rollouts.jsonl").read_bytes().splitlines():
         line = orjson.loads(raw)
-        verified = {k: v for k, v in line.items() if k not in ("rollgym_cost",
-                                                               "rollgym_fingerprint")}  # fmt: skip
-        records.append(ScoredRollout(line["task_index"], line["rollout_index"], line["reward"],
-                                     1, line["duration_s"], verified))  # fmt: skip
+        for mode in MODES:
+            verified = line if mode == "with" else {k: v for k, v in line.items()
+                                                     if k not in added}  # fmt: skip
+            record = ScoredRollout(line["task_index"], line["rollout_index"], line["reward"], 1,
+                                   line["duration_s"], verified)  # fmt: skip
+            variants[mode].append((orjson.dumps(verified), record))
     best: dict[str, float] = {}
     for mode in MODES * passes:
+        records = variants[mode]
         with tempfile.TemporaryDirectory(prefix="rollgym-bench-cost-") as tmp:
             ledger = Ledger(Path(tmp), len(records), 1)
-            spend = RunSpend(PRICES, None)
+            spend = RunSpend(None, None)
             spend.fingerprint_of = lambda i: "3f2a9c0d41be"
             ledger.stamp = spend.stamp if mode == "with" else None
             ledger.open()
             t0 = time.process_time()
-            for i, record in enumerate(records):
+            for i, (answer, record) in enumerate(records):
+                orjson.loads(answer)
                 ledger.add(ScoredRollout(i, 0, record.reward, 1, record.duration_s,
                                          record.verified))  # fmt: skip
             took = (time.process_time() - t0) / len(records) * 1e6
@@ -93,7 +101,7 @@ def stamp_alone(run_dir: Path, passes: int = 5) -> dict[str, float]:
         best[mode] = min(best.get(mode, took), took)
     t0 = time.process_time()
     for _ in range(passes):
-        cost_ledger(run_dir, 1, PRICES)
+        cost_ledger(run_dir, 1, None)
     best["ledger_pass"] = (time.process_time() - t0) / passes / len(records) * 1e6
     return {k: round(v, 2) for k, v in best.items()}
 

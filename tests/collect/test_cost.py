@@ -27,6 +27,7 @@ from rollgym.config import PriceTable, parse_config
 from rollgym.errors import ConfigError, InternalError
 from rollgym.http import Target
 from rollgym.server.usage import call_tokens
+from rollgym.server.usage import rollout_cost as agent_cost
 from rollgym.testing import serve_server
 from rollgym.wire import COST_FIELD
 from tests.support.billing import BillingUpstream, serve_billing
@@ -237,14 +238,25 @@ def test_tokens_are_counted_from_token_ids_when_usage_is_absent() -> None:
 
 def test_a_record_without_metering_says_so_and_a_failure_is_never_free() -> None:
     prices = PriceTable.model_validate(PRICES)
-    response = {"model": "unknown-model", "output": []}
-    verified = {"reward": 1.0, "response": response,
-                "rollgym_timing": {"model": [0.5], "tokens": [None, [10, 2]]}}  # fmt: skip
-    cost = rollout_cost(ScoredRollout(0, 0, 1.0, 1, 0.6, verified), prices)
-    assert cost["calls"] == 2 and cost["unmetered_calls"] == 1
+    verified = {"reward": 1.0, "response": {"model": "unknown-model", "output": []}}
+    # One call whose answer said no tokens: counted as a call, not as free tokens.
+    measured = agent_cost(verified, {"model": [0.25, 0.25]}, [None, [10, 2]], {"model": 1})
+    assert measured == {"calls": 2, "input_tokens": 10, "output_tokens": 2,
+                        "unmetered_calls": 1, "model": "unknown-model", "model_s": 0.5,
+                        "retries": 1}  # fmt: skip
+    record = ScoredRollout(0, 0, 1.0, 1, 0.6, {**verified, COST_FIELD: measured})
+    cost = rollout_cost(record, prices)
     assert cost["unpriced_tokens"] == 12 and cost["money"] == 0.0
     failed = FailedRollout(0, 1, InternalError("boom"), 2, 1.5)
-    assert rollout_cost(failed, prices) == {"attempts": 2, "wall_s": 1.5, "metered": False}
+    assert rollout_cost(failed, prices) == {"metered": False}
+    # An agent that is not rollgym's: the response's summed usage stands in.
+    foreign = {
+        "reward": 1.0,
+        "response": {"model": "policy-model", "usage": {"input_tokens": 40, "output_tokens": 8}},
+    }
+    cost = rollout_cost(ScoredRollout(0, 2, 1.0, 1, 0.6, foreign), prices)
+    assert (cost["calls"], cost["input_tokens"], cost["output_tokens"]) == (1, 40, 8)
+    assert cost["money"] == round((40 * 0.5 + 8 * 1.5) / 1e6, 8)
 
 
 async def test_the_trainer_api_says_the_cost_per_useful_sample() -> None:

@@ -23,10 +23,11 @@ import pytest
 from rollgym.collect import Collector
 from rollgym.collect.provenance import ask_fingerprints, compare_fingerprints
 from rollgym.collect.rundir import prepare_run
-from rollgym.http import HttpClient
+from rollgym.config import RetryPolicy
+from rollgym.http import HttpClient, Target
 from rollgym.server.fingerprint import Fingerprint, differences
 from rollgym.server.resources import ResourcesServer
-from rollgym.wire import FINGERPRINT_FIELD
+from rollgym.wire import FINGERPRINT_ENDPOINT, FINGERPRINT_FIELD
 from tests.support.stack import running_stack, stack_config, write_tasks
 
 pytestmark = pytest.mark.timeout(120)
@@ -179,3 +180,19 @@ async def test_a_server_without_a_fingerprint_is_recorded_as_unknown() -> None:
     assert found["env"]["id"] is None
     assert found["env"]["unknown"].startswith("no /fingerprint (")
     assert warnings == []
+
+
+async def test_the_fingerprint_is_taken_once_when_the_server_starts(
+    tmp_path: Path, weather: Any
+) -> None:
+    """What the server loaded is what it reports: an edit after it started changes nothing
+    it answers (the next server started reports the edit)."""
+    from rollgym.testing import serve_server
+
+    async with serve_server(weather.Weather, name="env") as (url, server), HttpClient() as client:
+        target = Target.single("env", url, RetryPolicy(max_attempts=1))
+        before = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=5)
+        replace(Path(weather.__file__), EDITED)
+        after = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=5)
+    assert before == after == server.fingerprint.to_dict()  # type: ignore[attr-defined]
+    assert Fingerprint.of(weather.Weather).id != before["id"]

@@ -48,13 +48,14 @@ class Tally:
         self.sandbox_s = 0.0
         self.unmetered = 0
 
-    def add(self, cost: dict[str, Any]) -> None:
+    def add(self, cost: dict[str, Any], attempts: int, wall_s: float) -> None:
+        """One rollout: its cost, attempts and (failed: its wall) seconds."""
         self.rollouts += 1
-        self.attempts += int(cost.get("attempts", 1))
+        self.attempts += attempts
         self.tokens += tokens_of(cost)
         self.money += float(cost.get("money", 0.0))
         self.seconds += sum(float(cost.get(k, 0.0)) for k in ("model_s", "env_s", "verify_s"))
-        self.seconds += float(cost.get("wall_s", 0.0))
+        self.seconds += wall_s
         self.sandbox_s += float(cost.get("sandbox_s", 0.0))
         if cost.get("metered") is False or cost.get("unmetered_calls"):
             self.unmetered += 1
@@ -79,8 +80,9 @@ class Totals:
     def __init__(self) -> None:
         self.sums: dict[str, float] = defaultdict(float)
 
-    def add(self, cost: dict[str, Any]) -> None:
+    def add(self, cost: dict[str, Any], wall_s: float = 0.0) -> None:
         sums = self.sums
+        sums["wall_s"] += wall_s
         for key, value in cost.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 sums[key] += value
@@ -122,32 +124,34 @@ def cost_ledger(
     wasted = {cause: Tally() for cause in CAUSES}
     extra_attempts = 0
     # Scored rollouts wait for their group: whether it has a signal is known at the end.
-    groups: dict[int, list[tuple[float | None, dict[str, Any], bool]]] = defaultdict(list)
+    groups: dict[int, list[tuple[float | None, dict[str, Any], bool, int]]] = defaultdict(list)
     for got in read_ledger(files.rollouts):
         rec = got.record
-        cost = _cost(rec)
+        cost, attempts = _cost(rec), _attempts(rec)
         totals.add(cost)
-        extra_attempts += max(0, int(cost.get("attempts", 1)) - 1)
+        extra_attempts += attempts - 1
         masked = rec.get(MASK_SAMPLE) is True
         reward = rec.get("reward")
         reward = float(reward) if isinstance(reward, (int, float)) else None
-        groups[rec["task_index"]].append((reward, cost, masked))
+        groups[rec["task_index"]].append((reward, cost, masked, attempts))
     for cause, path in (("failed", files.failures), ("retried", files.failures_history),
                         ("stale", files.stale)):  # fmt: skip
         for got in read_ledger(path):
-            cost = _cost(got.record)
-            totals.add(cost)
-            wasted[cause].add(cost)
+            rec = got.record
+            cost, wall = _cost(rec), rec.get("duration_s")
+            wall = float(wall) if isinstance(wall, (int, float)) else 0.0
+            totals.add(cost, wall)
+            wasted[cause].add(cost, _attempts(rec), wall)
     for members in groups.values():
-        measured = {reward for reward, _, masked in members if not masked}
+        measured = {reward for reward, _, masked, _ in members if not masked}
         no_signal = repeats > 1 and len(measured) == 1 and len(members) == repeats
-        for _, cost, masked in members:
+        for _, cost, masked, attempts in members:
+            tally = useful
             if masked:
-                wasted["masked"].add(cost)
+                tally = wasted["masked"]
             elif no_signal:
-                wasted["no_signal"].add(cost)
-            else:
-                useful.add(cost)
+                tally = wasted["no_signal"]
+            tally.add(cost, attempts, 0.0)
     summed = totals.to_dict()
     rollouts = useful.rollouts + sum(t.rollouts for t in wasted.values())
     spent = useful.money + sum(t.money for t in wasted.values())
@@ -171,11 +175,13 @@ def cost_ledger(
 
 def _cost(record: dict[str, Any]) -> dict[str, Any]:
     cost = record.get(COST_FIELD)
-    if isinstance(cost, dict):
-        return cost
-    # A line from before costs were recorded (or another writer's): its attempts only.
+    # A line from before costs were recorded (or another writer's): not metered.
+    return cost if isinstance(cost, dict) else {"metered": False}
+
+
+def _attempts(record: dict[str, Any]) -> int:
     attempts = record.get("attempts")
-    return {"attempts": attempts if isinstance(attempts, int) else 1, "metered": False}
+    return attempts if isinstance(attempts, int) and attempts > 0 else 1
 
 
 def _per(n: int, tokens: int, spent: float | None) -> dict[str, Any]:

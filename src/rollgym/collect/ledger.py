@@ -80,7 +80,7 @@ class Ledger:
         self.failed = 0
         self._ok: IO[bytes] | None = None
         self._bad: IO[bytes] | None = None
-        self.stamp: Callable[[RolloutRecord], dict[str, Any]] | None = None
+        self.stamp: Callable[[RolloutRecord], dict[str, Any] | None] | None = None
         """The fields the run adds to each line (``rollgym.collect.spend``), asked once per
         record written."""
 

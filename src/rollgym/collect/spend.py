@@ -1,10 +1,10 @@
 """What each record adds to its line (its cost, its environment's fingerprint), and the run's
 budget (``collect.budget``), kept as the records are written.
 
-The ledger asks ``RunSpend.stamp`` for the extra fields of each line it writes
-(``rollgym_cost``: ``rollgym.collect.cost``; ``rollgym_fingerprint``: the short id of the
-fingerprint in ``run.json``), once per record, after its duplicate check: a record's cost is
-counted once. The spend so far (every session's, read back on ``--resume``) is held against
+The ledger asks ``RunSpend.stamp`` for the extra fields of each line it writes, once per
+record, after its duplicate check (a record's cost is counted once): ``rollgym_fingerprint``
+(the short id of the fingerprint in ``run.json``), and ``rollgym_cost`` where the record's own
+(its agent's) needs its money added or is missing (``rollgym.collect.cost``). The spend so far (every session's, read back on ``--resume``) is held against
 the caps; the first cap reached sets ``stop_reason`` and calls ``on_cap`` once: the collector
 then stops sending rollouts, and lets those in flight finish or cancels them
 (``budget.in_flight``).
@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rollgym.collect.cost import rollout_cost, tokens_of
+from rollgym.collect.cost import FAILED, rollout_cost, tokens_of
 from rollgym.collect.layout import RunDir, read_ledger
-from rollgym.collect.records import RolloutRecord
+from rollgym.collect.records import RolloutRecord, ScoredRollout
 from rollgym.config import BudgetConfig, PriceTable
 from rollgym.wire import COST_FIELD, FINGERPRINT_FIELD
 
@@ -54,16 +54,28 @@ class RunSpend:
                     self._add(cost)
         self._check()
 
-    def stamp(self, record: RolloutRecord) -> dict[str, Any]:
-        """The fields ``record``'s line gets beside its own; its cost is spent."""
-        cost = rollout_cost(record, self.prices)
-        self._add(cost)
+    def stamp(self, record: RolloutRecord) -> dict[str, Any] | None:
+        """The fields ``record``'s line gets beside its own (None: none); its cost is spent.
+        Kept cheap: a rollgym agent's cost is on the record already, and is read again only
+        for the money of a priced run or the spend of a budgeted one."""
+        extra: dict[str, Any] | None = None
+        if isinstance(record, ScoredRollout):
+            cost = record.verified.get(COST_FIELD)
+            if cost.__class__ is not dict or self.prices is not None:
+                cost = rollout_cost(record, self.prices)
+                extra = {COST_FIELD: cost}
+        else:
+            cost = FAILED
+            extra = {COST_FIELD: cost}
         if self.budget is not None and self.stop_reason is None:
+            self._add(cost)
             self._check()
         fingerprint = self.fingerprint_of(record.task_index)
-        if fingerprint is None:
-            return {COST_FIELD: cost}
-        return {COST_FIELD: cost, FINGERPRINT_FIELD: fingerprint}
+        if fingerprint is not None:
+            if extra is None:
+                return {FINGERPRINT_FIELD: fingerprint}
+            extra[FINGERPRINT_FIELD] = fingerprint
+        return extra
 
     def _add(self, cost: dict[str, Any]) -> None:
         self.tokens += tokens_of(cost)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,10 +101,13 @@ def package_roots(klass: type) -> list[tuple[Path, Path]]:
     return roots
 
 
-def _walk(root: Path, base: Path, python: bool) -> list[tuple[str, Path]]:
+def _walk(root: Path, base: Path, python: bool) -> Iterator[tuple[str, Path]]:
+    """The files under ``root``, in a stable order, lazily: a digest that stops at
+    ``MAX_FILES`` stops the walk of a large folder there too."""
     if root.is_file():
-        return [(root.relative_to(base).as_posix(), root)] if python else []
-    found: list[tuple[str, Path]] = []
+        if python:
+            yield (root.relative_to(base).as_posix(), root)
+        return
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
         for name in sorted(names):
@@ -112,18 +115,19 @@ def _walk(root: Path, base: Path, python: bool) -> list[tuple[str, Path]]:
                 continue
             if name.endswith(".py") == python:
                 path = Path(folder) / name
-                found.append((path.relative_to(base).as_posix(), path))
-    return found
+                yield (path.relative_to(base).as_posix(), path)
 
 
-def code_files(klass: type) -> list[tuple[str, Path]]:
+def code_files(klass: type) -> Iterator[tuple[str, Path]]:
     """The ``.py`` files of ``klass``'s environment packages (see the module docstring)."""
-    return [f for root, base in package_roots(klass) for f in _walk(root, base, True)]
+    for root, base in package_roots(klass):
+        yield from _walk(root, base, True)
 
 
-def default_data_files(klass: type) -> list[tuple[str, Path]]:
+def default_data_files(klass: type) -> Iterator[tuple[str, Path]]:
     """The non-Python files of the same folders (``data/``, a YAML config...)."""
-    return [f for root, base in package_roots(klass) for f in _walk(root, base, False)]
+    for root, base in package_roots(klass):
+        yield from _walk(root, base, False)
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,10 @@ class Fingerprint:
 
     @classmethod
     def of(
-        cls, klass: type, data: list[tuple[str, Path]] | None = None, version: str | None = None
+        cls,
+        klass: type,
+        data: Iterable[tuple[str, Path]] | None = None,
+        version: str | None = None,
     ) -> Fingerprint:
         """``klass``'s fingerprint now; ``data``: its data files (default: its folders')."""
         files = default_data_files(klass) if data is None else data
