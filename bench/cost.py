@@ -16,9 +16,10 @@ files). Two figures, each against a baseline measured in the same invocation:
    (``metrics.json``'s ``timing.cpu_seconds``, per rollout), paired medians;
 2. **the records alone**: the lines of a real run read back (as the agent's answers are) and
    written again through the ledger, with the stamp and the new fields and without either, best
-   of several passes: microseconds per record, as a share of the collector's whole CPU per
-   rollout from (1); and the end-of-run ledger's pass, per rollout (outside the dispatch
-   window, so not in (1)).
+   of several passes: microseconds per record (the stamp keeps ``cost.json``'s ledger as it
+   goes), as a share of the collector's whole CPU per rollout from (1); and, apart, the fold of
+   the ledger from a run's files, per rollout: what ``--resume`` and ``rollgym report`` pay
+   once, never a fresh run.
 
 Without a price table or a budget (the default) the collector adds only the fingerprint id to
 each line: the cost is summed by the agent, where it was measured. A price table adds the
@@ -71,7 +72,7 @@ def stamp_alone(run_dir: Path, passes: int = 5) -> dict[str, float]:
     """Microseconds per record, best of ``passes``: the answer read (``orjson.loads`` of the
     line: the agent's answer carries its ``rollgym_cost``) and the record written through the
     ledger, with the stamp and the fields, and without either (the lines as they were before);
-    and the end-of-run ledger pass, per rollout."""
+    and the ledger's fold from the run's files, per rollout."""
     variants: dict[str, list[tuple[bytes, ScoredRollout]]] = {m: [] for m in MODES}
     added = ("rollgym_cost", "rollgym_fingerprint")
     for raw in (run_dir / "rollouts.jsonl").read_bytes().splitlines():
@@ -171,8 +172,8 @@ def main() -> None:
     print(f"  the stamp alone: {alone['with'] - alone['without']:.1f} us per record "
           f"({alone['with']:.1f} with, {alone['without']:.1f} without): "
           f"{r['stamp_share_of_collector_cpu']:.2%} of the collector's CPU per rollout")  # fmt: skip
-    print(f"  end-of-run cost.json pass: {alone['ledger_pass']:.1f} us per rollout "
-          f"({r['ledger_pass_share_of_collector_cpu']:.2%}, once per run)")  # fmt: skip
+    print(f"  the ledger folded from a run's files (--resume, report): {alone['ledger_pass']:.1f} "
+          f"us per rollout ({r['ledger_pass_share_of_collector_cpu']:.2%}; not on a fresh run)")  # fmt: skip
     print(f"  line size: rollgym_cost {r['cost_field_bytes']} bytes, rollgym_fingerprint "
           f"{r['fingerprint_field_bytes']} bytes")  # fmt: skip
     path = harness.save_json("cost.json", r)

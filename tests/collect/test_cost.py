@@ -21,6 +21,7 @@ import pytest
 
 from rollgym.collect import Collector
 from rollgym.collect.cost import rollout_cost
+from rollgym.collect.cost_ledger import cost_ledger
 from rollgym.collect.records import FailedRollout, ScoredRollout
 from rollgym.collect.rundir import EXIT_BUDGET, RunOutcome, prepare_run
 from rollgym.config import PriceTable, parse_config
@@ -136,6 +137,8 @@ async def test_the_ledger_matches_what_the_providers_billed(tmp_path: Path) -> N
     out = tmp_path / "out"
     cost = orjson.loads((out / "cost.json").read_bytes())
     assert orjson.loads((out / "metrics.json").read_bytes())["cost"] == cost
+    # Kept as the lines were written, it is what the lines say.
+    assert cost == cost_ledger(out, 2, PriceTable.model_validate(PRICES))
     totals = cost["totals"]
     model, judge = stack.model.billed, stack.judge.billed
     assert model.calls > 0 and judge.calls > 0
@@ -277,3 +280,32 @@ async def test_the_trainer_api_says_the_cost_per_useful_sample() -> None:
     assert cost.useful == 0 and cost.per_useful_sample == {"tokens": None, "money": None}
     assert cost.per_rollout["tokens"] == cost.tokens / 12
     assert cost.money is not None and cost.per_rollout["money"] == cost.money / 12
+
+
+async def test_every_wasted_rollout_is_attributed_to_its_cause(tmp_path: Path) -> None:
+    """Failed rollouts, and on --resume their earlier attempts (retried), beside the groups
+    with and without a learning signal; the ledger kept as the run writes equals the one read
+    back from its files."""
+    from tests.support.servers import FAIL_MARKER
+    from tests.support.stack import SOME_RIGHT, running_stack, stack_config, write_tasks
+
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 6, fail={1}, say=SOME_RIGHT)
+    out = tmp_path / "out"
+    async with running_stack(model_options={"fail_marker": FAIL_MARKER}) as stack:
+        for resume in (False, True):
+            cfg = stack_config({"concurrency": 4, "repeats": 3})
+            run = prepare_run(cfg, cfg.collect, tasks, out, resume=resume)
+            async with asyncio.timeout(60):
+                await Collector(run, stack.urls, progress=False).execute()
+            cost = orjson.loads((out / "cost.json").read_bytes())
+            assert cost == cost_ledger(out, 3, None)
+    wasted = cost["wasted"]
+    assert wasted["failed"]["rollouts"] == 3 and wasted["failed"]["unmetered"] == 3
+    assert wasted["retried"]["rollouts"] == 3  # the first session's failures, run again
+    scored = lines(out)
+    flat = {t for t in range(6) if t != 1
+            and len({x["reward"] for x in scored if x["task_index"] == t}) == 1}  # fmt: skip
+    assert wasted["no_signal"]["rollouts"] == 3 * len(flat)
+    assert cost["useful"]["rollouts"] == 15 - 3 * len(flat)
+    assert cost["rollouts"] == 15 + 3 + 3
+    assert cost["useful"]["tokens"] + wasted["no_signal"]["tokens"] == cost["totals"]["tokens"]

@@ -22,7 +22,6 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from rollgym.collect.cost_ledger import cost_ledger
 from rollgym.collect.dispatch import Dispatcher, LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.launchers import RunAgents
@@ -116,7 +115,7 @@ class Collector:
         self.recorder = Recorder(self.ledger, FailureBudget(BudgetRules.from_collect(self.cfg)),
                                  self.progress, mask_exploits=self.cfg.mask_exploits)  # fmt: skip
         self.recorder.on_abort(self.dispatcher.cancel)
-        self.spend = RunSpend(self.cfg.prices, self.cfg.budget)
+        self.spend = RunSpend(self.cfg.prices, self.cfg.budget, self.cfg.repeats)
         """Each line's cost and fingerprint id, and the run's budget (``collect.budget``)."""
         self.spend.on_cap = self._at_cap
         self.ledger.stamp = self.spend.stamp
@@ -272,7 +271,7 @@ class Collector:
         if not aborted:
             data["env_aggregate"] = await self._env_aggregate()
         spend = self.spend
-        ledger = cost_ledger(run.out_dir, self.cfg.repeats, self.cfg.prices, spend.abandoned)
+        ledger = spend.ledger.to_dict(self.cfg.prices, spend.abandoned)
         write_json(run.files.cost, ledger)
         data["cost"] = ledger
         write_json(run.files.metrics, data)

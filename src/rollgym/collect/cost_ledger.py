@@ -1,13 +1,15 @@
 """The run's cost ledger (``cost.json``, and the ``cost`` section of ``metrics.json``).
 
-Read from the run's files, every session's records counted: each line's ``rollgym_cost``
+Kept as the run's records are written, and folded from its files for the sessions before a
+``--resume``: every session's records counted, each by its line's ``rollgym_cost``
 (``rollgym.collect.cost``). Every rollout is either a **useful** trained sample (scored, not
 masked, in a group that carries a learning signal) or **wasted**, attributed to exactly one
 cause, in this order:
 
-- ``failed``: a failed rollout (``failures.jsonl``);
+- ``failed``: a failed rollout (``failures.jsonl``, but for a stale one);
 - ``retried``: an earlier failed attempt of a rollout that ran again (``failures.history.jsonl``);
-- ``stale``: a rollout discarded as stale (``stale.jsonl``: the streaming trainer API's);
+- ``stale``: a rollout discarded as stale (a ``stale_rollout`` failure; ``stale.jsonl``, the
+  streaming trainer API's);
 - ``masked``: a scored rollout whose reward is no measurement (``mask_sample``, an exploit
   masked);
 - ``no_signal``: a scored rollout of a task whose repeats all got the same reward (with
@@ -27,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from rollgym.collect.cost import tokens_of
+from rollgym.collect.failure_budget import is_stale
 from rollgym.collect.layout import RunDir, read_ledger
 from rollgym.config import PriceTable
+from rollgym.errors import RollgymError
 from rollgym.wire import COST_FIELD, MASK_SAMPLE
 
 CAUSES = ("failed", "retried", "stale", "masked", "no_signal")
@@ -59,6 +63,10 @@ class Tally:
         self.sandbox_s += float(cost.get("sandbox_s", 0.0))
         if cost.get("metered") is False or cost.get("unmetered_calls"):
             self.unmetered += 1
+
+    def merge(self, other: Tally) -> None:
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def to_dict(self, priced: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -112,65 +120,116 @@ class Totals:
         }
 
 
+class _Group:
+    """One task's scored, unmasked rollouts: their rewards (two distinct are enough to know
+    there is a signal) and their summed cost."""
+
+    __slots__ = ("n", "rewards", "tally")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.rewards: set[float | None] = set()
+        self.tally = Tally()
+
+
+class CostLedger:
+    """The ledger, kept as records are written (``RunSpend.stamp``: a few additions per
+    record, nothing read back) and folded from the run's files for the sessions before
+    (``load``, on ``--resume``). Memory grows with the tasks, not the rollouts."""
+
+    def __init__(self, repeats: int) -> None:
+        self.repeats = repeats
+        self.totals = Totals()
+        self.masked = Tally()
+        self.wasted = {cause: Tally() for cause in CAUSES if cause not in ("masked", "no_signal")}
+        self.groups: dict[int, _Group] = {}
+        self.masked_n = 0
+        self.extra_attempts = 0
+
+    def scored(
+        self, task_index: int, reward: float | None, masked: bool, cost: dict[str, Any],
+        attempts: int,
+    ) -> None:  # fmt: skip
+        self.totals.add(cost)
+        self.extra_attempts += attempts - 1
+        if masked:
+            self.masked.add(cost, attempts, 0.0)
+            return
+        group = self.groups.get(task_index)
+        if group is None:
+            group = self.groups[task_index] = _Group()
+        group.n += 1
+        if len(group.rewards) < 2:
+            group.rewards.add(reward)
+        group.tally.add(cost, attempts, 0.0)
+
+    def unscored(self, cause: str, cost: dict[str, Any], attempts: int, wall_s: float) -> None:
+        """A failed (``failed``, ``stale``) or retried rollout."""
+        self.totals.add(cost, wall_s)
+        self.wasted[cause].add(cost, attempts, wall_s)
+
+    def load(self, out_dir: Path) -> CostLedger:
+        """Fold in every record of the run in ``out_dir`` (see the module docstring)."""
+        files = RunDir(out_dir)
+        for got in read_ledger(files.rollouts):
+            rec = got.record
+            reward = rec.get("reward")
+            reward = float(reward) if isinstance(reward, (int, float)) else None
+            masked = rec.get(MASK_SAMPLE) is True
+            self.scored(rec["task_index"], reward, masked, _cost(rec), _attempts(rec))
+        for cause, path in (("failed", files.failures), ("retried", files.failures_history),
+                            ("stale", files.stale)):  # fmt: skip
+            for got in read_ledger(path):
+                rec = got.record
+                wall = rec.get("duration_s")
+                wall = float(wall) if isinstance(wall, (int, float)) else 0.0
+                why = "stale" if cause == "failed" and _stale(rec) else cause
+                self.unscored(why, _cost(rec), _attempts(rec), wall)
+        return self
+
+    def to_dict(self, prices: PriceTable | None, abandoned: int = 0) -> dict[str, Any]:
+        """``cost.json``; ``abandoned``: rollouts in flight cancelled at a budget this session
+        (unrecorded: ``--resume`` runs them)."""
+        priced = prices is not None
+        useful, no_signal = Tally(), Tally()
+        for group in self.groups.values():
+            flat = self.repeats > 1 and group.n == self.repeats and len(group.rewards) == 1
+            (no_signal if flat else useful).merge(group.tally)
+        wasted = {**self.wasted, "masked": self.masked, "no_signal": no_signal}
+        summed = self.totals.to_dict()
+        rollouts = useful.rollouts + sum(t.rollouts for t in wasted.values())
+        spent = useful.money + sum(t.money for t in wasted.values())
+        ledger: dict[str, Any] = {
+            "prices": None if prices is None else {
+                "date": prices.date.isoformat(), "currency": prices.currency,
+            },
+            "rollouts": rollouts,
+            "totals": summed,
+            "useful": useful.to_dict(priced),
+            "wasted": {cause: wasted[cause].to_dict(priced) for cause in CAUSES},
+            "rollout_retries": self.extra_attempts,
+            "abandoned_in_flight": abandoned,
+            "per_rollout": _per(rollouts, summed["tokens"], spent if priced else None),
+            "per_useful_sample": _per(useful.rollouts, summed["tokens"],
+                                      spent if priced else None),
+        }  # fmt: skip
+        if priced:
+            ledger["money"] = round(spent, 6)
+        return ledger
+
+
 def cost_ledger(
     out_dir: Path, repeats: int, prices: PriceTable | None, abandoned: int = 0
 ) -> dict[str, Any]:
-    """The ledger of the run in ``out_dir`` (see the module docstring); ``abandoned``: rollouts
-    in flight cancelled at a budget this session (unrecorded: ``--resume`` runs them)."""
-    files = RunDir(out_dir)
-    priced = prices is not None
-    totals = Totals()
-    useful = Tally()
-    wasted = {cause: Tally() for cause in CAUSES}
-    extra_attempts = 0
-    # Scored rollouts wait for their group: whether it has a signal is known at the end.
-    groups: dict[int, list[tuple[float | None, dict[str, Any], bool, int]]] = defaultdict(list)
-    for got in read_ledger(files.rollouts):
-        rec = got.record
-        cost, attempts = _cost(rec), _attempts(rec)
-        totals.add(cost)
-        extra_attempts += attempts - 1
-        masked = rec.get(MASK_SAMPLE) is True
-        reward = rec.get("reward")
-        reward = float(reward) if isinstance(reward, (int, float)) else None
-        groups[rec["task_index"]].append((reward, cost, masked, attempts))
-    for cause, path in (("failed", files.failures), ("retried", files.failures_history),
-                        ("stale", files.stale)):  # fmt: skip
-        for got in read_ledger(path):
-            rec = got.record
-            cost, wall = _cost(rec), rec.get("duration_s")
-            wall = float(wall) if isinstance(wall, (int, float)) else 0.0
-            totals.add(cost, wall)
-            wasted[cause].add(cost, _attempts(rec), wall)
-    for members in groups.values():
-        measured = {reward for reward, _, masked, _ in members if not masked}
-        no_signal = repeats > 1 and len(measured) == 1 and len(members) == repeats
-        for _, cost, masked, attempts in members:
-            tally = useful
-            if masked:
-                tally = wasted["masked"]
-            elif no_signal:
-                tally = wasted["no_signal"]
-            tally.add(cost, attempts, 0.0)
-    summed = totals.to_dict()
-    rollouts = useful.rollouts + sum(t.rollouts for t in wasted.values())
-    spent = useful.money + sum(t.money for t in wasted.values())
-    ledger: dict[str, Any] = {
-        "prices": None if prices is None else {
-            "date": prices.date.isoformat(), "currency": prices.currency,
-        },
-        "rollouts": rollouts,
-        "totals": summed,
-        "useful": useful.to_dict(priced),
-        "wasted": {cause: tally.to_dict(priced) for cause, tally in wasted.items()},
-        "rollout_retries": extra_attempts,
-        "abandoned_in_flight": abandoned,
-        "per_rollout": _per(rollouts, summed["tokens"], spent if priced else None),
-        "per_useful_sample": _per(useful.rollouts, summed["tokens"], spent if priced else None),
-    }  # fmt: skip
-    if priced:
-        ledger["money"] = round(spent, 6)
-    return ledger
+    """The ledger of the run in ``out_dir``, read from its files (``rollgym report``, a run
+    directory read after the fact)."""
+    return CostLedger(repeats).load(out_dir).to_dict(prices, abandoned)
+
+
+def _stale(record: dict[str, Any]) -> bool:
+    """Whether a failure's line is a stale rollout's (``failure_budget.is_stale``)."""
+    error = record.get("error")
+    return isinstance(error, dict) and is_stale(RollgymError.from_dict(error))
 
 
 def _cost(record: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from rollgym.collect.cost import FAILED, rollout_cost, tokens_of
+from rollgym.collect.cost_ledger import CostLedger
+from rollgym.collect.failure_budget import is_stale
 from rollgym.collect.layout import RunDir, read_ledger
 from rollgym.collect.records import RolloutRecord, ScoredRollout
 from rollgym.config import BudgetConfig, PriceTable
@@ -30,7 +32,9 @@ def _no_fingerprint(task_index: int) -> str | None:
 class RunSpend:
     """A run's spend against its budget (None: no caps), and the stamp of its lines."""
 
-    def __init__(self, prices: PriceTable | None, budget: BudgetConfig | None) -> None:
+    def __init__(
+        self, prices: PriceTable | None, budget: BudgetConfig | None, repeats: int = 1
+    ) -> None:
         self.prices = prices
         self.budget = budget
         self.tokens = 0
@@ -43,16 +47,21 @@ class RunSpend:
         self.on_cap: Callable[[str], None] | None = None
         self.fingerprint_of: Callable[[int], str | None] = _no_fingerprint
         """The fingerprint id of the environment that scores task ``i``."""
+        self.ledger = CostLedger(repeats)
+        """The run's cost ledger (``cost.json``), kept as the lines are written."""
 
     def load(self, out_dir: Path) -> None:
-        """Count what the run's earlier sessions spent (``--resume``): a budget is the run's."""
-        files = RunDir(out_dir)
-        for path in (files.rollouts, files.failures, files.failures_history, files.stale):
-            for got in read_ledger(path):
-                cost = got.record.get(COST_FIELD)
-                if isinstance(cost, dict):
-                    self._add(cost)
-        self._check()
+        """Count what the run's earlier sessions spent (``--resume``): a budget and a ledger
+        are the run's. A fresh run's files are empty: nothing is read."""
+        self.ledger.load(out_dir)
+        if self.budget is not None:
+            files = RunDir(out_dir)
+            for path in (files.rollouts, files.failures, files.failures_history, files.stale):
+                for got in read_ledger(path):
+                    cost = got.record.get(COST_FIELD)
+                    if isinstance(cost, dict):
+                        self._add(cost)
+            self._check()
 
     def stamp(self, record: RolloutRecord) -> dict[str, Any] | None:
         """The fields ``record``'s line gets beside its own (None: none); its cost is spent.
@@ -64,9 +73,14 @@ class RunSpend:
             if cost.__class__ is not dict or self.prices is not None:
                 cost = rollout_cost(record, self.prices)
                 extra = {COST_FIELD: cost}
+            reward = record.reward
+            self.ledger.scored(record.task_index, reward, record.masked, cost, record.attempts)
         else:
             cost = FAILED
             extra = {COST_FIELD: cost}
+            cause = "stale" if is_stale(record.error) else "failed"
+            # Its seconds as its line says them: the ledger read back from the files agrees.
+            self.ledger.unscored(cause, cost, record.attempts, round(record.duration_s, 4))
         if self.budget is not None and self.stop_reason is None:
             self._add(cost)
             self._check()
