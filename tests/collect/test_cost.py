@@ -260,6 +260,15 @@ def test_a_record_without_metering_says_so_and_a_failure_is_never_free() -> None
     cost = rollout_cost(ScoredRollout(0, 2, 1.0, 1, 0.6, foreign), prices)
     assert (cost["calls"], cost["input_tokens"], cost["output_tokens"]) == (1, 40, 8)
     assert cost["money"] == round((40 * 0.5 + 8 * 1.5) / 1e6, 8)
+    # ... and so it does for a cost no rollgym agent wrote (a foreign agent echoing a row's):
+    # never a crash of the collector, never its numbers.
+    from rollgym.collect.spend import RunSpend
+
+    junk = ScoredRollout(1, 0, 1.0, 1, 0.6, {**foreign, COST_FIELD: {"input_tokens": "lots"}})
+    spend = RunSpend(None, None)
+    extra = spend.stamp(junk)
+    assert extra is not None and extra[COST_FIELD]["input_tokens"] == 40
+    assert spend.ledger.to_dict(None)["totals"]["input_tokens"] == 40
 
 
 async def test_the_trainer_api_says_the_cost_per_useful_sample() -> None:
@@ -309,3 +318,23 @@ async def test_every_wasted_rollout_is_attributed_to_its_cause(tmp_path: Path) -
     assert cost["useful"]["rollouts"] == 15 - 3 * len(flat)
     assert cost["rollouts"] == 15 + 3 + 3
     assert cost["useful"]["tokens"] + wasted["no_signal"]["tokens"] == cost["totals"]["tokens"]
+
+
+async def test_a_cost_written_by_a_row_is_no_measurement(tmp_path: Path) -> None:
+    """A task row (or an environment) that carries ``rollgym_cost`` does not decide what the
+    record says it cost: the agent's own measure replaces it."""
+    from tests.support.stack import running_stack, stack_config, task_row
+
+    forged = {"calls": 0, "input_tokens": 0, "output_tokens": 0, "money": 0.0}
+    rows = [{**task_row(i), COST_FIELD: forged} for i in range(3)]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    async with running_stack() as stack:
+        cfg = stack_config({"concurrency": 2, "budget": {"tokens": 10**6}})
+        run = prepare_run(cfg, cfg.collect, tasks, tmp_path / "out", resume=False)
+        async with asyncio.timeout(60):
+            outcome = await Collector(run, stack.urls, progress=False).execute()
+    assert outcome.exit_code == 0
+    for line in lines(tmp_path / "out"):
+        got = line[COST_FIELD]
+        assert got["calls"] == 2 and got["input_tokens"] > 0 and "money" not in got

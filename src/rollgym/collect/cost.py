@@ -81,13 +81,36 @@ def foreign_cost(record: ScoredRollout) -> dict[str, Any]:
 
 
 def rollout_cost(record: RolloutRecord, prices: PriceTable | None = None) -> dict[str, Any]:
-    """The ``rollgym_cost`` of ``record``'s line (see the module docstring)."""
+    """The ``rollgym_cost`` of ``record``'s line (see the module docstring): its agent's, or
+    where it has none that holds numbers, its response's usage."""
     if not isinstance(record, ScoredRollout):
         return FAILED
-    cost = record.verified.get(COST_FIELD)
-    if cost.__class__ is not dict:
+    cost: Any = record.verified.get(COST_FIELD)
+    try:
+        parts(cost)
+    except (TypeError, AttributeError):
         cost = foreign_cost(record)
     return cost if prices is None else priced(cost, prices)
+
+
+Parts = tuple[int, int, int, int, int, int, float, float, float, float, int, int, float, bool]
+"""One ``rollgym_cost`` read once: calls, input, output, judge calls, judge input, judge
+output, model s, environment s, verifier s, sandbox s, retries, unpriced tokens, money,
+unmetered."""
+
+
+def parts(cost: dict[str, Any]) -> Parts:
+    """``cost``'s numbers; ``TypeError`` when one is no number (a cost no rollgym agent wrote),
+    before anything is counted. Straight-line: it runs once per record."""
+    g = cost.get
+    return (
+        g("calls", 0) + 0, g("input_tokens", 0) + 0, g("output_tokens", 0) + 0,
+        g("judge_calls", 0) + 0, g("judge_input_tokens", 0) + 0,
+        g("judge_output_tokens", 0) + 0, g("model_s", 0.0) + 0.0, g("env_s", 0.0) + 0.0,
+        g("verify_s", 0.0) + 0.0, g("sandbox_s", 0.0) + 0.0, g("retries", 0) + 0,
+        g("unpriced_tokens", 0) + 0, g("money", 0.0) + 0.0,
+        g("metered") is False or "unmetered_calls" in cost,
+    )  # fmt: skip
 
 
 def tokens_of(cost: dict[str, Any]) -> int:

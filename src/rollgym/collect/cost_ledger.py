@@ -24,11 +24,10 @@ apart.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rollgym.collect.cost import tokens_of
+from rollgym.collect.cost import FAILED, Parts, parts
 from rollgym.collect.failure_budget import is_stale
 from rollgym.collect.layout import RunDir, read_ledger
 from rollgym.config import PriceTable
@@ -52,17 +51,15 @@ class Tally:
         self.sandbox_s = 0.0
         self.unmetered = 0
 
-    def add(self, cost: dict[str, Any], attempts: int, wall_s: float) -> None:
-        """One rollout: its cost, attempts and (failed: its wall) seconds."""
+    def add(self, p: Parts, attempts: int, wall_s: float) -> None:
+        """One rollout: its cost's parts, attempts and (failed: its wall) seconds."""
         self.rollouts += 1
         self.attempts += attempts
-        self.tokens += tokens_of(cost)
-        self.money += float(cost.get("money", 0.0))
-        self.seconds += sum(float(cost.get(k, 0.0)) for k in ("model_s", "env_s", "verify_s"))
-        self.seconds += wall_s
-        self.sandbox_s += float(cost.get("sandbox_s", 0.0))
-        if cost.get("metered") is False or cost.get("unmetered_calls"):
-            self.unmetered += 1
+        self.tokens += p[1] + p[2] + p[4] + p[5]
+        self.money += p[12]
+        self.seconds += p[6] + p[7] + p[8] + wall_s
+        self.sandbox_s += p[9]
+        self.unmetered += p[13]
 
     def merge(self, other: Tally) -> None:
         for name in self.__slots__:
@@ -86,37 +83,33 @@ class Totals:
     """The sums over every record of a run (``cost.json``'s ``totals``)."""
 
     def __init__(self) -> None:
-        self.sums: dict[str, float] = defaultdict(float)
+        self.sums = [0.0] * 13
+        self.wall_s = 0.0
 
-    def add(self, cost: dict[str, Any], wall_s: float = 0.0) -> None:
+    def add(self, p: Parts, wall_s: float = 0.0) -> None:
         sums = self.sums
-        sums["wall_s"] += wall_s
-        for key, value in cost.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                sums[key] += value
+        for i in range(13):
+            sums[i] += p[i]
+        self.wall_s += wall_s
 
     def to_dict(self) -> dict[str, Any]:
-        s = self.sums
+        (calls, tin, tout, jcalls, jin, jout, model_s, env_s, verify_s, sandbox_s, retries,
+         unpriced, _) = self.sums  # fmt: skip
         return {
-            "model_calls": int(s["calls"]),
-            "input_tokens": int(s["input_tokens"]),
-            "output_tokens": int(s["output_tokens"]),
-            "judge_calls": int(s["judge_calls"]),
-            "judge_input_tokens": int(s["judge_input_tokens"]),
-            "judge_output_tokens": int(s["judge_output_tokens"]),
-            "tokens": int(
-                s["input_tokens"]
-                + s["output_tokens"]
-                + s["judge_input_tokens"]
-                + s["judge_output_tokens"]
-            ),
-            "model_seconds": round(s["model_s"], 3),
-            "environment_seconds": round(s["env_s"], 3),
-            "verifier_seconds": round(s["verify_s"], 3),
-            "sandbox_seconds": round(s["sandbox_s"], 3),
-            "failed_seconds": round(s["wall_s"], 3),
-            "retries_in_rollouts": int(s["retries"]),
-            "unpriced_tokens": int(s["unpriced_tokens"]),
+            "model_calls": int(calls),
+            "input_tokens": int(tin),
+            "output_tokens": int(tout),
+            "judge_calls": int(jcalls),
+            "judge_input_tokens": int(jin),
+            "judge_output_tokens": int(jout),
+            "tokens": int(tin + tout + jin + jout),
+            "model_seconds": round(model_s, 3),
+            "environment_seconds": round(env_s, 3),
+            "verifier_seconds": round(verify_s, 3),
+            "sandbox_seconds": round(sandbox_s, 3),
+            "failed_seconds": round(self.wall_s, 3),
+            "retries_in_rollouts": int(retries),
+            "unpriced_tokens": int(unpriced),
         }
 
 
@@ -150,10 +143,12 @@ class CostLedger:
         self, task_index: int, reward: float | None, masked: bool, cost: dict[str, Any],
         attempts: int,
     ) -> None:  # fmt: skip
-        self.totals.add(cost)
+        """A scored rollout; ``TypeError`` (nothing counted) if its cost holds no numbers."""
+        p = parts(cost)
+        self.totals.add(p)
         self.extra_attempts += attempts - 1
         if masked:
-            self.masked.add(cost, attempts, 0.0)
+            self.masked.add(p, attempts, 0.0)
             return
         group = self.groups.get(task_index)
         if group is None:
@@ -161,12 +156,13 @@ class CostLedger:
         group.n += 1
         if len(group.rewards) < 2:
             group.rewards.add(reward)
-        group.tally.add(cost, attempts, 0.0)
+        group.tally.add(p, attempts, 0.0)
 
     def unscored(self, cause: str, cost: dict[str, Any], attempts: int, wall_s: float) -> None:
         """A failed (``failed``, ``stale``) or retried rollout."""
-        self.totals.add(cost, wall_s)
-        self.wasted[cause].add(cost, attempts, wall_s)
+        p = parts(cost)
+        self.totals.add(p, wall_s)
+        self.wasted[cause].add(p, attempts, wall_s)
 
     def load(self, out_dir: Path) -> CostLedger:
         """Fold in every record of the run in ``out_dir`` (see the module docstring)."""
@@ -176,7 +172,7 @@ class CostLedger:
             reward = rec.get("reward")
             reward = float(reward) if isinstance(reward, (int, float)) else None
             masked = rec.get(MASK_SAMPLE) is True
-            self.scored(rec["task_index"], reward, masked, _cost(rec), _attempts(rec))
+            self.scored(rec["task_index"], reward, masked, line_cost(rec), _attempts(rec))
         for cause, path in (("failed", files.failures), ("retried", files.failures_history),
                             ("stale", files.stale)):  # fmt: skip
             for got in read_ledger(path):
@@ -184,7 +180,7 @@ class CostLedger:
                 wall = rec.get("duration_s")
                 wall = float(wall) if isinstance(wall, (int, float)) else 0.0
                 why = "stale" if cause == "failed" and _stale(rec) else cause
-                self.unscored(why, _cost(rec), _attempts(rec), wall)
+                self.unscored(why, line_cost(rec), _attempts(rec), wall)
         return self
 
     def to_dict(self, prices: PriceTable | None, abandoned: int = 0) -> dict[str, Any]:
@@ -232,10 +228,18 @@ def _stale(record: dict[str, Any]) -> bool:
     return isinstance(error, dict) and is_stale(RollgymError.from_dict(error))
 
 
-def _cost(record: dict[str, Any]) -> dict[str, Any]:
+def line_cost(record: dict[str, Any]) -> dict[str, Any]:
+    """The ``rollgym_cost`` of a ledger line, or ``FAILED``'s when it has none that holds
+    numbers."""
     cost = record.get(COST_FIELD)
-    # A line from before costs were recorded (or another writer's): not metered.
-    return cost if isinstance(cost, dict) else {"metered": False}
+    # A line from before costs were recorded, or another writer's: not metered.
+    if not isinstance(cost, dict):
+        return FAILED
+    try:
+        parts(cost)
+    except TypeError:
+        return FAILED
+    return cost
 
 
 def _attempts(record: dict[str, Any]) -> int:

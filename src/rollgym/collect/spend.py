@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rollgym.collect.cost import FAILED, rollout_cost, tokens_of
-from rollgym.collect.cost_ledger import CostLedger
+from rollgym.collect.cost_ledger import CostLedger, line_cost
 from rollgym.collect.failure_budget import is_stale
 from rollgym.collect.layout import RunDir, read_ledger
 from rollgym.collect.records import RolloutRecord, ScoredRollout
@@ -58,9 +58,7 @@ class RunSpend:
             files = RunDir(out_dir)
             for path in (files.rollouts, files.failures, files.failures_history, files.stale):
                 for got in read_ledger(path):
-                    cost = got.record.get(COST_FIELD)
-                    if isinstance(cost, dict):
-                        self._add(cost)
+                    self._add(line_cost(got.record))
             self._check()
 
     def stamp(self, record: RolloutRecord) -> dict[str, Any] | None:
@@ -69,12 +67,19 @@ class RunSpend:
         for the money of a priced run or the spend of a budgeted one."""
         extra: dict[str, Any] | None = None
         if isinstance(record, ScoredRollout):
-            cost = record.verified.get(COST_FIELD)
-            if cost.__class__ is not dict or self.prices is not None:
+            cost: Any = record.verified.get(COST_FIELD)
+            task, reward, masked, attempts = (
+                record.task_index, record.reward, record.masked, record.attempts,
+            )  # fmt: skip
+            try:
+                if self.prices is not None:  # the cost with its money: a new field
+                    cost = rollout_cost(record, self.prices)
+                    extra = {COST_FIELD: cost}
+                self.ledger.scored(task, reward, masked, cost, attempts)
+            except (TypeError, AttributeError):  # a cost no rollgym agent wrote
                 cost = rollout_cost(record, self.prices)
                 extra = {COST_FIELD: cost}
-            reward = record.reward
-            self.ledger.scored(record.task_index, reward, record.masked, cost, record.attempts)
+                self.ledger.scored(task, reward, masked, cost, attempts)
         else:
             cost = FAILED
             extra = {COST_FIELD: cost}
