@@ -171,7 +171,7 @@ async def test_the_ledger_matches_what_the_providers_billed(tmp_path: Path) -> N
         assert got["calls"] == 1 and got["judge_calls"] == 1 and got["model"] == "policy-model"
         assert got["judge_model"] == "judge-model"
         assert got["input_tokens"] > 0 and got["model_s"] > 0 and got["verify_s"] > 0
-        assert line["rollgym_timing"]["tokens"] == [[got["input_tokens"], got["output_tokens"]]]
+        assert got["per_call"] == [[got["input_tokens"], got["output_tokens"]]]
 
 
 async def test_a_budget_stops_the_run_within_one_rollout_of_its_cap(tmp_path: Path) -> None:
@@ -245,7 +245,7 @@ def test_a_record_without_metering_says_so_and_a_failure_is_never_free() -> None
     # One call whose answer said no tokens: counted as a call, not as free tokens.
     measured = agent_cost(verified, {"model": [0.25, 0.25]}, [None, [10, 2]], {"model": 1})
     assert measured == {"calls": 2, "input_tokens": 10, "output_tokens": 2,
-                        "unmetered_calls": 1, "model": "unknown-model", "model_s": 0.5,
+                        "per_call": [None, [10, 2]], "unmetered_calls": 1, "model": "unknown-model", "model_s": 0.5,
                         "retries": 1}  # fmt: skip
     record = ScoredRollout(0, 0, 1.0, 1, 0.6, {**verified, COST_FIELD: measured})
     cost = rollout_cost(record, prices)

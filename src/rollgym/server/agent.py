@@ -27,8 +27,8 @@ be held by a pause of its model server for ``model_pause_s`` seconds beyond ``mo
 
 Every verified rollout also carries ``rollgym_timing`` (``Hops.to_dict``): the seconds of each
 hop the rollout made through its context (seed, model calls, tool calls, verify), the retries
-inside them, the time they spent waiting between attempts and each model call's tokens, for
-``rollgym report``; and ``rollgym_cost`` (``Hops.cost``), what it cost.
+inside them and the time they spent waiting between attempts, for ``rollgym report``; and
+``rollgym_cost`` (``Hops.cost``), what it cost, each model call's tokens included.
 """
 
 from __future__ import annotations
@@ -83,8 +83,7 @@ MODEL_PAUSE_S = 600.0
 default pause of ``rollgym.trainer.policy_control`` (a server's own default, 300 s, fits too)."""
 
 TIMING_FIELD = "rollgym_timing"
-"""The verify response's field that holds the rollout's ``Hops`` (with each model call's tokens,
-``tokens``)."""
+"""The verify response's field that holds the rollout's ``Hops``."""
 
 
 class _Call:
@@ -148,8 +147,6 @@ class Hops:
         out: dict[str, Any] = {k: [round(s, 5) for s in v] for k, v in self.seconds.items()}
         out["retries"] = self.retries
         out["wait_s"] = round(self.wait_s, 5)
-        if self.tokens:
-            out["tokens"] = self.tokens
         out["total_s"] = round(time.monotonic() - self.started, 5)
         out["end"] = round(time.time(), 3)
         return out

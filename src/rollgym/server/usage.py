@@ -79,11 +79,12 @@ def rollout_cost(
 ) -> dict[str, Any]:
     """What one rollout cost, as its agent measured it (``rollgym_cost`` on its verify
     response; ``rollgym.collect.cost`` adds the money): its model calls and their tokens
-    (``tokens``: one ``[input, output]`` per call, None where the answer said neither), the
-    model, environment (seed and tools) and verifier seconds of its hops, its retries, and
-    what the verify response says of its judge calls (``judge_calls``, ``judge_input_tokens``,
-    ``judge_output_tokens``, ``judge_model``: ``rollgym.envs.judge``) and its sandbox
-    seconds (``sandbox_s``: ``rollgym.envs.code``). Zero parts are left out."""
+    (``tokens``: one ``[input, output]`` per call, None where the answer said neither: kept
+    as ``per_call``, in call order), the model, environment (seed and tools) and verifier
+    seconds of its hops, its retries, and what the verify response says of its judge calls
+    (``judge_calls``, ``judge_input_tokens``, ``judge_output_tokens``, ``judge_model``:
+    ``rollgym.envs.judge``) and its sandbox seconds (``sandbox_s``: ``rollgym.envs.code``).
+    Zero parts are left out."""
     tokens_in = tokens_out = unmetered = 0
     for call in tokens:
         if call is None:
@@ -93,6 +94,7 @@ def rollout_cost(
             tokens_out += call[1]
     cost: dict[str, Any] = {
         "calls": len(tokens), "input_tokens": tokens_in, "output_tokens": tokens_out,
+        "per_call": tokens,
     }  # fmt: skip
     if unmetered:
         cost["unmetered_calls"] = unmetered
