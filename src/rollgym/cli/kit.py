@@ -340,7 +340,7 @@ def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
         label = "[yellow]budget" if at_budget else "[red]aborted"
         table.add_row(label, escape(outcome.abort_reason))  # text: "[model]" stays
     out = outcome.out_dir
-    table.add_row("output", f"{out}/ rollouts.jsonl failures.jsonl metrics.json cost.json run.json")
+    table.add_row("output", f"{out}/ rollouts.jsonl failures.jsonl metrics.json run.json")
     console.print(table)
     if at_budget:
         counts = m["counts"]

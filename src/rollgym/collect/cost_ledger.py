@@ -258,23 +258,26 @@ def _per(n: int, tokens: int, spent: float | None) -> dict[str, Any]:
 
 
 def describe_cost(cost: dict[str, Any]) -> str:
-    """The summary's cost line, from ``metrics.json``'s ``cost`` (``cost.json``)."""
+    """A run summary's cost line, from ``cost.json``: ``25,170 tokens, 220 model calls; per
+    rollout 242, per useful sample 370 tokens`` (with prices: in money)."""
     totals, per, useful = cost["totals"], cost["per_rollout"], cost["per_useful_sample"]
-    said = f"{totals['tokens']:,} tokens ({totals['model_calls']} model calls"
+    said = f"{totals['tokens']:,} tokens, {totals['model_calls']} model calls"
     if totals["judge_calls"]:
         said += f", {totals['judge_calls']} judge calls"
-    said += ")"
     if totals["sandbox_seconds"]:
         said += f", {totals['sandbox_seconds']:.1f} sandbox s"
     prices = cost.get("prices")
     if prices is not None:
-        said += f", {cost['money']:.4f} {prices['currency']} (prices of {prices['date']})"
-    if per.get("tokens") is not None:
-        said += f"; per rollout {per['tokens']:,.0f} tokens"
-        if per.get("money") is not None:
-            said += f" {per['money']:.6f}"
-    if useful.get("tokens") is not None:
-        said += f"; per useful sample {useful['tokens']:,.0f} tokens"
-        if useful.get("money") is not None:
-            said += f" {useful['money']:.6f}"
-    return said
+        currency = prices["currency"]
+        said += f", {cost['money']:.4f} {currency} (prices of {prices['date']})"
+        each = [f"per rollout {per['money']:.6f}" if per.get("money") is not None else "",
+                f"per useful sample {useful['money']:.6f}"
+                if useful.get("money") is not None else ""]  # fmt: skip
+        unit = currency
+    else:
+        each = [f"per rollout {per['tokens']:,.0f}" if per.get("tokens") is not None else "",
+                f"per useful sample {useful['tokens']:,.0f}"
+                if useful.get("tokens") is not None else ""]  # fmt: skip
+        unit = "tokens"
+    shown = [e for e in each if e]
+    return said + (f"; {', '.join(shown)} {unit}" if shown else "")
