@@ -179,7 +179,9 @@ async def test_a_server_without_a_fingerprint_is_recorded_as_unknown() -> None:
     assert set(found) == {"env"}  # only resources servers are asked
     assert found["env"]["id"] is None
     assert found["env"]["unknown"].startswith("no /fingerprint (")
-    assert warnings == []
+    [warning] = warnings
+    assert warning.startswith("server env: no /fingerprint (")
+    assert "which environment scored its rollouts is not recorded" in warning
 
 
 async def test_the_fingerprint_is_taken_once_when_the_server_starts(

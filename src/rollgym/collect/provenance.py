@@ -30,7 +30,7 @@ async def ask_fingerprints(
     client: HttpClient, config: Config, urls: dict[str, list[str]]
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Each resources server's fingerprint (its first replica's), and warnings naming a
-    replica whose fingerprint differs from its first one's."""
+    server that gives none and a replica whose fingerprint differs from its first one's."""
     once = RetryPolicy(max_attempts=1, attempt_timeout=ASK_TIMEOUT)
     names = [n for n, s in config.servers.items() if s.kind == "resources" and n in urls]
     asks = [(name, url) for name in names for url in urls[name]]
@@ -54,6 +54,11 @@ async def ask_fingerprints(
         replica = index[name] = index.get(name, -1) + 1
         if name not in found:
             found[name] = print_
+            if print_.get("id") is None:
+                warnings.append(
+                    f"server {name}: {print_.get('unknown')}: which environment scored its "
+                    "rollouts is not recorded (its records carry no rollgym_fingerprint)"
+                )
         elif print_.get("id") != found[name].get("id"):
             warnings.append(
                 f"server {name}: replica {replica} is scored by another environment than "
