@@ -4,7 +4,8 @@
 - ``docs/reference/api.md`` from the public modules' docstrings (``scripts/api_reference.py``),
   so it reads on GitHub too;
 - ``docs/reference/config.md`` from the pydantic models: ``servers.NAME`` (ServerConfig, its
-  ``retry:`` RetryPolicy, ``limits:``, ``chaos:``), ``collect:`` (CollectConfig), and each
+  ``retry:`` RetryPolicy, ``limits:``, ``chaos:``), ``collect:`` (CollectConfig, its
+  ``prices:`` and ``budget:``), and each
   built-in server's ``options:`` class;
 - the layer table of ``docs/concepts/architecture.md`` from ``tests/test_layers.py``'s
   ``LAYERS`` (the table the layer test holds);
@@ -135,10 +136,13 @@ def config_page() -> str:
     from rollgym.config import (
         AnswerLimits,
         BreakerConfig,
+        BudgetConfig,
         ChaosSpec,
         CollectConfig,
         EndpointPolicy,
         Fault,
+        ModelPrice,
+        PriceTable,
         RetryBudgetConfig,
         RetryPolicy,
         ServerConfig,
@@ -166,6 +170,9 @@ def config_page() -> str:
         ("servers.NAME.chaos", ChaosSpec),
         ("servers.NAME.chaos.faults[]", Fault),
         ("collect", CollectConfig),
+        ("collect.prices", PriceTable),
+        ("collect.prices.models.NAME", ModelPrice),
+        ("collect.budget", BudgetConfig),
     ]
     for where, model in sections:
         out.append(model_section(where, model))

@@ -44,10 +44,10 @@ def test_unknown_keys_name_the_nearest_known_key(tmp_path: Path) -> None:
         "servers.env.chaos.fautls: unknown key (did you mean faults?)",
         "collect.concurency: unknown key (did you mean concurrency?)",
         "servr: unknown key (did you mean servers?)",
-        "collect.zzz: unknown key (known keys: agent, agent_aliases, agent_in_process, concurrency, "
-        "config_error_window, ignore_agent_ref, input, limit, mask_exploits, max_failure_rate, "
-        "max_failures, max_rollout_attempts, min_failure_samples, pass_threshold, repeats, "
-        "retry_in_run, rollout_timeout, taskset_routes)",
+        "collect.zzz: unknown key (known keys: agent, agent_aliases, agent_in_process, budget, "
+        "concurrency, config_error_window, ignore_agent_ref, input, limit, mask_exploits, "
+        "max_failure_rate, max_failures, max_rollout_attempts, min_failure_samples, "
+        "pass_threshold, prices, repeats, retry_in_run, rollout_timeout, taskset_routes)",
     }
 
 

@@ -16,6 +16,7 @@ Each server carries its own retry policy; the defaults depend on its kind (see `
 from __future__ import annotations
 
 import copy
+import datetime
 import difflib
 import re
 import types
@@ -310,6 +311,39 @@ class ServerConfig(_Strict):
         return self
 
 
+class ModelPrice(_Strict):
+    """What one model's tokens cost, per million (in the table's currency)."""
+
+    input_per_1m: float = Field(ge=0, description="per 1M input (prompt) tokens")
+    output_per_1m: float = Field(ge=0, description="per 1M output (generated) tokens")
+
+
+class PriceTable(_Strict):
+    """A dated price table (``collect.prices``): turns a run's tokens into money
+    (``rollgym.collect.cost``). Models are named as their answers name them (``model`` of the
+    response, a judge's too); ``default`` prices any other."""
+
+    date: datetime.date = Field(description="when these prices were read (they change)")
+    currency: str = Field(default="USD", min_length=1, max_length=16)
+    models: dict[str, ModelPrice] = Field(default_factory=dict)
+    default: ModelPrice | None = Field(default=None, description="the price of unlisted models")
+
+
+class BudgetConfig(_Strict):
+    """Caps that stop a run cleanly once reached (``collect.budget``): its recorded rollouts'
+    tokens (model and judge, input and output), money (needs ``collect.prices``) or sandbox
+    seconds, counted across ``--resume``."""
+
+    tokens: int | None = Field(default=None, ge=1, description="model + judge tokens")
+    money: float | None = Field(default=None, gt=0, description="in collect.prices' currency")
+    sandbox_seconds: float | None = Field(default=None, gt=0)
+    in_flight: Literal["finish", "abandon"] = Field(
+        default="finish",
+        description="at the cap, rollouts in flight finish and are recorded (finish), or are "
+        "cancelled and left for --resume (abandon)",
+    )
+
+
 class CollectConfig(_Strict):
     """How the collector runs; every field can also be set on the command line."""
 
@@ -367,6 +401,20 @@ class CollectConfig(_Strict):
         "recorded with mask_sample: true, left out of every reward statistic, never a reward "
         "for a trainer (never a 0)",
     )
+    prices: PriceTable | None = Field(
+        default=None, description="a dated price table: the run's cost in money (cost.json)"
+    )
+    budget: BudgetConfig | None = Field(
+        default=None, description="stop the run cleanly at a cap of tokens, money or sandbox time"
+    )
+
+    @model_validator(mode="after")
+    def _money_needs_prices(self) -> CollectConfig:
+        if self.budget is not None and self.budget.money is not None and self.prices is None:
+            raise ValueError(
+                "budget.money needs a price table (collect.prices: date, models) to count money"
+            )
+        return self
 
 
 class Config(_Strict):

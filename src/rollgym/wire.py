@@ -39,6 +39,8 @@ RESERVED_ENDPOINTS = frozenset(
         "seed_session",
         "close_session",
         "reverify_mode",
+        "fingerprint",
+        "data_files",
         "verify",
         "aggregate_metrics",
         "tools",
@@ -90,6 +92,8 @@ TOKEN_CAPTURE_SEGMENT = "training-token-capture"
 
 CLOSE_SESSION_ENDPOINT = "/close_session"
 REVERIFY_MODE_ENDPOINT = "/reverify_mode"
+FINGERPRINT_ENDPOINT = "/fingerprint"
+"""``GET``: a resources server's fingerprint (``rollgym.server.fingerprint``)."""
 
 # -- rollgym's own fields ------------------------------------------------------------------------
 
@@ -103,6 +107,11 @@ ROLLGYM_CONFIG = "rollgym_config"
 """The key naming the rollgym config."""
 ROLLGYM_MAX_RESTARTS = "rollgym_max_restarts"
 """Watchdog restarts per 60 s."""
+FINGERPRINT_FIELD = "rollgym_fingerprint"
+"""On every record: the short id of the fingerprint of the environment that scored it (the
+whole fingerprint is in ``run.json``'s ``fingerprints``)."""
+COST_FIELD = "rollgym_cost"
+"""On every record: what the rollout cost (``rollgym.collect.cost.RolloutCost``)."""
 UPSTREAM_KEY = "rollgym_upstream"
 """The extra object on a model call's answer holding what its model server adds: the upstream's
 token-level data, the call's ``POLICY_VERSION``, ``REPLICA`` and ``ABORTED_VERSIONS``."""
@@ -175,7 +184,10 @@ OPENENV_SESSION_ERROR = "SESSION_ERROR"
 __all__ = [
     "ABORTED_VERSIONS",
     "CLOSE_SESSION_ENDPOINT",
+    "COST_FIELD",
     "FAILURE_KIND",
+    "FINGERPRINT_ENDPOINT",
+    "FINGERPRINT_FIELD",
     "HEADER_OLDEST_VERSION",
     "HEADER_ROLLOUT",
     "INDEX_FIELDS",

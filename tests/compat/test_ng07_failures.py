@@ -372,7 +372,7 @@ async def test_failures_jsonl_carries_0_7s_sidecar_fields_and_rollgyms_readers_r
     (line, _) = read_jsonl(tmp_path / "plain" / "failures.jsonl")
     assert set(line) == {
         "task_index", "rollout_index", NG_TASK_INDEX, "_ng_rollout_index", "attempts",
-        "duration_s", "finished_at", "error",
+        "duration_s", "finished_at", "error", "rollgym_cost", "rollgym_fingerprint",
     }  # fmt: skip
     assert outcome.metrics["failures"]["by_kind"] == {}
     assert outcome.metrics["failures"]["by_server"] == {"model": 2}

@@ -227,7 +227,8 @@ def collect_options(command: Callable[..., None]) -> Callable[..., None]:
 EXIT_CODES_HELP = (
     "Exit codes: 0 all rollouts succeeded; 1 the run completed but some rollouts failed (see "
     "failures.jsonl); 2 the run could not start (bad config or input) or was aborted (failure "
-    "budget, configuration error, interrupt; an aborted run is finished with --resume)."
+    "budget, configuration error, interrupt; an aborted run is finished with --resume); 3 the "
+    "run stopped cleanly at its collect.budget (finish it with --resume and a larger budget)."
 )
 
 
@@ -330,12 +331,26 @@ def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
     table.add_row(
         "time", f"{timing['wall_seconds']:.1f}s, {timing['rollouts_per_second']} rollouts/s"
     )
+    if (cost := m.get("cost")) is not None:
+        from rollgym.collect.cost_ledger import describe_cost
+
+        table.add_row("cost", describe_cost(cost))
+    at_budget = outcome.status == "stopped_at_budget"
     if outcome.abort_reason:
-        table.add_row("[red]aborted", escape(outcome.abort_reason))  # text: "[model]" stays
+        label = "[yellow]budget" if at_budget else "[red]aborted"
+        table.add_row(label, escape(outcome.abort_reason))  # text: "[model]" stays
     out = outcome.out_dir
     table.add_row("output", f"{out}/ rollouts.jsonl failures.jsonl metrics.json run.json")
     console.print(table)
-    if outcome.abort_reason:
+    if at_budget:
+        counts = m["counts"]
+        console.print(
+            f"Stopped at the run's budget: {counts['succeeded'] + counts['failed']} of "
+            f"{counts['total']} rollouts recorded, {counts['pending']} pending; nothing recorded "
+            f"is lost. Raise collect.budget and finish it with `rollgym {command}` and --resume.",
+            markup=False, highlight=False,
+        )  # fmt: skip
+    elif outcome.abort_reason:
         console.print(abort_note(outcome, command), markup=False, highlight=False)
 
 

@@ -17,7 +17,8 @@ app = typer.Typer(
         "Collect reinforcement-learning rollouts from HTTP environments; every rollout ends as "
         "a recorded result or a typed failure.\n\n"
         "Exit codes of run/collect: 0 all rollouts succeeded; 1 the run completed but some "
-        "rollouts failed; 2 the run could not start or was aborted."
+        "rollouts failed; 2 the run could not start or was aborted; 3 it stopped at its "
+        "collect.budget."
     ),
     epilog=extras_help(),
     no_args_is_help=True,

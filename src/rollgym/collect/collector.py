@@ -30,6 +30,7 @@ from rollgym.collect.live import RunWatch
 from rollgym.collect.metrics import compute_metrics
 from rollgym.collect.peers import resources_of
 from rollgym.collect.progress import RunProgress
+from rollgym.collect.provenance import ask_fingerprints
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
 from rollgym.collect.required import check_rows
@@ -37,6 +38,7 @@ from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
 from rollgym.collect.route import BY_AGENT, AgentRoute
 from rollgym.collect.rundir import (
     EXIT_ABORTED,
+    EXIT_BUDGET,
     EXIT_OK,
     EXIT_SOME_FAILED,
     PreparedRun,
@@ -45,6 +47,7 @@ from rollgym.collect.rundir import (
     mark_finished,
     write_json,
 )
+from rollgym.collect.spend import RunSpend
 from rollgym.collect.tasks import ROLLGYM_ROW_FIELDS, iter_rollouts
 from rollgym.collect.undeclared import UndeclaredTools
 from rollgym.collect.unscripted import unscripted_warning
@@ -112,6 +115,10 @@ class Collector:
         self.recorder = Recorder(self.ledger, FailureBudget(BudgetRules.from_collect(self.cfg)),
                                  self.progress, mask_exploits=self.cfg.mask_exploits)  # fmt: skip
         self.recorder.on_abort(self.dispatcher.cancel)
+        self.spend = RunSpend(self.cfg.prices, self.cfg.budget, self.cfg.repeats)
+        """Each line's cost and fingerprint id, and the run's budget (``collect.budget``)."""
+        self.spend.on_cap = self._at_cap
+        self.ledger.stamp = self.spend.stamp
         self.watch = RunWatch()
         """What the run shows while it runs (``/metrics``, the progress bar's status line)."""
         self.recorder.listeners.append(self.watch)
@@ -154,9 +161,12 @@ class Collector:
             self._started = True
 
     def pending(self) -> Iterator[RolloutItem]:
-        """The rollouts of ``tasks.jsonl`` that have no record yet, in order."""
+        """The rollouts of ``tasks.jsonl`` that have no record yet, in order; none once the
+        run's budget is spent."""
         dialects = self.run.dialects
         for task_index, rollout_index, raw in iter_rollouts(self.run.files.tasks):
+            if self.spend.stop_reason is not None:
+                return
             if not self.ledger.is_done(task_index, rollout_index):
                 prior = self.ledger.attempts_so_far(task_index, rollout_index)
                 yield dialects.item(task_index, rollout_index, raw, self.route, prior)
@@ -188,10 +198,12 @@ class Collector:
         try:
             await self.start()
             await self._record_code()
+            await self._record_fingerprints()
             await self._warn_unread_fields()
             self._warn_unscripted()
             self._watch_environments()
             self.ledger.load(self.cfg.max_rollout_attempts)
+            self.spend.load(self.run.out_dir)
             self.ledger.open()
             with _abort_on_signals(self.abort):
                 try:
@@ -205,7 +217,8 @@ class Collector:
                         await self.dispatcher.dispatch(
                             self.pending(), self.ledger.pending, self.recorder
                         )
-                        if self.ledger.pending and not self.recorder.aborted:
+                        stopped = self.recorder.aborted or self.spend.stop_reason is not None
+                        if self.ledger.pending and not stopped:
                             self.abort("rollouts were left without a record (every worker "
                                        "died?); finish the run with --resume")  # fmt: skip
                 finally:
@@ -257,15 +270,26 @@ class Collector:
         data.update(self.sections())
         if not aborted:
             data["env_aggregate"] = await self._env_aggregate()
+        spend = self.spend
+        ledger = spend.ledger.to_dict(self.cfg.prices, spend.abandoned)
+        write_json(run.files.cost, ledger)
+        data["cost"] = ledger
         write_json(run.files.metrics, data)
         pending = metrics.total - metrics.succeeded - metrics.failed
-        if aborted or pending:
+        budget_stop = spend.stop_reason is not None and not aborted
+        if budget_stop and pending:
+            # Stopped cleanly at its cap: what is recorded is kept, --resume (with a larger
+            # budget) runs the rest.
+            status, code, reason = "stopped_at_budget", EXIT_BUDGET, spend.stop_reason
+        elif aborted or pending:
             status, code = "aborted", EXIT_ABORTED
         elif metrics.failed:
             status, code = "completed_with_failures", EXIT_SOME_FAILED
         else:
             status, code = "completed", EXIT_OK
         ended = dict(report.sections)
+        if spend.stop_reason is not None:
+            ended["budget"] = spend.summary()
         if aborted:
             assert self.recorder.budget is not None
             ended["abort"] = {"reason": reason, **self.recorder.budget.summary.to_dict()}
@@ -327,6 +351,27 @@ class Collector:
         for (name, _), code in zip(asks, said, strict=True):
             replicas[name].append(code)
         mark_code(self.run, replicas)
+
+    async def _record_fingerprints(self) -> None:
+        """Every resources server's fingerprint, into ``run.json`` (``fingerprints``), once per
+        session; each record names its environment's by id (``rollgym.collect.provenance``)."""
+        found, warnings = await ask_fingerprints(self.client, self.run.config, self.urls)
+        info = self.run.run_info
+        info["fingerprints"] = found
+        if warnings:
+            info.setdefault("warnings", []).extend(warnings)
+        write_json(self.run.files.run_json, info)
+        ids = {name: said.get("id") for name, said in found.items()}
+        self.spend.fingerprint_of = lambda i: ids.get(self.watch.environment_of(i))
+
+    def _at_cap(self, reason: str) -> None:
+        """The run's budget is spent: no more rollouts are sent; those in flight finish, or
+        are cancelled (``in_flight: abandon``) and left for ``--resume``."""
+        log.warning("stopping at the run's budget: %s", reason)
+        budget = self.cfg.budget
+        if budget is not None and budget.in_flight == "abandon":
+            self.spend.abandoned = self.in_flight() or 0
+            self.dispatcher.cancel()
 
     def _watch_environments(self) -> None:
         """Name each task's environment for the live reward metric (``RunWatch.rewards``):

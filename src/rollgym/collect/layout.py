@@ -40,6 +40,7 @@ FAILURES = "failures.jsonl"
 FAILURES_HISTORY = "failures.history.jsonl"
 STALE = "stale.jsonl"
 METRICS = "metrics.json"
+COST = "cost.json"
 PER_TASK = "per_task.jsonl"
 AGGREGATE = "rollouts_aggregate_metrics.json"
 RUN_JSON = "run.json"
@@ -63,7 +64,7 @@ class RunDir:
 
     OWN_FILES: ClassVar[tuple[str, ...]] = (
         RUN_JSON, TASKS, ROLLOUTS, FAILURES, FAILURES_HISTORY, METRICS, PER_TASK, AGGREGATE,
-        LOCK, LOGS,
+        LOCK, LOGS, COST,
     )  # fmt: skip
     """What a run writes in its directory."""
 
@@ -90,6 +91,10 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.root / METRICS
+
+    @property
+    def cost(self) -> Path:
+        return self.root / COST
 
     @property
     def per_task(self) -> Path:

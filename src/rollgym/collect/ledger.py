@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from rollgym.collect.layout import RunDir, Tolerance, is_record, read_ledger
 from rollgym.collect.records import RolloutRecord
@@ -79,6 +80,9 @@ class Ledger:
         self.failed = 0
         self._ok: IO[bytes] | None = None
         self._bad: IO[bytes] | None = None
+        self.stamp: Callable[[RolloutRecord], dict[str, Any] | None] | None = None
+        """The fields the run adds to each line (``rollgym.collect.spend``), asked once per
+        record written."""
 
     def slot(self, task_index: int, rollout_index: int) -> int:
         return task_index * self.repeats + rollout_index
@@ -155,7 +159,8 @@ class Ledger:
             return False
         fh = self._ok if record.ok else self._bad
         assert fh is not None, "open() first"
-        fh.write(record.to_json() + b"\n")
+        extra = self.stamp(record) if self.stamp is not None else None
+        fh.write(record.to_json(extra) + b"\n")
         fh.flush()
         if record.ok:
             self._done[slot] = 1

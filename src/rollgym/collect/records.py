@@ -107,10 +107,11 @@ class ScoredRollout:
             and not isinstance(v, bool)
         }
 
-    def to_json(self) -> bytes:
+    def to_json(self, extra: dict[str, Any] | None = None) -> bytes:
         """This record as one line of ``rollouts.jsonl`` (without the newline), its indices in
         both spellings (``wire.INDEX_FIELDS``). ``_ng_task_index`` is the task row's, which the
-        verify response echoes (an input file may carry its own); else the task index."""
+        verify response echoes (an input file may carry its own); else the task index.
+        ``extra``: fields the run adds (its cost, its environment's fingerprint)."""
         ng_task = self.verified.get(NG_TASK_INDEX)
         if not isinstance(ng_task, int) or isinstance(ng_task, bool):
             ng_task = self.task_index
@@ -129,6 +130,8 @@ class ScoredRollout:
             line[FIELD] = self.integrity.to_dict()
             if self.integrity.masked:
                 line[MASK_SAMPLE] = True
+        if extra:
+            line.update(extra)
         return orjson.dumps(line)
 
 
@@ -150,10 +153,10 @@ class FailedRollout:
     def retryable(self) -> bool:
         return self.error.retryable
 
-    def to_json(self) -> bytes:
+    def to_json(self, extra: dict[str, Any] | None = None) -> bytes:
         """This record as one line of ``failures.jsonl``: indices (in both spellings, as in
-        ``rollouts.jsonl``), attempts, the error (``RollgymError.to_record``) and the fields
-        its row's dialect adds."""
+        ``rollouts.jsonl``), attempts, the error (``RollgymError.to_record``), the fields
+        its row's dialect adds and ``extra`` (what the run adds)."""
         return orjson.dumps(
             {
                 "task_index": self.task_index,
@@ -165,6 +168,7 @@ class FailedRollout:
                 "finished_at": round(time.time(), 3),
                 "error": self.error.to_record(),
                 **(self.fields or {}),
+                **(extra or {}),
             }
         )
 

@@ -51,8 +51,10 @@ from rollgym.version import __version__
 EXIT_OK = 0
 EXIT_SOME_FAILED = 1
 EXIT_ABORTED = 2
+EXIT_BUDGET = 3
 """Exit codes: all rollouts succeeded / the run completed with failed rollouts / the run could
-not start or was aborted (failure budget, configuration error, interrupt)."""
+not start or was aborted (failure budget, configuration error, interrupt) / the run stopped
+cleanly at its budget (``collect.budget``) with rollouts left for ``--resume``."""
 
 LOCK_FILE = LOCK
 LOGS_DIR = LOGS
@@ -351,7 +353,7 @@ _RUN_FILES = (RUN_JSON, TASKS, ROLLOUTS, FAILURES)
 # The keys of run.json that describe one session (the first run or one resume) and its end.
 _SESSION_KEYS = (
     "status", "exit_code", "ended_at", "abort", "error", "startup_seconds", "process", "warnings",
-    "metrics_url", "scrape_targets", "code",
+    "metrics_url", "scrape_targets", "code", "fingerprints", "budget",
 )  # fmt: skip
 
 

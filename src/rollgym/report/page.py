@@ -15,7 +15,14 @@ import rollgym.report.plots as plots  # the module, not the package: it imports 
 from rollgym.health import report_section
 from rollgym.report.data import FAILURE_KEYS, HOPS, RunData
 from rollgym.report.prompts import prompt_excerpts
-from rollgym.report.summary import ENV_HEADER, deltas, environments, hardest, headline
+from rollgym.report.summary import (
+    ENV_HEADER,
+    deltas,
+    environments,
+    hardest,
+    headline,
+    provenance,
+)
 from rollgym.version import __version__
 
 # Bokeh's core bundle only, inlined: the plots need none of its widgets, tables, WebGL or MathJax
@@ -88,6 +95,10 @@ def render(runs: Sequence[RunData]) -> str:
         ("Retries and circuits", ["retries"]),
     ]  # fmt: skip
     body = [f"<h2>Runs</h2>{summary}"]
+    if len(runs) > 1:
+        said = provenance(list(runs))
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in said)
+        body.append(f"<h2>Environments that scored them</h2><ul>{items}</ul>")
     for title, keys_ in sections:
         cells = "".join(f'<div class="plot">{divs[k]}</div>' for k in keys_)
         body.append(f'<h2>{title}</h2><div class="grid">{cells}</div>')

@@ -6,7 +6,9 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
+from rollgym.collect.cost_ledger import describe_cost
 from rollgym.collect.metrics import CauseCounts, IntegrityCounts
+from rollgym.collect.provenance import compare_fingerprints, recorded_fingerprints
 from rollgym.report.data import RunData
 
 HARDEST = 15
@@ -78,7 +80,27 @@ def headline(run: RunData) -> dict[str, str]:
         "integrity": tagged(run.integrity),
         "hop p50 (ms)": ", ".join(f"{h} {_median(v) * 1000:.1f}" for h, v in hops.items())
         or "no per-hop timing",
+        "cost": describe_cost(cost) if isinstance(cost := run.metrics.get("cost"), dict) else "-",
+        "environments": fingerprints(run),
     }
+
+
+def fingerprints(run: RunData) -> str:
+    """``env 3d44a5986cf6``: each environment's fingerprint id, as ``run.json`` recorded it."""
+    found = recorded_fingerprints(run.path)
+    return ", ".join(f"{n} {p.get('id') or 'unknown'}" for n, p in sorted(found.items())) or "-"
+
+
+def provenance(runs: list[RunData]) -> list[str]:
+    """For a comparison: where each run was scored by other environments than the first."""
+    said: list[str] = []
+    for other in runs[1:]:
+        differ = compare_fingerprints(runs[0].path, other.path)
+        if differ:
+            said.extend(differ)
+        elif recorded_fingerprints(runs[0].path):
+            said.append(f"{runs[0].name} and {other.name}: scored by the same environments")
+    return said
 
 
 def tagged(counts: IntegrityCounts) -> str:
@@ -161,6 +183,7 @@ def terminal(runs: list[RunData]) -> str:
         if worst:
             shown = ", ".join(f"{r.task_index} ({r.pass_rate:.2f})" for r in worst)
             lines.append(f"  hardest tasks (pass rate): {shown}")
+    lines.extend(provenance(runs))
     for other in runs[1:]:
         moved = deltas(runs[0], other, 5)
         if moved:

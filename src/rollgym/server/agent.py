@@ -27,7 +27,8 @@ be held by a pause of its model server for ``model_pause_s`` seconds beyond ``mo
 
 Every verified rollout also carries ``rollgym_timing`` (``Hops.to_dict``): the seconds of each
 hop the rollout made through its context (seed, model calls, tool calls, verify), the retries
-inside them and the time they spent waiting between attempts, for ``rollgym report``.
+inside them and the time they spent waiting between attempts, for ``rollgym report``; and
+``rollgym_cost`` (``Hops.cost``), what it cost, each model call's tokens included.
 """
 
 from __future__ import annotations
@@ -65,8 +66,10 @@ from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
 from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.policy import MAX_PAUSE_S
+from rollgym.server.usage import call_tokens, rollout_cost
 from rollgym.server.versions import CallVersions
 from rollgym.wire import (
+    COST_FIELD,
     HEADER_OLDEST_VERSION,
     HEADER_ROLLOUT,
     ROLLOUT_PREFIX,
@@ -102,10 +105,13 @@ class Hops:
     """Per-hop timing of one rollout: seconds of every seed, model, tool and verify call, the
     retries inside them, and the time they waited between attempts (backoff)."""
 
-    __slots__ = ("failed", "retries", "seconds", "started", "wait_s")
+    __slots__ = ("failed", "retries", "seconds", "started", "tokens", "wait_s")
 
     def __init__(self) -> None:
         self.seconds: dict[str, list[float]] = {}
+        self.tokens: list[list[int] | None] = []
+        """Each model call's ``[input, output]`` tokens (None: its answer said neither), in
+        call order: the rollout's cost (``rollgym.collect.cost``)."""
         self.retries: dict[str, int] = {}
         self.wait_s = 0.0
         self.started = time.monotonic()
@@ -129,6 +135,11 @@ class Hops:
             if counted.attempts > 1:
                 self.retries[hop] = self.retries.get(hop, 0) + counted.attempts - 1
                 self.wait_s += max(0.0, took - counted.sent_s)
+
+    def cost(self, verified: dict[str, Any]) -> dict[str, Any]:
+        """The rollout's ``rollgym_cost``, from these hops and its verify response
+        (``rollgym.server.usage.rollout_cost``)."""
+        return rollout_cost(verified, self.seconds, self.tokens, self.retries)
 
     def to_dict(self) -> dict[str, Any]:
         """The record: ``{hop: [seconds...], "retries": {hop: n}, "wait_s", "total_s", "end"}``
@@ -318,6 +329,8 @@ class RunContext:
         )  # fmt: skip
         response: dict[str, Any] = await self.hops.timed("model", call)
         self.versions.saw(response)
+        used = call_tokens(response)
+        self.hops.tokens.append(None if used is None else list(used))
         return response
 
 
@@ -501,6 +514,9 @@ class AgentServer(BaseServer):
             self.observe_hops(ctx.hops)
         if isinstance(verified, dict):
             verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())
+            # Set, never kept from the verify response: what a row or an environment wrote
+            # there is no measurement of this rollout.
+            verified[COST_FIELD] = ctx.hops.cost(verified)
         return JSONResponse(verified, headers={HEADER_ROLLOUT: rollout})
 
     async def attempt(self, row: dict[str, Any], rollout: str) -> Attempt:
@@ -524,6 +540,7 @@ class AgentServer(BaseServer):
         finally:
             self.observe_hops(ctx.hops)
         verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())
+        verified[COST_FIELD] = ctx.hops.cost(verified)
         return Attempt(rollout, verified)
 
 

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 from typing import (
     Any,
     ClassVar,
@@ -62,6 +63,7 @@ from rollgym.server.endpoint import (
     error_response,
     json_endpoint,
 )
+from rollgym.server.fingerprint import Fingerprint
 from rollgym.server.sessions import (
     Prepare,
     Session,
@@ -70,7 +72,7 @@ from rollgym.server.sessions import (
     new_session,
     session_id,
 )
-from rollgym.wire import REVERIFY_MODE_ENDPOINT, session_cookie
+from rollgym.wire import FINGERPRINT_ENDPOINT, REVERIFY_MODE_ENDPOINT, session_cookie
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -158,6 +160,8 @@ class ResourcesServer(BaseServer):
     """Whether ``verify`` reads only the row and the response (``"stateless"``), or the
     session's state too (``"unsupported"``): a caller asks before it scores recorded rollouts
     again."""
+    version: ClassVar[str | None] = None
+    """The environment's declared version, part of its fingerprint (``GET /fingerprint``)."""
     tools: ClassVar[dict[str, ToolSpec]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -195,6 +199,9 @@ class ResourcesServer(BaseServer):
         self._pool: CpuPool | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._pool_lock = asyncio.Lock()
+        # Once, at start: what scores this server's rollouts (``rollgym.server.fingerprint``).
+        self.fingerprint = Fingerprint.of(type(self), self.data_files(), type(self).version)
+        self._fingerprint = self.fingerprint.to_dict()
 
     # -- the authoring API ---------------------------------------------------------------
 
@@ -211,6 +218,12 @@ class ResourcesServer(BaseServer):
         ``POST /aggregate_metrics`` answers them as the key metrics, in the shape of
         ``rollgym.server.aggregate``."""
         return {}
+
+    def data_files(self) -> list[tuple[str, Path]] | None:
+        """The data files this environment scores with, as (name, path): digested into its
+        fingerprint at start. None (the default): the non-Python files of its package's
+        folder (``rollgym.server.fingerprint``)."""
+        return None
 
     def features(self) -> list[str]:
         overridden = type(self).aggregate_metrics is not ResourcesServer.aggregate_metrics
@@ -270,6 +283,11 @@ class ResourcesServer(BaseServer):
             Route("/seed_session", json_endpoint(self._seed, self._seed_limit()), methods=["POST"]),
             *self._dialect_routes,
             Route(REVERIFY_MODE_ENDPOINT, json_endpoint(self._reverify_mode), methods=["GET"]),
+            Route(
+                FINGERPRINT_ENDPOINT,
+                json_endpoint(self._fingerprint_answer),
+                methods=["GET", "POST"],
+            ),
             Route("/verify", json_endpoint(self._verify), methods=["POST"]),
             Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
             Route("/tools", json_endpoint(self._list_tools), methods=["GET", "POST"]),
@@ -297,6 +315,9 @@ class ResourcesServer(BaseServer):
 
     async def _reverify_mode(self, body: Any, call: Call) -> Any:
         return type(self).reverify_mode
+
+    async def _fingerprint_answer(self, body: Any, call: Call) -> Any:
+        return self._fingerprint
 
     async def _seed(self, task: Any, call: Call) -> Any:
         if not isinstance(task, dict):

@@ -31,6 +31,8 @@ e: e.status, e.server, e.body``); ``plain_error(e)`` gives back the original err
 ``client.stream(rows, repeats=16)`` is the asynchronous form: groups in the order they finish,
 with back-pressure, bounded staleness and pause/resume for weight updates (``RolloutStream``).
 ``PolicyControl`` pauses the model servers, and resumes them on new weights.
+``BatchCost.of(groups, prices)`` says what a batch cost, per rollout and per useful trained
+sample (``rollgym.trainer.cost``).
 
 The modules: ``client`` (``RolloutClient``), ``group`` (``TaskGroup``), ``stream``
 (``RolloutStream``; its parts: ``feed``, rows in and groups out, ``staleness``, the judge of a
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
         collect_batch_sync,
         plain_error,
     )
+    from rollgym.trainer.cost import BatchCost
     from rollgym.trainer.feed import StreamStats
     from rollgym.trainer.forks import fork, fork_sync
     from rollgym.trainer.group import TaskGroup
@@ -65,6 +68,7 @@ if TYPE_CHECKING:
 # Imported on first use: a trainer that needs one name (``integrations.weights`` needs
 # PolicyControl) must not load the whole API with it.
 _HOMES = {
+    "BatchCost": "rollgym.trainer.cost",
     "BatchOptions": "rollgym.trainer.client",
     "BudgetRules": "rollgym.collect.failure_budget",
     "DEFAULT_BUDGET": "rollgym.trainer.client",
@@ -86,6 +90,7 @@ _HOMES = {
 
 __all__ = [
     "DEFAULT_BUDGET",
+    "BatchCost",
     "BatchOptions",
     "BudgetRules",
     "FailedRollout",

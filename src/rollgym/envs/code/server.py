@@ -158,17 +158,22 @@ class CodeEnv(ResourcesServer):
                 "to false to run with the weaker fallback the README describes)",
                 server=self.name,
             )
-        runs = [self._run(sandbox, code, c, tests.fn_name) for c in cases]
-        return _scored(scoring, await asyncio.gather(*runs), len(cases), code)
+        spent: list[float] = []
+        runs = [self._run(sandbox, code, c, tests.fn_name, spent) for c in cases]
+        scored = _scored(scoring, await asyncio.gather(*runs), len(cases), code)
+        # The sandbox time of this rollout (its runs' wall seconds in a slot): its cost.
+        scored["sandbox_s"] = round(sum(spent), 4)
+        return scored
 
     async def _run(
-        self, sandbox: Sandbox, code: str, case: Case, fn_name: str | None
+        self, sandbox: Sandbox, code: str, case: Case, fn_name: str | None, spent: list[float]
     ) -> tuple[str, str | None]:
         self._runs += 1
         try:
             run = await sandbox.run(
                 code, case.stdin, mode=case.mode, fn_name=fn_name, probes=case.probes
             )
+            spent.append(run.duration_s)
         finally:
             self._runs -= 1
         # Off the event loop: a large report takes a while to judge, and the server's other

@@ -42,6 +42,7 @@ from rollgym.protocol import output_text
 from rollgym.server.base import ModelPeer
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.resources import ResourcesServer, Session
+from rollgym.server.usage import call_tokens
 from rollgym.tracing.names import JUDGE, JUDGE_SPAN, SERVER
 
 EQUIVALENCE_SYSTEM = (
@@ -107,21 +108,25 @@ class JudgeEnv(ResourcesServer):
     ) -> dict[str, Any]:
         answer = output_text(response)
         question = _question(task)
+        used: list[Any] = []
         if self.options.mode == "rubric":
-            return await self._rubric(task, question, answer)
+            return {**await self._rubric(task, question, answer, used), **_judge_cost(used)}
         expected = expected_text(task, "judge")
         labels = (self.options.equal_label, self.options.not_equal_label)
-        verdicts = [await self._equal(question, expected, quoted(answer, labels))]
+        verdicts = [await self._equal(question, expected, quoted(answer, labels), used)]
         if verdicts[0][0] and self.options.both_orders:
-            verdicts.append(await self._equal(question, quoted(answer, labels), expected))
+            verdicts.append(await self._equal(question, quoted(answer, labels), expected, used))
         equal = all(v for v, _ in verdicts)
         return {
             "reward": 1.0 if equal else 0.0,
             "judge_calls": len(verdicts),
             "judge_evaluations": [text for _, text in verdicts],
+            **_judge_cost(used),
         }
 
-    async def _equal(self, question: str, gold: str, candidate: str) -> tuple[bool, str]:
+    async def _equal(
+        self, question: str, gold: str, candidate: str, used: list[Any]
+    ) -> tuple[bool, str]:
         o = self.options
         values = {
             "question": question,
@@ -130,13 +135,15 @@ class JudgeEnv(ResourcesServer):
             "equal_label": o.equal_label,
             "not_equal_label": o.not_equal_label,
         }
-        text = await self._ask(EQUIVALENCE_SYSTEM, EQUIVALENCE_TEMPLATE, values)
+        text = await self._ask(EQUIVALENCE_SYSTEM, EQUIVALENCE_TEMPLATE, values, used)
         try:
             return equivalence(text, o.equal_label, o.not_equal_label), text
         except ValueError as exc:
             raise self._unparseable(str(exc), text) from None
 
-    async def _rubric(self, task: dict[str, Any], question: str, answer: str) -> dict[str, Any]:
+    async def _rubric(
+        self, task: dict[str, Any], question: str, answer: str, used: list[Any]
+    ) -> dict[str, Any]:
         criteria = _criteria(task.get("rubric"))
         o = self.options
         listed = "\n".join(f"- {c.name}: {c.description}" for c in criteria)
@@ -146,18 +153,21 @@ class JudgeEnv(ResourcesServer):
             "criteria": listed,
             "max_score": f"{o.max_score:g}",
         }
-        text = await self._ask(RUBRIC_SYSTEM, RUBRIC_TEMPLATE, values)
+        text = await self._ask(RUBRIC_SYSTEM, RUBRIC_TEMPLATE, values, used)
         try:
             scores = rubric_scores(text, criteria, o.max_score)
         except ValueError as exc:
             raise self._unparseable(str(exc), text) from None
         total = sum(c.weight for c in criteria)
         reward = sum(scores[c.name] * c.weight for c in criteria) / total
-        return {"reward": reward, "scores": scores, "judge_evaluations": [text]}
+        return {"reward": reward, "scores": scores, "judge_evaluations": [text], "judge_calls": 1}
 
-    async def _ask(self, system: str, template: str, values: dict[str, str]) -> str:
+    async def _ask(
+        self, system: str, template: str, values: dict[str, str], used: list[Any]
+    ) -> str:
         """The judge's answer text to the filled prompt; its own failures propagate as they
-        are (the base answers 502/504 with the judge's error as ``origin``)."""
+        are (the base answers 502/504 with the judge's error as ``origin``). Its tokens and
+        model are added to ``used`` (the rollout's cost: ``_judge_cost``)."""
         o = self.options
         params = {
             **o.judge_params,
@@ -168,6 +178,7 @@ class JudgeEnv(ResourcesServer):
         }
         with tracing.span(JUDGE_SPAN, {JUDGE: o.judge, SERVER: self.name}):
             answer = await self.client.call(self.peer(o.judge), RESPONSES_ENDPOINT, params)
+        used.append((call_tokens(answer), answer.get("model")))
         try:
             return output_text(answer)
         except InvalidRequest as exc:  # a malformed answer is the judge's fault, not ours
@@ -180,6 +191,21 @@ class JudgeEnv(ResourcesServer):
             endpoint=RESPONSES_ENDPOINT,
             body=text,
         )
+
+
+def _judge_cost(used: list[Any]) -> dict[str, Any]:
+    """The judge calls' tokens, as the verify response's ``judge_input_tokens`` and
+    ``judge_output_tokens`` (absent when a judge's answer said neither: not metered) and the
+    judge's model (``judge_model``: its price in ``collect.prices``)."""
+    out: dict[str, Any] = {}
+    counted = [tokens for tokens, _ in used]
+    if counted and all(t is not None for t in counted):
+        out["judge_input_tokens"] = sum(t[0] for t in counted if t is not None)
+        out["judge_output_tokens"] = sum(t[1] for t in counted if t is not None)
+    models = [m for _, m in used if isinstance(m, str)]
+    if models:
+        out["judge_model"] = models[-1]
+    return out
 
 
 def _fill(template: str, values: dict[str, str]) -> str:

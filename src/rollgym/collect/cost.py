@@ -1,0 +1,118 @@
+"""What a rollout cost: the ``rollgym_cost`` field of its line, and its money.
+
+A rollout's cost is measured where it happened and summed by its agent
+(``rollgym.server.usage.rollout_cost``, on the verify response beside ``rollgym_timing``): its
+model calls and their tokens (from the upstream's ``usage``, or counted from token ids), its
+model, environment and verifier seconds, its retries, its judge calls and their tokens, its
+sandbox seconds. The collector does not compute it again (its hot path stays as it was): it
+adds the money when the run has a price table (``collect.prices``), and computes a cost only
+for an agent that is not rollgym's (the response's summed ``usage``).
+
+A failed rollout's line says ``{"metered": false}`` (its attempts and seconds are on the line
+already): the collector never saw its calls, so its tokens are not known, and the ledger counts
+such rollouts apart rather than as free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollgym.collect.records import RolloutRecord, ScoredRollout
+from rollgym.config import ModelPrice, PriceTable
+from rollgym.server.usage import usage_tokens
+from rollgym.wire import COST_FIELD, UPSTREAM_KEY
+
+FAILED: dict[str, Any] = {"metered": False}
+"""The cost of a failed rollout's line (shared: never changed)."""
+
+_TOKEN_KEYS = ("input_tokens", "output_tokens", "judge_input_tokens", "judge_output_tokens")
+
+
+def price_of(prices: PriceTable | None, model: Any) -> ModelPrice | None:
+    """The price of ``model`` (as its answers name it) in ``prices``; None: unpriced."""
+    if prices is None:
+        return None
+    found = prices.models.get(model) if isinstance(model, str) else None
+    return found if found is not None else prices.default
+
+
+def money(price: ModelPrice | None, input_tokens: int, output_tokens: int) -> float | None:
+    if price is None:
+        return None
+    return (input_tokens * price.input_per_1m + output_tokens * price.output_per_1m) / 1e6
+
+
+def priced(cost: dict[str, Any], prices: PriceTable) -> dict[str, Any]:
+    """``cost`` with its ``money`` (and ``unpriced_tokens``: those of a model the table does
+    not price), a new dict."""
+    spent = 0.0
+    unpriced = 0
+    for model, tokens_in, tokens_out in (
+        (cost.get("model"), cost.get("input_tokens", 0), cost.get("output_tokens", 0)),
+        (cost.get("judge_model"), cost.get("judge_input_tokens", 0),
+         cost.get("judge_output_tokens", 0)),
+    ):  # fmt: skip
+        if not tokens_in and not tokens_out:
+            continue
+        got = money(price_of(prices, model), tokens_in, tokens_out)
+        if got is None:
+            unpriced += tokens_in + tokens_out
+        else:
+            spent += got
+    out = {**cost, "money": round(spent, 8)}
+    if unpriced:
+        out["unpriced_tokens"] = unpriced
+    return out
+
+
+def foreign_cost(record: ScoredRollout) -> dict[str, Any]:
+    """The cost of a rollout whose agent is not rollgym's: its response's summed usage."""
+    response = record.response
+    upstream = response.get(UPSTREAM_KEY)
+    cost: dict[str, Any] = {"calls": len(upstream) if isinstance(upstream, list) else 1}
+    summed = usage_tokens(response.get("usage"))
+    if summed is None:
+        cost["metered"] = False
+        summed = (0, 0)
+    cost["input_tokens"], cost["output_tokens"] = summed
+    if isinstance(model := response.get("model"), str):
+        cost["model"] = model
+    return cost
+
+
+def rollout_cost(record: RolloutRecord, prices: PriceTable | None = None) -> dict[str, Any]:
+    """The ``rollgym_cost`` of ``record``'s line (see the module docstring): its agent's, or
+    where it has none that holds numbers, its response's usage."""
+    if not isinstance(record, ScoredRollout):
+        return FAILED
+    cost: Any = record.verified.get(COST_FIELD)
+    try:
+        parts(cost)
+    except (TypeError, AttributeError):
+        cost = foreign_cost(record)
+    return cost if prices is None else priced(cost, prices)
+
+
+Parts = tuple[int, int, int, int, int, int, float, float, float, float, int, int, float, bool]
+"""One ``rollgym_cost`` read once: calls, input, output, judge calls, judge input, judge
+output, model s, environment s, verifier s, sandbox s, retries, unpriced tokens, money,
+unmetered."""
+
+
+def parts(cost: dict[str, Any]) -> Parts:
+    """``cost``'s numbers; ``TypeError`` when one is no number (a cost no rollgym agent wrote),
+    before anything is counted. Straight-line: it runs once per record."""
+    g = cost.get
+    return (
+        g("calls", 0) + 0, g("input_tokens", 0) + 0, g("output_tokens", 0) + 0,
+        g("judge_calls", 0) + 0, g("judge_input_tokens", 0) + 0,
+        g("judge_output_tokens", 0) + 0, g("model_s", 0.0) + 0.0, g("env_s", 0.0) + 0.0,
+        g("verify_s", 0.0) + 0.0, g("sandbox_s", 0.0) + 0.0, g("retries", 0) + 0,
+        g("unpriced_tokens", 0) + 0, g("money", 0.0) + 0.0,
+        g("metered") is False or "unmetered_calls" in cost,
+    )  # fmt: skip
+
+
+def tokens_of(cost: dict[str, Any]) -> int:
+    """Every token a rollout's ``rollgym_cost`` counts: model and judge, input and output."""
+    return sum(int(cost.get(k, 0)) for k in _TOKEN_KEYS)

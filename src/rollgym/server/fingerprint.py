@@ -1,0 +1,201 @@
+"""What scores a rollout: an environment's fingerprint, taken once when its server starts.
+
+A resources server answers ``GET /fingerprint`` (``FINGERPRINT_ENDPOINT``) with::
+
+    {"id": "3f2a9c0d41be",              # short digest of all that follows
+     "code": {"digest": ..., "files": {"rollgym/envs/math/server.py": sha256, ...}},
+     "data": {"digest": ..., "files": {...}},
+     "version": "1.2" | None,           # the class's declared ``version``
+     "rollgym": "0.1.0"}
+
+``code`` is the environment's own package, not all of Python: for each class of the server's
+MRO below rollgym's server bases, the ``.py`` files of the folder of its module (a module of a
+package: that package's folder, its subfolders included; a top-level module such as
+``weather.py`` beside a config: that file alone). Files are named relative to the folder above
+the package, so two checkouts of the same code give the same digest. ``data`` is the files its
+``data_files()`` names (by default the non-Python files of the same folders: the bundled
+environments keep theirs in ``data/``). The files are read at start, once: a module imported
+lazily later is still counted (its file is in the folder), and a file edited or replaced under
+the same name gives another digest, so two runs scored by different environments are told apart
+(``compare``), naming what differs: code, data or version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollgym.server.provenance import file_sha256
+from rollgym.version import __version__
+
+ID_CHARS = 12
+"""Hex digits of a fingerprint's short id: what every record carries."""
+MAX_FILES = 2000
+"""Files digested per part at most (a package folder holding a dataset of many files is cut
+there, and says so with ``truncated``)."""
+_SKIP_DIRS = frozenset({"__pycache__", ".git", ".mypy_cache", ".pytest_cache", "node_modules"})
+_BASES = frozenset({"rollgym.server.resources", "rollgym.server.base", "rollgym.server.gymnasium"})
+
+
+@dataclass(frozen=True)
+class Digested:
+    """Files and their sha256 (by a stable relative name), and one digest over them."""
+
+    files: dict[str, str]
+    truncated: bool = False
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for name in sorted(self.files):
+            h.update(f"{name}\0{self.files[name]}\n".encode())
+        return h.hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"digest": self.digest, "files": dict(sorted(self.files.items()))}
+        if self.truncated:
+            out["truncated"] = True
+        return out
+
+
+def digest_files(paths: Iterable[tuple[str, Path]]) -> Digested:
+    """``(name, path)`` pairs digested (an unreadable file's sha256 is ``"unreadable"``)."""
+    files: dict[str, str] = {}
+    truncated = False
+    for name, path in paths:
+        if len(files) >= MAX_FILES:
+            truncated = True
+            break
+        files[name] = file_sha256(str(path)) or "unreadable"
+    return Digested(files, truncated)
+
+
+def package_roots(klass: type) -> list[tuple[Path, Path]]:
+    """(folder or file, the folder names are relative to) of each environment class in
+    ``klass``'s MRO: rollgym's own server bases left out."""
+    roots: list[tuple[Path, Path]] = []
+    for cls in klass.__mro__:
+        module = cls.__module__
+        if module in _BASES or module == "builtins" or cls is object:
+            continue
+        file = getattr(sys.modules.get(module), "__file__", None)
+        if not file:
+            continue
+        path = Path(os.path.realpath(file))
+        depth = len(module.split("."))
+        if path.name == "__init__.py":  # a package itself: its folder
+            root = path.parent
+            base = root.parents[depth - 1]
+        elif depth > 1:  # a package's module: its folder
+            root = path.parent
+            base = root.parents[depth - 2]
+        else:  # a top-level module: that file alone
+            root, base = path, path.parent
+        if all(root != r for r, _ in roots):
+            roots.append((root, base))
+    return roots
+
+
+def _walk(root: Path, base: Path, python: bool) -> Iterator[tuple[str, Path]]:
+    """The files under ``root``, in a stable order, lazily: a digest that stops at
+    ``MAX_FILES`` stops the walk of a large folder there too."""
+    if root.is_file():
+        if python:
+            yield (root.relative_to(base).as_posix(), root)
+        return
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+        for name in sorted(names):
+            if name.endswith((".pyc", ".pyo")) or name.startswith("."):
+                continue
+            if name.endswith(".py") == python:
+                path = Path(folder) / name
+                yield (path.relative_to(base).as_posix(), path)
+
+
+def code_files(klass: type) -> Iterator[tuple[str, Path]]:
+    """The ``.py`` files of ``klass``'s environment packages (see the module docstring)."""
+    for root, base in package_roots(klass):
+        yield from _walk(root, base, True)
+
+
+def default_data_files(klass: type) -> Iterator[tuple[str, Path]]:
+    """The non-Python files of the same folders (``data/``, a YAML config...)."""
+    for root, base in package_roots(klass):
+        yield from _walk(root, base, False)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """An environment's fingerprint (see the module docstring)."""
+
+    code: Digested
+    data: Digested
+    version: str | None
+    rollgym: str = __version__
+
+    @property
+    def id(self) -> str:
+        h = hashlib.sha256()
+        parts = (self.code.digest, self.data.digest, self.version or "", self.rollgym)
+        h.update("\0".join(parts).encode())
+        return h.hexdigest()[:ID_CHARS]
+
+    @classmethod
+    def of(
+        cls,
+        klass: type,
+        data: Iterable[tuple[str, Path]] | None = None,
+        version: str | None = None,
+    ) -> Fingerprint:
+        """``klass``'s fingerprint now; ``data``: its data files (default: its folders')."""
+        files = default_data_files(klass) if data is None else data
+        return cls(digest_files(code_files(klass)), digest_files(files), version)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "code": self.code.to_dict(),
+            "data": self.data.to_dict(),
+            "version": self.version,
+            "rollgym": self.rollgym,
+        }
+
+
+PARTS = ("code", "data", "version", "rollgym")
+"""What a fingerprint is made of, in the order a difference is named."""
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """What differs between two recorded fingerprints (``Fingerprint.to_dict``), each named
+    with its files or values: ``["code: server.py changed", "version: 1 -> 2"]``. Empty when
+    the same environment scored both."""
+    out: list[str] = []
+    for part in PARTS:
+        one, two = a.get(part), b.get(part)
+        if isinstance(one, dict) and isinstance(two, dict):
+            if one.get("digest") == two.get("digest"):
+                continue
+            out.append(f"{part}: {_files_changed(one.get('files'), two.get('files'))}")
+        elif one != two:
+            out.append(f"{part}: {one!r} -> {two!r}")
+    return out
+
+
+def _files_changed(one: Any, two: Any) -> str:
+    if not isinstance(one, dict) or not isinstance(two, dict):
+        return "differs"
+    changed = sorted(n for n in one.keys() & two.keys() if one[n] != two[n])
+    gone = sorted(one.keys() - two.keys())
+    new = sorted(two.keys() - one.keys())
+    said = [f"{n} changed" for n in changed] + [f"{n} removed" for n in gone]
+    said += [f"{n} added" for n in new]
+    if not said:
+        return "differs"
+    more = f" (and {len(said) - 5} more)" if len(said) > 5 else ""
+    return ", ".join(said[:5]) + more

@@ -1,0 +1,340 @@
+"""Issue 41, item 4: every record says what it cost, the run's ledger matches what the providers
+billed, and ``collect.budget`` stops a run cleanly at its cap.
+
+The stack is real and on 127.0.0.1: ``openai_proxy`` in front of a fake upstream that bills by
+tokens (``tests.support.billing``: its own count is the ground truth, and it refuses some
+requests with 503, unbilled, which the proxy retries), the judge environment asking a second
+``openai_proxy`` in front of a billing judge upstream, rollgym's tool agent, and the collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from rollgym.collect import Collector
+from rollgym.collect.cost import rollout_cost
+from rollgym.collect.cost_ledger import cost_ledger
+from rollgym.collect.records import FailedRollout, ScoredRollout
+from rollgym.collect.rundir import EXIT_BUDGET, RunOutcome, prepare_run
+from rollgym.config import PriceTable, parse_config
+from rollgym.errors import ConfigError, InternalError
+from rollgym.http import Target
+from rollgym.server.usage import call_tokens
+from rollgym.server.usage import rollout_cost as agent_cost
+from rollgym.testing import serve_server
+from rollgym.wire import COST_FIELD
+from tests.support.billing import BillingUpstream, serve_billing
+from tests.support.ledger import assert_ledger_invariant
+from tests.support.stack import FAST_RETRY, fast_policy
+
+pytestmark = pytest.mark.timeout(120)
+
+PRICES = {
+    "date": "2026-12-01",
+    "models": {
+        "policy-model": {"input_per_1m": 0.5, "output_per_1m": 1.5},
+        "judge-model": {"input_per_1m": 3.0, "output_per_1m": 15.0},
+    },
+}
+FAST_UPSTREAM = {"max_attempts": 4, "backoff_initial": 0.01, "backoff_max": 0.02}
+
+
+@dataclass
+class Billing:
+    urls: dict[str, list[str]]
+    model: BillingUpstream
+    judge: BillingUpstream
+
+
+def config(collect: dict[str, Any]) -> Any:
+    servers = {
+        "model": {"kind": "model", "impl": "openai_proxy", "retry": FAST_RETRY,
+                  "options": {"base_url": "http://unused/v1"}},
+        "judge": {"kind": "model", "impl": "openai_proxy", "retry": FAST_RETRY,
+                  "options": {"base_url": "http://unused/v1"}},
+        "env": {"kind": "resources", "impl": "judge", "retry": FAST_RETRY,
+                "options": {"judge": "judge"}},
+        "agent": {"kind": "agent", "impl": "tool_agent",
+                  "options": {"model": "model", "resources": "env"}},
+    }  # fmt: skip
+    return parse_config({"servers": servers, "collect": collect}, "test-config")
+
+
+@asynccontextmanager
+async def billing_stack() -> AsyncIterator[Billing]:
+    model_up, judge_up = BillingUpstream(fail_every=7), BillingUpstream(judge=True, fail_every=5)
+    async with serve_billing(model_up) as model_base, serve_billing(judge_up) as judge_base:
+
+        def proxy(base: str, model: str) -> dict[str, Any]:
+            return {"base_url": base + "/v1", "model": model, "upstream_retry": FAST_UPSTREAM,
+                    "idle_timeout": None}  # fmt: skip
+
+        async with (
+            serve_server("openai_proxy", name="model", options=proxy(model_base, "policy-model"))
+            as (model_url, _),
+            serve_server("openai_proxy", name="judge", options=proxy(judge_base, "judge-model"))
+            as (judge_url, _),
+        ):  # fmt: skip
+            judge = Target.single("judge", judge_url, fast_policy("model"))
+            async with serve_server(
+                "judge", name="env", options={"judge": "judge"}, peers={"judge": judge}
+            ) as (env_url, _):
+                peers = {
+                    "model": Target.single("model", model_url, fast_policy("model")),
+                    "env": Target.single("env", env_url, fast_policy("resources")),
+                }
+                async with serve_server(
+                    "tool_agent", name="agent", peers=peers,
+                    options={"model": "model", "resources": "env"},
+                ) as (agent_url, _):  # fmt: skip
+                    urls = {"model": [model_url], "judge": [judge_url], "env": [env_url],
+                            "agent": [agent_url]}  # fmt: skip
+                    yield Billing(urls, model_up, judge_up)
+
+
+def write_rows(path: Path, n: int) -> Path:
+    rows = [
+        {"responses_create_params": {"input": f"question {i}: how many words are in this line"},
+         "expected_answer": str(i)}
+        for i in range(n)
+    ]  # fmt: skip
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+async def collect(
+    stack: Billing, tmp_path: Path, n: int, collect: dict[str, Any], *, resume: bool = False
+) -> RunOutcome:
+    cfg = config({"concurrency": 4, "rollout_timeout": 60, **collect})
+    tasks = write_rows(tmp_path / "tasks.jsonl", n)
+    run = prepare_run(cfg, cfg.collect, tasks, tmp_path / "out", resume=resume)
+    async with asyncio.timeout(90):
+        return await Collector(run, stack.urls, progress=False).execute()
+
+
+def lines(out: Path, name: str = "rollouts.jsonl") -> list[dict[str, Any]]:
+    path = out / name
+    return [orjson.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def near(got: float, truth: float) -> bool:
+    """Within 1% of the ground truth."""
+    return abs(got - truth) <= 0.01 * truth
+
+
+async def test_the_ledger_matches_what_the_providers_billed(tmp_path: Path) -> None:
+    async with billing_stack() as stack:
+        outcome = await collect(stack, tmp_path, 24, {"repeats": 2, "prices": PRICES})
+    assert outcome.exit_code == 0, outcome.abort_reason
+    out = tmp_path / "out"
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    assert orjson.loads((out / "metrics.json").read_bytes())["cost"] == cost
+    # Kept as the lines were written, it is what the lines say.
+    assert cost == cost_ledger(out, 2, PriceTable.model_validate(PRICES))
+    totals = cost["totals"]
+    model, judge = stack.model.billed, stack.judge.billed
+    assert model.calls > 0 and judge.calls > 0
+    # The upstreams refused some requests (503, unbilled) and the proxies tried them again.
+    assert stack.model.requests > model.calls and stack.judge.requests > judge.calls
+    assert totals["model_calls"] == model.calls
+    assert near(totals["input_tokens"], model.input_tokens)
+    assert near(totals["output_tokens"], model.output_tokens)
+    assert totals["judge_calls"] == judge.calls
+    assert near(totals["judge_input_tokens"], judge.input_tokens)
+    assert near(totals["judge_output_tokens"], judge.output_tokens)
+    truth = (
+        model.input_tokens * 0.5 + model.output_tokens * 1.5
+        + judge.input_tokens * 3.0 + judge.output_tokens * 15.0
+    ) / 1e6  # fmt: skip
+    assert near(cost["money"], truth)
+    assert cost["prices"] == {"date": "2026-12-01", "currency": "USD"}
+    assert totals["unpriced_tokens"] == 0
+
+    # Every rollout is useful or wasted, for one cause: here odd questions are judged wrong
+    # and even ones right, each for both repeats: every group has one reward, no signal.
+    assert cost["rollouts"] == 48
+    assert cost["wasted"]["no_signal"]["rollouts"] == 48
+    assert cost["useful"]["rollouts"] == 0
+    assert cost["per_useful_sample"]["tokens"] is None
+
+    # Each line carries its own cost: model calls' tokens, times, the judge's calls.
+    for line in lines(out):
+        got = line[COST_FIELD]
+        assert got["calls"] == 1 and got["judge_calls"] == 1 and got["model"] == "policy-model"
+        assert got["judge_model"] == "judge-model"
+        assert got["input_tokens"] > 0 and got["model_s"] > 0 and got["verify_s"] > 0
+        assert got["per_call"] == [[got["input_tokens"], got["output_tokens"]]]
+
+
+async def test_a_budget_stops_the_run_within_one_rollout_of_its_cap(tmp_path: Path) -> None:
+    async with billing_stack() as stack:
+        cap = 600
+        budget = {"tokens": cap, "in_flight": "abandon"}
+        outcome = await collect(stack, tmp_path, 40, {"budget": budget})
+        out = tmp_path / "out"
+        recorded = lines(out)
+        spent = [line[COST_FIELD] for line in recorded]
+        tokens = [c["input_tokens"] + c["output_tokens"] + c["judge_input_tokens"]
+                  + c["judge_output_tokens"] for c in spent]  # fmt: skip
+        assert outcome.status == "stopped_at_budget" and outcome.exit_code == EXIT_BUDGET
+        assert "collect.budget.tokens" in (outcome.abort_reason or "")
+        # At the cap, and past it by less than the one rollout that reached it.
+        assert sum(tokens) >= cap
+        assert sum(tokens) - max(tokens) < cap
+        assert 0 < len(recorded) < 40
+        info = orjson.loads((out / "run.json").read_bytes())
+        assert info["status"] == "stopped_at_budget" and info["exit_code"] == EXIT_BUDGET
+        assert info["budget"]["in_flight"] == "abandon"
+        assert info["budget"]["tokens"] == sum(tokens)
+        cost = orjson.loads((out / "cost.json").read_bytes())
+        assert cost["abandoned_in_flight"] == info["budget"]["abandoned"]
+
+        # Nothing recorded is lost: --resume with a larger budget finishes the run, and counts
+        # what the first session spent.
+        again = await collect(stack, tmp_path, 40, {"budget": {"tokens": 10**9}}, resume=True)
+    assert again.exit_code == 0, again.abort_reason
+    rollouts, failures = assert_ledger_invariant(out)
+    assert len(rollouts) + len(failures) == 40
+    assert recorded == lines(out)[: len(recorded)]
+
+
+async def test_in_flight_rollouts_finish_at_the_cap_by_default(tmp_path: Path) -> None:
+    async with billing_stack() as stack:
+        outcome = await collect(stack, tmp_path, 40, {"budget": {"tokens": 400}})
+        billed = stack.model.billed.calls
+    assert outcome.exit_code == EXIT_BUDGET
+    out = tmp_path / "out"
+    recorded = lines(out)
+    # Every rollout sent was recorded: every billed call is on a line.
+    assert sum(line[COST_FIELD]["calls"] for line in recorded) == billed
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    assert cost["abandoned_in_flight"] == 0
+
+
+def test_a_money_budget_needs_a_price_table() -> None:
+    with pytest.raises(ConfigError) as caught:
+        config({"budget": {"money": 5}})
+    assert "collect: budget.money needs a price table" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        config({"prices": {"models": {}}})
+    assert "collect.prices.date" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        config({"budget": {"in_flight": "wait"}})
+    assert "collect.budget.in_flight" in str(caught.value)
+
+
+def test_tokens_are_counted_from_token_ids_when_usage_is_absent() -> None:
+    answer = {"output": [{"type": "message", "prompt_token_ids": [1, 2, 3],
+                          "generation_token_ids": [4, 5]}]}  # fmt: skip
+    assert call_tokens(answer) == (3, 2)
+    assert call_tokens({"usage": {"input_tokens": 7, "output_tokens": 1}, **answer}) == (7, 1)
+    assert call_tokens({"output": []}) is None
+
+
+def test_a_record_without_metering_says_so_and_a_failure_is_never_free() -> None:
+    prices = PriceTable.model_validate(PRICES)
+    verified = {"reward": 1.0, "response": {"model": "unknown-model", "output": []}}
+    # One call whose answer said no tokens: counted as a call, not as free tokens.
+    measured = agent_cost(verified, {"model": [0.25, 0.25]}, [None, [10, 2]], {"model": 1})
+    assert measured == {"calls": 2, "input_tokens": 10, "output_tokens": 2,
+                        "per_call": [None, [10, 2]], "unmetered_calls": 1, "model": "unknown-model", "model_s": 0.5,
+                        "retries": 1}  # fmt: skip
+    record = ScoredRollout(0, 0, 1.0, 1, 0.6, {**verified, COST_FIELD: measured})
+    cost = rollout_cost(record, prices)
+    assert cost["unpriced_tokens"] == 12 and cost["money"] == 0.0
+    failed = FailedRollout(0, 1, InternalError("boom"), 2, 1.5)
+    assert rollout_cost(failed, prices) == {"metered": False}
+    # An agent that is not rollgym's: the response's summed usage stands in.
+    foreign = {
+        "reward": 1.0,
+        "response": {"model": "policy-model", "usage": {"input_tokens": 40, "output_tokens": 8}},
+    }
+    cost = rollout_cost(ScoredRollout(0, 2, 1.0, 1, 0.6, foreign), prices)
+    assert (cost["calls"], cost["input_tokens"], cost["output_tokens"]) == (1, 40, 8)
+    assert cost["money"] == round((40 * 0.5 + 8 * 1.5) / 1e6, 8)
+    # ... and so it does for a cost no rollgym agent wrote (a foreign agent echoing a row's):
+    # never a crash of the collector, never its numbers.
+    from rollgym.collect.spend import RunSpend
+
+    junk = ScoredRollout(1, 0, 1.0, 1, 0.6, {**foreign, COST_FIELD: {"input_tokens": "lots"}})
+    spend = RunSpend(None, None)
+    extra = spend.stamp(junk)
+    assert extra is not None and extra[COST_FIELD]["input_tokens"] == 40
+    assert spend.ledger.to_dict(None)["totals"]["input_tokens"] == 40
+
+
+async def test_the_trainer_api_says_the_cost_per_useful_sample() -> None:
+    from rollgym.trainer import BatchCost, RolloutClient
+
+    rows = [
+        {"responses_create_params": {"input": f"question {i}: how many words"},
+         "expected_answer": str(i)}
+        for i in range(6)
+    ]  # fmt: skip
+    async with billing_stack() as stack, RolloutClient(stack.urls["agent"][0]) as client:
+        groups = await client.collect(rows, repeats=2)
+        billed = stack.model.billed.tokens + stack.judge.billed.tokens
+    prices = PriceTable.model_validate(PRICES)
+    cost = BatchCost.of(groups, prices)
+    assert cost.rollouts == 12 and near(cost.tokens, billed)
+    # Each question's two repeats get the same verdict: no group has a learning signal.
+    assert cost.useful == 0 and cost.per_useful_sample == {"tokens": None, "money": None}
+    assert cost.per_rollout["tokens"] == cost.tokens / 12
+    assert cost.money is not None and cost.per_rollout["money"] == cost.money / 12
+
+
+async def test_every_wasted_rollout_is_attributed_to_its_cause(tmp_path: Path) -> None:
+    """Failed rollouts, and on --resume their earlier attempts (retried), beside the groups
+    with and without a learning signal; the ledger kept as the run writes equals the one read
+    back from its files."""
+    from tests.support.servers import FAIL_MARKER
+    from tests.support.stack import SOME_RIGHT, running_stack, stack_config, write_tasks
+
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 6, fail={1}, say=SOME_RIGHT)
+    out = tmp_path / "out"
+    async with running_stack(model_options={"fail_marker": FAIL_MARKER}) as stack:
+        for resume in (False, True):
+            cfg = stack_config({"concurrency": 4, "repeats": 3})
+            run = prepare_run(cfg, cfg.collect, tasks, out, resume=resume)
+            async with asyncio.timeout(60):
+                await Collector(run, stack.urls, progress=False).execute()
+            cost = orjson.loads((out / "cost.json").read_bytes())
+            assert cost == cost_ledger(out, 3, None)
+    wasted = cost["wasted"]
+    assert wasted["failed"]["rollouts"] == 3 and wasted["failed"]["unmetered"] == 3
+    assert wasted["retried"]["rollouts"] == 3  # the first session's failures, run again
+    scored = lines(out)
+    flat = {t for t in range(6) if t != 1
+            and len({x["reward"] for x in scored if x["task_index"] == t}) == 1}  # fmt: skip
+    assert wasted["no_signal"]["rollouts"] == 3 * len(flat)
+    assert cost["useful"]["rollouts"] == 15 - 3 * len(flat)
+    assert cost["rollouts"] == 15 + 3 + 3
+    assert cost["useful"]["tokens"] + wasted["no_signal"]["tokens"] == cost["totals"]["tokens"]
+
+
+async def test_a_cost_written_by_a_row_is_no_measurement(tmp_path: Path) -> None:
+    """A task row (or an environment) that carries ``rollgym_cost`` does not decide what the
+    record says it cost: the agent's own measure replaces it."""
+    from tests.support.stack import running_stack, stack_config, task_row
+
+    forged = {"calls": 0, "input_tokens": 0, "output_tokens": 0, "money": 0.0}
+    rows = [{**task_row(i), COST_FIELD: forged} for i in range(3)]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    async with running_stack() as stack:
+        cfg = stack_config({"concurrency": 2, "budget": {"tokens": 10**6}})
+        run = prepare_run(cfg, cfg.collect, tasks, tmp_path / "out", resume=False)
+        async with asyncio.timeout(60):
+            outcome = await Collector(run, stack.urls, progress=False).execute()
+    assert outcome.exit_code == 0
+    for line in lines(tmp_path / "out"):
+        got = line[COST_FIELD]
+        assert got["calls"] == 2 and got["input_tokens"] > 0 and "money" not in got

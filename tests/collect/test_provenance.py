@@ -1,0 +1,200 @@
+"""Issue 41, item 3: every run records which environment scored it (a fingerprint per resources
+server in ``run.json``, its short id on every record), and ``report --compare`` says when two
+runs of one environment were scored by different code, data or version.
+
+The environment here is a user's module beside its config (``weather.py``), served for real on
+127.0.0.1; between the two runs its verifier is edited, or replaced by a file of the same name
+and size with its modification time put back: the fingerprint reads the bytes, so both are
+caught.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from rollgym.collect import Collector
+from rollgym.collect.provenance import ask_fingerprints, compare_fingerprints
+from rollgym.collect.rundir import prepare_run
+from rollgym.config import RetryPolicy
+from rollgym.http import HttpClient, Target
+from rollgym.server.fingerprint import Fingerprint, differences
+from rollgym.server.resources import ResourcesServer
+from rollgym.wire import FINGERPRINT_ENDPOINT, FINGERPRINT_FIELD
+from tests.support.stack import running_stack, stack_config, write_tasks
+
+pytestmark = pytest.mark.timeout(120)
+
+WEATHER = """\
+from tests.support.servers import CountingEcho
+
+
+class Weather(CountingEcho):
+    async def verify(self, session, task, response):
+        return await super().verify(session, task, response)  # v1
+"""
+EDITED = WEATHER.replace("  # v1", "  # v2 (edited)")
+# Same name, same size, other bytes: what a silent replacement looks like.
+SWAPPED = WEATHER.replace("# v1", "# v9")
+
+
+@pytest.fixture
+def weather(tmp_path: Path) -> Any:
+    """``weather.py`` in a folder of its own on sys.path, imported; removed after the test."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "weather.py").write_text(WEATHER)
+    sys.path.insert(0, str(folder))
+    sys.modules.pop("weather", None)
+    try:
+        yield importlib.import_module("weather")
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("weather", None)
+
+
+async def one_run(tmp_path: Path, env: type, name: str) -> Path:
+    """Four rollouts through the stack with ``env`` as its environment, into ``name``/."""
+    out = tmp_path / name
+    async with running_stack(env=env) as stack:
+        cfg = stack_config({"concurrency": 2})
+        tasks = write_tasks(tmp_path / "tasks.jsonl", 4)
+        run = prepare_run(cfg, cfg.collect, tasks, out, resume=False)
+        async with asyncio.timeout(60):
+            outcome = await Collector(run, stack.urls, progress=False).execute()
+    assert outcome.exit_code == 0
+    return out
+
+
+def replace(path: Path, text: str, *, keep_date: bool = False) -> None:
+    """Write ``text`` over ``path``; ``keep_date``: with its size, its date put back."""
+    before = path.stat()
+    path.write_text(text)
+    if keep_date:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert path.stat().st_size == before.st_size
+
+
+def read(path: Path) -> str:
+    return path.read_text()
+
+
+def recorded_ids(out: Path) -> set[str]:
+    lines = (out / "rollouts.jsonl").read_bytes().splitlines()
+    return {orjson.loads(line)[FINGERPRINT_FIELD] for line in lines}
+
+
+def run_json(out: Path) -> dict[str, Any]:
+    info: dict[str, Any] = orjson.loads((out / "run.json").read_bytes())
+    return info
+
+
+async def test_an_edited_verifier_is_told_apart_and_named(tmp_path: Path, weather: Any) -> None:
+    first = await one_run(tmp_path, weather.Weather, "first")
+    same = await one_run(tmp_path, weather.Weather, "same")
+    replace(Path(weather.__file__), EDITED)
+    second = await one_run(tmp_path, weather.Weather, "second")
+
+    prints = [run_json(out)["fingerprints"]["env"] for out in (first, same, second)]
+    # Every record names its environment's fingerprint, once per run in run.json.
+    for out, print_ in zip((first, same, second), prints, strict=True):
+        assert recorded_ids(out) == {print_["id"]}
+        assert "weather.py" in print_["code"]["files"]
+    assert prints[0]["id"] == prints[1]["id"]
+    assert prints[0]["id"] != prints[2]["id"]
+
+    assert compare_fingerprints(first, same) == []
+    [said] = compare_fingerprints(first, second)
+    assert said.startswith("environment env: scored by different environments")
+    assert "code: weather.py changed" in said
+    assert "data" not in said and "version" not in said
+
+    # rollgym report --compare says it too (the terminal summary and the page).
+    from rollgym.report import write_report
+
+    made = write_report(first, [second])
+    assert "code: weather.py changed" in made.summary
+    assert "code: weather.py changed" in read(made.path)
+    assert "scored by the same environments" in write_report(first, [same]).summary
+
+
+async def test_a_same_name_file_replaced_silently_is_caught(tmp_path: Path, weather: Any) -> None:
+    first = await one_run(tmp_path, weather.Weather, "first")
+    replace(Path(weather.__file__), SWAPPED, keep_date=True)
+    second = await one_run(tmp_path, weather.Weather, "second")
+    [said] = compare_fingerprints(first, second)
+    assert "code: weather.py changed" in said
+
+
+def test_data_and_version_are_named_apart(tmp_path: Path, weather: Any) -> None:
+    data = tmp_path / "answers.jsonl"
+    data.write_text('{"a": 1}\n')
+    one = Fingerprint.of(weather.Weather, [("answers.jsonl", data)], "1.0").to_dict()
+    data.write_text('{"a": 2}\n')
+    two = Fingerprint.of(weather.Weather, [("answers.jsonl", data)], "1.0").to_dict()
+    three = Fingerprint.of(weather.Weather, [("answers.jsonl", data)], "1.1").to_dict()
+    assert len({one["id"], two["id"], three["id"]}) == 3
+    assert differences(one, two) == ["data: answers.jsonl changed"]
+    assert differences(two, three) == ["version: '1.0' -> '1.1'"]
+
+
+def test_the_bundled_environments_fingerprint_their_own_package() -> None:
+    from rollgym.server.base import resolve_impl
+
+    math = Fingerprint.of(resolve_impl("math")).to_dict()
+    assert "rollgym/envs/math/server.py" in math["code"]["files"]
+    assert "rollgym/envs/math/data/example.jsonl" in math["data"]["files"]
+    # Not all of Python, nor rollgym's own server bases.
+    assert all(name.startswith("rollgym/envs/math/") for name in math["code"]["files"])
+    assert len(math["id"]) == 12
+
+
+def test_a_tool_cannot_take_the_fingerprint_endpoint() -> None:
+    from rollgym.server.resources import tool
+
+    with pytest.raises(TypeError, match="reserved"):
+
+        class Forger(ResourcesServer):
+            @tool
+            async def fingerprint(self, session: Any) -> dict[str, Any]:
+                return {"id": "forged"}
+
+
+async def test_a_server_without_a_fingerprint_is_recorded_as_unknown() -> None:
+    """A foreign server (here: a model server standing in for the env's url:) answers no
+    /fingerprint: recorded as unknown, with why, and the run goes on."""
+    async with running_stack() as stack:
+        cfg = stack_config()
+        async with HttpClient() as client:
+            found, warnings = await ask_fingerprints(
+                client, cfg, {"env": stack.urls["model"], "model": stack.urls["model"]}
+            )
+    assert set(found) == {"env"}  # only resources servers are asked
+    assert found["env"]["id"] is None
+    assert found["env"]["unknown"].startswith("no /fingerprint (")
+    [warning] = warnings
+    assert warning.startswith("server env: no /fingerprint (")
+    assert "which environment scored its rollouts is not recorded" in warning
+
+
+async def test_the_fingerprint_is_taken_once_when_the_server_starts(
+    tmp_path: Path, weather: Any
+) -> None:
+    """What the server loaded is what it reports: an edit after it started changes nothing
+    it answers (the next server started reports the edit)."""
+    from rollgym.testing import serve_server
+
+    async with serve_server(weather.Weather, name="env") as (url, server), HttpClient() as client:
+        target = Target.single("env", url, RetryPolicy(max_attempts=1))
+        before = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=5)
+        replace(Path(weather.__file__), EDITED)
+        after = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=5)
+    assert before == after == server.fingerprint.to_dict()  # type: ignore[attr-defined]
+    assert Fingerprint.of(weather.Weather).id != before["id"]
