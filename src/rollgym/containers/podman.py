@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import math
@@ -31,7 +32,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,7 @@ async def run(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=_die_with_parent,
         # conmon writes an empty ``oom`` file into its working directory when an exec's
         # process is OOM-killed: never into the caller's.
         cwd=tempfile.gettempdir(),
@@ -132,6 +134,24 @@ async def run(
         task.cancel()
         raise
     return Completed(code, out, err, time.monotonic() - start, timed_out, cut_out or cut_err)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: be SIGKILLed when the process that started it dies (Linux's
+    ``PR_SET_PDEATHSIG``). A collector killed mid-``podman run`` then leaves no client that
+    goes on to make a container after the next start's reaper has looked."""
+    if _PRCTL is not None:
+        _PRCTL(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -218,7 +238,7 @@ class PodmanRuntime:
         """``podman run``'s arguments for ``spec`` (the keep-alive is computed by ``create``)."""
         limits = spec.limits
         labels = {**spec.labels, **leases.to_labels(spec.lease)}
-        args = ["-d", "--name", name, "--stop-timeout", "0"]
+        args = ["-d", "--name", name, "--stop-timeout", "0", "--pull", "never"]
         args += ["--network", "slirp4netns" if limits.network else "none"]
         args += ["--cpus", f"{limits.cpus:g}"]
         args += ["--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m"]
