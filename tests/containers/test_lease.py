@@ -105,6 +105,17 @@ async def test_reap_removes_orphans_and_spares_live_owners(
     assert run_containers(run_name) == []
 
 
+def _storage_named(prefixes: list[str]) -> list[str]:
+    """Containers podman holds in storage only whose names start with one of ``prefixes``."""
+    out = subprocess.run(
+        ["podman", "ps", "-a", "--external", "--format", "{{.ID}} {{.Names}}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return [line for line in out.splitlines() if any(f" {p}" in line for p in prefixes)]
+
+
 def _leased_images(run: str) -> list[str]:
     out = subprocess.run(
         ["podman", "images", "-aq", "--filter", f"label={leases.RUN}={run}"],
@@ -162,6 +173,8 @@ async def test_twenty_sigkills_leave_nothing_after_the_next_reap(
             left: list[str] = []
             for _ in range(50):  # bounded: 5 s
                 left = [c for run in batch for c in run_containers(run) + _leased_images(run)]
+                # A create killed midway leaves a container in storage only, named by its owner.
+                left += _storage_named([f"rollgym-{child.pid}-" for child in children])
                 if not left:
                     break
                 await asyncio.sleep(0.1)
