@@ -402,7 +402,7 @@ def build_task_image(
         # container after it, so what a killed build leaves is found and reaped by its owner.
         name = f"rollgym-build-{leases.owner_token()}-{secrets.token_hex(4)}"
         alias = f"localhost/{name}:from"
-        _podman("tag", base, alias, timeout=60)
+        _tag(base, alias, timeout=timeout)
         try:
             build_text, _ = rewrite_from(dockerfile, base=alias)
             with tempfile.TemporaryDirectory(prefix="rollgym-build-") as tmp:
@@ -428,7 +428,19 @@ def _remove_build_leftovers(name: str, alias: str) -> None:
     ]
     if ids:
         _podman("rm", "-f", *ids, timeout=120, check=False)
-    _podman("rmi", alias, timeout=60, check=False)
+    with build_lock("tags", timeout=120):
+        _podman("rmi", alias, timeout=60, check=False)
+
+
+def _tag(image: str, alias: str, *, timeout: float) -> None:
+    """``podman tag`` under a host-wide lock: two tags of one image at once lose one of them
+    (podman 4.3 rewrites the image's list of names; seen as 'image not known' right after)."""
+    with build_lock("tags", timeout=timeout):
+        _podman("tag", image, alias, timeout=60)
+        if not image_exists(alias):
+            raise ImageBuildError(
+                f"podman tag {image} {alias} did not hold", server="podman", endpoint="build"
+            )
 
 
 STEP = re.compile(r"^STEP \d+/\d+: (.*)$", re.M)
