@@ -42,8 +42,10 @@ this one, as the same kind of record.
     │                          failure: terminal, stage, failure_kind, partial_response
     ├── InternalError          a bug or unexpected exception inside a rollgym server
     │   ├── SandboxError       an environment's sandbox could not run the code (not the code)
-    │   └── ScorerError        an environment's scorer cannot score a row (it fails on the
-    │                          row's own reference answer, or kills its worker)
+    │   ├── ScorerError        an environment's scorer cannot score a row (it fails on the
+    │   │                      row's own reference answer, or kills its worker)
+    │   └── VerifierError      a container task's verifier left no reward that can be read
+    │                          (none, empty, unparseable, non-finite) or did not finish
     ├── WeightsNotRestored     a weight push failed and the inference server could not be
     │                          brought back to serving its previous weights (or unpaused)
     ├── LaunchError            a server could not be started or never became healthy
@@ -708,6 +710,13 @@ class ScorerError(InternalError):
     row's own reference answer too, or its worker died on it. Not the answer's doing."""
 
     type = "scorer_error"
+
+
+class VerifierError(InternalError):
+    """A container task's verifier ran but left no reward that can be read (no reward file, an
+    empty or unparseable one, a non-finite value) or did not finish in its time: never a 0."""
+
+    type = "verifier_error"
 
 
 class EnvironmentFailure(RollgymError):
