@@ -419,7 +419,7 @@ CAUSE_TYPES = frozenset(
      "capacity_reached", "protocol_error", "unparseable_verdict", "token_data",
      "transport_error", "connect_error", "session_lost", "connection_lost", "read_timeout",
      "replica_down", "replica_stalled", "answer_too_large", "paused_too_long", "waited_too_long",
-     "rollout_error",
+     "rollout_error", "verifier_error",
      "stale_rollout", "environment_failure", "internal_error", "sandbox_error", "scorer_error",
      "weights_not_restored", "launch_error"}
 )  # fmt: skip

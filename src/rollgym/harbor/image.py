@@ -1,5 +1,5 @@
 """A task's image, prepared once for all its trials: built, its git history cut to HEAD, and
-the verifier's tools hashed.
+the verifier's tools fingerprinted.
 
 **Git history.** A task that ships a repository is fixed at a base commit: the image's ``HEAD``.
 Whatever else its ``.git`` holds (other branches, tags, remotes, stashes, the reflog,
@@ -50,7 +50,7 @@ done
 
 async def prepare(task: HarborTask, runtime: Runtime, lease: Lease) -> Prepared:
     """The task's image built (cached by digest), scrubbed of git history past HEAD, with the
-    verifier's tools hashed; leased like the run's containers."""
+    verifier's tools fingerprinted; leased like the run's containers."""
     timeout = task.config.environment.build_timeout_sec
     built = await asyncio.to_thread(
         build_task_image, task.dockerfile, task.context, timeout=timeout

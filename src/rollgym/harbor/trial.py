@@ -18,7 +18,7 @@
 4. The reward files are copied out and read as Harbor reads them (``reward.py``); a verifier that
    times out or leaves nothing readable is a ``VerifierError``.
 5. Before ``test.sh`` runs, the tools it relies on (shells, Python and its packages, pytest,
-   startup files, every ``conftest.py``/``sitecustomize.py``/``.pth``) are hashed and compared
+   startup files, every ``conftest.py``/``sitecustomize.py``/``.pth``) are fingerprinted and compared
    with the prepared image's: a difference marks the trial ``integrity_suspect`` with the paths.
    This flags; it does not prevent (see ``docs/concepts/harbor.md``: what remains forgeable).
 """
@@ -26,17 +26,18 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
-import tempfile
+import math
+import secrets
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rollgym.containers.runtime import Container, Lease, Limits, Runtime, Spec
 from rollgym.errors import SandboxError, VerifierError
-from rollgym.harbor.manifest import changed_paths, read_manifest
+from rollgym.harbor.manifest import changed_paths, manifest_script
 from rollgym.harbor.reward import REWARD_JSON, REWARD_TXT, Rewards, parse_rewards
 from rollgym.harbor.task import HarborTask
 
@@ -65,7 +66,7 @@ def task_limits(task: HarborTask) -> Limits:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A task's image, ready for its trials: built, scrubbed, and the hashes of the verifier's
+    """A task's image, ready for its trials: built, scrubbed, and the fingerprints of the verifier's
     tools in it."""
 
     task: HarborTask
@@ -138,10 +139,10 @@ class Trial:
             raise SandboxError(f"harbor task {self.task.name}: verify before the agent's container")
         await agent.stop_processes(timeout=STEP_TIMEOUT)
         snapshot = await agent.snapshot(timeout=STEP_TIMEOUT * 2)
-        await agent.destroy()
         self.agent = None
-        verifier = await self.runtime.create(
-            self._spec(snapshot, self.task.config.verifier.env), timeout=STEP_TIMEOUT
+        spec = self._spec(snapshot, self.task.config.verifier.env)
+        _, verifier = await asyncio.gather(
+            agent.destroy(), self.runtime.create(spec, timeout=STEP_TIMEOUT)
         )
         try:
             self._verdict = await self._run_verifier(verifier)
@@ -156,60 +157,101 @@ class Trial:
 
     async def _run_verifier(self, box: Container) -> Verdict:
         started = time.monotonic()
-        setup = await box.exec(
-            ["sh", "-c", f"rm -rf {TESTS_DIR} {VERIFIER_DIR} && mkdir -p {VERIFIER_DIR}"],
-            timeout=STEP_TIMEOUT,
+        # The tests go to a path of a random name first (the agent could not have prepared
+        # it), then take /tests's place inside the one exec below.
+        staged = f"/.rollgym-tests-{secrets.token_hex(8)}"
+        await box.put(self.task.tests_dir, staged, timeout=STEP_TIMEOUT)
+        # One exec (each costs podman a process start): the tools listed before the tests run,
+        # then test.sh under its timeout, then the reward files, each marked on its own line.
+        limit = self.task.config.verifier.timeout_sec
+        mark = f"@@rollgym-{secrets.token_hex(8)}@@"
+        script = verifier_script(
+            limit, staged, with_manifest=bool(self.prepared.manifest), mark=mark
         )
-        _check(setup.exit_code, f"harbor task {self.task.name}: clearing /tests and /logs", setup)
-        await box.put(self.task.tests_dir, TESTS_DIR, timeout=STEP_TIMEOUT)
-        suspect = await self._suspect(box)
-        test = f"{TESTS_DIR}/test.sh"
         ran = await box.exec(
-            ["sh", "-c", f"chmod +x {test} && {test} > {TEST_STDOUT} 2>&1"],
-            timeout=self.task.config.verifier.timeout_sec,
+            ["sh", "-c", script],
+            timeout=limit + STEP_TIMEOUT,
+            max_output=64 << 20,
         )
-        if ran.timed_out:
+        if ran.timed_out or ran.truncated:
+            raise SandboxError(
+                f"harbor task {self.task.name}: the verifier's run did not finish "
+                f"(timed out: {ran.timed_out}, output cut: {ran.truncated})"
+            )
+        out = read_verifier_output(ran.stdout, mark)
+        if out.test_exit == TIMEOUT_EXIT:
             raise VerifierError(
                 f"harbor task {self.task.name}: tests/test.sh did not finish within the "
-                f"verifier's {self.task.config.verifier.timeout_sec:g} s"
+                f"verifier's {limit:g} s"
             )
-        rewards = parse_rewards(*await self._reward_files(box))
-        return Verdict(rewards, ran.exit_code, time.monotonic() - started, suspect)
-
-    async def _suspect(self, box: Container) -> list[str]:
-        if not self.prepared.manifest:
-            return []
-        now = await read_manifest(box)
-        return changed_paths(self.prepared.manifest, now)[:SUSPECT_SHOWN]
-
-    async def _reward_files(self, box: Container) -> tuple[bytes | None, bytes | None]:
-        """The bytes of reward.json and reward.txt (None: absent), each bounded."""
-        sizes = await box.exec(
-            ["sh", "-c", f"for f in {REWARD_JSON} {REWARD_TXT}; do "
-             "if [ -f \"$f\" ]; then stat -c %s \"$f\"; else echo -; fi; done"],
-            timeout=STEP_TIMEOUT,
-        )  # fmt: skip
-        _check(sizes.exit_code, f"harbor task {self.task.name}: reading the reward files", sizes)
-        listed = sizes.stdout.split()
-        if len(listed) != 2:
-            raise SandboxError(f"harbor task {self.task.name}: reward files: {sizes.stdout!r:.200}")
-        out: list[bytes | None] = []
-        with tempfile.TemporaryDirectory(prefix="rollgym-harbor-") as tmp:
-            for path, size in zip((REWARD_JSON, REWARD_TXT), listed, strict=True):
-                if size == "-":
-                    out.append(None)
-                    continue
-                if not size.isdigit() or int(size) > REWARD_FILE_MAX:
-                    raise VerifierError(f"{path} is {size} bytes: too large to be a reward")
-                local = Path(tmp) / Path(path).name
-                await box.get(path, local, timeout=STEP_TIMEOUT)
-                out.append(await asyncio.to_thread(local.read_bytes))
-        return out[0], out[1]
+        suspect = changed_paths(self.prepared.manifest, out.manifest) if out.manifest else []
+        rewards = parse_rewards(out.files.get(REWARD_JSON), out.files.get(REWARD_TXT))
+        return Verdict(rewards, out.test_exit, time.monotonic() - started, suspect[:SUSPECT_SHOWN])
 
 
-def _check(code: int | None, what: str, result: Any) -> None:
-    if code != 0:
-        raise SandboxError(f"{what} failed (exit {code}): {str(result.stderr)[-300:]}")
+TIMEOUT_EXIT = 137
+"""``timeout -s KILL``'s exit status when it killed test.sh."""
+
+
+def verifier_script(limit: float, staged: str, *, with_manifest: bool, mark: str) -> str:
+    """The verifier's run as one shell script: /tests and /logs/verifier replaced (whatever the
+    agent left there removed, the staged tests moved in), the manifest (before the tests: they
+    may write bytecode), ``test.sh`` killed at ``limit`` seconds, then each reward file in
+    base64; each part opened by a line starting with ``mark`` (random per run: no file name
+    can forge one)."""
+    _MARK = mark
+    test = f"{TESTS_DIR}/test.sh"
+    lines = [
+        f"rm -rf {TESTS_DIR} {VERIFIER_DIR} && mkdir -p {VERIFIER_DIR} && mv {staged} {TESTS_DIR}"
+        f" || {{ echo '{_MARK} setup-failed'; exit 0; }}"
+    ]
+    if with_manifest:
+        lines += [f"echo '{_MARK} manifest'", manifest_script()]
+    lines += [
+        f"chmod +x {test}",
+        f"timeout -s KILL {math.ceil(limit)} {test} > {TEST_STDOUT} 2>&1",
+        f'echo "{_MARK} exit $?"',
+    ]
+    for path in (REWARD_JSON, REWARD_TXT):
+        lines += [
+            f"if [ -f {path} ]; then size=$(stat -c %s {path}); "
+            f'if [ "$size" -le {REWARD_FILE_MAX} ]; then echo "{_MARK} file {path} '
+            f'$(base64 -w0 {path})"; else echo "{_MARK} large {path} $size"; fi; fi'
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class VerifierOutput:
+    test_exit: int | None = None
+    manifest: dict[str, str] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+def read_verifier_output(stdout: str, mark: str) -> VerifierOutput:
+    _MARK = mark
+    out = VerifierOutput()
+    section = ""
+    for line in stdout.splitlines():
+        if not line.startswith(_MARK):
+            if section == "manifest":
+                digest, sep, path = line.partition("  ")
+                if sep:
+                    out.manifest[path] = digest
+            continue
+        words = line[len(_MARK) :].split()
+        section = words[0] if words else ""
+        if section == "exit" and len(words) == 2 and words[1].isdigit():
+            out.test_exit = int(words[1])
+        elif section == "file" and len(words) in (2, 3):
+            out.files[words[1]] = base64.b64decode(words[2]) if len(words) == 3 else b""
+        elif section == "setup-failed":
+            raise SandboxError("replacing /tests and /logs/verifier in the verifier failed")
+        elif section == "large":
+            raise VerifierError(f"{words[1]} is {words[-1]} bytes: too large to be a reward")
+    if out.test_exit is None:
+        raise SandboxError("the verifier's run printed no exit status of tests/test.sh")
+    return out
 
 
 @contextlib.asynccontextmanager
