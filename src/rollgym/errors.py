@@ -42,6 +42,8 @@ this one, as the same kind of record.
     │                          failure: terminal, stage, failure_kind, partial_response
     ├── InternalError          a bug or unexpected exception inside a rollgym server
     │   ├── SandboxError       an environment's sandbox could not run the code (not the code)
+    │   │   └── ContainerError a container provider (podman, a remote one) failed a call
+    │   │       └── ImageBuildError  a task's image cannot be built (offline): names the line
     │   ├── ScorerError        an environment's scorer cannot score a row (it fails on the
     │   │                      row's own reference answer, or kills its worker)
     │   └── VerifierError      a container task's verifier left no reward that can be read
@@ -421,7 +423,7 @@ CAUSE_TYPES = frozenset(
      "replica_down", "replica_stalled", "answer_too_large", "paused_too_long", "waited_too_long",
      "rollout_error", "verifier_error",
      "stale_rollout", "environment_failure", "internal_error", "sandbox_error", "scorer_error",
-     "weights_not_restored", "launch_error"}
+     "weights_not_restored", "launch_error", "container_error", "image_build_error"}
 )  # fmt: skip
 """Error types that are a cause wherever they are in a chain (``root_cause``)."""
 
@@ -703,6 +705,21 @@ class SandboxError(InternalError):
     """An environment's sandbox could not run the program (not the program's own failure)."""
 
     type = "sandbox_error"
+
+
+class ContainerError(SandboxError):
+    """A container provider failed a call (create, exec, copy, snapshot): podman's exit code is
+    ``status``, its stderr the ``body``, the verb the ``endpoint``; translated in one place
+    (``rollgym.containers.podman.translate``). Never the program's own failure."""
+
+    type = "container_error"
+
+
+class ImageBuildError(ContainerError):
+    """A task's image cannot be built here (an unknown ``FROM``, a ``RUN`` that fails, no
+    registry, a build past its deadline): the message names the Dockerfile and its line."""
+
+    type = "image_build_error"
 
 
 class ScorerError(InternalError):

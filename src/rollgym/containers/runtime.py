@@ -34,12 +34,15 @@ class Limits:
 @dataclass(frozen=True, slots=True)
 class Lease:
     """Who a container belongs to, written on it as labels: a reaper removes it when ``owner_pid``
-    is gone (on this host) or ``deadline`` (Unix time) has passed."""
+    is gone (on this host) or ``deadline`` (Unix time) has passed. ``owner_start`` is the
+    owner's start time (``containers.lease.process_start``), so a reused pid is no owner; it is
+    read when the labels are written if left empty. ``containers.lease.new_lease`` fills all."""
 
     run: str
     owner_pid: int
     deadline: float
     host: str = ""
+    owner_start: str = ""
 
 
 @dataclass(frozen=True, slots=True)

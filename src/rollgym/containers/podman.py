@@ -1,0 +1,433 @@
+"""The local container provider: podman's CLI, run as asyncio subprocesses.
+
+- Every call has a deadline. At an exec's deadline both the podman client and the processes it
+  started inside the container are killed: killing ``podman exec`` leaves what runs inside
+  running, so each exec runs under ``timeout -s KILL`` inside (a backstop should this process
+  die) and carries a marker in its environment by which its processes, daemons included, are
+  found and killed at the deadline.
+- Output is bounded: at most ``max_output`` bytes of each stream are kept, the rest is read and
+  dropped, and the result says ``truncated``.
+- A container's main process is ``sleep <seconds to its lease's deadline>``: it ends by itself
+  at the deadline, and with it every process of the container (its pid namespace dies with its
+  first process), even if no reaper ever runs. Its labels carry the lease (``lease.py``).
+- No network unless ``Limits.network``; cpus, memory (no swap beyond it), pids and the rlimits
+  (``nofile``, ``nproc``: this kernel refuses podman's defaults) are applied. ``disk_mb`` needs
+  overlay on XFS with project quotas; elsewhere it is dropped with one warning.
+- podman's exit codes and stderr become rollgym errors in one place: ``translate``.
+
+``crun`` refuses this machine's hybrid cgroups, so every call passes ``--runtime runc``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import secrets
+import shlex
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollgym.containers import lease as leases
+from rollgym.containers.runtime import ExecResult, Spec
+from rollgym.errors import ContainerError, RollgymError
+
+log = logging.getLogger(__name__)
+
+EXEC_MARK = "ROLLGYM_EXEC"
+"""The environment variable that marks every process of one exec (its value is unique)."""
+KILL_GRACE = 5.0
+"""Seconds allowed to kill an exec's processes after its deadline, and for cleanup calls."""
+NAME_PREFIX = "rollgym-"
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """One podman call: its exit code (None if killed at its deadline) and bounded output."""
+
+    code: int | None
+    stdout: bytes
+    stderr: bytes
+    seconds: float
+    timed_out: bool
+    truncated: bool
+
+
+async def _read_bounded(stream: asyncio.StreamReader | None, limit: int) -> tuple[bytes, bool]:
+    """Up to ``limit`` bytes of ``stream``; the rest is read to the end and dropped, so the
+    writer never blocks on a full pipe."""
+    if stream is None:
+        return b"", False
+    kept = bytearray()
+    cut = False
+    while chunk := await stream.read(65536):
+        room = limit - len(kept)
+        if len(chunk) > room:
+            cut = True
+            chunk = chunk[: max(room, 0)]
+        kept += chunk
+    return bytes(kept), cut
+
+
+async def run(
+    args: Sequence[str],
+    *,
+    timeout: float,
+    max_output: int = 1 << 20,
+    stdin: bytes | None = None,
+) -> Completed:
+    """Run ``args`` with a deadline and bounded output; at the deadline the process (and its
+    process group) is killed and ``timed_out`` set. Never raises for the command's own exit."""
+    start = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *args,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+        # conmon writes an empty ``oom`` file into its working directory when an exec's
+        # process is OOM-killed: never into the caller's.
+        cwd=tempfile.gettempdir(),
+    )
+
+    async def feed() -> None:
+        if proc.stdin is None or stdin is None:
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(stdin)
+            await proc.stdin.drain()
+        proc.stdin.close()
+
+    async def collect() -> tuple[tuple[bytes, bool], tuple[bytes, bool], None]:
+        return await asyncio.gather(
+            _read_bounded(proc.stdout, max_output), _read_bounded(proc.stderr, max_output), feed()
+        )
+
+    task = asyncio.ensure_future(collect())
+    timed_out = False
+    try:
+        (out, cut_out), (err, cut_err), _ = await asyncio.wait_for(asyncio.shield(task), timeout)
+        code: int | None = await asyncio.wait_for(proc.wait(), KILL_GRACE)
+    except TimeoutError:
+        timed_out = True
+        _kill_group(proc)
+        code = None
+        try:
+            (out, cut_out), (err, cut_err), _ = await asyncio.wait_for(task, KILL_GRACE)
+        except (TimeoutError, asyncio.CancelledError):
+            # A grandchild still holds the pipes open: keep nothing rather than wait on it.
+            task.cancel()
+            out, err, cut_out, cut_err = b"", b"", False, False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), KILL_GRACE)
+    except BaseException:
+        _kill_group(proc)
+        task.cancel()
+        raise
+    return Completed(code, out, err, time.monotonic() - start, timed_out, cut_out or cut_err)
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, 9)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+
+
+def translate(verb: str, done: Completed, *, what: str = "") -> RollgymError:
+    """The one place where a failed podman call becomes a rollgym error: its exit code as
+    ``status``, its stderr as ``body``, the verb as ``endpoint``, and a message a person can
+    act on for the failures that have a known cause."""
+    stderr = done.stderr.decode("utf-8", errors="replace").strip()
+    low = stderr.lower()
+    subject = f"{what} " if what else ""
+    retryable = False
+    if done.timed_out:
+        message = f"podman {verb} {subject}took longer than {done.seconds:.0f} s"
+        retryable = True
+    elif "no such container" in low or "no container with name or id" in low:
+        message = f"container {subject}is gone (removed, or reaped past its lease)"
+    elif "is not running" in low or "container state improper" in low:
+        message = (
+            f"container {subject}is not running (its processes were stopped, or its lease's "
+            "deadline passed and its keep-alive ended)"
+        )
+    elif "image not known" in low or "no such image" in low:
+        message = f"image {subject}is not in local storage (no registry is used: build it)"
+    elif "cgroup" in low and "crun" in low:
+        message = "podman's runtime refused this machine's cgroups: use runc (--runtime runc)"
+    elif "no space left" in low:
+        message = f"podman {verb} {subject}failed: no space left on the container storage"
+        retryable = True
+    else:
+        first = stderr.splitlines()[-1] if stderr else "no message"
+        message = f"podman {verb} {subject}failed (exit {done.code}): {first}"
+    return ContainerError(
+        message,
+        status=done.code,
+        body=stderr or None,
+        server="podman",
+        endpoint=verb,
+        retryable=retryable,
+    )
+
+
+class PodmanRuntime:
+    """Containers on the local podman (rootful, runc)."""
+
+    name = "podman"
+
+    def __init__(self, *, podman: str = "podman", oci_runtime: str = "runc") -> None:
+        self.podman = podman
+        self.oci_runtime = oci_runtime
+        self._disk_quota: bool | None = None  # learnt at the first container asking for one
+
+    @staticmethod
+    def available() -> bool:
+        """Whether a podman binary is on PATH."""
+        return shutil.which("podman") is not None
+
+    def argv(self, *args: str) -> list[str]:
+        return [self.podman, "--runtime", self.oci_runtime, *args]
+
+    async def call(
+        self,
+        verb: str,
+        *args: str,
+        timeout: float,
+        what: str = "",
+        stdin: bytes | None = None,
+        max_output: int = 1 << 20,
+    ) -> Completed:
+        """``podman <verb> <args>``; a failure (or the deadline) raises ``ContainerError``."""
+        done = await run(
+            self.argv(verb, *args), timeout=timeout, stdin=stdin, max_output=max_output
+        )
+        if done.timed_out or done.code != 0:
+            raise translate(verb, done, what=what)
+        return done
+
+    def run_args(self, spec: Spec, name: str, *, quota: bool) -> list[str]:
+        """``podman run``'s arguments for ``spec`` (the keep-alive is computed by ``create``)."""
+        limits = spec.limits
+        labels = {**spec.labels, **leases.to_labels(spec.lease)}
+        args = ["-d", "--name", name, "--stop-timeout", "0"]
+        args += ["--network", "slirp4netns" if limits.network else "none"]
+        args += ["--cpus", f"{limits.cpus:g}"]
+        args += ["--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m"]
+        args += ["--pids-limit", str(limits.pids)]
+        args += ["--ulimit", f"nofile={limits.nofile}:{limits.nofile}"]
+        nproc = max(limits.pids, 512)
+        args += ["--ulimit", f"nproc={nproc}:{nproc}"]
+        args += ["--security-opt", "no-new-privileges", "--log-driver", "none"]
+        if quota and limits.disk_mb:
+            args += ["--storage-opt", f"size={limits.disk_mb}m"]
+        if spec.workdir:
+            args += ["--workdir", spec.workdir]
+        for key, value in spec.env.items():
+            args += ["--env", f"{key}={value}"]
+        for key, value in labels.items():
+            args += ["--label", f"{key}={value}"]
+        return args
+
+    async def create(self, spec: Spec, *, timeout: float) -> PodmanContainer:
+        seconds = math.ceil(spec.lease.deadline - time.time())
+        if seconds <= 0:
+            raise ContainerError(
+                f"lease of run {spec.lease.run!r} is past its deadline: no container started",
+                server="podman",
+                endpoint="run",
+            )
+        name = NAME_PREFIX + secrets.token_hex(6)
+        quota = bool(spec.limits.disk_mb) and self._disk_quota is not False
+        argv = self.run_args(spec, name, quota=quota)
+        keepalive = ["--entrypoint", "sleep", spec.image, str(seconds)]
+        try:
+            done = await self.call("run", *argv, *keepalive, timeout=timeout, what=name)
+        except ContainerError as exc:
+            if quota and "overlay.size" in (exc.body or ""):
+                self._disk_quota = False
+                log.warning(
+                    "podman's storage here cannot bound a container's disk (overlay needs XFS "
+                    "with project quotas): disk_mb is not applied"
+                )
+                return await self.create(spec, timeout=timeout)
+            # A run that timed out may still have made the container: it is named, so remove it.
+            await self._remove_quietly(name)
+            raise
+        except BaseException:
+            await self._remove_quietly(name)
+            raise
+        if quota:
+            self._disk_quota = True
+        cid = done.stdout.decode().strip().splitlines()[-1]
+        return PodmanContainer(self, cid, name, spec)
+
+    async def _remove_quietly(self, name: str) -> None:
+        with contextlib.suppress(Exception):
+            await run(self.argv("rm", "-f", "-t", "0", name), timeout=KILL_GRACE * 2)
+
+    async def list_leased(self, kind: str) -> list[tuple[str, dict[str, str]]]:
+        """(id, labels) of every container (``kind="containers"``) or image (``"images"``)
+        that carries a lease."""
+        if kind == "containers":
+            args = ["ps", "-a", "--filter", f"label={leases.MARK}", "--format", "json"]
+        else:
+            args = ["images", "-a", "--filter", f"label={leases.MARK}", "--format", "json"]
+        done = await self.call(args[0], *args[1:], timeout=60)
+        rows = json.loads(done.stdout or b"[]") or []
+        return [(row["Id"], row.get("Labels") or {}) for row in rows]
+
+    async def reap(self, *, now: float | None = None) -> list[str]:
+        """Remove every leased container, then every leased image, whose owner is gone or whose
+        deadline passed (containers first: an image in use cannot be removed)."""
+        removed: list[str] = []
+        for kind, verb in (("containers", "rm"), ("images", "rmi")):
+            doomed = []
+            for ident, labels in await self.list_leased(kind):
+                lease = leases.from_labels(labels)
+                if lease is not None and leases.orphan_reason(lease, now=now):
+                    doomed.append(ident)
+            if not doomed:
+                continue
+            args = ["-f", "-t", "0"] if verb == "rm" else ["-f"]
+            done = await run(self.argv(verb, *args, *doomed), timeout=120)
+            if done.code not in (0, 1) and not done.timed_out:
+                log.warning("podman %s of orphans: %s", verb, done.stderr[-500:])
+            removed += doomed
+        return removed
+
+
+class PodmanContainer:
+    """One podman container (see ``PodmanRuntime.create``)."""
+
+    def __init__(self, runtime: PodmanRuntime, cid: str, name: str, spec: Spec) -> None:
+        self.runtime = runtime
+        self._id = cid
+        self.name = name
+        self.spec = spec
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    async def exec(
+        self,
+        command: list[str] | str,
+        *,
+        timeout: float,
+        max_output: int = 65536,
+        stdin: bytes | None = None,
+        workdir: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        mark = secrets.token_hex(8)
+        args = ["exec", "--env", f"{EXEC_MARK}={mark}"]
+        if stdin is not None:
+            args.append("--interactive")
+        if workdir:
+            args += ["--workdir", workdir]
+        for key, value in (env or {}).items():
+            args += ["--env", f"{key}={value}"]
+        # The backstop outlives our own deadline a little: it is for when this process is gone.
+        backstop = f"{math.ceil(timeout) + 2}"
+        args += [self._id, "timeout", "-s", "KILL", backstop, *argv]
+        done = await run(
+            self.runtime.argv(*args), timeout=timeout, max_output=max_output, stdin=stdin
+        )
+        if done.timed_out:
+            await self._kill_marked(mark)
+        elif done.code in _PODMAN_CODES and _podman_failed(done) and not await self._running():
+            raise translate("exec", done, what=self.name)
+        return ExecResult(
+            exit_code=None if done.timed_out else done.code,
+            stdout=done.stdout.decode("utf-8", errors="replace"),
+            stderr=done.stderr.decode("utf-8", errors="replace"),
+            seconds=done.seconds,
+            timed_out=done.timed_out,
+            truncated=done.truncated,
+        )
+
+    async def _kill_marked(self, mark: str) -> None:
+        """Kill every process in the container whose environment carries ``mark`` (twice over:
+        a process may fork while the first pass runs)."""
+        script = (
+            "for i in 1 2; do for d in /proc/[0-9]*; do "
+            f'grep -qasF \'{EXEC_MARK}={mark}\' "$d/environ" && kill -9 "${{d#/proc/}}"; '
+            "done; done; true"
+        )
+        with contextlib.suppress(Exception):
+            await run(self.runtime.argv("exec", self._id, "sh", "-c", script), timeout=KILL_GRACE)
+
+    async def put(self, source: Path, dest: str, *, timeout: float) -> None:
+        await self.runtime.call("cp", _host_path(source), f"{self._id}:{dest}", timeout=timeout)
+
+    async def get(self, source: str, dest: Path, *, timeout: float) -> None:
+        await self.runtime.call("cp", f"{self._id}:{source}", _host_path(dest), timeout=timeout)
+
+    async def snapshot(self, *, timeout: float) -> str:
+        """``podman commit`` of this container, labelled with its lease (so the reaper removes
+        it with the run); returns the image id. A running container is paused while it is
+        copied, so the image is one instant of its filesystem."""
+        changes: list[str] = []
+        for key, value in leases.to_labels(self.spec.lease).items():
+            changes += ["--change", f"LABEL {key}={shlex.quote(value)}"]
+        done = await self.runtime.call(
+            "commit", "--quiet", *changes, self._id, timeout=timeout, what=self.name
+        )
+        return done.stdout.decode().strip().splitlines()[-1]
+
+    async def stop_processes(self, *, timeout: float) -> None:
+        """Kill the container's first process: the kernel then kills every other process of
+        its pid namespace, daemons and double forks included. The filesystem stays (``get``,
+        ``snapshot`` still work); ``exec`` no longer does."""
+        done = await run(self.runtime.argv("kill", "--signal", "KILL", self._id), timeout=timeout)
+        if done.timed_out or (done.code != 0 and not _already_stopped(done)):
+            raise translate("kill", done, what=self.name)
+        await self.runtime.call(
+            "wait", "--condition", "stopped", self._id, timeout=timeout, what=self.name
+        )
+
+    async def _running(self) -> bool:
+        try:
+            return await self.state() == "running"
+        except ContainerError:
+            return False
+
+    async def state(self) -> str:
+        """podman's state of this container (``running``, ``exited``, ...)."""
+        done = await self.runtime.call(
+            "inspect", "--format", "{{.State.Status}}", self._id, timeout=30, what=self.name
+        )
+        return done.stdout.decode().strip()
+
+    async def destroy(self) -> None:
+        await self.runtime._remove_quietly(self._id)
+
+
+_PODMAN_CODES = (125, 126, 127, 255)
+
+
+def _podman_failed(done: Completed) -> bool:
+    """Whether an exec's exit may be podman's own failure, not the command's exit status: podman
+    prefixes its messages with ``Error:``. The command may print the same, so the container's
+    state decides (a command must not turn its own failure into the provider's)."""
+    return done.stderr.lstrip().startswith(b"Error:")
+
+
+def _already_stopped(done: Completed) -> bool:
+    low = done.stderr.lower()
+    return b"not running" in low or b"state improper" in low
+
+
+def _host_path(path: Path) -> str:
+    """``path`` made absolute: podman runs in another working directory (``run``)."""
+    return os.path.abspath(path)

@@ -1,0 +1,191 @@
+"""PodmanRuntime on real podman: deadlines that kill what runs inside, bounded output, no
+network, limits, leases as labels, snapshots, and podman's failures as typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rollgym.containers import lease as leases
+from rollgym.containers.podman import Completed, PodmanContainer, PodmanRuntime, translate
+from rollgym.containers.runtime import Container, Limits, Runtime, Spec
+from rollgym.errors import ContainerError, RollgymError
+
+
+def inspect(ident: str) -> dict:
+    out = subprocess.run(
+        ["podman", "inspect", ident], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    return json.loads(out)[0]
+
+
+async def test_it_implements_the_seam(runtime: PodmanRuntime, container: PodmanContainer) -> None:
+    assert isinstance(runtime, Runtime)
+    assert isinstance(container, Container)
+
+
+async def test_exec_returns_status_output_and_takes_stdin_env_workdir(
+    container: PodmanContainer,
+) -> None:
+    done = await container.exec("echo out; echo err >&2; exit 3", timeout=30)
+    assert (done.exit_code, done.stdout, done.stderr) == (3, "out\n", "err\n")
+    assert not done.timed_out and not done.truncated
+    done = await container.exec(
+        ["sh", "-c", 'cat; echo "$X"; pwd'], timeout=30, stdin=b"in\n", env={"X": "x y"},
+        workdir="/tmp",
+    )  # fmt: skip
+    assert done.stdout == "in\nx y\n/tmp\n"
+    # A missing program is the command's failure (127), not podman's.
+    done = await container.exec(["no-such-program"], timeout=30)
+    assert done.exit_code == 127
+
+
+async def test_a_deadline_kills_the_command_and_what_it_left_inside(
+    container: PodmanContainer,
+) -> None:
+    # A daemon of its own session (setsid), then a command that never ends.
+    script = "setsid sleep 301 >/dev/null 2>&1 & sleep 302"
+    done = await container.exec(script, timeout=1.5)
+    assert done.timed_out and done.exit_code is None
+    ps = await container.exec("ps -eo args", timeout=30)
+    assert "sleep 301" not in ps.stdout and "sleep 302" not in ps.stdout, ps.stdout
+    # The container itself lives on.
+    assert (await container.exec("true", timeout=30)).exit_code == 0
+
+
+async def test_output_is_bounded_and_says_so(container: PodmanContainer) -> None:
+    done = await container.exec(
+        "head -c 5000000 /dev/zero | tr '\\0' a; head -c 300000 /dev/zero >&2", timeout=60,
+        max_output=1000,
+    )  # fmt: skip
+    assert done.exit_code == 0 and done.truncated
+    assert done.stdout == "a" * 1000 and len(done.stderr) == 1000
+
+
+async def test_no_network_unless_the_limits_allow_it(container: PodmanContainer) -> None:
+    done = await container.exec("cat /proc/net/dev", timeout=30)
+    interfaces = {line.split(":")[0].strip() for line in done.stdout.splitlines()[2:]}
+    assert interfaces == {"lo"}
+
+
+async def test_limits_and_lease_are_applied(container: PodmanContainer, spec: Spec) -> None:
+    info = inspect(container.id)
+    host = info["HostConfig"]
+    assert host["Memory"] == 256 * 1024 * 1024
+    assert host["PidsLimit"] == 128
+    assert host["NanoCpus"] == 1_000_000_000
+    assert leases.from_labels(info["Config"]["Labels"]) == spec.lease
+    # The memory bound holds: a program past it is killed, not the machine.
+    done = await container.exec(
+        ["python3", "-c", "b = bytearray(400 * 1024 * 1024); print('survived')"], timeout=60
+    )
+    assert done.exit_code != 0 and "survived" not in done.stdout
+
+
+async def test_the_keepalive_ends_at_the_lease_deadline(
+    runtime: PodmanRuntime, spec: Spec, run_name: str
+) -> None:
+    short = replace(spec, lease=leases.new_lease(run_name, 2))
+    box = await runtime.create(short, timeout=60)
+    for _ in range(100):  # bounded: 20 s
+        if await box.state() != "running":
+            break
+        await asyncio.sleep(0.2)
+    assert await box.state() == "exited"
+    with pytest.raises(ContainerError, match="not running"):
+        await box.exec("true", timeout=10)
+    await box.destroy()
+
+
+async def test_a_lease_past_its_deadline_starts_nothing(
+    runtime: PodmanRuntime, spec: Spec, run_name: str
+) -> None:
+    over = replace(spec, lease=replace(spec.lease, deadline=1.0))
+    with pytest.raises(ContainerError, match="past its deadline"):
+        await runtime.create(over, timeout=60)
+
+
+async def test_copy_in_and_out(container: PodmanContainer, tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("hello")
+    await container.put(tmp_path / "in", "/work", timeout=30)
+    done = await container.exec("cat /work/a.txt && echo bye > /work/b.txt", timeout=30)
+    assert done.stdout == "hello"
+    await container.get("/work/b.txt", tmp_path / "b.txt", timeout=30)
+    assert (tmp_path / "b.txt").read_text() == "bye\n"
+    with pytest.raises(ContainerError):
+        await container.get("/no/such/file", tmp_path / "x", timeout=30)
+
+
+async def test_stop_processes_then_snapshot_carries_the_changes_and_the_lease(
+    runtime: PodmanRuntime, container: PodmanContainer, spec: Spec
+) -> None:
+    await container.exec("echo changed > /root/state; setsid sleep 303 &", timeout=30)
+    await container.stop_processes(timeout=30)
+    assert await container.state() == "exited"
+    with pytest.raises(ContainerError, match="not running"):
+        await container.exec("true", timeout=10)
+    image = await container.snapshot(timeout=60)
+    assert leases.from_labels(inspect(image)["Config"]["Labels"]) is not None
+    fresh = await runtime.create(replace(spec, image=image), timeout=60)
+    try:
+        done = await fresh.exec("cat /root/state; ps -eo args", timeout=30)
+        assert done.stdout.startswith("changed\n")
+        assert "sleep 303" not in done.stdout
+    finally:
+        await fresh.destroy()
+
+
+async def test_destroy_is_idempotent_and_a_gone_container_fails_typed(
+    container: PodmanContainer,
+) -> None:
+    await container.destroy()
+    await container.destroy()
+    with pytest.raises(ContainerError) as caught:
+        await container.exec("true", timeout=10)
+    err = caught.value
+    assert err.server == "podman" and err.endpoint == "exec"
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is ContainerError and again == err
+    assert RollgymError.from_dict(err.to_record()) == err
+
+
+def test_translate_names_known_causes() -> None:
+    def done(stderr: str, *, timed_out: bool = False) -> Completed:
+        return Completed(None if timed_out else 125, b"", stderr.encode(), 3.0, timed_out, False)
+
+    assert "is gone" in translate("exec", done("Error: no container with name or id x")).message
+    assert "not in local storage" in translate("run", done("Error: x: image not known")).message
+    late = translate("run", done("", timed_out=True))
+    assert "took longer" in late.message and late.retryable
+    other = translate("cp", done("Error: something odd\n"))
+    assert "something odd" in other.message and other.status == 125
+
+
+async def test_unknown_image_fails_typed(runtime: PodmanRuntime, spec: Spec) -> None:
+    with pytest.raises(ContainerError):
+        await runtime.create(replace(spec, image="localhost/rollgym-no-such:x"), timeout=60)
+
+
+async def test_network_when_allowed(runtime: PodmanRuntime, spec: Spec) -> None:
+    box = await runtime.create(replace(spec, limits=Limits(network=True)), timeout=60)
+    try:
+        done = await box.exec("cat /proc/net/dev", timeout=30)
+        assert len(done.stdout.splitlines()) > 3  # an interface beside lo
+    finally:
+        await box.destroy()
+
+
+async def test_a_command_cannot_pass_its_failure_off_as_podmans(
+    container: PodmanContainer,
+) -> None:
+    # A failing command that prints what podman prints is still the command's result (a
+    # provider failure would drop the rollout from its group instead of scoring it).
+    done = await container.exec("echo 'Error: container state improper' >&2; exit 255", timeout=30)
+    assert done.exit_code == 255
