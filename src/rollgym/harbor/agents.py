@@ -43,6 +43,9 @@ class _Scripted(AgentServer):
 
     options: Options
 
+    async def startup(self) -> None:
+        self.resources_client()  # no model to find
+
 
 class NopAgent(_Scripted):
     """Seeds the task's container, does nothing, verifies."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 
-from rollgym.containers.images import build_task_image
 from rollgym.containers.runtime import Lease, Limits, Runtime, Spec
 from rollgym.errors import ImageBuildError
 from rollgym.harbor.manifest import read_manifest
@@ -51,6 +50,8 @@ done
 async def prepare(task: HarborTask, runtime: Runtime, lease: Lease) -> Prepared:
     """The task's image built (cached by digest), scrubbed of git history past HEAD, with the
     verifier's tools fingerprinted; leased like the run's containers."""
+    from rollgym.containers.images import build_task_image  # podman's, when a task needs it
+
     timeout = task.config.environment.build_timeout_sec
     built = await asyncio.to_thread(
         build_task_image, task.dockerfile, task.context, timeout=timeout
