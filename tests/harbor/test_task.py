@@ -81,3 +81,13 @@ def test_run_config_needs_a_model_for_the_terminal_agent() -> None:
     cfg = harbor_config(BUNDLED, "terminal", model_url="http://127.0.0.1:9/v1")
     assert cfg["servers"]["model"]["options"]["base_url"] == "http://127.0.0.1:9/v1"
     assert set(cfg["servers"]) == {"tasks", "terminal", "model"}
+
+
+def test_instruction_loses_its_canary_lines_as_in_harbor(tmp_path: Path) -> None:
+    d = _task(tmp_path, "[environment]\nmemory = '1G'\nstorage = '512M'\n")
+    (d / "instruction.md").write_text(
+        "<!-- BENCHMARK DATA canary GUID 1234 -->\n# canary 2\n\nDo it.\n"
+    )
+    task = load_task(d)
+    assert task.instruction == "Do it.\n"
+    assert (task.config.environment.memory_mb, task.config.environment.storage_mb) == (1024, 512)

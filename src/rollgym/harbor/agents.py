@@ -78,9 +78,9 @@ class OracleAgent(_Scripted):
         if not task.solution.is_file():
             raise InvalidRequest(f"{task.solution}: missing (the oracle replays it)")
         solve = task.solution.read_text(encoding="utf-8")
-        exports = "".join(
-            f"export {k}={shlex.quote(v)}\n" for k, v in task.config.solution.env.items()
-        )
+        # As Harbor's oracle runs it: DEBIAN_FRONTEND=noninteractive and [solution] env.
+        env = {"DEBIAN_FRONTEND": "noninteractive", **task.config.solution.env}
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
         solve = exports + solve
         episode = ctx.episode()
         await episode.seed(row)

@@ -17,12 +17,20 @@ A directory of tasks is an environment: ``load_tasks`` reads every subdirectory 
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rollgym.config import format_validation_error
 from rollgym.errors import ConfigError
@@ -74,6 +82,18 @@ class EnvironmentConfig(_Section):
     allow_internet: bool | None = None
     mcp_servers: list[Any] = Field(default_factory=list)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_sizes(cls, data: Any) -> Any:
+        """Harbor's legacy ``memory = "2G"`` / ``storage = "10G"`` (G=1024 MB, M, K)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for legacy, key in (("memory", "memory_mb"), ("storage", "storage_mb")):
+            if isinstance(data.get(legacy), str):
+                data.setdefault(key, _size_mb(data.pop(legacy), legacy))
+        return data
+
     @field_validator("os", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
@@ -106,6 +126,17 @@ class EnvironmentConfig(_Section):
         if self.network_mode is not None:
             return self.network_mode == "public"
         return bool(self.allow_internet)
+
+
+def _size_mb(text: str, key: str) -> int:
+    size = text.strip().upper()
+    units = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}
+    if not size or size[-1] not in units:
+        raise ValueError(f"{key}: {text!r} is no size like '1G' or '512M'")
+    try:
+        return int(float(size[:-1]) * units[size[-1]])
+    except ValueError:
+        raise ValueError(f"{key}: {text!r} is no size like '1G' or '512M'") from None
 
 
 class SolutionConfig(_Section):
@@ -178,6 +209,21 @@ class HarborTask:
         }
 
 
+_CANARY_LINE = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
+
+
+def strip_canary(text: str) -> str:
+    """The instruction without its leading canary lines (data-provenance markers, never shown
+    to an agent) and the blank lines after them: Harbor's ``strip_canary``, to the letter."""
+    lines = text.split("\n")
+    idx = 0
+    while idx < len(lines) and _CANARY_LINE.match(lines[idx].strip()):
+        idx += 1
+    while idx < len(lines) and lines[idx].strip() == "":
+        idx += 1
+    return "\n".join(lines[idx:])
+
+
 def load_task(path: Path) -> HarborTask:
     """Read the task directory ``path``; a ``ConfigError`` naming the file and key otherwise."""
     path = Path(path)
@@ -205,6 +251,7 @@ def load_task(path: Path) -> HarborTask:
         raise ConfigError(f"{instruction_path}: cannot be read: {exc}") from None
     if not instruction.strip():
         raise ConfigError(f"{instruction_path}: empty (the task's prompt)")
+    instruction = strip_canary(instruction)
     task = HarborTask(name=path.name, path=path, config=config, instruction=instruction)
     if config.environment.docker_image is None and not task.dockerfile.is_file():
         raise ConfigError(
