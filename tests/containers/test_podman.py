@@ -8,7 +8,6 @@ import json
 import pickle
 import subprocess
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -28,50 +27,6 @@ def inspect(ident: str) -> dict:
 async def test_it_implements_the_seam(runtime: PodmanRuntime, container: PodmanContainer) -> None:
     assert isinstance(runtime, Runtime)
     assert isinstance(container, Container)
-
-
-async def test_exec_returns_status_output_and_takes_stdin_env_workdir(
-    container: PodmanContainer,
-) -> None:
-    done = await container.exec("echo out; echo err >&2; exit 3", timeout=30)
-    assert (done.exit_code, done.stdout, done.stderr) == (3, "out\n", "err\n")
-    assert not done.timed_out and not done.truncated
-    done = await container.exec(
-        ["sh", "-c", 'cat; echo "$X"; pwd'], timeout=30, stdin=b"in\n", env={"X": "x y"},
-        workdir="/tmp",
-    )  # fmt: skip
-    assert done.stdout == "in\nx y\n/tmp\n"
-    # A missing program is the command's failure (127), not podman's.
-    done = await container.exec(["no-such-program"], timeout=30)
-    assert done.exit_code == 127
-
-
-async def test_a_deadline_kills_the_command_and_what_it_left_inside(
-    container: PodmanContainer,
-) -> None:
-    # A daemon of its own session (setsid), then a command that never ends.
-    script = "setsid sleep 301 >/dev/null 2>&1 & sleep 302"
-    done = await container.exec(script, timeout=1.5)
-    assert done.timed_out and done.exit_code is None
-    ps = await container.exec("ps -eo args", timeout=30)
-    assert "sleep 301" not in ps.stdout and "sleep 302" not in ps.stdout, ps.stdout
-    # The container itself lives on.
-    assert (await container.exec("true", timeout=30)).exit_code == 0
-
-
-async def test_output_is_bounded_and_says_so(container: PodmanContainer) -> None:
-    done = await container.exec(
-        "head -c 5000000 /dev/zero | tr '\\0' a; head -c 300000 /dev/zero >&2", timeout=60,
-        max_output=1000,
-    )  # fmt: skip
-    assert done.exit_code == 0 and done.truncated
-    assert done.stdout == "a" * 1000 and len(done.stderr) == 1000
-
-
-async def test_no_network_unless_the_limits_allow_it(container: PodmanContainer) -> None:
-    done = await container.exec("cat /proc/net/dev", timeout=30)
-    interfaces = {line.split(":")[0].strip() for line in done.stdout.splitlines()[2:]}
-    assert interfaces == {"lo"}
 
 
 async def test_limits_and_lease_are_applied(container: PodmanContainer, spec: Spec) -> None:
@@ -103,26 +58,6 @@ async def test_the_keepalive_ends_at_the_lease_deadline(
     await box.destroy()
 
 
-async def test_a_lease_past_its_deadline_starts_nothing(
-    runtime: PodmanRuntime, spec: Spec, run_name: str
-) -> None:
-    over = replace(spec, lease=replace(spec.lease, deadline=1.0))
-    with pytest.raises(ContainerError, match="past its deadline"):
-        await runtime.create(over, timeout=60)
-
-
-async def test_copy_in_and_out(container: PodmanContainer, tmp_path: Path) -> None:
-    (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "a.txt").write_text("hello")
-    await container.put(tmp_path / "in", "/work", timeout=30)
-    done = await container.exec("cat /work/a.txt && echo bye > /work/b.txt", timeout=30)
-    assert done.stdout == "hello"
-    await container.get("/work/b.txt", tmp_path / "b.txt", timeout=30)
-    assert (tmp_path / "b.txt").read_text() == "bye\n"
-    with pytest.raises(ContainerError):
-        await container.get("/no/such/file", tmp_path / "x", timeout=30)
-
-
 async def test_stop_processes_then_snapshot_carries_the_changes_and_the_lease(
     runtime: PodmanRuntime, container: PodmanContainer, spec: Spec
 ) -> None:
@@ -140,20 +75,6 @@ async def test_stop_processes_then_snapshot_carries_the_changes_and_the_lease(
         assert "sleep 303" not in done.stdout
     finally:
         await fresh.destroy()
-
-
-async def test_destroy_is_idempotent_and_a_gone_container_fails_typed(
-    container: PodmanContainer,
-) -> None:
-    await container.destroy()
-    await container.destroy()
-    with pytest.raises(ContainerError) as caught:
-        await container.exec("true", timeout=10)
-    err = caught.value
-    assert err.server == "podman" and err.endpoint == "exec"
-    again = pickle.loads(pickle.dumps(err))
-    assert type(again) is ContainerError and again == err
-    assert RollgymError.from_dict(err.to_record()) == err
 
 
 def test_translate_names_known_causes() -> None:
@@ -189,3 +110,20 @@ async def test_a_command_cannot_pass_its_failure_off_as_podmans(
     # provider failure would drop the rollout from its group instead of scoring it).
     done = await container.exec("echo 'Error: container state improper' >&2; exit 255", timeout=30)
     assert done.exit_code == 255
+
+
+async def test_a_gone_container_fails_typed_and_the_error_pickles(
+    container: PodmanContainer,
+) -> None:
+    await container.destroy()
+    with pytest.raises(ContainerError) as caught:
+        await container.exec("true", timeout=10)
+    err = caught.value
+    assert err.server == "podman" and err.endpoint == "exec"
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is ContainerError and again == err
+    assert RollgymError.from_dict(err.to_record()) == err
+
+
+async def test_a_missing_program_is_the_commands_failure(container: PodmanContainer) -> None:
+    assert (await container.exec(["no-such-program"], timeout=30)).exit_code == 127

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -57,6 +58,28 @@ def process_start(pid: int) -> str | None:
     if not rest or rest[0] in ("Z", "X"):
         return None
     return f"{boot_id()}:{rest[19]}"
+
+
+def owner_token(pid: int | None = None) -> str:
+    """``<pid>-<start ticks>`` of ``pid`` (this process by default): written into the names of
+    what podman may leave without labels (a container killed mid-create, a build's working
+    container), so the reaper can still tell whether its owner lives."""
+    pid = os.getpid() if pid is None else pid
+    started = process_start(pid) or ":0"
+    return f"{pid}-{started.rsplit(':', 1)[1]}"
+
+
+_TOKEN_NAME = re.compile(r"^rollgym-(?:build-)?(\d+)-(\d+)-")
+
+
+def name_owner_gone(name: str) -> bool:
+    """Whether ``name`` carries an owner token (``owner_token``) whose process is gone. A name
+    without one is never judged gone: it is not ours to remove."""
+    match = _TOKEN_NAME.match(name)
+    if match is None:
+        return False
+    started = process_start(int(match.group(1)))
+    return started is None or started.rsplit(":", 1)[1] != match.group(2)
 
 
 def new_lease(run: str, seconds: float, *, pid: int | None = None) -> Lease:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import math
@@ -31,7 +32,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,7 @@ async def run(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=die_with_parent,
         # conmon writes an empty ``oom`` file into its working directory when an exec's
         # process is OOM-killed: never into the caller's.
         cwd=tempfile.gettempdir(),
@@ -132,6 +134,24 @@ async def run(
         task.cancel()
         raise
     return Completed(code, out, err, time.monotonic() - start, timed_out, cut_out or cut_err)
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: be SIGKILLed when the process that started it dies (Linux's
+    ``PR_SET_PDEATHSIG``). A collector killed mid-``podman run`` then leaves no client that
+    goes on to make a container after the next start's reaper has looked."""
+    if _PRCTL is not None:
+        _PRCTL(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -218,7 +238,7 @@ class PodmanRuntime:
         """``podman run``'s arguments for ``spec`` (the keep-alive is computed by ``create``)."""
         limits = spec.limits
         labels = {**spec.labels, **leases.to_labels(spec.lease)}
-        args = ["-d", "--name", name, "--stop-timeout", "0"]
+        args = ["-d", "--name", name, "--stop-timeout", "0", "--pull", "never"]
         args += ["--network", "slirp4netns" if limits.network else "none"]
         args += ["--cpus", f"{limits.cpus:g}"]
         args += ["--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m"]
@@ -245,7 +265,9 @@ class PodmanRuntime:
                 server="podman",
                 endpoint="run",
             )
-        name = NAME_PREFIX + secrets.token_hex(6)
+        # The owner in the name too: a create killed midway leaves a container in storage only,
+        # without its labels (``reap`` reads the name).
+        name = f"{NAME_PREFIX}{leases.owner_token()}-{secrets.token_hex(4)}"
         quota = bool(spec.limits.disk_mb) and self._disk_quota is not False
         argv = self.run_args(spec, name, quota=quota)
         keepalive = ["--entrypoint", "sleep", spec.image, str(seconds)]
@@ -285,10 +307,37 @@ class PodmanRuntime:
         rows = json.loads(done.stdout or b"[]") or []
         return [(row["Id"], row.get("Labels") or {}) for row in rows]
 
+    async def _storage_orphans(self) -> list[str]:
+        """Containers podman only has in storage (a create or a build killed midway: no labels,
+        not in ``ps -a``) whose name says their owner is gone."""
+        done = await self.call("ps", "-a", "--external", "--format", "json", timeout=60)
+        rows = json.loads(done.stdout or b"[]") or []
+        return [
+            row["Id"]
+            for row in rows
+            if str(row.get("State", "")).lower() == "storage"
+            and any(leases.name_owner_gone(n) for n in row.get("Names") or [])
+        ]
+
+    async def _build_aliases(self) -> list[str]:
+        """Tags a build made for its ``FROM`` (``images.build_task_image``) whose owner is
+        gone."""
+        done = await self.call(
+            "images", "--filter", "reference=localhost/rollgym-build-*",
+            "--format", "{{.Repository}}:{{.Tag}}", timeout=60,
+        )  # fmt: skip
+        refs = done.stdout.decode().split()
+        return [r for r in refs if leases.name_owner_gone(r.removeprefix("localhost/"))]
+
     async def reap(self, *, now: float | None = None) -> list[str]:
         """Remove every leased container, then every leased image, whose owner is gone or whose
-        deadline passed (containers first: an image in use cannot be removed)."""
+        deadline passed (containers first: an image in use cannot be removed); then what a
+        killed create or build left in storage only, and a killed build's tags."""
         removed: list[str] = []
+        storage = await self._storage_orphans()
+        if storage:
+            await run(self.argv("rm", "-f", *storage), timeout=120)
+            removed += storage
         for kind, verb in (("containers", "rm"), ("images", "rmi")):
             doomed = []
             for ident, labels in await self.list_leased(kind):
@@ -302,6 +351,10 @@ class PodmanRuntime:
             if done.code not in (0, 1) and not done.timed_out:
                 log.warning("podman %s of orphans: %s", verb, done.stderr[-500:])
             removed += doomed
+        aliases = await self._build_aliases()
+        if aliases:
+            await run(self.argv("rmi", *aliases), timeout=120)
+            removed += aliases
         return removed
 
 
