@@ -132,3 +132,41 @@ async def test_the_tool_agent_is_the_terminal_agent(env: str) -> None:
     outputs = [i for i in body["response"]["output"] if i["type"] == "function_call_output"]
     assert len(outputs) == 2
     assert "No such file" in outputs[0]["output"]  # the first command saw no file, no /tests
+
+
+def _failing_tasks(root: Path) -> Path:
+    """Two tasks whose verifier leaves no reward that can be read."""
+    for name, toml, test in (
+        ("bad-reward", "", "echo 'one' > /logs/verifier/reward.txt\n"),
+        ("slow-verifier", "[verifier]\ntimeout_sec = 2\n",
+         "echo 1 > /logs/verifier/reward.txt; sleep 60\n"),
+    ):  # fmt: skip
+        shutil.copytree(BUNDLED / "hello-file", root / name)
+        (root / name / "task.toml").write_text(toml)
+        (root / name / "tests" / "test.sh").write_text(
+            "#!/bin/bash\nmkdir -p /logs/verifier\n" + test
+        )
+    return root
+
+
+async def test_an_unreadable_or_late_reward_is_a_typed_failure_never_zero(tmp_path: Path) -> None:
+    tasks = _failing_tasks(tmp_path / "tasks")
+    options = {"tasks_dir": str(tasks)}
+    async with (
+        serve_server("harbor", name="tasks", options=options) as (url, _),
+        httpx.AsyncClient(base_url=url, timeout=120) as http,
+    ):
+        for task, said in (("bad-reward", "no number"), ("slow-verifier", "did not finish")):
+            seeded = (await http.post("/seed_session", json=row_of(tasks, task))).json()
+            answer = await http.post(
+                "/verify", json={**row_of(tasks, task), "response": {"output": []}},
+                headers={SESSION_HEADER: seeded["session_id"]},
+            )  # fmt: skip
+            assert answer.status_code >= 500, answer.text
+            error = answer.json()["error"]
+            assert error["type"] == "verifier_error" and said in error["message"], error
+
+
+def row_of(tasks: Path, task: str) -> dict[str, Any]:
+    instruction = (tasks / task / "instruction.md").read_text()
+    return {"responses_create_params": {"input": instruction}, "harbor": {"task": task}}

@@ -91,3 +91,15 @@ def test_instruction_loses_its_canary_lines_as_in_harbor(tmp_path: Path) -> None
     task = load_task(d)
     assert task.instruction == "Do it.\n"
     assert (task.config.environment.memory_mb, task.config.environment.storage_mb) == (1024, 512)
+
+
+def test_a_newer_task_toml_loads(tmp_path: Path) -> None:
+    # Keys of Harbor's later schema: [task] with authors, artifacts, gpus = 0, network_mode.
+    d = _task(
+        tmp_path,
+        'schema_version = "2.0"\nartifacts = []\n\n[task]\nname = "org/hello"\n'
+        'authors = [{ name = "A", email = "a@example.com" }]\n\n[environment]\ngpus = 0\n'
+        'network_mode = "public"\ncpus = 1\nmemory_mb = 1024\n',
+    )
+    task = load_task(d)
+    assert task.name == "t" and task_limits(task).network and task_limits(task).memory_mb == 1024
