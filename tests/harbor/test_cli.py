@@ -71,3 +71,18 @@ def test_a_bad_task_directory_fails_before_anything_runs(tmp_path: Path) -> None
         env=ENV, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert usage.returncode == 2 and "--model-url" in usage.stderr
+
+
+@needs_podman
+@pytest.mark.timeout(300)
+def test_audit_of_a_task_directory_runs_every_probe(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks"
+    shutil.copytree(BUNDLED / "fix-failing-test", tasks / "fix-failing-test")
+    done = subprocess.run(
+        [ROLLGYM, "audit", str(tasks), "--output", str(tmp_path / "audit")], env=ENV,
+        capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    report = orjson.loads((tmp_path / "audit" / "audit.json").read_bytes())
+    audit = report["servers"]["tasks"]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert audit["verdict"] == "clean" and audit["plays"] == 7, audit
