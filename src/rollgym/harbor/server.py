@@ -110,7 +110,7 @@ class HarborEnv(ResourcesServer):
     async def prepared(self, task: HarborTask) -> Prepared:
         """The task's prepared image (made once; a failed preparation is tried again)."""
         job = self._prepared.get(task.name)
-        if job is None or (job.done() and job.exception() is not None):
+        if job is None or (job.done() and (job.cancelled() or job.exception() is not None)):
             lease = new_lease(self.run_name, PREPARED_LEASE)
             job = asyncio.ensure_future(prepare(task, self.runtime, lease))
             self._prepared[task.name] = job
@@ -118,6 +118,7 @@ class HarborEnv(ResourcesServer):
 
     async def seed_session(self, session: Session) -> None:
         task = self.task_named(session.task)
+        await self._forget_abandoned()
         prepared = await self.prepared(task)
         seconds = task.agent_timeout + task.config.verifier.timeout_sec + LEASE_MARGIN
         trial = Trial(prepared, self.runtime, new_lease(self.run_name, seconds))
@@ -130,6 +131,14 @@ class HarborEnv(ResourcesServer):
             raise
         session.data[TRIAL] = trial
         session.data["agent_deadline"] = time.monotonic() + task.agent_timeout
+
+    async def _forget_abandoned(self) -> None:
+        """Close the trials of sessions never verified whose lease has run out (the reaper
+        removes their containers anyway; this drops them from memory)."""
+        now = time.time()
+        for trial in [t for t in self._trials if t.lease.deadline < now]:
+            self._trials.discard(trial)
+            await trial.close()
 
     def _trial(self, session: Session) -> Trial:
         trial = session.data.get(TRIAL)

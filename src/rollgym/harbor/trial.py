@@ -109,7 +109,7 @@ class Trial:
         self.runtime = runtime
         self.lease = lease
         self.agent: Container | None = None
-        self._verdict: Verdict | None = None
+        self._verifying: asyncio.Future[Verdict] | None = None
 
     def _spec(self, image: str, env: dict[str, str] | None = None) -> Spec:
         cfg = self.task.config.environment
@@ -130,10 +130,13 @@ class Trial:
         return self.agent
 
     async def verify(self) -> Verdict:
-        """End the agent phase and run the verifier in a fresh container (once: a repeated call
-        answers the same verdict)."""
-        if self._verdict is not None:
-            return self._verdict
+        """End the agent phase and run the verifier in a fresh container (once: a repeated or
+        concurrent call answers the same verdict)."""
+        if self._verifying is None:
+            self._verifying = asyncio.ensure_future(self._verify_once())
+        return await asyncio.shield(self._verifying)
+
+    async def _verify_once(self) -> Verdict:
         agent = self.agent
         if agent is None:
             raise SandboxError(f"harbor task {self.task.name}: verify before the agent's container")
@@ -145,10 +148,9 @@ class Trial:
             agent.destroy(), self.runtime.create(spec, timeout=STEP_TIMEOUT)
         )
         try:
-            self._verdict = await self._run_verifier(verifier)
+            return await self._run_verifier(verifier)
         finally:
             await verifier.destroy()
-        return self._verdict
 
     async def close(self) -> None:
         if self.agent is not None:
