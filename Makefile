@@ -39,7 +39,10 @@ docs: install
 	$(BIN)/python scripts/gen_reference.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
+# The container tests need podman, runc and a base image: installed and built once, where
+# missing (scripts/install_containers.sh says in one line what it could not do).
 test: lint
+	scripts/install_containers.sh $(BIN)/python
 	$(BIN)/pytest -q
 
 demo: core

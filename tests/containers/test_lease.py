@@ -95,6 +95,7 @@ async def test_reap_removes_orphans_and_spares_live_owners(
     reused = await runtime.create(
         replace(spec, lease=replace(spec.lease, owner_start="0:0")), timeout=60
     )
+    # A snapshot carries its container's lease: it goes with it.
     image = await reused.snapshot(timeout=60)
     removed = await runtime.reap(now=None)
     assert reused.id in removed and image in removed

@@ -58,25 +58,6 @@ async def test_the_keepalive_ends_at_the_lease_deadline(
     await box.destroy()
 
 
-async def test_stop_processes_then_snapshot_carries_the_changes_and_the_lease(
-    runtime: PodmanRuntime, container: PodmanContainer, spec: Spec
-) -> None:
-    await container.exec("echo changed > /root/state; setsid sleep 303 &", timeout=30)
-    await container.stop_processes(timeout=30)
-    assert await container.state() == "exited"
-    with pytest.raises(ContainerError, match="not running"):
-        await container.exec("true", timeout=10)
-    image = await container.snapshot(timeout=60)
-    assert leases.from_labels(inspect(image)["Config"]["Labels"]) is not None
-    fresh = await runtime.create(replace(spec, image=image), timeout=60)
-    try:
-        done = await fresh.exec("cat /root/state; ps -eo args", timeout=30)
-        assert done.stdout.startswith("changed\n")
-        assert "sleep 303" not in done.stdout
-    finally:
-        await fresh.destroy()
-
-
 def test_translate_names_known_causes() -> None:
     def done(stderr: str, *, timed_out: bool = False) -> Completed:
         return Completed(None if timed_out else 125, b"", stderr.encode(), 3.0, timed_out, False)

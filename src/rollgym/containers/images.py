@@ -400,18 +400,28 @@ def build_task_image(
             return tag
         # The build's FROM is a tag of its own naming this process: buildah names its working
         # container after it, so what a killed build leaves is found and reaped by its owner.
-        name = f"rollgym-build-{leases.owner_token()}-{secrets.token_hex(4)}"
-        alias = f"localhost/{name}:from"
-        _podman("tag", base, alias, timeout=60)
-        try:
-            build_text, _ = rewrite_from(dockerfile, base=alias)
-            with tempfile.TemporaryDirectory(prefix="rollgym-build-") as tmp:
-                rewritten = Path(tmp) / "Dockerfile"
-                rewritten.write_text(build_text)
-                log.info("building %s from %s", tag, dockerfile)
-                _build(rewritten, dockerfile, context, tag, timeout=timeout)
-        finally:
-            _remove_build_leftovers(name, alias)
+        # podman 4.3 rewrites an image's names from what it read: a build running beside this
+        # one can drop the new tag (the build then fails 'image not known': tried again, at
+        # most 3 times) or bring an untagged one back (the reaper takes it with its owner).
+        for attempt in range(3):
+            name = f"rollgym-build-{leases.owner_token()}-{secrets.token_hex(4)}"
+            alias = f"localhost/{name}:from"
+            _tag(base, alias, timeout=timeout)
+            try:
+                build_text, _ = rewrite_from(dockerfile, base=alias)
+                with tempfile.TemporaryDirectory(prefix="rollgym-build-") as tmp:
+                    rewritten = Path(tmp) / "Dockerfile"
+                    rewritten.write_text(build_text)
+                    log.info("building %s from %s", tag, dockerfile)
+                    _build(rewritten, dockerfile, context, tag, timeout=timeout)
+                break
+            except ImageBuildError as exc:
+                lost = f"{alias}: image not known" in f"{exc.message} {exc.body}"
+                if not lost or attempt == 2:
+                    raise
+                log.warning("the build's FROM tag %s was lost to a concurrent build: again", alias)
+            finally:
+                _remove_build_leftovers(name, alias)
     return tag
 
 
@@ -428,7 +438,19 @@ def _remove_build_leftovers(name: str, alias: str) -> None:
     ]
     if ids:
         _podman("rm", "-f", *ids, timeout=120, check=False)
-    _podman("rmi", alias, timeout=60, check=False)
+    with build_lock("tags", timeout=120):
+        _podman("rmi", alias, timeout=60, check=False)
+
+
+def _tag(image: str, alias: str, *, timeout: float) -> None:
+    """``podman tag`` under a host-wide lock: two tags of one image at once lose one of them
+    (podman 4.3 rewrites the image's list of names; seen as 'image not known' right after)."""
+    with build_lock("tags", timeout=timeout):
+        _podman("tag", image, alias, timeout=60)
+        if not image_exists(alias):
+            raise ImageBuildError(
+                f"podman tag {image} {alias} did not hold", server="podman", endpoint="build"
+            )
 
 
 STEP = re.compile(r"^STEP \d+/\d+: (.*)$", re.M)

@@ -428,8 +428,8 @@ class PodmanContainer:
 
     async def snapshot(self, *, timeout: float) -> str:
         """``podman commit`` of this container, labelled with its lease (so the reaper removes
-        it with the run); returns the image id. A running container is paused while it is
-        copied, so the image is one instant of its filesystem."""
+        it with the run); returns the image id. Call it after ``stop_processes`` for one
+        instant of the filesystem: a running container's files may change while copied."""
         changes: list[str] = []
         for key, value in leases.to_labels(self.spec.lease).items():
             changes += ["--change", f"LABEL {key}={shlex.quote(value)}"]
