@@ -12,14 +12,15 @@
    are ``task.toml``'s.
 2. At verify, every process in it is ended, and its filesystem is snapshotted. It is destroyed.
 3. The verifier runs in a fresh container from that snapshot: no process of the agent's lives
-   there. ``/tests`` and ``/logs/verifier`` are removed first (whatever the agent left there),
-   then the task's ``tests/`` is copied in, and ``test.sh`` runs as Harbor runs it (executed
+   there. The task's ``tests/`` is copied to a path of a random name, ``/tests`` and
+   ``/logs/verifier`` are removed (whatever the agent left there), the tests moved in, and
+   ``test.sh`` runs as Harbor runs it (executed
    directly, output to ``/logs/verifier/test-stdout.txt``) within the verifier's timeout.
-4. The reward files are copied out and read as Harbor reads them (``reward.py``); a verifier that
+4. The reward files are read back (base64, behind a random marker) and parsed as Harbor does (``reward.py``); a verifier that
    times out or leaves nothing readable is a ``VerifierError``.
 5. Before ``test.sh`` runs, the tools it relies on (shells, Python and its packages, pytest,
-   startup files, every ``conftest.py``/``sitecustomize.py``/``.pth``) are fingerprinted and compared
-   with the prepared image's: a difference marks the trial ``integrity_suspect`` with the paths.
+   startup files, every ``conftest.py``/``sitecustomize.py``/``.pth``) are fingerprinted and
+   compared with the prepared image's: a difference marks the trial ``integrity_suspect`` with the paths.
    This flags; it does not prevent (see ``docs/concepts/harbor.md``: what remains forgeable).
 """
 
