@@ -86,3 +86,26 @@ def test_audit_of_a_task_directory_runs_every_probe(tmp_path: Path) -> None:
     audit = report["servers"]["tasks"]
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert audit["verdict"] == "clean" and audit["plays"] == 7, audit
+
+
+@needs_podman
+@pytest.mark.timeout(200)
+def test_the_terminal_agent_runs_a_model_given_by_url(tmp_path: Path) -> None:
+    from rollgym.testing import in_thread, serve_server
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(BUNDLED / "hello-file", tasks / "hello-file")
+    # The scripted stand-in (no language model): with no script it calls the first tool once
+    # with the instruction as its argument, then says the output. The path is what is tested:
+    # model URL -> openai_proxy -> tool_agent -> harbor tools -> verify.
+    with in_thread(serve_server("scripted", name="upstream")) as (url, _):
+        done = subprocess.run(
+            [ROLLGYM, "run", str(tasks), "--agent", "terminal", "--model-url", f"{url}/v1",
+             "-o", str(tmp_path / "out"), "--no-progress"],
+            env=ENV, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (record,) = records(tmp_path / "out" / "rollouts.jsonl")
+    assert record["reward"] == 0.0 and record["harbor_task"] == "hello-file"
+    calls = [i for i in record["response"]["output"] if i["type"] == "function_call"]  # type: ignore[index]
+    assert calls and calls[0]["name"] in {"run_command", "read_file", "write_file", "edit_file"}
