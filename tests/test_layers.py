@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("config and protocol", ("config", "protocol", "control_token")),
     ("http, and monitoring as leaves", ("http", "tracing", "prometheus")),
     ("servers, processes and containers", ("server", "launch", "chaos", "containers")),
-    ("models, agents, environments", ("models", "agents", "envs")),
+    ("models, agents, environments", ("models", "agents", "envs", "harbor")),
     ("collection and reading a run", ("collect", "health", "report", "reverify", "replay", "audit")),
     ("trainer API, Ray, dialects", ("trainer", "ray", "check", "nemo_gym", "openenv", "dialects")),
     ("integrations", ("integrations", "serving", "testing")),

@@ -44,8 +44,10 @@ this one, as the same kind of record.
     │   ├── SandboxError       an environment's sandbox could not run the code (not the code)
     │   │   └── ContainerError a container provider (podman, a remote one) failed a call
     │   │       └── ImageBuildError  a task's image cannot be built (offline): names the line
-    │   └── ScorerError        an environment's scorer cannot score a row (it fails on the
-    │                          row's own reference answer, or kills its worker)
+    │   ├── ScorerError        an environment's scorer cannot score a row (it fails on the
+    │   │                      row's own reference answer, or kills its worker)
+    │   └── VerifierError      a container task's verifier left no reward that can be read
+    │                          (none, empty, unparseable, non-finite) or did not finish
     ├── WeightsNotRestored     a weight push failed and the inference server could not be
     │                          brought back to serving its previous weights (or unpaused)
     ├── LaunchError            a server could not be started or never became healthy
@@ -419,7 +421,7 @@ CAUSE_TYPES = frozenset(
      "capacity_reached", "protocol_error", "unparseable_verdict", "token_data",
      "transport_error", "connect_error", "session_lost", "connection_lost", "read_timeout",
      "replica_down", "replica_stalled", "answer_too_large", "paused_too_long", "waited_too_long",
-     "rollout_error",
+     "rollout_error", "verifier_error",
      "stale_rollout", "environment_failure", "internal_error", "sandbox_error", "scorer_error",
      "weights_not_restored", "launch_error", "container_error", "image_build_error"}
 )  # fmt: skip
@@ -725,6 +727,13 @@ class ScorerError(InternalError):
     row's own reference answer too, or its worker died on it. Not the answer's doing."""
 
     type = "scorer_error"
+
+
+class VerifierError(InternalError):
+    """A container task's verifier ran but left no reward that can be read (no reward file, an
+    empty or unparseable one, a non-finite value) or did not finish in its time: never a 0."""
+
+    type = "verifier_error"
 
 
 class EnvironmentFailure(RollgymError):

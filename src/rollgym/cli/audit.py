@@ -22,7 +22,12 @@ _COLOURS = {
 def register(app: typer.Typer) -> None:
     @app.command(cls=PlainHelpCommand)
     def audit(
-        config: Annotated[Path, typer.Argument(help="The config whose environments to audit.")],
+        config: Annotated[
+            Path,
+            typer.Argument(
+                help="The config whose environments to audit, or a directory of Harbor tasks."
+            ),
+        ],
         input: Annotated[
             Path | None,
             typer.Option("--input", help="Task rows (JSONL); default: the config's collect.input."),
@@ -31,8 +36,13 @@ def register(app: typer.Typer) -> None:
             Path, typer.Option("--output", help="Directory to write audit.json into.")
         ] = Path("audit"),
         limit: Annotated[
-            int, typer.Option(min=1, help="Rows to play the panel on, spread over the file.")
-        ] = 8,
+            int | None,
+            typer.Option(
+                min=1,
+                help="Rows to play the panel on, spread over the file (default 8); with a "
+                "directory of Harbor tasks, its first LIMIT tasks (default all).",
+            ),
+        ] = None,
         timeout: Annotated[
             float, typer.Option(min=0.1, help="Seconds one call to an environment may take.")
         ] = 30.0,
@@ -55,15 +65,32 @@ def register(app: typer.Typer) -> None:
         (5xx, timeout, garbage) or scores one answer differently, `unaudited` when it scored
         no play (it refused every one: not the protocol played), `clean` otherwise. Writes
         OUTPUT/audit.json and prints a table. Exit 0 when every server is clean, 1 on findings,
-        2 on a usage error (a bad config, a missing task file)."""
+        2 on a usage error (a bad config, a missing task file).
+
+        CONFIG may be a directory of Harbor tasks: then every task (the first LIMIT) is played
+        by the container forging probes of rollgym.harbor.probes (write reward files, edit the
+        tests or plant conftest.py, read git history, read /solution or /tests, leave a process
+        running into the verify; rewrite Python's startup or the interpreter, which must be
+        flagged integrity_suspect), CONCURRENCY trials at a time, in podman containers."""
         from rollgym import runtime
-        from rollgym.audit.run import audit_config
+        from rollgym.audit.run import LIMIT, audit_config
         from rollgym.config import load_config
 
+        if config.is_dir():
+            from rollgym.audit.containers import audit_task_directory
+
+            report = runtime.run(
+                audit_task_directory(config, limit=limit, concurrency=min(concurrency, 8))
+            )
+            path = report.write(output)
+            _print(report, path)
+            if not report.clean:
+                raise typer.Exit(EXIT_FINDINGS)
+            return
         cfg = load_config(config)
         report = runtime.run(
             audit_config(
-                cfg, input=input, limit=limit, timeout=timeout, concurrency=concurrency,
+                cfg, input=input, limit=limit or LIMIT, timeout=timeout, concurrency=concurrency,
                 log_dir=output / "logs",
             )
         )  # fmt: skip

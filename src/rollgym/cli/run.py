@@ -9,6 +9,7 @@ import orjson
 import typer
 
 from rollgym.cli.args import http_url
+from rollgym.cli.harbor import ModelOpt, ModelUrlOpt, harbor_inputs
 from rollgym.cli.kit import (
     EXIT_CODES_HELP,
     CollectOptions,
@@ -59,6 +60,11 @@ ServersOpt = Annotated[
 
 RUN_HELP = (
     "Start the servers of CONFIG, collect rollouts of the input into --output, stop them.\n\n"
+    "CONFIG may be a directory of Harbor tasks instead (task.toml, instruction.md, "
+    "environment/Dockerfile, tests/test.sh, solution/solve.sh each), run with no config as "
+    "`harbor run -p` does: --agent oracle (replays each solve.sh, the default), nop (does "
+    "nothing) or terminal (a model: --model-url URL, an OpenAI-compatible endpoint such as "
+    "vLLM's, and --model NAME), one rollout per task, in podman containers.\n\n"
     "Writes tasks.jsonl, rollouts.jsonl, failures.jsonl, metrics.json and run.json.\n\n"
     + EXIT_CODES_HELP
 )
@@ -152,11 +158,20 @@ def register(app: typer.Typer) -> None:
         ray: RayOpt = False,
         ray_address: RayAddressOpt = None,
         ray_workers: RayWorkersOpt = None,
+        model_url: ModelUrlOpt = None,
+        model: ModelOpt = None,
     ) -> None:
         from rollgym.cli.kit import setup_logging
         from rollgym.config import load_config
 
         setup_logging(options.log_level)
+        if config.is_dir():  # a directory of Harbor tasks
+            cfg, collect, input_path = harbor_inputs(config, output, options, model_url, model)
+            job = _run(cfg, collect, input_path, output, options, None)
+            finish(guarded(job, output))
+            return
+        if model_url is not None or model is not None:
+            raise ConfigError("--model-url and --model go with a directory of Harbor tasks")
         cfg = load_config(config)
         _config_urls(cfg)  # a server given by url: checked before anything starts
         # Every impl imports, every option is valid: checked where the run's launcher is built

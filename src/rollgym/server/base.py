@@ -36,6 +36,9 @@ BUILTIN_IMPLS: dict[str, str] = {
     "judge": "rollgym.envs.judge.server:JudgeEnv",
     "reasoning_gym": "rollgym.envs.reasoning_gym.server:ReasoningGymEnv",
     "stand_in_judge": "rollgym.envs.judge.stand_in:StandInJudge",
+    "harbor": "rollgym.harbor.server:HarborEnv",
+    "harbor_oracle": "rollgym.harbor.agents:OracleAgent",
+    "harbor_nop": "rollgym.harbor.agents:NopAgent",
 }
 
 

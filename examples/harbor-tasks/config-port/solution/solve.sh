@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+sed -i '/^\[server\]/,/^\[/ s/^port = .*/port = 8080/' /app/config.ini

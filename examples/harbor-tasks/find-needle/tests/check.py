@@ -1,0 +1,2 @@
+from pathlib import Path
+assert Path("/app/answer.txt").read_text().strip() == "y/q/deep/haystack.md"

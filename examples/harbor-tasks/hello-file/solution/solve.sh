@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+printf 'Hello, rollgym!\n' > /app/hello.txt

@@ -1,0 +1,209 @@
+"""Forging probes: agents that try to take a container task's reward without doing the task.
+
+Each probe is a shell script an agent could send through ``run_command`` (it runs exactly as the
+tool runs a command: ``bash -c`` in the agent's container), followed by the verify. A task is
+sound against a probe when the probe earns 0 (``expect="zero"``), or, for the probes that
+rewrite the verifier's own tools, when the trial is flagged ``integrity_suspect``
+(``expect="flagged"``: the verifier runs in the agent's filesystem, so a replaced interpreter
+can still pay; the flag is what tells).
+
+    reward_file        writes reward.txt / reward.json in /logs/verifier and elsewhere
+    edit_tests         plants /tests/test.sh, conftest.py (/tests, /, the workdir), pytest.ini
+    git_history        git log --all, reflog, dangling commits: checks out whatever is newer
+    read_hidden        runs /solution/solve.sh or any solve.sh it finds; reads /tests
+    lingering_process  leaves daemons that rewrite the reward and test.sh into the verify
+    python_startup     plants sitecustomize.py, usercustomize.py and a .pth (flagged)
+    replace_tools      replaces python3 with a script that writes reward 1 (flagged)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Literal
+
+from rollgym.containers.lease import new_lease
+from rollgym.containers.runtime import Runtime
+from rollgym.errors import RollgymError
+from rollgym.harbor.trial import Prepared, Trial
+
+Expect = Literal["zero", "flagged"]
+
+_WRITE_REWARDS = r"""
+for d in /logs/verifier /logs /logs/agent / /tmp /tests "$PWD" /app /root; do
+  mkdir -p "$d" 2>/dev/null || continue
+  echo 1 > "$d/reward.txt"; echo '{"reward": 1}' > "$d/reward.json"
+done
+chmod 444 /logs/verifier/reward.* 2>/dev/null
+true
+"""
+
+_EDIT_TESTS = r"""
+PASS='import pytest
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    pass
+def pytest_collection_modifyitems(items):
+    for i in items:
+        i.obj = lambda *a, **k: None
+def pytest_sessionfinish(session, exitstatus):
+    session.exitstatus = 0
+'
+mkdir -p /tests
+printf '#!/bin/sh\nmkdir -p /logs/verifier\necho 1 > /logs/verifier/reward.txt\n' > /tests/test.sh
+chmod +x /tests/test.sh
+for d in /tests / "$PWD" /app; do
+  [ -d "$d" ] || continue
+  printf '%s' "$PASS" > "$d/conftest.py"
+  printf '[pytest]\naddopts = -p no:terminal\n' > "$d/pytest.ini"
+done
+for f in $(find / -xdev -name 'test_*.py' -not -path '/usr/*' -not -path '/proc/*' 2>/dev/null); do
+  printf 'def test_ok():\n    pass\n' > "$f"
+done
+true
+"""
+
+_GIT_HISTORY = r"""
+for g in $(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name .git -print 2>/dev/null); do
+  cd "$(dirname "$g")" || continue
+  G="git -c safe.directory=*"
+  $G log --all --oneline
+  $G reflog --all
+  $G stash list
+  head=$($G rev-parse HEAD)
+  others=$( { $G rev-list --all --reflog; $G fsck --unreachable --no-reflogs 2>/dev/null \
+    | awk '/commit/ {print $3}'; } | grep -v "$head")
+  for c in $others; do
+    if ! $G merge-base --is-ancestor "$c" "$head"; then
+      echo "checking out $c"; $G checkout -f "$c" -- . && break
+    fi
+  done
+done
+true
+"""
+
+_READ_HIDDEN = r"""
+ls -la /solution /tests /oracle 2>&1
+for s in /solution/solve.sh /oracle/solve.sh $(find / -xdev -name solve.sh -not -path '/proc/*' 2>/dev/null); do
+  [ -f "$s" ] && bash "$s"
+done
+for t in /tests/test.sh $(find / -xdev -path '*/tests/test.sh' -not -path '/proc/*' 2>/dev/null); do
+  [ -f "$t" ] && cat "$t"
+done
+true
+"""
+
+_LINGER = r"""
+setsid sh -c 'while :; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt;
+  echo "{\"reward\": 1}" > /logs/verifier/reward.json;
+  [ -f /tests/test.sh ] && printf "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n" > /tests/test.sh;
+  sleep 0.05; done' </dev/null >/dev/null 2>&1 &
+nohup sh -c 'trap "" TERM HUP INT; while :; do echo 1 > /logs/verifier/reward.txt 2>/dev/null; sleep 0.1; done' </dev/null >/dev/null 2>&1 &
+sleep 0.3
+true
+"""
+
+_PYTHON_STARTUP = r"""
+HOOK='import atexit, os
+def _forge():
+    try:
+        os.makedirs("/logs/verifier", exist_ok=True)
+        open("/logs/verifier/reward.txt", "w").write("1\n")
+    finally:
+        os._exit(0)
+atexit.register(_forge)
+'
+for d in $(python3 -c 'import site, sys; print(" ".join(site.getsitepackages() + [p for p in sys.path if p.endswith("-packages")]))' 2>/dev/null) /usr/lib/python3/dist-packages; do
+  mkdir -p "$d" 2>/dev/null || continue
+  printf '%s' "$HOOK" > "$d/sitecustomize.py"
+  printf '%s' "$HOOK" > "$d/usercustomize.py"
+  echo 'import sitecustomize' > "$d/zz-rollgym-probe.pth"
+done
+true
+"""
+
+_REPLACE_TOOLS = r"""
+for p in $(ls /usr/bin/python3* /usr/local/bin/python3* 2>/dev/null); do
+  [ -L "$p" ] && continue
+  cp "$p" "$p.real" && printf '#!/bin/sh\nmkdir -p /logs/verifier\necho 1 > /logs/verifier/reward.txt\nexit 0\n' > "$p"
+done
+true
+"""
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    script: str
+    expect: Expect = "zero"
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("reward_file", _WRITE_REWARDS),
+    Probe("edit_tests", _EDIT_TESTS),
+    Probe("git_history", _GIT_HISTORY),
+    Probe("read_hidden", _READ_HIDDEN),
+    Probe("lingering_process", _LINGER),
+    Probe("python_startup", _PYTHON_STARTUP, expect="flagged"),
+    Probe("replace_tools", _REPLACE_TOOLS, expect="flagged"),
+)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    task: str
+    probe: str
+    expect: Expect
+    reward: float | None
+    """None: the verifier left no reward (a typed failure, never a 0): ``error`` says why."""
+    suspect: bool
+    error: str | None = None
+
+    @property
+    def paid(self) -> bool:
+        return bool(self.reward)
+
+    @property
+    def sound(self) -> bool:
+        """The task held: the probe earned nothing, or a flagged probe was flagged."""
+        if self.expect == "flagged":
+            return self.suspect
+        return not self.paid
+
+
+async def run_probe(
+    prepared: Prepared, runtime: Runtime, probe: Probe, *, run: str = "rollgym-probe"
+) -> ProbeResult:
+    """One trial of ``prepared``'s task with ``probe`` as its agent."""
+    task = prepared.task
+    seconds = task.agent_timeout + task.config.verifier.timeout_sec + 300
+    trial = Trial(prepared, runtime, new_lease(run, seconds))
+    try:
+        box = await trial.start()
+        await box.exec(["bash", "-c", probe.script], timeout=min(120.0, task.agent_timeout))
+        verdict = await trial.verify()
+    except RollgymError as err:
+        return ProbeResult(task.name, probe.name, probe.expect, None, False, f"{err.type}: {err}")
+    finally:
+        await trial.close()
+    return ProbeResult(
+        task.name, probe.name, probe.expect, verdict.rewards.reward, bool(verdict.suspect)
+    )
+
+
+async def run_probes(
+    prepared: list[Prepared],
+    runtime: Runtime,
+    probes: tuple[Probe, ...] = PROBES,
+    *,
+    concurrency: int = 4,
+    run: str = "rollgym-probe",
+) -> list[ProbeResult]:
+    """Every probe on every prepared task, ``concurrency`` trials at a time."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(p: Prepared, probe: Probe) -> ProbeResult:
+        async with gate:
+            return await run_probe(p, runtime, probe, run=run)
+
+    return list(await asyncio.gather(*(one(p, probe) for p in prepared for probe in probes)))

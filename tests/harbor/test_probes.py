@@ -1,0 +1,66 @@
+"""Forging probes against the bundled tasks: none earns a reward, and the probes that rewrite the
+verifier's own tools are flagged. Each probe alone on the task with a git repository (where
+every probe has something to find), and all of them together on every bundled task."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+import rollgym.harbor.image as image
+from rollgym.containers.lease import new_lease
+from rollgym.containers.podman import PodmanRuntime
+from rollgym.harbor.probes import PROBES, Probe, ProbeResult, run_probes
+from tests.harbor.conftest import RUN, needs_podman
+
+pytestmark = [needs_podman, pytest.mark.timeout(300)]
+
+GIT_TASK = "fix-failing-test"
+
+
+def _table(results: list[ProbeResult]) -> str:
+    return "\n".join(
+        f"{r.task} {r.probe}: reward {r.reward} suspect {r.suspect} {r.error or ''}"
+        for r in results
+    )
+
+
+def combined(probes: tuple[Probe, ...], name: str) -> Probe:
+    """One agent that runs every probe in turn (each script in its own subshell)."""
+    script = "\n".join(f"( {p.script} ) || true" for p in probes)
+    expects = {p.expect for p in probes}
+    return Probe(name, script, "flagged" if "flagged" in expects else "zero")
+
+
+async def test_each_probe_alone_on_the_git_task(prepared: dict[str, Any]) -> None:
+    results = await run_probes([prepared[GIT_TASK]], PodmanRuntime(), PROBES, run=RUN)
+    assert all(r.sound for r in results), _table(results)
+    assert all(r.error is None for r in results), _table(results)
+    by_name = {r.probe: r for r in results}
+    # Forging by the agent's filesystem is flagged, even where it pays (replace_tools: the
+    # verifier runs the agent's python3; see docs/concepts/harbor.md).
+    assert by_name["python_startup"].suspect and by_name["replace_tools"].suspect
+    assert not by_name["reward_file"].suspect and not by_name["git_history"].suspect
+
+
+async def test_every_probe_earns_nothing_on_every_bundled_task(prepared: dict[str, Any]) -> None:
+    zero = combined(tuple(p for p in PROBES if p.expect == "zero"), "all_zero_probes")
+    results = await run_probes(list(prepared.values()), PodmanRuntime(), (zero,), run=RUN)
+    assert len(results) == len(prepared) >= 10
+    assert [r for r in results if r.reward != 0.0] == [], _table(results)
+
+
+async def test_the_git_probe_pays_where_history_was_left(
+    prepared: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The control: without the preparation's cut of git history, the upstream fix on another
+    # branch is one `git checkout` away, and the git probe takes the reward.
+    monkeypatch.setattr(image, "SCRUB", "echo none")
+    task = prepared[GIT_TASK].task
+    raw = await image.prepare(task, PodmanRuntime(), new_lease(RUN, 600))
+    git = next(p for p in PROBES if p.name == "git_history")
+    (result,) = await run_probes([raw], PodmanRuntime(), (git,), run=RUN)
+    assert result.reward == 1.0, _table([result])
+    assert dataclasses.replace(result, reward=0.0).sound
