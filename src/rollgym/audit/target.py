@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -59,6 +60,27 @@ class Play:
 
     endpoint: str
     body: dict[str, Any] = field(default_factory=dict)
+
+
+class Player(Protocol):
+    """What the audit plays an environment through: rollgym's HTTP shape (``Environment``),
+    or a dialect's (``AuditDialect``, e.g. OpenEnv's ``/ws`` session)."""
+
+    gym: bool
+    """No tools to call: the panel's ``tool_leak`` plans are not played."""
+
+    async def detect(self) -> list[dict[str, Any]]:
+        """The server's tools (the row's own are used first)."""
+        ...
+
+    async def prepare(self, row: dict[str, Any]) -> dict[str, Any]:
+        """``row`` as the panel reads it (an environment whose task is in its first
+        observation gives it back as a message)."""
+        ...
+
+    async def play(
+        self, row: dict[str, Any], answer: str, calls: Sequence[ToolCall] = (), *, last: Play
+    ) -> Outcome: ...
 
 
 class _Crash(Exception):
@@ -117,6 +139,9 @@ class Environment:
         except _Crash:
             return []
         return [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+
+    async def prepare(self, row: dict[str, Any]) -> dict[str, Any]:
+        return row
 
     async def play(
         self, row: dict[str, Any], answer: str, calls: Sequence[ToolCall] = (), *, last: Play
@@ -233,3 +258,8 @@ def _short(value: Any) -> str:
         return _encode(value).decode()[:200]
     except (TypeError, ValueError):
         return repr(value)[:200]
+
+
+AuditDialect = Callable[[str, str, float, int], AbstractAsyncContextManager["Player | None"]]
+"""``(name, url, timeout, concurrency)`` -> a context that yields a ``Player`` for the server
+at ``url`` when it speaks the dialect's protocol, else None (``rollgym.dialects``)."""

@@ -59,12 +59,13 @@ def register(app: typer.Typer) -> None:
         from rollgym import runtime
         from rollgym.audit.run import audit_config
         from rollgym.config import load_config
+        from rollgym.dialects import AUDIT_DIALECTS
 
         cfg = load_config(config)
         report = runtime.run(
             audit_config(
                 cfg, input=input, limit=limit, timeout=timeout, concurrency=concurrency,
-                log_dir=output / "logs",
+                log_dir=output / "logs", dialects=AUDIT_DIALECTS,
             )
         )  # fmt: skip
         path = report.write(output)
