@@ -41,8 +41,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rollgym.audit.panel import CLASSES
 from rollgym.audit.play import ServerAudit, audit_server
 from rollgym.audit.run import sample
@@ -245,7 +243,8 @@ ECHO_ROWS = [
 async def openenv(args: argparse.Namespace, http: HttpClient, record: Any) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        subprocess.run(
+        await asyncio.to_thread(
+            subprocess.run,
             [sys.executable, "-m", "openenv.cli", "init", "echo_env", "-o", str(root)],
             capture_output=True, text=True, timeout=120, check=True,
         )  # fmt: skip
@@ -359,7 +358,9 @@ async def main() -> int:
     parser.add_argument("--merge", action="store_true", help="keep --json's other results")
     args = parser.parse_args()
     begun = time.monotonic()
-    earlier = json.loads(args.json.read_text())["results"] if args.merge and args.json.exists() else []
+    earlier = (
+        json.loads(args.json.read_text())["results"] if args.merge and args.json.exists() else []
+    )
     mine: list[dict[str, Any]] = []
 
     def record(result: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from rollgym.testing import serve_asgi
 
 pytest.importorskip("openenv.core", reason="needs openenv-core (the dev extra)")
 
-from tests.openenv.conftest import echo_env_root  # noqa: E402,F401 (a fixture)
+from tests.openenv.conftest import echo_env_root  # noqa: F401 (a fixture, used by name)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -101,7 +101,8 @@ async def test_a_flawed_reversal_environment_is_found(pays: str, cls: str) -> No
     assert cls in {f.cls for f in result.findings}, result.to_dict()
 
 
-async def test_the_echo_environment_pays_an_answer_by_its_length(echo_env_root: Any) -> None:
+@pytest.mark.usefixtures("echo_env_root")
+async def test_the_echo_environment_pays_an_answer_by_its_length() -> None:
     from tests.openenv.support import echo_app
 
     rows = [{"responses_create_params": {"input": "Send the echo environment a greeting."}}] * 4

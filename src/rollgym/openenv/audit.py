@@ -137,12 +137,14 @@ class OpenEnvPlayer:
 
 def text_field(schema: dict[str, Any]) -> str | None:
     """The action's field an answer goes in: its required text field, else its first."""
-    action = schema.get("action") if isinstance(schema.get("action"), dict) else {}
-    props = action.get("properties") if isinstance(action.get("properties"), dict) else {}
-    texts = [k for k, v in props.items()
+    action = schema.get("action")
+    props = action.get("properties") if isinstance(action, dict) else None
+    if not isinstance(action, dict) or not isinstance(props, dict):
+        return None
+    texts = [str(k) for k, v in props.items()
              if k != "metadata" and isinstance(v, dict) and v.get("type") == "string"]  # fmt: skip
     required = [k for k in action.get("required") or [] if k in texts]
-    return (required or texts or [None])[0]
+    return str(required[0]) if required else (texts[0] if texts else None)
 
 
 @asynccontextmanager
