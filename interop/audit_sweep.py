@@ -77,6 +77,10 @@ def line(catalogue: str, name: str, audit: ServerAudit | None, note: str = "") -
                 "class": f.cls, "probe": f.probe, "rows_paid": f.rows_paid,
                 "rows_tried": f.rows_tried, "mean_reward": f.mean_reward,
                 "mean_floor": f.mean_floor,
+                "example": {"row": f.example.get("row"),
+                            "answer": str(f.example.get("answer"))[:200],
+                            "reward": f.example.get("reward"),
+                            "error": str(f.example.get("error") or "")[:200]},
             }
             for f in audit.findings
         ],

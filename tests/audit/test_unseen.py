@@ -341,6 +341,40 @@ def json_app(score: Score) -> Starlette:
                              Route("/verify", verify, methods=["POST"])])  # fmt: skip
 
 
+# -- G: lettered options, the last boxed answer read (a verifier's right, no flaw) ------------
+
+LETTER_ROWS = [
+    _prompt("Which is a noble gas?\nA) Oxygen\nB) Nitrogen\nC) Carbon\nD) Argon\n"
+            "Put the letter in \\boxed{}.", expected_answer="D"),
+    _prompt("Which is a mammal?\nA) Dolphin\nB) Shark\nC) Trout\nD) Squid\n"
+            "Put the letter in \\boxed{}.", expected_answer="A"),
+]  # fmt: skip
+
+
+def _last_boxed(row: dict[str, Any], text: str) -> float:
+    found = re.findall(r"\\boxed\{([^{}]*)\}", text)
+    return float(bool(found) and found[-1].strip() == row["expected_answer"])
+
+
+def _any_boxed(row: dict[str, Any], text: str) -> float:
+    """Flawed: any boxed answer that is the reference."""
+    return float(
+        row["expected_answer"] in [b.strip() for b in re.findall(r"\\boxed\{([^{}]*)\}", text)]
+    )
+
+
+def plain_app(score: Score) -> Starlette:
+    async def seed(request: Request) -> Response:
+        return JSONResponse({})
+
+    async def verify(request: Request) -> Response:
+        body = await request.json()
+        return JSONResponse({"reward": score(body, output_text(body["response"]))})
+
+    return Starlette(routes=[Route("/seed_session", seed, methods=["POST"]),
+                             Route("/verify", verify, methods=["POST"])])  # fmt: skip
+
+
 # -- the cases ----------------------------------------------------------------------------------
 
 
@@ -367,6 +401,8 @@ CASES = [
     Case("JudgeHardened", "", lambda: gym_app(_judge_hardened), JUDGE_ROWS),
     Case("JsonContained", "format_only", lambda: json_app(_json_contained), JSON_ROWS),
     Case("JsonFormatReward", "", lambda: json_app(_json_format_reward), JSON_ROWS),
+    Case("AnyBoxedLetter", "candidate_list", lambda: plain_app(_any_boxed), LETTER_ROWS),
+    Case("LastBoxedLetter", "", lambda: plain_app(_last_boxed), LETTER_ROWS),
 ]
 
 

@@ -63,7 +63,11 @@ class ToolCall:
 @dataclass(frozen=True)
 class Probe:
     """One answer to play on a row: ``answer`` after the tool ``calls``, or (``leak``, the
-    ``tool_leak`` plans) each string the calls' outputs hold. ``repeats``: times it is played."""
+    ``tool_leak`` plans) each string the calls' outputs hold. ``repeats``: times it is played.
+    ``reordered``: the same answer with its items in another order, played too; a row pays
+    only when every order does (a verifier that reads the first or the last of several answers
+    is not one that reads them all, and a list in the prompt's order may end with the right
+    one)."""
 
     cls: str
     name: str
@@ -71,6 +75,7 @@ class Probe:
     calls: tuple[ToolCall, ...] = ()
     repeats: int = 1
     leak: bool = False
+    reordered: tuple[str, ...] = ()
 
 
 def prompt_messages(row: dict[str, Any]) -> list[str]:
@@ -253,11 +258,16 @@ def _candidates(row: dict[str, Any], prompt: str, pool: Sequence[str]) -> list[P
         items = list(dict.fromkeys(items))[:_CANDIDATES]
         if len(items) < 2:
             continue
-        probes.append(Probe("candidate_list", name, ", ".join(items)))
-        probes.append(Probe("candidate_list", f"{name}, each boxed", " ".join(
-            f"\\boxed{{{item}}}" for item in items
-        )))  # fmt: skip
+        back = items[::-1]
+        probes.append(Probe("candidate_list", name, ", ".join(items),
+                            reordered=(", ".join(back),)))  # fmt: skip
+        probes.append(Probe("candidate_list", f"{name}, each boxed", _each_boxed(items),
+                            reordered=(_each_boxed(back),)))  # fmt: skip
     return probes
+
+
+def _each_boxed(items: list[str]) -> str:
+    return " ".join(f"\\boxed{{{item}}}" for item in items)
 
 
 _DEF = re.compile(r"\bdef\s+([A-Za-z_]\w*)|`([A-Za-z_]\w*)\(|\bfunction\s+`?([A-Za-z_]\w*)`?\(")
@@ -492,7 +502,7 @@ def after_tools(probes: Sequence[Probe]) -> list[Probe]:
     if not calls:
         return []
     return [
-        Probe(p.cls, f"{p.name}, after the tools", p.answer, tuple(calls))
+        Probe(p.cls, f"{p.name}, after the tools", p.answer, tuple(calls), reordered=p.reordered)
         for p in probes
         if p.cls in AFTER_TOOLS and not p.calls and p.repeats == 1
     ]

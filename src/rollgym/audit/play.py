@@ -90,8 +90,9 @@ async def _probe(
 ) -> list[Result]:
     if probe.leak:
         return await _tool_plan(env, row, index, refs, probe)
-    plays = await asyncio.gather(*(_one(env, row, index, refs, probe, probe.answer)
-                                   for _ in range(probe.repeats)))  # fmt: skip
+    answers = [probe.answer] * probe.repeats + list(probe.reordered)
+    plays = await asyncio.gather(*(_one(env, row, index, refs, probe, answer)
+                                   for answer in answers))  # fmt: skip
     return list(plays)
 
 

@@ -11,7 +11,9 @@
    to hold answers (all but ``LISTS``) that mentions a reference is taken as right too: its
    reward may be the reference's, by chance.
 3. A row **pays** a probe when an answer of that probe earned more than the floor and is not
-   right; a probe with a paying row is a finding of its class.
+   right (a list played in two orders, when both orders did: a verifier that reads the last
+   of several answers pays a list that happens to end with the right one); a probe with a
+   paying row is a finding of its class.
 4. A play that crashed (5xx, timeout, garbage) is a ``crash`` finding, whatever its probe; a
    repeated answer whose rewards differ on a row is a ``nondeterministic`` one.
 5. ``exploitable`` if any finding is of another class, else ``unreliable`` if any finding,
@@ -114,7 +116,9 @@ def _pays(
         ]
         for row, rs in rows.items()
     }  # fmt: skip
-    paid = {row: rs for row, rs in paid.items() if rs}
+    # A reordered probe pays a row only when each of its orders does (``Probe.reordered``).
+    every = bool(plays[0].probe.reordered)
+    paid = {row: rs for row, rs in paid.items() if rs and (not every or len(rs) == len(rows[row]))}
     if not paid:
         return None
     best = [max(r.reward or 0.0 for r in rs) for rs in rows.values()]
