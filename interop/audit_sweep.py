@@ -206,8 +206,13 @@ async def _audit_07(
 
 
 @contextlib.asynccontextmanager
-async def serving(config: dict[str, Any], logs: Path) -> AsyncIterator[dict[str, list[str]]]:
-    supervisor = Supervisor(parse_config(config, "<audit sweep>"), log_dir=logs)
+async def serving(
+    config: dict[str, Any], logs: Path, where: Path | None = None
+) -> AsyncIterator[dict[str, list[str]]]:
+    """The servers of ``config`` started as ``rollgym audit`` starts them; ``where``: the folder
+    its ``impl:`` and ``app:`` modules are found in (the config's folder)."""
+    source = str(where / "audit-sweep.yaml") if where else "<audit sweep>"
+    supervisor = Supervisor(parse_config(config, source), log_dir=logs)
     try:
         yield await supervisor.start()
     finally:
@@ -266,16 +271,11 @@ async def openenv(args: argparse.Namespace, http: HttpClient, record: Any) -> No
             if args.only and not any(o in name for o in args.only):
                 continue
             config = {
-                "servers": {"env": {"kind": "resources", "impl": "openenv", "options": options}},
-                "pythonpath": [str(path)],
+                "servers": {"env": {"kind": "resources", "impl": "openenv", "options": options}}
             }
-            sys.path.insert(0, str(path))
-            try:
-                async with serving(config, root / "logs") as urls:
-                    audit = await audit_url(http, name, urls["env"][0], rows[: args.rows],
-                                            args.timeout)  # fmt: skip
-            finally:
-                sys.path.remove(str(path))
+            async with serving(config, root / "logs", path) as urls:
+                audit = await audit_url(http, name, urls["env"][0], rows[: args.rows],
+                                        args.timeout)  # fmt: skip
             record(line("OpenEnv", name, audit))
 
 

@@ -375,6 +375,16 @@ def plain_app(score: Score) -> Starlette:
                              Route("/verify", verify, methods=["POST"])])  # fmt: skip
 
 
+def stateless_app(score: Score) -> Starlette:
+    """A verifier alone: no ``/seed_session`` (404), ``/verify`` only."""
+
+    async def verify(request: Request) -> Response:
+        body = await request.json()
+        return JSONResponse({"reward": score(body, output_text(body["response"]))})
+
+    return Starlette(routes=[Route("/verify", verify, methods=["POST"])])
+
+
 # -- the cases ----------------------------------------------------------------------------------
 
 
@@ -403,6 +413,8 @@ CASES = [
     Case("JsonFormatReward", "", lambda: json_app(_json_format_reward), JSON_ROWS),
     Case("AnyBoxedLetter", "candidate_list", lambda: plain_app(_any_boxed), LETTER_ROWS),
     Case("LastBoxedLetter", "", lambda: plain_app(_last_boxed), LETTER_ROWS),
+    Case("StatelessAnyBoxed", "candidate_list", lambda: stateless_app(_any_boxed), LETTER_ROWS),
+    Case("StatelessLastBoxed", "", lambda: stateless_app(_last_boxed), LETTER_ROWS),
 ]
 
 
