@@ -123,13 +123,13 @@ async def audit_url(
 # -- NeMo Gym 0.7 -----------------------------------------------------------------------------
 
 
-def offline_07() -> list[str]:
-    """The servers ``interop/SWEEP07.md`` lists as started offline."""
-    names = []
+def offline_07() -> dict[str, str]:
+    """The servers ``interop/SWEEP07.md`` lists as started offline, with their status there."""
+    names = {}
     for text in (ROOT / "interop" / "SWEEP07.md").read_text().splitlines():
         cells = [c.strip() for c in text.strip().strip("|").split("|")]
         if len(cells) > 4 and cells[3] == "yes" and re.fullmatch(r"[\w-]+", cells[0]):
-            names.append(cells[0])
+            names[cells[0]] = cells[1]
     return names
 
 
@@ -138,14 +138,18 @@ async def nemo07(args: argparse.Namespace, http: HttpClient, record: Any) -> Non
     from interop.rollgym_side import rollgym_serve, write_config
 
     gym = nemo.NG07
-    names = [n for n in offline_07() if not args.only or n in args.only]
+    listed = offline_07()
+    names = [n for n in listed if not args.only or n in args.only]
     work = Path(tempfile.mkdtemp(prefix="audit-sweep07-"))
     model_config = write_config(
         work / "model.yaml", {"servers": {"model": {"kind": "model", "impl": "scripted"}}}
     )
     with rollgym_serve(model_config) as model_urls:
         model_url = model_urls["model"][0]
-        batches = [names[i : i + args.batch] for i in range(0, len(names), args.batch)]
+        # A server that fails offline may end a start it shares: those start alone.
+        alone = [[n] for n in names if listed[n] == "server fails offline"]
+        shared = [n for n in names if listed[n] != "server fails offline"]
+        batches = [shared[i : i + args.batch] for i in range(0, len(shared), args.batch)] + alone
         for batch in batches:
             started = await _start_07(batch, model_url, work, gym, nemo, sweep)
             if started is None and len(batch) > 1:
@@ -168,8 +172,14 @@ async def _start_07(
         entry = nemo.server_entry("resources_servers", name, nemo.free_port(), **fields)
         config[name] = entry
     stack = nemo.GymStack(nemo.Workspace(work / "+".join(batch)[:80], gym), config)
+    starting = asyncio.ensure_future(asyncio.to_thread(stack.start, 240))
     try:
-        urls = await asyncio.to_thread(stack.start, 240)
+        urls = await asyncio.shield(starting)
+    except asyncio.CancelledError:  # Ctrl-C while it starts: what it started is stopped
+        with contextlib.suppress(Exception):
+            await starting
+        await asyncio.to_thread(stack.stop)
+        raise
     except RuntimeError as exc:
         print(f"[audit-sweep] {batch} did not start: {str(exc).splitlines()[0]}", flush=True)
         return None
@@ -355,7 +365,7 @@ async def main() -> int:
     parser.add_argument("--part", nargs="*", choices=PARTS, default=list(PARTS))
     parser.add_argument("--only", nargs="*", help="environments to audit (default: all)")
     parser.add_argument("--rows", type=int, default=8)
-    parser.add_argument("--timeout", type=float, default=15.0, help="seconds per call")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
     parser.add_argument("--batch", type=int, default=6, help="NeMo Gym servers per gym env start")
     parser.add_argument("--json", type=Path, default=Path("out/audit-sweep.json"))
     parser.add_argument("--markdown", type=Path)
