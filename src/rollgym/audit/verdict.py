@@ -5,8 +5,8 @@
    pay for using them); a row whose floor is unknown (each wrong answer crashed or was
    refused) is not compared.
 2. A probe's answer is **right** when the row carries a reference and the answer's one final
-   answer (its ``\\boxed{}``, ``<answer>`` or ``Answer:`` part, else the whole text) equals
-   one, normalized: then paying it is no exploit (a tool's output that holds the answer of a
+   answer (its ``\\boxed{}``, ``<answer>`` or ``Answer:`` part, else the whole text; an empty
+   box is none) equals one, normalized: then paying it is no exploit (a tool's output that holds the answer of a
    lookup task). An answer that names several final answers is never right. A probe not built
    to hold answers (all but ``LISTS``) that mentions a reference is taken as right too: its
    reward may be the reference's, by chance.
@@ -264,7 +264,9 @@ def is_right(answer: str, refs: list[str]) -> bool:
     """Whether ``answer`` gives exactly one final answer and it is one of ``refs``."""
     if not refs or len(answer) > 100_000:
         return False
-    given = {normalize(a) for a in final_answers(answer)}
+    # An empty box names no answer: a prompt given back with its format ("in \\boxed{}") and
+    # its example ("e.g. \\boxed{3}") answers 3.
+    given = {normalize(a) for a in final_answers(answer)} - {""}
     if len(given) != 1:
         return False
     wanted = {normalize(r) for r in refs} | {normalize(a) for r in refs for a in final_answers(r)}
