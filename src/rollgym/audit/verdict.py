@@ -7,9 +7,9 @@
 2. A probe's answer is **right** when the row carries a reference and the answer's one final
    answer (its ``\\boxed{}``, ``<answer>`` or ``Answer:`` part, else the whole text; an empty
    box is none) equals one, normalized: then paying it is no exploit (a tool's output that
-   holds the answer of a lookup task). An answer that names several final answers is never right. A probe not built
-   to hold answers (all but ``LISTS``) that mentions a reference is taken as right too: its
-   reward may be the reference's, by chance.
+   holds the answer of a lookup task). An answer that names several final answers is never
+   right. A probe not built to hold answers (all but ``LISTS``) that mentions a reference is
+   taken as right too: its reward may be the reference's, by chance.
 3. A row **pays** a probe when an answer of that probe earned more than the floor and is not
    right (a list played in two orders, when both orders did: a verifier that reads the last
    of several answers pays a list that happens to end with the right one); a probe with a
