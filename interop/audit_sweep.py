@@ -180,7 +180,7 @@ async def _start_07(
             await starting
         await asyncio.to_thread(stack.stop)
         raise
-    except RuntimeError as exc:
+    except Exception as exc:  # RuntimeError; seen too: BadStatusLine from a port Ray reused
         print(f"[audit-sweep] {batch} did not start: {str(exc).splitlines()[0]}", flush=True)
         return None
     return stack, urls
