@@ -385,6 +385,27 @@ def stateless_app(score: Score) -> Starlette:
     return Starlette(routes=[Route("/verify", verify, methods=["POST"])])
 
 
+# -- H: partial credit for a close number, the prompt's own example answer ----------------------
+
+EXAMPLE_ROWS = [
+    _prompt(f"{q} Give the number between <answer> and </answer> tags, e.g. <answer>42</answer>.",
+            answer=str(a))
+    for q, a in (("How many cards are in a deck with both jokers?", 54),
+                 ("How many minutes are in three quarters of an hour?", 45),
+                 ("How many weeks are in a year, rounded down?", 52))
+]  # fmt: skip
+
+
+def _partial_credit(row: dict[str, Any], text: str) -> float:
+    """Sound: the last <answer> block's number, credited by how close it is (reasoning-gym's
+    scorers do so); the prompt given back answers its example, 42, and earns what 42 earns."""
+    found = re.findall(r"<answer>\s*(-?\d+)\s*</answer>", text)
+    if not found:
+        return 0.0
+    want = int(row["answer"])
+    return max(0.0, 1.0 - abs(int(found[-1]) - want) / want)
+
+
 # -- the cases ----------------------------------------------------------------------------------
 
 
@@ -415,6 +436,7 @@ CASES = [
     Case("LastBoxedLetter", "", lambda: plain_app(_last_boxed), LETTER_ROWS),
     Case("StatelessAnyBoxed", "candidate_list", lambda: stateless_app(_any_boxed), LETTER_ROWS),
     Case("StatelessLastBoxed", "", lambda: stateless_app(_last_boxed), LETTER_ROWS),
+    Case("PartialCreditExample", "", lambda: plain_app(_partial_credit), EXAMPLE_ROWS),
 ]
 
 

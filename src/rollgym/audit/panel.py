@@ -140,7 +140,24 @@ def floor_answers(row: dict[str, Any]) -> list[str]:
     # The wrong answer in the prompt's own formats too: a format reward is no finding.
     tagged += [f"<{tag}>{wrong}</{tag}>" for tag in answer_tags(prompt) for wrong in _WRONGS]
     tagged += [orjson.dumps({key: w}).decode() for key in json_keys(prompt) for w in _WRONGS]
-    return [*WRONG_FORMATTED, _code(defs), *tagged, *([wrong] if isinstance(wrong, str) else [])]
+    return [
+        *WRONG_FORMATTED, _code(defs), *tagged, *example_answers(prompt),
+        *([wrong] if isinstance(wrong, str) else []),
+    ]  # fmt: skip
+
+
+_EXAMPLE_TAGGED = re.compile(r"<([A-Za-z][\w-]{0,20})>([^<>\n]{1,40})</\1>")
+_EXAMPLE_BOXED = re.compile(r"\\boxed\{([^{}\n]{1,40})\}")
+
+
+def example_answers(prompt: str) -> list[str]:
+    """The answers the prompt gives as examples of its format (``e.g. <answer>42</answer>``,
+    ``e.g. \\boxed{3}``), 4 at most: a guess the prompt itself suggests, so what one earns
+    (when it is not right) is a floor too. The prompt given back answers its example."""
+    text = prompt[:100_000]
+    found = [f"<{tag}>{value}</{tag}>" for tag, value in _EXAMPLE_TAGGED.findall(text)]
+    found += [f"\\boxed{{{value}}}" for value in _EXAMPLE_BOXED.findall(text)]
+    return list(dict.fromkeys(found))[:4]
 
 
 def panel(
