@@ -7,10 +7,12 @@ them. Adding a protocol is its folder plus one line here. Only entry points impo
 
 from __future__ import annotations
 
+from rollgym.audit.target import AuditDialect
 from rollgym.collect.dialect import RowDialect
 from rollgym.nemo_gym.agent import AGENT_DIALECT as NEMO_GYM_07_AGENT
 from rollgym.nemo_gym.resources_sessions import RESOURCES_DIALECT as NEMO_GYM_07_RESOURCES
 from rollgym.nemo_gym.rows import ROWS as NEMO_GYM_07_ROWS
+from rollgym.openenv.audit import openenv_player
 from rollgym.server.agent import AgentDialect
 from rollgym.server.resources import ResourcesDialect
 
@@ -29,4 +31,10 @@ SERVER_DIALECTS: tuple[AgentDialect | ResourcesDialect, ...] = (
 server takes the entries of its own seam (an agent ``AgentDialect``s, a resources or
 Gymnasium-style server ``ResourcesDialect``s)."""
 
-__all__ = ["ROW_DIALECTS", "SERVER_DIALECTS"]
+AUDIT_DIALECTS: tuple[AuditDialect, ...] = (
+    openenv_player,  # an OpenEnv server (its GET /schema): episodes over its /ws session
+)
+"""How ``rollgym audit`` plays an environment that does not speak rollgym's HTTP shape: each
+entry is asked first, and the first that recognizes the server plays it."""
+
+__all__ = ["AUDIT_DIALECTS", "ROW_DIALECTS", "SERVER_DIALECTS"]

@@ -36,6 +36,9 @@ def test_right_answers_and_lists() -> None:
     assert is_right("48,213", ["48213"])
     assert not is_right("\\boxed{Paris} \\boxed{Lyon}", ["Paris"])
     assert not is_right("Paris, Lyon", ["Paris"])
+    # A prompt given back: its format's empty box is no answer, its example is one.
+    assert is_right("Answer in \\boxed{} format, e.g. \\boxed{3}. How many?", ["3"])
+    assert not is_right("\\boxed{}", [""]) and not is_right("\\boxed{ }", ["3"])
     # A verdict marker that holds the number by chance is no exploit; a candidate list is.
     assert right(Probe("verdict_injection", "x"), "Score: 42 out of 42", ["42"])
     assert not right(Probe("candidate_list", "x"), "17, 25, 42", ["42"])

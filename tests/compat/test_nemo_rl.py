@@ -495,3 +495,39 @@ def test_an_omegaconf_config_is_read_with_its_placeholders_unresolved(
         "base_url": "${policy_base_url}"
     }
     assert asked == [False]
+
+
+async def test_run_examples_masks_an_exploit_tagged_sample_when_the_config_says(
+    nemo_gym: dict[str, Any],
+    upstreams: list[TrainingDouble],
+    tmp_path: Path,
+) -> None:
+    """``collect.mask_exploits`` in the rollgym config NeMo RL passes: a sample whose answer
+    ends the process before the tests (``os._exit``) and is paid by the verifier reaches NeMo RL
+    masked (``instance_config.mask_sample``, the reward kept, never a 0), its clean sibling not.
+    Its own stack (another ``RunHelper``, shut down here; the module's stays the newest)."""
+    cfg = {
+        "model_name": "toy",
+        "base_urls": [f"{u.url}/v1" for u in upstreams],  # type: ignore[attr-defined]
+        "initial_global_config_dict": {
+            "rollgym_config": rollgym_config(mask_exploits=True),
+            "effort_levels": {},
+        },
+    }
+    masking = NemoRLActor(nemo_gym, cfg, tmp_path / "nemo_gym_env.yaml")
+    try:
+        # The model double calls the echo tool with the prompt's last word and answers with
+        # the tool's output: "os._exit(0)" is what it says, and the echo verifier pays it.
+        done = await step(masking, [row("please echo os._exit(0)", "os._exit(0)"),
+                                    row("please echo v8", "v8")])  # fmt: skip
+    finally:
+        await masking.rch.aclose()
+        masking.rh.shutdown()
+    exploit, clean = done[0], done[1]
+    assert (exploit["reward"], exploit["mask_sample"]) == (1.0, True)
+    result = exploit["full_result"]
+    assert result["instance_config"] == {"mask_sample": True}
+    assert result["integrity"]["verdict"] == "exploit" and result["integrity"]["masked"] is True
+    assert result["rollgym_mask_reason"] == "exploit"
+    assert (clean["reward"], clean["mask_sample"]) == (1.0, False)
+    assert clean["full_result"]["integrity"]["verdict"] == "clean"

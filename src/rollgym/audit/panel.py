@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 CLASSES = (
     "empty_answer",
     "format_only",
@@ -41,6 +43,7 @@ WRONG_FORMATTED = (
     "<answer>7391</answer>",
     "Answer: 7391",
 )
+_WRONGS: tuple[str | int, ...] = ("zebra", 7391)
 REPEATS = 3
 """How often a ``nondeterministic`` probe plays its answer."""
 CALLS_PER_TOOL = 4
@@ -60,7 +63,11 @@ class ToolCall:
 @dataclass(frozen=True)
 class Probe:
     """One answer to play on a row: ``answer`` after the tool ``calls``, or (``leak``, the
-    ``tool_leak`` plans) each string the calls' outputs hold. ``repeats``: times it is played."""
+    ``tool_leak`` plans) each string the calls' outputs hold. ``repeats``: times it is played.
+    ``reordered``: the same answer with its items in another order, played too; a row pays
+    only when every order does (a verifier that reads the first or the last of several answers
+    is not one that reads them all, and a list in the prompt's order may end with the right
+    one)."""
 
     cls: str
     name: str
@@ -68,6 +75,7 @@ class Probe:
     calls: tuple[ToolCall, ...] = ()
     repeats: int = 1
     leak: bool = False
+    reordered: tuple[str, ...] = ()
 
 
 def prompt_messages(row: dict[str, Any]) -> list[str]:
@@ -127,7 +135,29 @@ def floor_answers(row: dict[str, Any]) -> list[str]:
     defs = "\n".join(f"def {n}(*args, **kwargs):\n    return None" for n in _function_names(
         "\n".join(prompt_messages(row))
     ))  # fmt: skip
-    return [*WRONG_FORMATTED, _code(defs), *([wrong] if isinstance(wrong, str) else [])]
+    prompt = "\n".join(prompt_messages(row))
+    tagged = [_tagged(tag, defs) for tag in answer_tags(prompt)]
+    # The wrong answer in the prompt's own formats too: a format reward is no finding.
+    tagged += [f"<{tag}>{wrong}</{tag}>" for tag in answer_tags(prompt) for wrong in _WRONGS]
+    tagged += [orjson.dumps({key: w}).decode() for key in json_keys(prompt) for w in _WRONGS]
+    return [
+        *WRONG_FORMATTED, _code(defs), *tagged, *example_answers(prompt),
+        *([wrong] if isinstance(wrong, str) else []),
+    ]  # fmt: skip
+
+
+_EXAMPLE_TAGGED = re.compile(r"<([A-Za-z][\w-]{0,20})>([^<>\n]{1,40})</\1>")
+_EXAMPLE_BOXED = re.compile(r"\\boxed\{([^{}\n]{1,40})\}")
+
+
+def example_answers(prompt: str) -> list[str]:
+    """The answers the prompt gives as examples of its format (``e.g. <answer>42</answer>``,
+    ``e.g. \\boxed{3}``), 4 at most: a guess the prompt itself suggests, so what one earns
+    (when it is not right) is a floor too. The prompt given back answers its example."""
+    text = prompt[:100_000]
+    found = [f"<{tag}>{value}</{tag}>" for tag, value in _EXAMPLE_TAGGED.findall(text)]
+    found += [f"\\boxed{{{value}}}" for value in _EXAMPLE_BOXED.findall(text)]
+    return list(dict.fromkeys(found))[:4]
 
 
 def panel(
@@ -139,7 +169,7 @@ def panel(
     prompt = "\n\n".join(messages)
     return [
         *_empty(),
-        *_format_only(),
+        *_format_only(prompt),
         *_echo(messages),
         *_candidates(row, prompt, pool),
         *_early_exit(prompt),
@@ -166,10 +196,23 @@ def _empty() -> list[Probe]:
     )
 
 
-def _format_only() -> list[Probe]:
+_JSON_KEY = re.compile(r"\{\s*\"([A-Za-z_][\w-]{0,30})\"\s*:")
+
+
+def json_keys(prompt: str) -> list[str]:
+    """The keys of a JSON object the prompt shows an answer as (``{"answer": ...}``), 2 at
+    most."""
+    return list(dict.fromkeys(_JSON_KEY.findall(prompt[:100_000])))[:2]
+
+
+def _format_only(prompt: str = "") -> list[Probe]:
+    own = [(f"empty <{tag}> tags", f"<{tag}></{tag}>")
+           for tag in answer_tags(prompt) if tag not in ("answer", "guess")]  # fmt: skip
+    own += [(f'empty JSON "{key}"', orjson.dumps({key: ""}).decode()) for key in json_keys(prompt)]
     return _probes(
         "format_only",
         [
+            *own,
             ("empty boxed", "\\boxed{}"),
             ("garbage boxed", "The answer is $\\boxed{?}$."),
             ("answer prefix", "Answer:"),
@@ -232,11 +275,16 @@ def _candidates(row: dict[str, Any], prompt: str, pool: Sequence[str]) -> list[P
         items = list(dict.fromkeys(items))[:_CANDIDATES]
         if len(items) < 2:
             continue
-        probes.append(Probe("candidate_list", name, ", ".join(items)))
-        probes.append(Probe("candidate_list", f"{name}, each boxed", " ".join(
-            f"\\boxed{{{item}}}" for item in items
-        )))  # fmt: skip
+        back = items[::-1]
+        probes.append(Probe("candidate_list", name, ", ".join(items),
+                            reordered=(", ".join(back),)))  # fmt: skip
+        probes.append(Probe("candidate_list", f"{name}, each boxed", _each_boxed(items),
+                            reordered=(_each_boxed(back),)))  # fmt: skip
     return probes
+
+
+def _each_boxed(items: list[str]) -> str:
+    return " ".join(f"\\boxed{{{item}}}" for item in items)
 
 
 _DEF = re.compile(r"\bdef\s+([A-Za-z_]\w*)|`([A-Za-z_]\w*)\(|\bfunction\s+`?([A-Za-z_]\w*)`?\(")
@@ -253,6 +301,27 @@ def _code(body: str) -> str:
     return f"```python\n{body.strip()}\n```"
 
 
+_TAG_PAIR = re.compile(r"<([A-Za-z][\w-]{0,20})>\s*</\1>")
+
+
+def answer_tags(prompt: str) -> list[str]:
+    """The tags the prompt shows an answer in, as an empty pair (``<code></code>``), 3 at
+    most: a harness that reads code from its own tags never sees a fenced block."""
+    return list(dict.fromkeys(_TAG_PAIR.findall(prompt[:100_000])))[:3]
+
+
+def _tagged(tag: str, body: str) -> str:
+    return f"<{tag}>\n{body.strip()}\n</{tag}>"
+
+
+def _in_tags(prompt: str, named: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``named`` code probes again in each of the prompt's answer tags (``answer_tags``)."""
+    return [
+        (f"{name}, in <{tag}>", _tagged(tag, body))
+        for tag in answer_tags(prompt) for name, body in named
+    ]  # fmt: skip
+
+
 def _early_exit(prompt: str) -> list[Probe]:
     exits = {
         "os._exit(0)": "import os\nos._exit(0)",
@@ -266,6 +335,8 @@ def _early_exit(prompt: str) -> list[Probe]:
     # A harness that imports the solution and then calls it: exit at the first call.
     defs = "\n".join(f"def {n}(*args, **kwargs):\n    os._exit(0)" for n in _function_names(prompt))
     named.append(("exit in the called function", _code(f"import os\n{defs}")))
+    named += _in_tags(prompt, [("os._exit(0)", exits["os._exit(0)"]),
+                               ("exit in the called function", f"import os\n{defs}")])  # fmt: skip
     named += [
         (f"forged report ({name}), then os._exit(0)",
          _code(_returning_empty(prompt) + _FORGE.replace("REPORT", line)))
@@ -329,9 +400,11 @@ for name in sorted(os.listdir(".")):
 def _always_equal(prompt: str) -> list[Probe]:
     names = _function_names(prompt)
     bound = "\n".join(f"{n} = _always" for n in names)
+    tagged = _in_tags(prompt, [("functions return an always-equal object", _ALWAYS_EQUAL + bound)])
     return _probes(
         "always_equal",
         [
+            *tagged,
             ("functions return an always-equal object", _code(_ALWAYS_EQUAL + bound)),
             ("prints an always-equal object", _code(_ALWAYS_EQUAL + "print(AlwaysEqual())")),
             ("reads the tests back", _code(_READ_BACK)),
@@ -446,7 +519,7 @@ def after_tools(probes: Sequence[Probe]) -> list[Probe]:
     if not calls:
         return []
     return [
-        Probe(p.cls, f"{p.name}, after the tools", p.answer, tuple(calls))
+        Probe(p.cls, f"{p.name}, after the tools", p.answer, tuple(calls), reordered=p.reordered)
         for p in probes
         if p.cls in AFTER_TOOLS and not p.calls and p.repeats == 1
     ]

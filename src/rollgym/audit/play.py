@@ -26,7 +26,7 @@ from rollgym.audit.panel import (
     references,
     row_tools,
 )
-from rollgym.audit.target import Environment, Outcome, Play
+from rollgym.audit.target import Outcome, Play, Player
 from rollgym.audit.verdict import Finding, Result, findings, right, verdict
 
 
@@ -54,10 +54,11 @@ class ServerAudit:
         }
 
 
-async def audit_server(env: Environment, rows: list[dict[str, Any]]) -> ServerAudit:
+async def audit_server(env: Player, rows: list[dict[str, Any]]) -> ServerAudit:
     """Audit the server behind ``env`` on ``rows``."""
     started = time.monotonic()
     server_tools = await env.detect()
+    rows = [await env.prepare(row) for row in rows]
     refs = [references(row) for row in rows]
     jobs = []
     for i, row in enumerate(rows):
@@ -85,17 +86,18 @@ async def audit_server(env: Environment, rows: list[dict[str, Any]]) -> ServerAu
 
 
 async def _probe(
-    env: Environment, row: dict[str, Any], index: int, refs: list[str], probe: Probe
+    env: Player, row: dict[str, Any], index: int, refs: list[str], probe: Probe
 ) -> list[Result]:
     if probe.leak:
         return await _tool_plan(env, row, index, refs, probe)
-    plays = await asyncio.gather(*(_one(env, row, index, refs, probe, probe.answer)
-                                   for _ in range(probe.repeats)))  # fmt: skip
+    answers = [probe.answer] * probe.repeats + list(probe.reordered)
+    plays = await asyncio.gather(*(_one(env, row, index, refs, probe, answer)
+                                   for answer in answers))  # fmt: skip
     return list(plays)
 
 
 async def _tool_plan(
-    env: Environment, row: dict[str, Any], index: int, refs: list[str], probe: Probe
+    env: Player, row: dict[str, Any], index: int, refs: list[str], probe: Probe
 ) -> list[Result]:
     last = Play("/verify")
     first = await env.play(row, "", probe.calls, last=last)
@@ -113,7 +115,7 @@ async def _tool_plan(
 
 
 async def _one(
-    env: Environment, row: dict[str, Any], index: int, refs: list[str], probe: Probe, answer: str
+    env: Player, row: dict[str, Any], index: int, refs: list[str], probe: Probe, answer: str
 ) -> Result:
     last = Play("/verify")
     outcome = await env.play(row, answer, probe.calls, last=last)

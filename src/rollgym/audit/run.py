@@ -10,6 +10,8 @@ of them, spread evenly over the file.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import orjson
 
 from rollgym.audit.play import ServerAudit, audit_server
-from rollgym.audit.target import CONCURRENCY, TIMEOUT, Environment
+from rollgym.audit.target import CONCURRENCY, TIMEOUT, AuditDialect, Environment, Player
 from rollgym.config import Config
 from rollgym.errors import ConfigError, InputError
 from rollgym.http import HttpClient
@@ -121,8 +123,10 @@ async def audit_config(
     timeout: float = TIMEOUT,
     concurrency: int = CONCURRENCY,
     log_dir: Path | None = None,
+    dialects: Sequence[AuditDialect] = (),
 ) -> AuditReport:
-    """Audit every resources server of ``config`` on ``limit`` rows of its task file."""
+    """Audit every resources server of ``config`` on ``limit`` rows of its task file;
+    ``dialects`` (``rollgym.dialects.AUDIT_DIALECTS``) play the servers they recognize."""
     names = resources_servers(config)
     rows = read_rows(input_path(config, input))
     agents = [n for n, s in config.servers.items() if s.kind != "resources" and s.kind != "model"]
@@ -132,10 +136,20 @@ async def audit_config(
         urls = await supervisor.start()
         async with HttpClient() as http:
             for name in names:
-                env = Environment(
-                    http, name, urls[name][0], timeout=timeout, concurrency=concurrency
-                )
-                audits[name] = await audit_server(env, sample(rows_of(config, name, rows), limit))
+                async with AsyncExitStack() as stack:
+                    env: Player | None = None
+                    for dialect in dialects:
+                        env = await stack.enter_async_context(
+                            dialect(name, urls[name][0], timeout, concurrency)
+                        )
+                        if env is not None:
+                            break
+                    env = env or Environment(
+                        http, name, urls[name][0], timeout=timeout, concurrency=concurrency
+                    )
+                    audits[name] = await audit_server(
+                        env, sample(rows_of(config, name, rows), limit)
+                    )
     finally:
         await supervisor.stop()
     return AuditReport(audits)

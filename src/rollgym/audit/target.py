@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -61,6 +62,27 @@ class Play:
     body: dict[str, Any] = field(default_factory=dict)
 
 
+class Player(Protocol):
+    """What the audit plays an environment through: rollgym's HTTP shape (``Environment``),
+    or a dialect's (``AuditDialect``, e.g. OpenEnv's ``/ws`` session)."""
+
+    gym: bool
+    """No tools to call: the panel's ``tool_leak`` plans are not played."""
+
+    async def detect(self) -> list[dict[str, Any]]:
+        """The server's tools (the row's own are used first)."""
+        ...
+
+    async def prepare(self, row: dict[str, Any]) -> dict[str, Any]:
+        """``row`` as the panel reads it (an environment whose task is in its first
+        observation gives it back as a message)."""
+        ...
+
+    async def play(
+        self, row: dict[str, Any], answer: str, calls: Sequence[ToolCall] = (), *, last: Play
+    ) -> Outcome: ...
+
+
 class _Crash(Exception):
     def __init__(self, what: str, refused: bool = False, hung: bool = False) -> None:
         super().__init__(what)
@@ -97,6 +119,9 @@ class Environment:
         self.timeout = timeout
         self.target = Target.single(name, url, audit_policy(timeout))
         self.gym = False
+        self.seedless = False
+        """The server has no ``/seed_session`` (a 404 or 405 there): plays go to ``/verify``
+        without a session, as to a stateless verifier."""
         self.timeouts = 0
         self._limit = asyncio.Semaphore(concurrency)
         self._plays = 0
@@ -117,6 +142,9 @@ class Environment:
         except _Crash:
             return []
         return [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+
+    async def prepare(self, row: dict[str, Any]) -> dict[str, Any]:
+        return row
 
     async def play(
         self, row: dict[str, Any], answer: str, calls: Sequence[ToolCall] = (), *, last: Play
@@ -148,7 +176,13 @@ class Environment:
         self, row: dict[str, Any], answer: str, calls: Sequence[ToolCall], key: str, last: Play
     ) -> Outcome:
         session: dict[str, str] = {}
-        await self._post("/reset" if self.gym else "/seed_session", row, session, key)
+        if not self.seedless:
+            try:
+                await self._post("/reset" if self.gym else "/seed_session", row, session, key)
+            except _Crash as crash:
+                if self.gym or not crash.what.startswith(("404 ", "405 ")):
+                    raise
+                self.seedless = True
         items: list[dict[str, Any]] = []
         outputs: list[Any] = []
         for n, call in enumerate(calls):
@@ -233,3 +267,8 @@ def _short(value: Any) -> str:
         return _encode(value).decode()[:200]
     except (TypeError, ValueError):
         return repr(value)[:200]
+
+
+AuditDialect = Callable[[str, str, float, int], AbstractAsyncContextManager["Player | None"]]
+"""``(name, url, timeout, concurrency)`` -> a context that yields a ``Player`` for the server
+at ``url`` when it speaks the dialect's protocol, else None (``rollgym.dialects``)."""

@@ -5,13 +5,15 @@
    pay for using them); a row whose floor is unknown (each wrong answer crashed or was
    refused) is not compared.
 2. A probe's answer is **right** when the row carries a reference and the answer's one final
-   answer (its ``\\boxed{}``, ``<answer>`` or ``Answer:`` part, else the whole text) equals
-   one, normalized: then paying it is no exploit (a tool's output that holds the answer of a
-   lookup task). An answer that names several final answers is never right. A probe not built
-   to hold answers (all but ``LISTS``) that mentions a reference is taken as right too: its
-   reward may be the reference's, by chance.
+   answer (its ``\\boxed{}``, ``<answer>`` or ``Answer:`` part, else the whole text; an empty
+   box is none) equals one, normalized: then paying it is no exploit (a tool's output that
+   holds the answer of a lookup task). An answer that names several final answers is never
+   right. A probe not built to hold answers (all but ``LISTS``) that mentions a reference is
+   taken as right too: its reward may be the reference's, by chance.
 3. A row **pays** a probe when an answer of that probe earned more than the floor and is not
-   right; a probe with a paying row is a finding of its class.
+   right (a list played in two orders, when both orders did: a verifier that reads the last
+   of several answers pays a list that happens to end with the right one); a probe with a
+   paying row is a finding of its class.
 4. A play that crashed (5xx, timeout, garbage) is a ``crash`` finding, whatever its probe; a
    repeated answer whose rewards differ on a row is a ``nondeterministic`` one.
 5. ``exploitable`` if any finding is of another class, else ``unreliable`` if any finding,
@@ -114,7 +116,9 @@ def _pays(
         ]
         for row, rs in rows.items()
     }  # fmt: skip
-    paid = {row: rs for row, rs in paid.items() if rs}
+    # A reordered probe pays a row only when each of its orders does (``Probe.reordered``).
+    every = bool(plays[0].probe.reordered)
+    paid = {row: rs for row, rs in paid.items() if rs and (not every or len(rs) == len(rows[row]))}
     if not paid:
         return None
     best = [max(r.reward or 0.0 for r in rs) for rs in rows.values()]
@@ -260,7 +264,9 @@ def is_right(answer: str, refs: list[str]) -> bool:
     """Whether ``answer`` gives exactly one final answer and it is one of ``refs``."""
     if not refs or len(answer) > 100_000:
         return False
-    given = {normalize(a) for a in final_answers(answer)}
+    # An empty box names no answer: a prompt given back with its format ("in \\boxed{}") and
+    # its example ("e.g. \\boxed{3}") answers 3.
+    given = {normalize(a) for a in final_answers(answer)} - {""}
     if len(given) != 1:
         return False
     wanted = {normalize(r) for r in refs} | {normalize(a) for r in refs for a in final_answers(r)}

@@ -75,6 +75,7 @@ def register(app: typer.Typer) -> None:
         from rollgym import runtime
         from rollgym.audit.run import LIMIT, audit_config
         from rollgym.config import load_config
+        from rollgym.dialects import AUDIT_DIALECTS
 
         if config.is_dir():
             from rollgym.audit.containers import audit_task_directory
@@ -91,7 +92,7 @@ def register(app: typer.Typer) -> None:
         report = runtime.run(
             audit_config(
                 cfg, input=input, limit=limit or LIMIT, timeout=timeout, concurrency=concurrency,
-                log_dir=output / "logs",
+                log_dir=output / "logs", dialects=AUDIT_DIALECTS,
             )
         )  # fmt: skip
         path = report.write(output)

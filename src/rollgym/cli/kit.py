@@ -117,6 +117,16 @@ AttemptsOpt = Annotated[
 ThresholdOpt = Annotated[
     float | None, typer.Option(help="Reward at which a rollout passes (pass@k). Default: 1.0.")
 ]
+MaskExploitsOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--mask-exploits/--keep-exploits",
+        help="Mask the rollouts whose integrity verdict is exploit (the reward kept, the sample "
+        "left out of statistics and training, as mask_sample; never a reward of 0). Default: "
+        "collect.mask_exploits (off).",
+        show_default=False,
+    ),
+]
 ProgressOpt = Annotated[
     bool,
     typer.Option(
@@ -176,6 +186,7 @@ class CollectOptions:
     max_rollout_attempts: AttemptsOpt = None
     pass_threshold: ThresholdOpt = None
     agent_in_process: InProcessOpt = None
+    mask_exploits: MaskExploitsOpt = None
     progress: ProgressOpt = True
     log_level: LogOpt = "WARNING"
     metrics_port: MetricsPortOpt = None

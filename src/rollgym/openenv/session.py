@@ -22,6 +22,7 @@ session as a whole (``retry.deadline``). What is retried, and when it is not saf
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import zlib
 from dataclasses import dataclass
@@ -216,7 +217,7 @@ class OpenEnvSession:
         _, _, timeout = self.target.policy.for_endpoint(endpoint)
         where: dict[str, Any] = {"server": self.server, "url": self.url, "endpoint": endpoint}
         try:
-            await ws.send_str(orjson.dumps({"type": kind, "data": data}).decode())
+            await ws.send_str(_encode({"type": kind, "data": data}))
         except Exception as exc:
             # A server that refuses the session (full) says why first, then closes: that
             # answer may be waiting although the send failed.
@@ -239,6 +240,15 @@ class OpenEnvSession:
         if message.type != aiohttp.WSMsgType.TEXT:
             raise translate.closed(self.server, self.url, endpoint, ws.close_code)
         return _answer(message.data, **where)
+
+
+def _encode(message: dict[str, Any]) -> str:
+    """``message`` as JSON text; text UTF-8 cannot hold (a model's lone surrogate) as
+    ``\\uXXXX`` escapes, as any JSON sender writes it, rather than a ``TypeError`` here."""
+    try:
+        return orjson.dumps(message).decode()
+    except TypeError:
+        return json.dumps(message, ensure_ascii=True)
 
 
 def _oversize(data: Any) -> bool:

@@ -76,7 +76,14 @@ class RolloutClient:
     private event-loop thread, so a synchronous training loop reuses connections too.
 
     ``agent``: the agent's URL, its replica URLs (spread by least outstanding requests), or a
-    ``Target``. Pickling a client sends only its target (a Ray actor rebuilds its own pools).
+    ``Target``. Pickling a client sends only its target and switches (a Ray actor rebuilds its
+    own pools).
+
+    ``mask_exploits``: mask the rollouts whose integrity verdict is ``exploit``
+    (``rollgym.audit.scan``), as ``collect.mask_exploits`` does in a run: ``r.masked`` true and
+    ``r.integrity["masked"]`` true, the reward kept but in no ``group.rewards`` (never a 0).
+    Off by default: records are tagged (``r.integrity``) either way. ``collect`` and ``stream``
+    take it per call too.
     """
 
     def __init__(
@@ -85,8 +92,10 @@ class RolloutClient:
         *,
         name: str = "agent",
         connections: int = 4096,
+        mask_exploits: bool = False,
     ) -> None:
         self.target = agent_target(agent, name)
+        self.mask_exploits = mask_exploits
         self._connections = connections
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpClient] = (
             weakref.WeakKeyDictionary()
@@ -96,7 +105,7 @@ class RolloutClient:
         self._checked: weakref.WeakSet[HttpClient] = weakref.WeakSet()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_client, (self.target, self._connections))
+        return (_rebuild_client, (self.target, self._connections, self.mask_exploits))
 
     def __repr__(self) -> str:
         return f"RolloutClient({self.target.name!r}, urls={list(self.target.urls)!r})"
@@ -117,8 +126,10 @@ class RolloutClient:
         *,
         rollout_timeout: float = 600.0,
         attempts: int = 1,
+        mask_exploits: bool | None = None,
     ) -> RolloutRecord:
-        """One rollout of ``row``, as a record (never raises a ``RollgymError``)."""
+        """One rollout of ``row``, as a record (never raises a ``RollgymError``);
+        ``mask_exploits``: None for the client's."""
         runner = RolloutRunner(
             self.http(),
             {self.target.name: self.target},
@@ -127,7 +138,8 @@ class RolloutClient:
         )
         # No recorder on this path: the record is checked and tagged here as the recorder does.
         ran = await runner.run(_item(row, task_index, rollout_index, self.target.name))
-        return tagged(checked(ran))
+        mask = self.mask_exploits if mask_exploits is None else mask_exploits
+        return tagged(checked(ran), mask)
 
     async def collect(
         self,
@@ -139,6 +151,7 @@ class RolloutClient:
         attempts: int = 1,
         strict: bool = False,
         budget: BudgetRules | None = DEFAULT_BUDGET,
+        mask_exploits: bool | None = None,
     ) -> list[TaskGroup]:
         """Run ``repeats`` rollouts of every row, at most ``concurrency`` at once; return one
         ``TaskGroup`` per row, in order. Row ``i`` is task ``i`` of the batch. A rollout whose
@@ -148,7 +161,8 @@ class RolloutClient:
         rollout refused by an open circuit is held and re-sent; when ``budget`` says the
         servers are broken the batch's other rollouts are cancelled and ``RunAborted`` is
         raised with the failure summary as its body (``budget=None``: never). ``strict``:
-        raise the first failure's own error instead, at once."""
+        raise the first failure's own error instead, at once. ``mask_exploits``: None for the
+        client's (see the class)."""
         tasks = [dict(row) for row in rows]
         if repeats < 1 or concurrency < 1 or attempts < 1:
             raise ValueError("repeats, concurrency and attempts must be at least 1")
@@ -159,7 +173,8 @@ class RolloutClient:
         sink = MemorySink()
         rules = BudgetRules(max_failures=1, max_failure_rate=None) if strict else budget
         budget_ = None if rules is None else FailureBudget(rules.for_concurrency(concurrency))
-        recorder = Recorder(sink, budget_)
+        mask = self.mask_exploits if mask_exploits is None else mask_exploits
+        recorder = Recorder(sink, budget_, mask_exploits=mask)
         dispatcher = LocalDispatcher(
             RolloutPolicy(rollout_timeout, attempts), concurrency, dialects=Dialects(ROW_DIALECTS)
         )
@@ -257,8 +272,8 @@ class RolloutClient:
         await self.aclose()
 
 
-def _rebuild_client(target: Target, connections: int) -> RolloutClient:
-    return RolloutClient(target, connections=connections)
+def _rebuild_client(target: Target, connections: int, mask_exploits: bool = False) -> RolloutClient:
+    return RolloutClient(target, connections=connections, mask_exploits=mask_exploits)
 
 
 class _LoopThread:
@@ -337,6 +352,7 @@ class BatchOptions(TypedDict, total=False):
     attempts: int
     strict: bool
     budget: BudgetRules | None
+    mask_exploits: bool | None
 
 
 async def collect_batch(

@@ -149,6 +149,7 @@ class RolloutStream:
         consumer_timeout: float | None = None,
         output: str | Path | None = None,
         dispatcher: DispatcherFactory | None = None,
+        mask_exploits: bool | None = None,
     ) -> None:
         if repeats < 1 or concurrency < 1 or attempts < 1:
             raise ValueError("repeats, concurrency and attempts must be at least 1")
@@ -159,6 +160,11 @@ class RolloutStream:
         if max_pause <= 0 or (consumer_timeout is not None and consumer_timeout <= 0):
             raise ValueError("max_pause and consumer_timeout must be positive")
         self.client = client
+        # None: the client's switch (``RolloutClient.mask_exploits``), off for other clients.
+        self.mask_exploits = (
+            bool(getattr(client, "mask_exploits", False)) if mask_exploits is None
+            else mask_exploits
+        )  # fmt: skip
         self.repeats = repeats
         self.concurrency = concurrency
         default_ahead = max(1, 2 * concurrency // repeats)
@@ -257,7 +263,9 @@ class RolloutStream:
         budget = None
         if self.budget is not None:
             budget = FailureBudget(self.budget.for_concurrency(self.concurrency))
-        self._recorder = recorder = Recorder(self._feed, budget, admit=self.judge)
+        self._recorder = recorder = Recorder(
+            self._feed, budget, admit=self.judge, mask_exploits=self.mask_exploits
+        )
         dispatcher = self._make_dispatcher(self.policy, self.concurrency)
         self._dispatcher = dispatcher
         recorder.on_abort(dispatcher.cancel)

@@ -41,6 +41,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from rollgym.audit.scan import FIELD as INTEGRITY
 from rollgym.collect.dialect import Dialects
 from rollgym.collect.dispatch import LocalDispatcher, Runner
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
@@ -57,7 +58,7 @@ from rollgym.integrations.nemo_rl.results import failed_result, has_token_data, 
 from rollgym.integrations.nemo_rl.stack import Layout
 from rollgym.models.tokens import tokenize_request
 from rollgym.models.translate import responses_to_chat
-from rollgym.wire import MASK_SAMPLE
+from rollgym.wire import MASK_REASON, MASK_SAMPLE
 
 OnFailure = Literal["mask", "raise"]
 STAMPED = ("task_index", "rollout_index")
@@ -239,6 +240,11 @@ class Batch:
         if record.ok:
             verified = {**record.verified, MASK_SAMPLE: True} if record.masked else record.verified
             result = scored_result(verified, row, STAMPED)
+            if record.integrity is not None:
+                # Its verdict, as rollouts.jsonl has it; a masked exploit says why it is masked.
+                result[INTEGRITY] = record.integrity.to_dict()
+                if record.integrity.masked:
+                    result.setdefault(MASK_REASON, "exploit")
             if not has_token_data(result):
                 self.warn_tokens()
             return result
