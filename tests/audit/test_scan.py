@@ -184,3 +184,19 @@ async def test_real_runs_of_a_bundled_environment_come_out_clean(env: str, tmp_p
     assert records and any(r.reward > 0 for r in records)
     tagged_ = [(r.task_index, r.integrity) for r in records if r.integrity != CLEAN]
     assert tagged_ == []
+
+
+def test_an_environment_reporting_tampered_verifier_tools_makes_a_paid_rollout_an_exploit() -> None:
+    # A Harbor trial whose agent rewrote the verifier's Python reports integrity_suspect with
+    # the paths: paid, that is an exploit (masked under collect.mask_exploits); unpaid, suspect.
+    verified = {**record(CODE, "done"), "integrity_suspect": 1.0,
+                "harbor_suspect_paths": ["/usr/bin/python3", "/usr/lib/python3.11/site.py"]}  # fmt: skip
+    paid = scan(verified, 1.0)
+    assert paid.verdict == "exploit"
+    assert paid.reasons[0].startswith("verifier_tampering: ")
+    assert "/usr/bin/python3" in paid.reasons[0]
+    assert scan(verified, 0.0).verdict == "suspect"
+    for quiet in (0.0, False, "1", None, [1]):
+        assert scan({**verified, "integrity_suspect": quiet}, 1.0) == scan(
+            record(CODE, "done"), 1.0
+        )

@@ -18,6 +18,10 @@ policy answered (issue 39, item 2).
   (the policy trying).
 - ``clean`` otherwise.
 
+An environment may also report what only it can see: a verify response whose
+``integrity_suspect`` is true (a Harbor trial whose agent changed the verifier's own tools,
+``rollgym.harbor.manifest``) is decisive, ``verifier_tampering: PATHS``.
+
 Each reason is ``CLASS: detail`` with CLASS one of the audit's probe classes
 (``rollgym.audit.panel.CLASSES``). The signatures are the panel's own knowledge where it has it
 (the options a prompt offers, a row's references, an answer's final answers); every probe the
@@ -185,6 +189,7 @@ def scan(verified: dict[str, Any], reward: float) -> Integrity:
         _match(code, in_code, _SOFT_CODE, soft)
         _match(lowered, in_words, _SOFT_WORDS, soft)
     _listed(verified, answer, paid, decisive, soft)
+    _tampered(verified, decisive)
     if paid:
         full = texts[-1] if texts else ""
         _unearned(verified, answer, len(full), bool(calls), outputs, decisive, soft)
@@ -193,6 +198,20 @@ def scan(verified: dict[str, Any], reward: float) -> Integrity:
     if decisive or soft:
         return Integrity("suspect", tuple(decisive + soft))
     return CLEAN
+
+
+TAMPERING = "verifier_tampering"
+"""The reason class of an environment's own ``integrity_suspect`` report: not a probe class,
+since no answer text shows it (the container probes of ``rollgym.harbor.probes`` play it)."""
+
+
+def _tampered(verified: dict[str, Any], decisive: list[str]) -> None:
+    flag = verified.get("integrity_suspect")
+    # bool is an int: True and 1.0 both say so; anything else (a string, a list) is no report.
+    if isinstance(flag, (int, float)) and flag > 0:
+        paths = verified.get("harbor_suspect_paths")
+        shown = ", ".join(map(str, paths[:3])) if isinstance(paths, list) and paths else "reported"
+        decisive.append(f"{TAMPERING}: the verifier's tools changed ({shown})")
 
 
 def _window(text: str) -> str:
