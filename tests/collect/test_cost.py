@@ -217,6 +217,11 @@ async def test_in_flight_rollouts_finish_at_the_cap_by_default(tmp_path: Path) -
     assert sum(line[COST_FIELD]["calls"] for line in recorded) == billed
     cost = orjson.loads((out / "cost.json").read_bytes())
     assert cost["abandoned_in_flight"] == 0
+    # What finished after the cap is spent too: run.json's figure is every recorded line's.
+    spent = sum(c["input_tokens"] + c["output_tokens"] + c["judge_input_tokens"]
+                + c["judge_output_tokens"] for c in (line[COST_FIELD] for line in recorded))  # fmt: skip
+    info = orjson.loads((out / "run.json").read_bytes())
+    assert info["budget"]["tokens"] == spent
 
 
 def test_a_money_budget_needs_a_price_table() -> None:

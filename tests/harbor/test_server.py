@@ -71,6 +71,15 @@ async def test_tools_act_in_a_container_without_tests_solution_or_history(env: s
             headers=headers,
         )  # fmt: skip
         assert twice.status_code == 400 and "occurs 2 times" in twice.text
+        # A result past the bound is refused before it is built (4 MB of 'a' times 2,000 would
+        # be an 8 GB string in the shared server).
+        await run("head -c 4000000 /dev/zero | tr '\\0' a > /app/big.txt")
+        bomb = await http.post(
+            "/edit_file",
+            json={"path": "/app/big.txt", "old": "a", "new": "x" * 2000, "count": 4000000},
+            headers=headers,
+        )
+        assert bomb.status_code == 400 and "over" in bomb.text, bomb.text
         fixed = await http.post(
             "/edit_file",
             json={"path": "/app/calc.py", "old": "(len(values) - 1)", "new": "len(values)"},

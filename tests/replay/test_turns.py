@@ -119,6 +119,12 @@ def test_the_environment_is_compared_by_fingerprints_when_both_runs_carry_them(
     got = environment_change(c, d, {"model"})
     assert got["differs"] and got["fingerprint_changes"] == {"env": ["data"]}
     assert environment_change(c, c, set())["fingerprints"] == "same"
+    # One side only, or a foreign server's unknown id on both: no evidence of "same".
+    e = _run_json(tmp_path / "e", code=code, fingerprints={**fp, "judge": {"id": "9"}})
+    assert environment_change(c, e, set())["fingerprints_unknown"] == ["judge"]
+    assert environment_change(c, e, set())["fingerprints"] == "unknown"
+    f = _run_json(tmp_path / "f", code=code, fingerprints={"env": {"id": None, "unknown": "404"}})
+    assert environment_change(f, f, set())["fingerprints"] == "unknown"
 
 
 def test_a_rollout_is_found_by_either_spelling_of_its_id(tmp_path: Path) -> None:

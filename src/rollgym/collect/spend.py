@@ -86,9 +86,11 @@ class RunSpend:
             cause = "stale" if is_stale(record.error) else "failed"
             # Its seconds as its line says them: the ledger read back from the files agrees.
             self.ledger.unscored(cause, cost, record.attempts, round(record.duration_s, 4))
-        if self.budget is not None and self.stop_reason is None:
+        if self.budget is not None:
+            # Spent after the cap too (in flight, finished): run.json's figures agree with cost.json.
             self._add(cost)
-            self._check()
+            if self.stop_reason is None:
+                self._check()
         fingerprint = self.fingerprint_of(record.task_index)
         if fingerprint is not None:
             if extra is None:

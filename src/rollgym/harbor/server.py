@@ -220,6 +220,13 @@ class HarborEnv(ResourcesServer):
             raise InvalidRequest(
                 f"edit_file {path!r:.200}: 'old' occurs {found} times, not {count}"
             )
+        # The result is bounded before it is built: 'a' -> 2,000 chars, 4 M times, would be an
+        # 8 GB string in this shared server.
+        size = len(ran.stdout) + count * (len(new) - len(old))
+        if size > limit:
+            raise InvalidRequest(
+                f"edit_file {path!r:.200}: the result, {size} chars, is over {limit}"
+            )
         await self._write(session, path, ran.stdout.replace(old, new))
         return {"path": path, "replaced": count}
 

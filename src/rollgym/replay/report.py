@@ -88,9 +88,17 @@ def environment_change(source: Path, output: Path, replaced: set[str]) -> dict[s
             for name in sorted(fa.keys() & fb.keys())
             if fa[name] != fb[name]
         }
-        out["fingerprints"] = "differ" if changed else "same"
+        # A server fingerprinted in one run only, or unknown (a foreign server: id null) in
+        # either, is no evidence of "same".
+        open_ = sorted(
+            (fa.keys() ^ fb.keys())
+            | {n for n in fa.keys() & fb.keys() if not _known(fa[n]) or not _known(fb[n])}
+        )
+        out["fingerprints"] = "differ" if changed else "unknown" if open_ else "same"
         if changed:
             out["fingerprint_changes"] = changed
+        if open_:
+            out["fingerprints_unknown"] = open_
     else:
         out["fingerprints"] = (
             "unknown" if not isinstance(fa, dict) else "not recorded by the replay"
@@ -124,3 +132,7 @@ def _parts(a: Any, b: Any) -> list[str]:
         elif one != two and part != "id":
             names.append(part)
     return names or ["differs"]
+
+
+def _known(fingerprint: Any) -> bool:
+    return isinstance(fingerprint, dict) and bool(fingerprint.get("id"))
