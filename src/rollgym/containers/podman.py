@@ -292,6 +292,12 @@ class PodmanRuntime:
         cid = done.stdout.decode().strip().splitlines()[-1]
         return PodmanContainer(self, cid, name, spec)
 
+    async def remove_image(self, image: str, *, timeout: float) -> None:
+        # No ``--force``: podman would remove the containers using the image with it.
+        done = await run(self.argv("rmi", image), timeout=timeout)
+        if done.timed_out or (done.code != 0 and not _image_gone(done)):
+            raise translate("rmi", done, what=image)
+
     async def _remove_quietly(self, name: str) -> None:
         with contextlib.suppress(Exception):
             await run(self.argv("rm", "-f", "-t", "0", name), timeout=KILL_GRACE * 2)
@@ -474,6 +480,11 @@ def _podman_failed(done: Completed) -> bool:
     prefixes its messages with ``Error:``. The command may print the same, so the container's
     state decides (a command must not turn its own failure into the provider's)."""
     return done.stderr.lstrip().startswith(b"Error:")
+
+
+def _image_gone(done: Completed) -> bool:
+    low = done.stderr.lower()
+    return b"image not known" in low or b"no such image" in low
 
 
 def _already_stopped(done: Completed) -> bool:

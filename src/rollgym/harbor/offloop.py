@@ -74,6 +74,9 @@ class OffLoopRuntime:
         box = await self._loop.call(self.inner.create(spec, timeout=timeout))
         return OffLoopContainer(box, self._loop)
 
+    async def remove_image(self, image: str, *, timeout: float) -> None:
+        await self._loop.call(self.inner.remove_image(image, timeout=timeout))
+
     async def reap(self, *, now: float | None = None) -> list[str]:
         return await self._loop.call(self.inner.reap(now=now))
 
