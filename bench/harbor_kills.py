@@ -28,8 +28,10 @@ def main() -> None:
         report = kill_cycles(Path(tmp), kills, seed=seed)
     for i, c in enumerate(report.cycles):
         clean = f"{c.clean_seconds:.2f} s" if c.clean_seconds is not None else f">{CLEAN_WAIT:g} s"
-        print(f"kill {i + 1}: {c.killed_after:.2f} s after a container, clean in {clean}, "
-              f"left {c.left_after_clean}, past deadline {c.past_deadline}")  # fmt: skip
+        gone = f"{c.owners_gone:.2f} s" if c.owners_gone is not None else "not seen"
+        print(f"kill {i + 1}: {c.killed_after:.2f} s after a container, its processes gone in "
+              f"{gone}, clean in {clean}, left {c.left_after_clean}, "
+              f"past deadline {c.past_deadline}")  # fmt: skip
     worst = report.max_clean
     worst_s = f"{worst:.2f} s" if worst is not None else f"more than {CLEAN_WAIT:g} s"
     print(f"{len(report.cycles)} kills, containers left after next start: {report.left} "

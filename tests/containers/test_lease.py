@@ -74,13 +74,25 @@ class FlakyRuntime:
 async def test_the_reaper_reaps_at_start_then_periodically_and_survives_failures() -> None:
     runtime = FlakyRuntime()
     seen: list[list[str]] = []
-    async with leases.Reaper(runtime, interval=0.01, on_reaped=seen.append) as reaper:  # type: ignore[arg-type]
+    async with leases.Reaper(runtime, interval=0.01, early=(), on_reaped=seen.append) as reaper:  # type: ignore[arg-type]
         for _ in range(500):  # bounded: 5 s
             if runtime.calls >= 4:
                 break
             await asyncio.sleep(0.01)
     assert runtime.calls >= 4 and seen[0] == ["c1"] and ["c2"] not in seen
     assert reaper._task is None
+
+
+async def test_the_reaper_looks_again_soon_after_start_before_its_interval() -> None:
+    # A killed collector's servers end a second or so after it: their containers are kept at
+    # this run's first pass and taken at an early one, not an interval later.
+    runtime = FlakyRuntime()
+    async with leases.Reaper(runtime, interval=3600, early=(0.01, 0.02)):  # type: ignore[arg-type]
+        for _ in range(500):  # bounded: 5 s
+            if runtime.calls >= 3:
+                break
+            await asyncio.sleep(0.01)
+    assert runtime.calls == 3
 
 
 async def test_reap_removes_orphans_and_spares_live_owners(

@@ -123,6 +123,9 @@ class Cycle:
     left_after_clean: int
     clean_seconds: float | None  # None: not clean within CLEAN_WAIT
     past_deadline: int = 0
+    owners_gone: float | None = None
+    """Seconds from the kill until every process of the killed run was gone (None: some
+    outlived the wait): while one lives, the reaper must keep what it owns."""
 
 
 @dataclass
@@ -170,21 +173,25 @@ def kill_cycles(workdir: Path, kills: int, *, seed: int = 0, max_delay: float = 
                 time.sleep(0.1)
             seen |= descendants(proc.pid)
             os.kill(proc.pid, signal.SIGKILL)
+            killed = time.monotonic()
             proc.wait(timeout=30)
             everyone |= seen
             started = time.monotonic()
             proc = start_run(tasks, workdir / f"run-{i + 1}")
             clean: float | None = None
+            gone: float | None = None
             left: list[Leftover] = []
-            while time.monotonic() - started < CLEAN_WAIT:
-                left = leftovers(seen)
-                if not left:
-                    clean = time.monotonic() - started
-                    break
-                time.sleep(0.2)
+            while time.monotonic() - started < CLEAN_WAIT and (clean is None or gone is None):
+                if gone is None and not any(leases.process_start(p) for p in seen):
+                    gone = time.monotonic() - killed
+                if clean is None:
+                    left = leftovers(seen)
+                    if not left:
+                        clean = time.monotonic() - started
+                time.sleep(0.1)
             now = time.time()
             late = sum(1 for x in left if x.deadline is not None and x.deadline < now)
-            report.cycles.append(Cycle(delay, len(left), clean, late))
+            report.cycles.append(Cycle(delay, len(left), clean, late, gone))
     finally:
         everyone |= descendants(proc.pid)
         proc.kill()
