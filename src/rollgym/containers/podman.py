@@ -317,8 +317,10 @@ class PodmanRuntime:
         return PodmanContainer(self, cid, name, spec)
 
     async def remove_image(self, image: str, *, timeout: float) -> None:
-        # No ``--force``: podman would remove the containers using the image with it.
-        done = await run(self.argv("rmi", image), timeout=timeout)
+        # No ``--force``: podman would remove the containers using the image with it. And
+        # ``--no-prune``: else podman removes the image's untagged parents too (a snapshot's
+        # parent is a prepared image, itself a snapshot, that every trial of its task uses).
+        done = await run(self.argv("rmi", "--no-prune", image), timeout=timeout)
         if done.timed_out or (done.code != 0 and not _image_gone(done)):
             raise translate("rmi", done, what=image)
 
