@@ -111,9 +111,13 @@ def make_app(podman: PodmanRuntime) -> Starlette:
                 await run(podman.argv("rmi", "-f", ident), timeout=60)
         return {}
 
+    async def rmi(body: dict[str, Any]) -> dict[str, Any]:
+        await podman.remove_image(str(body["image"]), timeout=60)
+        return {}
+
     handlers = {
         "create": create, "exec": exec_, "put": put, "get": get, "snapshot": snapshot,
-        "stop": stop, "destroy": destroy, "list": list_, "remove": remove,
+        "stop": stop, "destroy": destroy, "list": list_, "remove": remove, "rmi": rmi,
     }  # fmt: skip
 
     async def endpoint(request: Request) -> JSONResponse:

@@ -114,6 +114,26 @@ async def test_stop_processes_then_snapshot_starts_a_fresh_container_with_the_ch
         await fresh.destroy()
 
 
+async def test_a_removed_snapshot_is_gone_and_removing_it_again_is_no_error(
+    provider: Runtime, box: Container, spec: Spec
+) -> None:
+    await box.stop_processes(timeout=30)
+    parent = await box.snapshot(timeout=60)
+    await box.destroy()
+    # A snapshot of a container started from a snapshot: removing the child keeps the parent.
+    child_box = await provider.create(replace(spec, image=parent), timeout=60)
+    await child_box.stop_processes(timeout=30)
+    image = await child_box.snapshot(timeout=60)
+    await child_box.destroy()
+    await provider.remove_image(image, timeout=60)
+    await provider.remove_image(image, timeout=60)
+    with pytest.raises(ContainerError):
+        await provider.create(replace(spec, image=image), timeout=60)
+    still = await provider.create(replace(spec, image=parent), timeout=60)
+    await still.destroy()
+    await provider.remove_image(parent, timeout=60)
+
+
 async def test_destroy_twice_then_calls_fail_typed(box: Container) -> None:
     await box.destroy()
     await box.destroy()

@@ -21,12 +21,14 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ctypes
 import json
 import logging
 import math
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -47,6 +49,9 @@ EXEC_MARK = "ROLLGYM_EXEC"
 KILL_GRACE = 5.0
 """Seconds allowed to kill an exec's processes after its deadline, and for cleanup calls."""
 NAME_PREFIX = "rollgym-"
+LIST_ATTEMPTS = 4
+_BROKEN_IMAGE = re.compile(r'image with ID \\?"([0-9a-f]{64})')
+"""podman's word for an image without its manifest (quoted plainly, or escaped in a log line)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,23 @@ def die_with_parent() -> None:
     goes on to make a container after the next start's reaper has looked."""
     if _PRCTL is not None:
         _PRCTL(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    _no_inherited_fds()
+
+
+def _no_inherited_fds() -> None:
+    """In the child, before exec: mark every descriptor past stdio close-on-exec. Under uvloop
+    the child holds duplicates of its pipes that would survive the exec; podman hands them to
+    ``conmon``, which keeps them open as long as the container runs, so a ``podman run -d``
+    read to the end of its output would return only when the container exits."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        fd = int(name)
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                os.set_inheritable(fd, False)
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -208,6 +230,8 @@ class PodmanRuntime:
         self.podman = podman
         self.oci_runtime = oci_runtime
         self._disk_quota: bool | None = None  # learnt at the first container asking for one
+        self._graph_root: str | None = None
+        self._repaired: list[str] = []  # corrupted images removed by ``list_leased``
 
     @staticmethod
     def available() -> bool:
@@ -292,6 +316,14 @@ class PodmanRuntime:
         cid = done.stdout.decode().strip().splitlines()[-1]
         return PodmanContainer(self, cid, name, spec)
 
+    async def remove_image(self, image: str, *, timeout: float) -> None:
+        # No ``--force``: podman would remove the containers using the image with it. And
+        # ``--no-prune``: else podman removes the image's untagged parents too (a snapshot's
+        # parent is a prepared image, itself a snapshot, that every trial of its task uses).
+        done = await run(self.argv("rmi", "--no-prune", image), timeout=timeout)
+        if done.timed_out or (done.code != 0 and not _image_gone(done)):
+            raise translate("rmi", done, what=image)
+
     async def _remove_quietly(self, name: str) -> None:
         with contextlib.suppress(Exception):
             await run(self.argv("rm", "-f", "-t", "0", name), timeout=KILL_GRACE * 2)
@@ -303,9 +335,49 @@ class PodmanRuntime:
             args = ["ps", "-a", "--filter", f"label={leases.MARK}", "--format", "json"]
         else:
             args = ["images", "-a", "--filter", f"label={leases.MARK}", "--format", "json"]
-        done = await self.call(args[0], *args[1:], timeout=60)
+        done = await self._list_images(*args) if kind == "images" else None
+        if done is None:
+            done = await self.call(args[0], *args[1:], timeout=60)
         rows = json.loads(done.stdout or b"[]") or []
         return [(row["Id"], row.get("Labels") or {}) for row in rows]
+
+    async def _list_images(self, *args: str) -> Completed:
+        """``podman <args>`` (an image listing), first removing what a killed commit left.
+
+        A ``podman commit`` SIGKILLed midway can leave an image without its manifest: a
+        filtered listing then omits it (and says so on stderr), an unfiltered one fails on it,
+        until it is removed. It is removed when its stored labels carry a lease that is over
+        (an image of a commit still going on looks the same for a moment: its owner lives)."""
+        for _ in range(LIST_ATTEMPTS):
+            done = await run(self.argv(*args), timeout=60)
+            repaired = 0
+            for image in set(_BROKEN_IMAGE.findall(done.stderr.decode("utf-8", "replace"))):
+                lease = leases.from_labels(await self._stored_labels(image))
+                if lease is not None and leases.orphan_reason(lease):
+                    log.warning("removing image %s: left corrupted by a killed commit", image[:12])
+                    await run(self.argv("rmi", "-f", image), timeout=60)
+                    self._repaired.append(image)
+                    repaired += 1
+            if not repaired:
+                break
+        if done.timed_out or done.code != 0:
+            raise translate(args[0], done)
+        return done
+
+    async def _stored_labels(self, image: str) -> dict[str, str]:
+        """The labels in ``image``'s config as stored on disk (podman itself cannot read an
+        image whose manifest is missing); empty when they cannot be read."""
+        if self._graph_root is None:
+            done = await self.call("info", "--format", "{{.Store.GraphRoot}}", timeout=30)
+            self._graph_root = done.stdout.decode().strip()
+        key = base64.b64encode(f"sha256:{image}".encode()).decode()
+        path = Path(self._graph_root, "overlay-images", image, f"={key}")
+        try:
+            config = json.loads(await asyncio.to_thread(path.read_bytes))
+            labels = config.get("config", {}).get("Labels") or {}
+        except (OSError, ValueError, AttributeError):
+            return {}
+        return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
     async def _storage_orphans(self) -> list[str]:
         """Containers podman only has in storage (a create or a build killed midway: no labels,
@@ -322,9 +394,9 @@ class PodmanRuntime:
     async def _build_aliases(self) -> list[str]:
         """Tags a build made for its ``FROM`` (``images.build_task_image``) whose owner is
         gone."""
-        done = await self.call(
+        done = await self._list_images(
             "images", "--filter", "reference=localhost/rollgym-build-*",
-            "--format", "{{.Repository}}:{{.Tag}}", timeout=60,
+            "--format", "{{.Repository}}:{{.Tag}}",
         )  # fmt: skip
         refs = done.stdout.decode().split()
         return [r for r in refs if leases.name_owner_gone(r.removeprefix("localhost/"))]
@@ -351,6 +423,8 @@ class PodmanRuntime:
             if done.code not in (0, 1) and not done.timed_out:
                 log.warning("podman %s of orphans: %s", verb, done.stderr[-500:])
             removed += doomed
+        removed += self._repaired
+        self._repaired = []
         aliases = await self._build_aliases()
         if aliases:
             await run(self.argv("rmi", *aliases), timeout=120)
@@ -474,6 +548,11 @@ def _podman_failed(done: Completed) -> bool:
     prefixes its messages with ``Error:``. The command may print the same, so the container's
     state decides (a command must not turn its own failure into the provider's)."""
     return done.stderr.lstrip().startswith(b"Error:")
+
+
+def _image_gone(done: Completed) -> bool:
+    low = done.stderr.lower()
+    return b"image not known" in low or b"no such image" in low
 
 
 def _already_stopped(done: Completed) -> bool:

@@ -21,6 +21,7 @@ list        ``{"label"}``                                          ``{"items": [
                                                                    ("container"|"image"),
                                                                    "labels"}]}``
 remove      ``{"ids"}``                                            ``{}``
+rmi         ``{"image"}`` (a gone one is no error; one in use is)   ``{}``
 ==========  =====================================================  ================================
 
 The provider enforces an exec's deadline and output bound on its side; this client holds it to
@@ -133,6 +134,9 @@ class RemoteRuntime:
         }
         data = await self._call("create", {"spec": wire}, timeout=timeout)
         return RemoteContainer(self, str(data["id"]), spec)
+
+    async def remove_image(self, image: str, *, timeout: float) -> None:
+        await self._call("rmi", {"image": image}, timeout=timeout + GRACE)
 
     async def reap(self, *, now: float | None = None) -> list[str]:
         data = await self._call("list", {"label": leases.MARK}, timeout=CONTROL_TIMEOUT)

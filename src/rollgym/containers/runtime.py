@@ -120,6 +120,11 @@ class Runtime(Protocol):
 
     async def create(self, spec: Spec, *, timeout: float) -> Container: ...
 
+    async def remove_image(self, image: str, *, timeout: float) -> None:
+        """Remove ``image`` (a ``Container.snapshot``'s, no longer needed); never raises for one
+        already gone. An image a container still uses is not removed (``ContainerError``)."""
+        ...
+
     async def reap(self, *, now: float | None = None) -> list[str]:
         """Remove every container and image of this provider whose lease has no live owner or
         is past its deadline; return their ids."""

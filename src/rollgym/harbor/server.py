@@ -32,7 +32,6 @@ from rollgym.containers.podman import PodmanRuntime
 from rollgym.containers.runtime import Runtime
 from rollgym.errors import ConfigError, InvalidRequest, SandboxError
 from rollgym.harbor.image import prepare
-from rollgym.harbor.offloop import wrap_for_loop
 from rollgym.harbor.task import HARBOR_ROW, HarborTask, load_tasks
 from rollgym.harbor.trial import Prepared, Trial
 from rollgym.server.base import ServerContext
@@ -83,7 +82,6 @@ class HarborEnv(ResourcesServer):
 
     async def startup(self) -> None:
         await super().startup()
-        self.runtime = wrap_for_loop(self.runtime)  # rollgym's servers run on uvloop
         self._reaper = Reaper(self.runtime)
         await self._reaper.start()
 

@@ -145,13 +145,26 @@ class Trial:
         snapshot = await agent.snapshot(timeout=STEP_TIMEOUT * 2)
         self.agent = None
         spec = self._spec(snapshot, self.task.config.verifier.env)
-        _, verifier = await asyncio.gather(
-            agent.destroy(), self.runtime.create(spec, timeout=STEP_TIMEOUT)
-        )
         try:
-            return await self._run_verifier(verifier)
+            _, verifier = await asyncio.gather(
+                agent.destroy(), self.runtime.create(spec, timeout=STEP_TIMEOUT)
+            )
+            try:
+                return await self._run_verifier(verifier)
+            finally:
+                await verifier.destroy()
         finally:
-            await verifier.destroy()
+            await self._remove_snapshot(snapshot)
+
+    async def _remove_snapshot(self, image: str) -> None:
+        """The snapshot served its one verifier: remove it now, not when its lease ends (a
+        long run would pile one up per trial). A failure is logged: the reaper removes it at
+        the lease's end."""
+        try:
+            await self.runtime.remove_image(image, timeout=STEP_TIMEOUT)
+        except SandboxError as exc:
+            log.warning("harbor task %s: removing its snapshot %s failed: %s",
+                        self.task.name, image[:12], exc)  # fmt: skip
 
     async def close(self) -> None:
         if self.agent is not None:
