@@ -21,7 +21,6 @@ from rollgym.audit.verdict import Finding, verdict
 from rollgym.containers.lease import new_lease
 from rollgym.containers.podman import PodmanRuntime
 from rollgym.harbor.image import prepare
-from rollgym.harbor.offloop import wrap_for_loop
 from rollgym.harbor.probes import PROBES, ProbeResult, run_probes
 from rollgym.harbor.task import load_tasks
 
@@ -34,7 +33,7 @@ async def audit_task_directory(
     """Every probe on every task of ``tasks_dir`` (the first ``limit`` tasks if given)."""
     started = time.monotonic()
     tasks = load_tasks(tasks_dir)[:limit]
-    runtime = wrap_for_loop(PodmanRuntime())  # the CLI runs on uvloop
+    runtime = PodmanRuntime()
     run = f"rollgym-audit-{Path(tasks_dir).name}"[:60]
     lease = new_lease(run, PREPARED_LEASE)
     prepared = await asyncio.gather(*(prepare(t, runtime, lease) for t in tasks))
