@@ -210,7 +210,10 @@ async def test_no_unread_field_warning_when_a_server_cannot_say_what_it_reads(
             outcome = await collect(stack_config(), rows, out, urls)
     assert outcome.exit_code == 0
     assert not [r for r in caplog.records if "no server of the run" in r.getMessage()]
-    assert "warnings" not in orjson.loads((out / "run.json").read_bytes())
+    # run.json may warn that the foreign server has no fingerprint (it says so, issue 41);
+    # never that the row's fields go unread.
+    warned = orjson.loads((out / "run.json").read_bytes()).get("warnings", [])
+    assert not [w for w in warned if "no server of the run" in w or "read by" in w], warned
 
 
 def test_a_config_without_impl_needs_a_url() -> None:

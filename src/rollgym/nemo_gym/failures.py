@@ -44,7 +44,10 @@ stale_rollout          cancelled                 -
 environment_failure    agent_run_error           its own failure_kind when it has one
 internal_error         agent_run_error           (a)(b)(c)
 sandbox_error          provider_unavailable      -
+container_error        provider_unavailable      -
+image_build_error      provider_unavailable      -
 scorer_error           agent_run_error           (a)(b)(c)
+verifier_error         agent_run_error           (a)(b)(c)
 weights_not_restored   provider_unavailable      -
 launch_error           transport_unreachable     (a)(b)
 run_aborted            cancelled                 -
@@ -217,8 +220,14 @@ KIND_BY_TYPE: dict[str, str] = {
     "environment_failure": AGENT_RUN_ERROR,
     "internal_error": AGENT_RUN_ERROR,
     "sandbox_error": PROVIDER_UNAVAILABLE,
+    # A container provider (podman, a remote sandbox) that failed a call, or an image that
+    # cannot be built here: the provider, as 0.7 names its sandboxes' failures.
+    "container_error": PROVIDER_UNAVAILABLE,
+    "image_build_error": PROVIDER_UNAVAILABLE,
     # A dataset's own scorer that cannot score a row: at verification, a verifier_error.
     "scorer_error": AGENT_RUN_ERROR,
+    # A container task's verifier that left no readable reward: at verification, verifier_error.
+    "verifier_error": AGENT_RUN_ERROR,
     # An inference server left unable to serve by a failed weight push.
     "weights_not_restored": PROVIDER_UNAVAILABLE,
     "launch_error": TRANSPORT_UNREACHABLE,

@@ -21,11 +21,12 @@ from rollgym.collect.records import ScoredRollout
 from rollgym.config import Config
 from rollgym.errors import ConfigError
 from rollgym.replay import ReplayReport, replay
+from rollgym.wire import INDEX_FIELDS
 
 RESULT_FIELDS = frozenset(
     {"response", "reward", "rollgym_timing", "num_steps", "truncated", "agent_seconds",
      "attempts", "duration_s", "finished_at", "step_rewards", "terminated", "info",
-     "task_index", "rollout_index", "_ng_task_index", "_ng_rollout_index", "integrity"}
+     "integrity"} | INDEX_FIELDS
 )  # fmt: skip
 """Fields of a record that the rollout made, not its task row (the row given by default is
 the record without them)."""
