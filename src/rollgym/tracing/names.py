@@ -7,6 +7,8 @@ a request or response body, or a URL's credentials (URLs go through ``errors.red
 
 from __future__ import annotations
 
+from rollgym.wire import FINGERPRINT_ENDPOINT
+
 INSTRUMENTATION = "rollgym"
 """The instrumentation scope's name (``otel.scope.name`` of every rollgym span)."""
 
@@ -26,8 +28,9 @@ JUDGE_SPAN = "judge.ask"
 """One question to the ``judge`` environment's judge model."""
 
 
-UNTRACED_PATHS = frozenset({"/health", "/stats", "/metrics"})
-"""Server paths that make no span: probes and scrapes, not a rollout's work."""
+UNTRACED_PATHS = frozenset({"/health", "/stats", "/metrics", FINGERPRINT_ENDPOINT})
+"""Server paths that make no span: probes, scrapes and the run's one fingerprint read, not a
+rollout's work."""
 
 
 def call_span(server: str, endpoint: str) -> str:
