@@ -1,4 +1,5 @@
-"""One trial of a Harbor task, built so that nothing the agent does decides its reward.
+"""One trial of a Harbor task, built so that what the agent leaves cannot write its reward (two
+forgeries remain: ``docs/concepts/harbor.md``, "What remains forgeable").
 
     prepared image ──► agent container ──(agent acts)──► every process ended, snapshot
                                                               │
