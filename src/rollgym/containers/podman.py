@@ -50,8 +50,12 @@ KILL_GRACE = 5.0
 """Seconds allowed to kill an exec's processes after its deadline, and for cleanup calls."""
 NAME_PREFIX = "rollgym-"
 LIST_ATTEMPTS = 4
-_BROKEN_IMAGE = re.compile(r'image with ID \\?"([0-9a-f]{64})')
-"""podman's word for an image without its manifest (quoted plainly, or escaped in a log line)."""
+_BROKEN_IMAGE = re.compile(
+    r'image with ID \\?"([0-9a-f]{64})'
+    r"|Image ([0-9a-f]{12,64}) exists in local storage but may be corrupted"
+)
+"""podman's words for an image a killed commit left broken: without its manifest (quoted
+plainly, or escaped in a log line), or without its top layer ("layer not known", a short id)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,7 +355,11 @@ class PodmanRuntime:
         for _ in range(LIST_ATTEMPTS):
             done = await run(self.argv(*args), timeout=60)
             repaired = 0
-            for image in set(_BROKEN_IMAGE.findall(done.stderr.decode("utf-8", "replace"))):
+            found = _BROKEN_IMAGE.findall(done.stderr.decode("utf-8", "replace"))
+            for short in {whole or part for whole, part in found}:
+                image = await self._full_id(short)
+                if image is None:
+                    continue
                 lease = leases.from_labels(await self._stored_labels(image))
                 if lease is not None and leases.orphan_reason(lease):
                     log.warning("removing image %s: left corrupted by a killed commit", image[:12])
@@ -364,14 +372,26 @@ class PodmanRuntime:
             raise translate(args[0], done)
         return done
 
-    async def _stored_labels(self, image: str) -> dict[str, str]:
-        """The labels in ``image``'s config as stored on disk (podman itself cannot read an
-        image whose manifest is missing); empty when they cannot be read."""
+    async def _full_id(self, short: str) -> str | None:
+        """The one stored image whose id starts with ``short`` (None: none, or several)."""
+        root = await self._root()
+        found = await asyncio.to_thread(
+            lambda: [p.name for p in Path(root, "overlay-images").glob(f"{short}*")]
+        )
+        return found[0] if len(found) == 1 and len(found[0]) == 64 else None
+
+    async def _root(self) -> str:
         if self._graph_root is None:
             done = await self.call("info", "--format", "{{.Store.GraphRoot}}", timeout=30)
             self._graph_root = done.stdout.decode().strip()
+        return self._graph_root
+
+    async def _stored_labels(self, image: str) -> dict[str, str]:
+        """The labels in ``image``'s config as stored on disk (podman itself cannot read an
+        image whose manifest is missing); empty when they cannot be read."""
+        root = await self._root()
         key = base64.b64encode(f"sha256:{image}".encode()).decode()
-        path = Path(self._graph_root, "overlay-images", image, f"={key}")
+        path = Path(root, "overlay-images", image, f"={key}")
         try:
             config = json.loads(await asyncio.to_thread(path.read_bytes))
             labels = config.get("config", {}).get("Labels") or {}
