@@ -65,7 +65,11 @@ def test_nondeterminism_is_located_to_its_turn(tmp_path: Path) -> None:
     for i in range(len(cases), len(cases) + len(stable_rows)):
         assert entries[f"{i}:0"].status == "identical"
     saved = orjson.loads((out / "replay.json").read_bytes())
-    assert saved["identical"] == len(stable_rows) and saved["diverged"] == len(cases)
+    # A set's order may come out the same twice by chance (the 95% above allows it): such a
+    # case reads identical, never a stable row diverged.
+    missed = len(cases) - located
+    assert len(stable_rows) <= saved["identical"] <= len(stable_rows) + missed
+    assert saved["identical"] + saved["diverged"] == len(cases) + len(stable_rows)
     first = next(r for r in saved["rollouts"] if r["status"] == "diverged")
     assert first["divergence"]["recorded"] != first["divergence"]["replayed"]
     assert saved["environment"]["fingerprints"] in ("unknown", "same")
