@@ -40,14 +40,14 @@ async def until(condition: Callable[[], Awaitable[bool] | bool], what: str) -> N
 
 
 def test_measure_counts_allocated_blocks_not_apparent_sizes(tmp_path: Path) -> None:
-    empty = measure(str(tmp_path)).bytes
+    empty = measure([str(tmp_path)]).bytes
     sparse = tmp_path / "sparse"
     with sparse.open("wb") as f:
         f.truncate(1 << 30)  # 1 GB apparent, nothing allocated
-    assert measure(str(tmp_path)).bytes - empty < MB
+    assert measure([str(tmp_path)]).bytes - empty < MB
     full = tmp_path / "full"
     subprocess.run(["fallocate", "-l", "8M", str(full)], check=True, timeout=30)
-    used = measure(str(tmp_path))
+    used = measure([str(tmp_path)])
     assert 8 * MB <= used.bytes - empty < 9 * MB  # fallocate's blocks count, unwritten or not
     assert used.complete and used.entries == 2
 
@@ -66,7 +66,7 @@ def test_measure_charges_inodes_follows_no_symlink_and_counts_a_hard_link_once(
     (layer / "file-link").symlink_to(outside / "big")
     subprocess.run(["fallocate", "-l", "4M", str(layer / "a")], check=True, timeout=30)
     os.link(layer / "a", layer / "b")
-    used = measure(str(layer))
+    used = measure([str(layer)])
     assert used.complete and used.entries == 105
     assert used.bytes >= 4 * MB + 102 * ENTRY_COST
     assert used.bytes < 5 * MB  # neither the symlinked 16 MB nor the hard link's second name
@@ -75,12 +75,14 @@ def test_measure_charges_inodes_follows_no_symlink_and_counts_a_hard_link_once(
 def test_measure_stops_at_its_entry_bound_or_past_the_limit(tmp_path: Path) -> None:
     for i in range(50):
         (tmp_path / str(i)).touch()
-    bounded = measure(str(tmp_path), max_entries=10)
+    bounded = measure([str(tmp_path)], max_entries=10)
     assert not bounded.complete and bounded.entries == 10
-    early = measure(str(tmp_path), stop_above=5 * ENTRY_COST)
+    early = measure([str(tmp_path)], stop_above=5 * ENTRY_COST)
     assert not early.complete and early.bytes > 5 * ENTRY_COST
     with pytest.raises(FileNotFoundError):
-        measure(str(tmp_path / "gone"))
+        measure([str(tmp_path / "gone")])
+    # Only the first root (the layer) must exist; another one gone is nothing to charge.
+    assert measure([str(tmp_path), str(tmp_path / "gone")]).entries == 50
 
 
 async def test_a_layer_too_large_to_measure_is_judged_over(tmp_path: Path) -> None:
@@ -92,7 +94,7 @@ async def test_a_layer_too_large_to_measure_is_judged_over(tmp_path: Path) -> No
         killed.append("x")
 
     watch = DiskWatch(max_entries=10)
-    watched = watch.watch("k", str(tmp_path), 1024, kill)
+    watched = watch.watch("k", [str(tmp_path)], 1024, kill)
     assert await watch.check_once() == [watched]
     assert watched.exceeded and "too many" in watched.reason and killed == ["x"]
     assert watch.watching == 0
@@ -119,11 +121,13 @@ async def stopped(box: PodmanContainer) -> bool:
     [
         "fallocate -l 1G /x",
         "dd if=/dev/zero of=/y bs=1M count=2000 2>/dev/null",
+        # /etc/hosts is a host file podman bind-mounts writable: outside the overlay layer
+        "fallocate -l 1G /etc/hosts",
         # many small files: 20,000 of one byte take a block each (and an inode)
         "mkdir /many && cd /many && "
         'python3 -c "[open(str(i), chr(119)).write(chr(120)) for i in range(20000)]"',
     ],
-    ids=["fallocate", "dd", "small-files"],
+    ids=["fallocate", "dd", "etc-hosts", "small-files"],
 )
 async def test_a_container_past_its_disk_limit_is_killed_and_says_so(
     fast_runtime: PodmanRuntime, spec: Spec, writer: str

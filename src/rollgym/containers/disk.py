@@ -38,7 +38,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -64,16 +64,26 @@ class Usage:
     seconds: float
 
 
-def measure(root: str, *, max_entries: int = MAX_ENTRIES, stop_above: int | None = None) -> Usage:
-    """What the tree under ``root`` holds on the disk (see the module's step 1). The walk stops
+def measure(
+    roots: Sequence[str], *, max_entries: int = MAX_ENTRIES, stop_above: int | None = None
+) -> Usage:
+    """What the trees under ``roots`` hold on the disk (see the module's step 1). The walk stops
     at ``max_entries`` entries, or once the sum is past ``stop_above``: then ``complete`` is
-    False. Entries that vanish during the walk are skipped; a ``root`` that is gone raises
-    ``FileNotFoundError``."""
+    False. Entries that vanish during the walk are skipped, and so are roots after the first
+    that are gone; a first root that is gone raises ``FileNotFoundError``."""
     started = time.monotonic()
-    total = os.lstat(root).st_blocks * 512
+    total = 0
+    stack: list[str] = []
+    for index, root in enumerate(roots):
+        try:
+            total += os.lstat(root).st_blocks * 512
+        except FileNotFoundError:
+            if index == 0:
+                raise
+            continue
+        stack.append(root)
     entries = 0
     linked: set[int] = set()
-    stack = [root]
     while stack:
         try:
             scan = os.scandir(stack.pop())
@@ -100,10 +110,11 @@ def measure(root: str, *, max_entries: int = MAX_ENTRIES, stop_above: int | None
 
 @dataclass(slots=True)
 class Watched:
-    """One watched container: where its layer is, its limit, and what the watchdog found."""
+    """One watched container: where what it writes lands on the host (its layer first), its
+    limit, and what the watchdog found."""
 
     key: str
-    path: str
+    paths: tuple[str, ...]
     limit_mb: int
     kill: Callable[[], Awaitable[None]]
     used: int = 0
@@ -174,11 +185,12 @@ class DiskWatch:
         return self._task is not None and not self._task.done()
 
     def watch(
-        self, key: str, path: str, limit_mb: int, kill: Callable[[], Awaitable[None]]
+        self, key: str, paths: Sequence[str], limit_mb: int, kill: Callable[[], Awaitable[None]]
     ) -> Watched:
-        """Watch the layer at ``path`` (a container's upper dir); ``kill`` ends every process
-        of the container. Starts the watchdog's task if it is not running (in this loop)."""
-        watched = Watched(key, path, limit_mb, kill)
+        """Watch what is under ``paths`` (a container's upper dir first, then any other host
+        directory it can write into); ``kill`` ends every process of the container. Starts the
+        watchdog's task if it is not running (in this loop)."""
+        watched = Watched(key, tuple(paths), limit_mb, kill)
         self._watched[key] = watched
         loop = asyncio.get_running_loop()
         if not self.running or (self._task is not None and self._task.get_loop() is not loop):
@@ -221,7 +233,7 @@ class DiskWatch:
         return over
 
     def _measure(self, watched: Watched) -> Usage:
-        return measure(watched.path, max_entries=self.max_entries, stop_above=watched.limit)
+        return measure(watched.paths, max_entries=self.max_entries, stop_above=watched.limit)
 
     def _walk(self, due: list[Watched]) -> tuple[list[Watched], list[Watched]]:
         """In a worker thread: measure each of ``due``; return the ones over their limit and

@@ -492,13 +492,20 @@ class PodmanContainer:
         return self.disk is not None and self.disk.exceeded
 
     async def _watch_disk(self, limit_mb: int) -> None:
-        """Hand this container's writable layer to the runtime's disk watchdog. A layer that
-        cannot be found is an error: a limit asked for and silently not kept is worse."""
+        """Hand what this container can write on the host's disk to the runtime's disk
+        watchdog: its overlay upper dir, overlay's work dir (where a copy-up is made), and the
+        directory of the files podman bind-mounts writable into it (``/etc/hosts``,
+        ``/etc/hostname``, ``/run/.containerenv``: ``fallocate -l 40G /etc/hosts`` lands there,
+        outside the layer). A layer that cannot be found is an error: a limit asked for and
+        silently not kept is worse."""
+        fields = (
+            "{{.GraphDriver.Data.UpperDir}}\n{{.GraphDriver.Data.WorkDir}}\n"
+            "{{.HostsPath}}\n{{.HostnamePath}}\n{{.ResolvConfPath}}"
+        )
         done = await self.runtime.call(
-            "inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", self._id,
-            timeout=30, what=self.name,
-        )  # fmt: skip
-        upper = done.stdout.decode().strip()
+            "inspect", "--format", fields, self._id, timeout=30, what=self.name
+        )
+        upper, work, *mounted = done.stdout.decode().split("\n")[:5] + [""] * 5
         if not upper.startswith("/"):
             raise ContainerError(
                 f"disk_mb={limit_mb} cannot be kept for {self.name}: podman's storage driver "
@@ -506,7 +513,9 @@ class PodmanContainer:
                 server="podman",
                 endpoint="inspect",
             )
-        self.disk = self.runtime.disk.watch(self._id, upper, limit_mb, self._disk_kill)
+        binds = sorted({os.path.dirname(p) for p in mounted if p.startswith("/")})
+        paths = [p for p in (upper, work, *binds) if p]
+        self.disk = self.runtime.disk.watch(self._id, paths, limit_mb, self._disk_kill)
 
     async def _disk_kill(self) -> None:
         """The watchdog's kill: the first process, and with it every process of the
