@@ -12,8 +12,9 @@ watched:
    allocated blocks (``st_blocks * 512``, so ``fallocate`` counts in full and a sparse file
    only for what it holds), plus ``ENTRY_COST`` per entry (an empty file still takes an inode),
    each hard-linked inode once.
-2. A walk stops at ``max_entries`` entries or as soon as the sum is past the limit. A walk
-   that meets its entry bound first judges the container over: a layer too large to measure is
+2. A walk stops at ``max_entries`` entries, as soon as the sum is past the limit, or at a path
+   it cannot read (nested past ``PATH_MAX``, say). A walk that stops short of the limit for
+   either of the other reasons judges the container over: a layer that cannot be measured is
    no layer that can be vouched for.
 3. A container past its limit is marked (``Watched.exceeded``, with the reason) *before* it is
    killed, then every process in it is killed (its provider's ``kill``), and it is no longer
@@ -56,21 +57,29 @@ MESSAGE = "killed: the container's disk limit ({limit_mb} MB) was exceeded ({rea
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """One walk of a layer: bytes charged, entries seen, whether the walk saw all of it."""
+    """One walk of a layer: bytes charged, entries seen, whether the walk saw all of it, and
+    what stopped it when a path could not be read (``problem``)."""
 
     bytes: int
     entries: int
     complete: bool
     seconds: float
+    problem: str = ""
+
+
+_VANISHED = (FileNotFoundError, NotADirectoryError)
+"""What a path removed or replaced during the walk raises: nothing left to charge there."""
 
 
 def measure(
     roots: Sequence[str], *, max_entries: int = MAX_ENTRIES, stop_above: int | None = None
 ) -> Usage:
     """What the trees under ``roots`` hold on the disk (see the module's step 1). The walk stops
-    at ``max_entries`` entries, or once the sum is past ``stop_above``: then ``complete`` is
-    False. Entries that vanish during the walk are skipped, and so are roots after the first
-    that are gone; a first root that is gone raises ``FileNotFoundError``."""
+    at ``max_entries`` entries, or once the sum is past ``stop_above``, or at a path it cannot
+    read (a directory nested past ``PATH_MAX`` answers ``ENAMETOOLONG``: skipping it would
+    leave whatever is under it uncharged): then ``complete`` is False. Entries that vanish
+    during the walk are skipped, and so are roots after the first that are gone; a first root
+    that is gone raises ``FileNotFoundError``."""
     started = time.monotonic()
     total = 0
     stack: list[str] = []
@@ -84,27 +93,32 @@ def measure(
         stack.append(root)
     entries = 0
     linked: set[int] = set()
+
+    def stopped(problem: str = "") -> Usage:
+        return Usage(total, entries, False, time.monotonic() - started, problem)
+
     while stack:
         try:
-            scan = os.scandir(stack.pop())
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue
-        with scan:
-            for entry in scan:
-                entries += 1
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode):
-                    if info.st_ino in linked:
+            with os.scandir(stack.pop()) as scan:
+                for entry in scan:
+                    entries += 1
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except _VANISHED:
                         continue
-                    linked.add(info.st_ino)
-                total += info.st_blocks * 512 + ENTRY_COST
-                if stat.S_ISDIR(info.st_mode):
-                    stack.append(entry.path)
-                if entries >= max_entries or (stop_above is not None and total > stop_above):
-                    return Usage(total, entries, False, time.monotonic() - started)
+                    if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode):
+                        if info.st_ino in linked:
+                            continue
+                        linked.add(info.st_ino)
+                    total += info.st_blocks * 512 + ENTRY_COST
+                    if stat.S_ISDIR(info.st_mode):
+                        stack.append(entry.path)
+                    if entries >= max_entries or (stop_above is not None and total > stop_above):
+                        return stopped()
+        except _VANISHED:
+            continue
+        except OSError as exc:
+            return stopped(exc.strerror or type(exc).__name__)
     return Usage(total, entries, True, time.monotonic() - started)
 
 
@@ -137,6 +151,8 @@ class Watched:
         self.walks += 1
         if usage.bytes > self.limit:
             self.reason = f"{usage.bytes / 1048576:.0f} MB or more written"
+        elif usage.problem:
+            self.reason = f"a path in it cannot be measured: {usage.problem}"
         elif not usage.complete:
             self.reason = f"more than {usage.entries} files, too many to measure"
         else:
