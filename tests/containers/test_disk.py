@@ -119,6 +119,24 @@ async def test_a_layer_too_large_to_measure_is_judged_over(tmp_path: Path) -> No
     assert watch.watching == 0
 
 
+async def test_a_kill_that_fails_is_tried_again_until_it_holds(tmp_path: Path) -> None:
+    (tmp_path / "x").write_bytes(b"x" * 4 * MB)
+    tries: list[int] = []
+
+    async def kill() -> None:
+        tries.append(1)
+        if len(tries) == 1:
+            raise OSError("podman kill timed out")
+
+    watch = DiskWatch(interval=3600)
+    watched = watch.watch("k", [str(tmp_path)], 1, kill)
+    await until(lambda: len(tries) >= 1, "the first kill")
+    assert watched.exceeded and watch.watching == 1  # judged; its kill failed: still held
+    await watch.check_once()
+    assert len(tries) == 2 and watch.watching == 0
+    await until(lambda: not watch.running, "the watchdog's task ended")
+
+
 # -- on real podman ------------------------------------------------------------------------
 
 

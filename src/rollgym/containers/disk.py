@@ -214,18 +214,17 @@ class DiskWatch:
             self._task = loop.create_task(self._run(), name="rollgym-disk-watch")
         return watched
 
-    def unwatch(self, key: str) -> None:
+    def unwatch(self, key: str) -> Watched | None:
         """Stop watching ``key`` (the task ends when nothing is left)."""
-        self._watched.pop(key, None)
+        watched = self._watched.pop(key, None)
         if not self._watched:
             self._wake.set()
+        return watched
 
     async def final_check(self, key: str) -> Watched | None:
         """Measure ``key`` once more now, then stop watching it (its processes are gone: nothing
         writes any more). Marks it over its limit if it is; kills nothing."""
-        watched = self._watched.pop(key, None)
-        if not self._watched:
-            self._wake.set()
+        watched = self.unwatch(key)
         if watched is None or watched.exceeded:
             return watched
         with contextlib.suppress(FileNotFoundError):
@@ -234,18 +233,27 @@ class DiskWatch:
 
     async def check_once(self) -> list[Watched]:
         """One pass: walk every due container; mark and kill the ones over their limit (these
-        are returned)."""
+        are returned). One whose kill failed stays watched, and its kill is tried again at
+        every pass until it holds or the container is unwatched."""
         now = self.clock()
+        pending = [w for w in self._watched.values() if w.exceeded]
         due = [w for w in self._watched.values() if w.due <= now and not w.exceeded]
         self.stats.passes += 1
-        if not due:
-            return []
         for watched in due:  # taken: a pass running beside this one leaves them alone
             watched.due = math.inf
-        over, gone = await asyncio.to_thread(self._walk, due)
-        for watched in over + gone:
-            self._watched.pop(watched.key, None)
-        await asyncio.gather(*(self._kill(w) for w in over))
+        try:
+            over, gone = await asyncio.to_thread(self._walk, due) if due else ([], [])
+        finally:
+            for watched in due:  # a walk that never came back is due again
+                if watched.due == math.inf:
+                    watched.due = now
+        for watched in gone:
+            self.unwatch(watched.key)
+        killing = over + pending
+        killed = await asyncio.gather(*(self._kill(w) for w in killing))
+        for watched, done in zip(killing, killed, strict=True):
+            if done:
+                self.unwatch(watched.key)
         return over
 
     def _measure(self, watched: Watched) -> Usage:
@@ -262,6 +270,8 @@ class DiskWatch:
             except FileNotFoundError:
                 gone.append(watched)
                 continue
+            except OSError as exc:  # a root it cannot read: no layer that can be vouched for
+                usage = Usage(0, 0, False, 0.0, exc.strerror or type(exc).__name__)
             self.stats.walks += 1
             self.stats.walk_seconds += usage.seconds
             self.stats.entries += usage.entries
@@ -270,13 +280,16 @@ class DiskWatch:
                 over.append(watched)
         return over, gone
 
-    async def _kill(self, watched: Watched) -> None:
+    async def _kill(self, watched: Watched) -> bool:
+        """Kill ``watched``'s processes; False when the kill failed (tried again next pass)."""
         self.stats.kills += 1
         log.warning("container %s: %s", watched.key[:12], watched.message)
         try:
             await watched.kill()
-        except Exception as exc:  # a container removed meanwhile needs no kill
+        except Exception as exc:
             log.warning("container %s: the disk watchdog's kill failed: %s", watched.key[:12], exc)
+            return False
+        return True
 
     async def _run(self) -> None:
         """Pass after pass while anything is watched."""

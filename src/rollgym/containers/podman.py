@@ -519,8 +519,15 @@ class PodmanContainer:
 
     async def _disk_kill(self) -> None:
         """The watchdog's kill: the first process, and with it every process of the
-        container (as ``stop_processes``)."""
-        await run(self.runtime.argv("kill", "--signal", "KILL", self._id), timeout=KILL_GRACE * 2)
+        container (as ``stop_processes``). A failure raises (the watchdog tries again); a
+        container already stopped or gone needs no kill."""
+        done = await run(
+            self.runtime.argv("kill", "--signal", "KILL", self._id), timeout=KILL_GRACE * 2
+        )
+        if done.timed_out or (done.code != 0 and not _already_stopped(done)):
+            error = translate("kill", done, what=self.name)
+            if "is gone" not in error.message:
+                raise error
 
     def _disk_result(self, done: Completed | None = None) -> ExecResult:
         """An exec's outcome in a container the watchdog killed (``done``: what the exec
