@@ -62,6 +62,7 @@ def make_app(podman: PodmanRuntime) -> Starlette:
         return {
             "exit_code": done.exit_code, "stdout": done.stdout, "stderr": done.stderr,
             "seconds": done.seconds, "timed_out": done.timed_out, "truncated": done.truncated,
+            "disk_exceeded": done.disk_exceeded,
         }  # fmt: skip
 
     async def put(body: dict[str, Any]) -> dict[str, Any]:

@@ -156,3 +156,20 @@ async def test_reap_takes_orphans_and_spares_live_owners(provider: Runtime, spec
 async def test_a_lease_past_its_deadline_starts_nothing(provider: Runtime, spec: Spec) -> None:
     with pytest.raises(ContainerError, match="past its deadline"):
         await provider.create(replace(spec, lease=replace(spec.lease, deadline=1.0)), timeout=60)
+
+
+async def test_a_container_past_its_disk_limit_is_ended_and_says_so(
+    provider: Runtime, spec: Spec
+) -> None:
+    limited = replace(spec, limits=replace(spec.limits, disk_mb=32))
+    made = await provider.create(limited, timeout=60)
+    try:
+        assert not made.disk_exceeded
+        # Killed by the provider's disk limit long before its own deadline.
+        done = await made.exec("fallocate -l 200M /x; echo written; sleep 100", timeout=90)
+        assert done.disk_exceeded and done.exit_code is None and not done.timed_out
+        assert made.disk_exceeded
+        after = await made.exec("echo never", timeout=30)
+        assert after.disk_exceeded and "never" not in after.stdout
+    finally:
+        await made.destroy()

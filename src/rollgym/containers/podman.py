@@ -11,8 +11,10 @@
   at the deadline, and with it every process of the container (its pid namespace dies with its
   first process), even if no reaper ever runs. Its labels carry the lease (``lease.py``).
 - No network unless ``Limits.network``; cpus, memory (no swap beyond it), pids and the rlimits
-  (``nofile``, ``nproc``: this kernel refuses podman's defaults) are applied. ``disk_mb`` needs
-  overlay on XFS with project quotas; elsewhere it is dropped with one warning.
+  (``nofile``, ``nproc``: this kernel refuses podman's defaults) are applied. ``disk_mb`` is
+  enforced by the runtime's disk watchdog (``disk.py``: a container past it is killed and says
+  ``disk_exceeded``); where the storage has project quotas (overlay on XFS ``pquota``) a quota
+  a little above it is set too, so a burst cannot fill the host between two of its passes.
 - podman's exit codes and stderr become rollgym errors in one place: ``translate``.
 
 ``crun`` refuses this machine's hybrid cgroups, so every call passes ``--runtime runc``.
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollgym.containers import lease as leases
+from rollgym.containers.disk import DiskWatch, Watched
 from rollgym.containers.runtime import ExecResult, Spec
 from rollgym.errors import ContainerError, RollgymError
 
@@ -230,9 +233,16 @@ class PodmanRuntime:
 
     name = "podman"
 
-    def __init__(self, *, podman: str = "podman", oci_runtime: str = "runc") -> None:
+    def __init__(
+        self,
+        *,
+        podman: str = "podman",
+        oci_runtime: str = "runc",
+        disk_watch: DiskWatch | None = None,
+    ) -> None:
         self.podman = podman
         self.oci_runtime = oci_runtime
+        self.disk = disk_watch or DiskWatch()
         self._disk_quota: bool | None = None  # learnt at the first container asking for one
         self._graph_root: str | None = None
         self._repaired: list[str] = []  # corrupted images removed by ``list_leased``
@@ -276,7 +286,10 @@ class PodmanRuntime:
         args += ["--ulimit", f"nproc={nproc}:{nproc}"]
         args += ["--security-opt", "no-new-privileges", "--log-driver", "none"]
         if quota and limits.disk_mb:
-            args += ["--storage-opt", f"size={limits.disk_mb}m"]
+            # Above the limit: the quota is the backstop against a burst between two passes of
+            # the watchdog, which judges the limit itself (and flags what the quota would not).
+            size = limits.disk_mb + max(16, limits.disk_mb // 8)
+            args += ["--storage-opt", f"size={size}m"]
         if spec.workdir:
             args += ["--workdir", spec.workdir]
         for key, value in spec.env.items():
@@ -305,8 +318,8 @@ class PodmanRuntime:
             if quota and "overlay.size" in (exc.body or ""):
                 self._disk_quota = False
                 log.warning(
-                    "podman's storage here cannot bound a container's disk (overlay needs XFS "
-                    "with project quotas): disk_mb is not applied"
+                    "podman's storage here cannot cap a container's disk (overlay needs XFS "
+                    "with project quotas): disk_mb is enforced by the disk watchdog alone"
                 )
                 return await self.create(spec, timeout=timeout)
             # A run that timed out may still have made the container: it is named, so remove it.
@@ -318,7 +331,14 @@ class PodmanRuntime:
         if quota:
             self._disk_quota = True
         cid = done.stdout.decode().strip().splitlines()[-1]
-        return PodmanContainer(self, cid, name, spec)
+        box = PodmanContainer(self, cid, name, spec)
+        if spec.limits.disk_mb:
+            try:
+                await box._watch_disk(spec.limits.disk_mb)
+            except BaseException:
+                await self._remove_quietly(cid)
+                raise
+        return box
 
     async def remove_image(self, image: str, *, timeout: float) -> None:
         # No ``--force``: podman would remove the containers using the image with it. And
@@ -460,10 +480,69 @@ class PodmanContainer:
         self._id = cid
         self.name = name
         self.spec = spec
+        self.disk: Watched | None = None
+        """The disk watchdog's record of this container (None: no ``disk_mb``)."""
 
     @property
     def id(self) -> str:
         return self._id
+
+    @property
+    def disk_exceeded(self) -> bool:
+        return self.disk is not None and self.disk.exceeded
+
+    async def _watch_disk(self, limit_mb: int) -> None:
+        """Hand what this container can write on the host's disk to the runtime's disk
+        watchdog: its overlay upper dir, overlay's work dir (where a copy-up is made), and the
+        directory of the files podman bind-mounts writable into it (``/etc/hosts``,
+        ``/etc/hostname``, ``/run/.containerenv``: ``fallocate -l 40G /etc/hosts`` lands there,
+        outside the layer). A layer that cannot be found is an error: a limit asked for and
+        silently not kept is worse."""
+        fields = (
+            "{{.GraphDriver.Data.UpperDir}}\n{{.GraphDriver.Data.WorkDir}}\n"
+            "{{.HostsPath}}\n{{.HostnamePath}}\n{{.ResolvConfPath}}"
+        )
+        done = await self.runtime.call(
+            "inspect", "--format", fields, self._id, timeout=30, what=self.name
+        )
+        upper, work, *mounted = done.stdout.decode().split("\n")[:5] + [""] * 5
+        if not upper.startswith("/"):
+            raise ContainerError(
+                f"disk_mb={limit_mb} cannot be kept for {self.name}: podman's storage driver "
+                "shows no overlay upper dir to measure",
+                server="podman",
+                endpoint="inspect",
+            )
+        binds = sorted({os.path.dirname(p) for p in mounted if p.startswith("/")})
+        paths = [p for p in (upper, work, *binds) if p]
+        self.disk = self.runtime.disk.watch(self._id, paths, limit_mb, self._disk_kill)
+
+    async def _disk_kill(self) -> None:
+        """The watchdog's kill: the first process, and with it every process of the
+        container (as ``stop_processes``). A failure raises (the watchdog tries again); a
+        container already stopped or gone needs no kill."""
+        done = await run(
+            self.runtime.argv("kill", "--signal", "KILL", self._id), timeout=KILL_GRACE * 2
+        )
+        if done.timed_out or (done.code != 0 and not _already_stopped(done)):
+            error = translate("kill", done, what=self.name)
+            if "is gone" not in error.message:
+                raise error
+
+    def _disk_result(self, done: Completed | None = None) -> ExecResult:
+        """An exec's outcome in a container the watchdog killed (``done``: what the exec
+        printed before it)."""
+        assert self.disk is not None
+        out, err = (done.stdout, done.stderr) if done is not None else (b"", b"")
+        note = self.disk.message
+        return ExecResult(
+            exit_code=None,
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=(err.decode("utf-8", errors="replace") + "\n" + note).lstrip("\n"),
+            seconds=done.seconds if done is not None else 0.0,
+            truncated=done.truncated if done is not None else False,
+            disk_exceeded=True,
+        )
 
     async def exec(
         self,
@@ -475,6 +554,8 @@ class PodmanContainer:
         workdir: str | None = None,
         env: dict[str, str] | None = None,
     ) -> ExecResult:
+        if self.disk_exceeded:
+            return self._disk_result()
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         mark = secrets.token_hex(8)
         args = ["exec", "--env", f"{EXEC_MARK}={mark}"]
@@ -490,6 +571,9 @@ class PodmanContainer:
         done = await run(
             self.runtime.argv(*args), timeout=timeout, max_output=max_output, stdin=stdin
         )
+        # Marked before the kill: the kill ended this exec.
+        if self.disk is not None and self.disk.exceeded:
+            return self._disk_result(done)
         if done.timed_out:
             await self._kill_marked(mark)
         elif done.code in _PODMAN_CODES and _podman_failed(done) and not await self._running():
@@ -535,13 +619,16 @@ class PodmanContainer:
     async def stop_processes(self, *, timeout: float) -> None:
         """Kill the container's first process: the kernel then kills every other process of
         its pid namespace, daemons and double forks included. The filesystem stays (``get``,
-        ``snapshot`` still work); ``exec`` no longer does."""
+        ``snapshot`` still work); ``exec`` no longer does. Past a ``disk_mb``, the layer is
+        measured once more here: a write just before the end is judged too."""
         done = await run(self.runtime.argv("kill", "--signal", "KILL", self._id), timeout=timeout)
         if done.timed_out or (done.code != 0 and not _already_stopped(done)):
             raise translate("kill", done, what=self.name)
         await self.runtime.call(
             "wait", "--condition", "stopped", self._id, timeout=timeout, what=self.name
         )
+        if self.disk is not None:
+            await self.runtime.disk.final_check(self._id)
 
     async def _running(self) -> bool:
         try:
@@ -557,6 +644,7 @@ class PodmanContainer:
         return done.stdout.decode().strip()
 
     async def destroy(self) -> None:
+        self.runtime.disk.unwatch(self._id)
         await self.runtime._remove_quietly(self._id)
 
 

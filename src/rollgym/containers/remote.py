@@ -24,7 +24,11 @@ remove      ``{"ids"}``                                            ``{}``
 rmi         ``{"image"}`` (a gone one is no error; one in use is)   ``{}``
 ==========  =====================================================  ================================
 
-The provider enforces an exec's deadline and output bound on its side; this client holds it to
+The provider enforces ``Limits`` on its side, ``disk_mb`` included: bounding what a container
+writes is the provider's job (a quota, a sized volume); a container that went past it has its
+processes killed and answers every exec after with ``disk_exceeded: true`` (an ``ExecResult``
+field), which this client keeps as ``RemoteContainer.disk_exceeded``. The provider enforces an
+exec's deadline and output bound on its side; this client holds it to
 them too (its own deadline a few seconds later; an answer's text cut to ``max_output``). The
 reaper's decision stays on this side: the provider lists what carries a lease, and
 ``lease.orphan_reason`` (is the owner on this host alive, is the deadline past) decides.
@@ -126,6 +130,7 @@ class RemoteRuntime:
             )
         wire = {
             "image": spec.image,
+            # Every limit, disk_mb too, is the provider's to enforce (the module's docstring).
             "limits": asdict(spec.limits),
             "lease": asdict(spec.lease),
             "workdir": spec.workdir,
@@ -159,10 +164,16 @@ class RemoteContainer:
         self.runtime = runtime
         self._id = ident
         self.spec = spec
+        self._disk_exceeded = False
 
     @property
     def id(self) -> str:
         return self._id
+
+    @property
+    def disk_exceeded(self) -> bool:
+        """Whether an exec's answer said the provider ended this container at its disk limit."""
+        return self._disk_exceeded
 
     async def exec(
         self,
@@ -193,6 +204,7 @@ class RemoteContainer:
         stdout, stderr = str(data.get("stdout", "")), str(data.get("stderr", ""))
         cut = len(stdout) > max_output or len(stderr) > max_output
         code = data.get("exit_code")
+        self._disk_exceeded = self._disk_exceeded or data.get("disk_exceeded") is True
         return ExecResult(
             exit_code=code if isinstance(code, int) else None,
             stdout=stdout[:max_output],
@@ -200,6 +212,7 @@ class RemoteContainer:
             seconds=float(data.get("seconds", 0.0)),
             timed_out=bool(data.get("timed_out", False)),
             truncated=bool(data.get("truncated", False)) or cut,
+            disk_exceeded=data.get("disk_exceeded") is True,
         )
 
     async def put(self, source: Path, dest: str, *, timeout: float) -> None:

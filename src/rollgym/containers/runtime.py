@@ -48,7 +48,9 @@ class Lease:
 @dataclass(frozen=True, slots=True)
 class ExecResult:
     """One command's outcome. ``exit_code`` is None when it was killed at its deadline
-    (``timed_out``); ``truncated`` says output past the bound was dropped."""
+    (``timed_out``) or because the container went past its disk limit (``disk_exceeded``: the
+    command, and every other in the container, was killed, or never started); ``truncated``
+    says output past the bound was dropped."""
 
     exit_code: int | None
     stdout: str
@@ -56,6 +58,7 @@ class ExecResult:
     seconds: float
     timed_out: bool = False
     truncated: bool = False
+    disk_exceeded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,12 @@ class Container(Protocol):
 
     @property
     def id(self) -> str: ...
+
+    @property
+    def disk_exceeded(self) -> bool:
+        """Whether the container went past ``Limits.disk_mb``: its processes were killed, and
+        what it left must earn nothing (the trial scores it 0 and flags it)."""
+        ...
 
     async def exec(
         self,
