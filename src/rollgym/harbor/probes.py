@@ -204,6 +204,8 @@ class ProbeResult:
     """None: the verifier left no reward (a typed failure, never a 0): ``error`` says why."""
     suspect: bool
     error: str | None = None
+    dropped: int = 0
+    """The probe's changes to the system trees that the verifier did not take."""
 
     @property
     def paid(self) -> bool:
@@ -233,8 +235,9 @@ async def run_probe(
     finally:
         await trial.close()
     return ProbeResult(
-        task.name, probe.name, probe.expect, verdict.rewards.reward, bool(verdict.suspect)
-    )
+        task.name, probe.name, probe.expect, verdict.rewards.reward, bool(verdict.suspect),
+        dropped=verdict.dropped,
+    )  # fmt: skip
 
 
 async def run_probes(
