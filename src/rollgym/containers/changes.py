@@ -146,7 +146,8 @@ def _walk_dir(walk: _Walk, host_dir: bytes, rel: str, *, dropped_here: bool) -> 
                     )
             is_opaque = _xattr(host_s, OPAQUE) == b"y"
             if dropped:
-                walk.dropped.append(f"{'!' if is_opaque else '+'}{path}")
+                if is_opaque:  # a directory only copied up to hold a change is no change
+                    walk.dropped.append(f"!{path}")
             else:
                 if is_opaque:
                     walk.opaque.append(path)

@@ -77,7 +77,8 @@ class ChangeSet:
     ``deleted`` are the image's paths the container removed; ``opaque`` its directories whose
     image content is all gone (what is in ``archive`` below them is all there is). ``dropped``
     are the changes under the ``drop`` prefixes asked for: listed, not archived (``+`` added or
-    changed, ``-`` deleted, ``!`` an opaque directory)."""
+    changed, ``-`` deleted, ``!`` an opaque directory; a directory that only holds a change is
+    not listed)."""
 
     archive: Path
     changed: tuple[str, ...] = ()
