@@ -7,8 +7,10 @@ cancelled verify can be run again, and the containers' CPU seconds are counted."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +199,16 @@ async def test_sandbox_seconds_are_the_containers_cpu(tasks: dict[str, Prepared]
     verdict = await play(tasks["burn"], "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done")
     assert verdict.sandbox_s is not None and verdict.sandbox_s > 0.2
     assert verdict.fields()["sandbox_s"] == round(verdict.sandbox_s, 3)
+
+
+async def test_the_verifier_has_a_lease_of_its_own(tasks: dict[str, Prepared]) -> None:
+    # An agent phase that used up its lease (a model that thought long) still gets a verifier:
+    # the verifier's deadline is its own, not what is left of the agent's.
+    trial = Trial(tasks["deleted"], PodmanRuntime(), new_lease("rollgym-test-lease", 600))
+    try:
+        box = await trial.start()
+        await box.exec("rm /app/gone", timeout=60)
+        trial.lease = dataclasses.replace(trial.lease, deadline=time.time() - 1)
+        assert (await trial.verify()).rewards.reward == 1.0
+    finally:
+        await trial.close()
