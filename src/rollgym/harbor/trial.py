@@ -242,7 +242,6 @@ class Trial:
                 raise
             await self._destroy_agent()
             return exc.message
-        await self._destroy_agent()
         return self.changes
 
     async def _destroy_agent(self) -> None:
@@ -264,7 +263,10 @@ class Trial:
                 self.prepared.image, lease, self.task.config.verifier.env,
                 mounts=(Mount(stage, inside),),
             )  # fmt: skip
-            box = await self.runtime.create(spec, timeout=STEP_TIMEOUT)
+            # The agent's container goes while the verifier's starts (its changes are read).
+            _, box = await asyncio.gather(
+                self._destroy_agent(), self.runtime.create(spec, timeout=STEP_TIMEOUT)
+            )
             try:
                 out = await self._run_harness(box, inside, limit)
                 verifier_cpu = await box.cpu_seconds()
