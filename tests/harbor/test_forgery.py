@@ -38,6 +38,7 @@ TESTS = {
     "opaque": '[ "$(ls -A /app)" = y ] && [ "$(cat /app/y)" = x ]',
     "links": '[ "$(readlink /app/s)" = /etc/shadow ] && [ -L /app/up ] && [ -L /app/s.copy ]',
     "package": "python3 -c 'import agentpkg'",
+    "relinked": "[ ! -L /var/run ] && [ -f /var/run/mine ] && [ ! -e /run/mine ]",
     "burn": "true",
 }
 SITE = "$(python3 -c 'import site; print(site.getsitepackages()[0])')"
@@ -135,6 +136,17 @@ async def test_a_directory_made_again_holds_only_what_the_agent_put(
     tasks: dict[str, Prepared],
 ) -> None:
     verdict = await play(tasks["opaque"], "cd / && rm -rf /app && mkdir /app && echo x > /app/y")
+    assert verdict.rewards.reward == 1.0
+
+
+async def test_a_link_of_the_image_made_a_directory_is_never_written_through(
+    tasks: dict[str, Prepared],
+) -> None:
+    # /var/run is a link to /run in the image: the agent's directory in its place is unpacked
+    # as a directory, not through the image's link.
+    verdict = await play(
+        tasks["relinked"], "rm /var/run && mkdir /var/run && echo x > /var/run/mine"
+    )
     assert verdict.rewards.reward == 1.0
 
 

@@ -351,7 +351,11 @@ def _stage(tmp: Path, task: HarborTask, changes: ChangeSet) -> Path:
         os.link(changes.archive, stage / "changes.tar")
     except OSError:
         shutil.copyfile(changes.archive, stage / "changes.tar")
-    gone = [*changes.deleted, *changes.opaque]
+    # Directories made again first, and no deletion below one: overlay makes a directory over
+    # a path the image had as a link opaque, so removing it first (the link, not its target)
+    # means no later path is resolved through a link of the image.
+    opaque = tuple(f"{p}/" for p in changes.opaque)
+    gone = [*changes.opaque, *(p for p in changes.deleted if not p.startswith(opaque))]
     (stage / "deleted").write_bytes(b"".join(os.fsencode(p) + b"\0" for p in gone))
     return stage
 
