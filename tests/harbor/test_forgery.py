@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from rollgym.containers.lease import new_lease
@@ -224,3 +225,10 @@ async def test_the_verifier_has_a_lease_of_its_own(tasks: dict[str, Prepared]) -
         assert (await trial.verify()).rewards.reward == 1.0
     finally:
         await trial.close()
+
+
+async def test_a_name_that_is_not_utf8_is_reported_escaped(prepared: dict[str, Any]) -> None:
+    verdict = await play(prepared["hello-file"], "touch /usr/bin/$'\\xff'planted /app/$'\\xfe'.pth")
+    assert verdict.dropped_shown == ["/usr/bin/\\xffplanted"]
+    assert verdict.suspect == ["+/app/\\xfe.pth"]
+    orjson.dumps(verdict.fields())  # the verify's answer can carry them

@@ -281,9 +281,9 @@ class Trial:
         suspect = suspect_paths(changes, carried_system=carried)
         common: dict[str, Any] = {
             "seconds": time.monotonic() - started,
-            "suspect": suspect[:SUSPECT_SHOWN],
+            "suspect": [_printable(p) for p in suspect[:SUSPECT_SHOWN]],
             "dropped": len(system),
-            "dropped_shown": system[:SUSPECT_SHOWN],
+            "dropped_shown": [_printable(p) for p in system[:SUSPECT_SHOWN]],
             "sandbox_s": sum(cpu) if cpu else None,
         }
         if out.broken:
@@ -332,6 +332,12 @@ class Trial:
 
 
 _ZERO = Rewards(0.0, {"reward": 0.0}, "none")
+
+
+def _printable(path: str) -> str:
+    """``path`` as text JSON can carry: a name's bytes that are not UTF-8 (the agent chose them)
+    escaped, not a failure of the verify's answer."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _system(path: str) -> bool:
