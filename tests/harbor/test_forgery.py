@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
+import rollgym.harbor.trial as trial_module
 from rollgym.containers.lease import new_lease
 from rollgym.containers.podman import PodmanRuntime
 from rollgym.harbor.image import prepare
@@ -232,3 +233,14 @@ async def test_a_name_that_is_not_utf8_is_reported_escaped(prepared: dict[str, A
     assert verdict.dropped_shown == ["/usr/bin/\\xffplanted"]
     assert verdict.suspect == ["+/app/\\xfe.pth"]
     orjson.dumps(verdict.fields())  # the verify's answer can carry them
+
+
+async def test_changes_past_the_bounds_pay_zero_flagged(
+    tasks: dict[str, Prepared], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trial_module, "CHANGE_BOUNDS", (1 << 20, 50))
+    verdict = await play(
+        tasks["deleted"], "rm /app/gone && mkdir /app/many && cd /app/many && touch $(seq 100)"
+    )
+    assert verdict.rewards.reward == 0.0 and verdict.broken and "too large" in verdict.broken
+    assert verdict.fields()["harbor_verify_broken"] == 1.0

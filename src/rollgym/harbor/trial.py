@@ -55,6 +55,8 @@ from typing import Any
 
 from rollgym.containers.lease import new_lease
 from rollgym.containers.runtime import (
+    CHANGES_MAX_BYTES,
+    CHANGES_MAX_ENTRIES,
     TOO_LARGE,
     ChangeSet,
     Container,
@@ -91,6 +93,9 @@ configuration, and (beyond the first list) ``/etc/alternatives`` (``/usr/bin/awk
 are links through it) and ``/etc/python3.*`` (Debian's ``sitecustomize.py`` lives there)."""
 VERIFIER_OWNED = ("/tests", "/logs/verifier", "/solution")
 """Written by the verifier only: whatever the agent left there is never carried."""
+CHANGE_BOUNDS = (CHANGES_MAX_BYTES, CHANGES_MAX_ENTRIES)
+"""The bytes and paths of the agent's changes the verifier takes in; past them the trial pays 0,
+flagged ``harbor_verify_broken``."""
 TEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BUSYBOX_PATHS = ("/bin/busybox", "/usr/bin/busybox")
 """Where Debian's ``busybox-static`` puts its binary on the host."""
@@ -236,7 +241,10 @@ class Trial:
         self.agent_cpu = await agent.cpu_seconds() or self.agent_cpu
         await agent.stop_processes(timeout=STEP_TIMEOUT)
         try:
-            self.changes = await agent.changes(timeout=STEP_TIMEOUT * 2, drop=self._drop())
+            self.changes = await agent.changes(
+                timeout=STEP_TIMEOUT * 2, drop=self._drop(), max_bytes=CHANGE_BOUNDS[0],
+                max_entries=CHANGE_BOUNDS[1],
+            )  # fmt: skip
         except ContainerError as exc:
             if exc.status != TOO_LARGE:
                 raise
@@ -252,7 +260,7 @@ class Trial:
     async def _verify_from(self, changes: ChangeSet | str) -> Verdict:
         started = time.monotonic()
         if isinstance(changes, str):
-            return Verdict(Rewards(0.0, {"reward": 0.0}, "none"), None, 0.0, broken=changes,
+            return Verdict(_ZERO, None, 0.0, broken=changes,
                            sandbox_s=self.agent_cpu)  # fmt: skip
         limit = self.task.config.verifier.timeout_sec
         lease = new_lease(self.lease.run, limit + VERIFIER_MARGIN)
