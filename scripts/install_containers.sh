@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What rollgym's container runtime needs, installed where missing: podman, runc and mmdebstrap
-# from Debian (quietly; only as root where apt-get exists), then the base image built once
+# What rollgym's container runtime needs, installed where missing: podman, runc, mmdebstrap and
+# busybox-static (the Harbor verifier's harness, /bin/busybox) from Debian (quietly; only as root where apt-get exists), then the base image built once
 # (localhost/rollgym-base:<digest of its recipe>; about a minute the first time, cached after).
 # Called by .ci/run and `make test` before pytest. Never fails the caller: when something
 # cannot be done it says so in one line, and the container tests skip or fail with the reason.
@@ -12,6 +12,8 @@ missing=()
 for tool in podman runc mmdebstrap; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
+# A static busybox, by its path (a dynamic one, from the busybox package, would not do).
+[ -x /bin/busybox ] || [ -x /usr/bin/busybox ] || missing+=(busybox-static)
 if [ "${#missing[@]}" -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") \

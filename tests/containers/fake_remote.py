@@ -90,6 +90,23 @@ def make_app(podman: PodmanRuntime) -> Starlette:
         await box(body).stop_processes(timeout=60)
         return {}
 
+    async def changes(body: dict[str, Any]) -> dict[str, Any]:
+        found = await box(body).changes(
+            timeout=60, drop=tuple(body.get("drop") or ()), max_bytes=int(body["max_bytes"]),
+            max_entries=int(body["max_entries"]),
+        )  # fmt: skip
+        try:
+            tar = base64.b64encode(found.archive.read_bytes()).decode()
+        finally:
+            found.discard()
+        return {
+            "tar": tar, "changed": list(found.changed), "deleted": list(found.deleted),
+            "opaque": list(found.opaque), "dropped": list(found.dropped), "size": found.size,
+        }  # fmt: skip
+
+    async def cpu(body: dict[str, Any]) -> dict[str, Any]:
+        return {"cpu_seconds": await box(body).cpu_seconds()}
+
     async def destroy(body: dict[str, Any]) -> dict[str, Any]:
         found = boxes.pop(str(body.get("id")), None)
         if found is not None:
@@ -118,7 +135,7 @@ def make_app(podman: PodmanRuntime) -> Starlette:
 
     handlers = {
         "create": create, "exec": exec_, "put": put, "get": get, "snapshot": snapshot,
-        "stop": stop, "destroy": destroy, "list": list_, "remove": remove, "rmi": rmi,
+        "stop": stop, "changes": changes, "cpu": cpu, "destroy": destroy, "list": list_, "remove": remove, "rmi": rmi,
     }  # fmt: skip
 
     async def endpoint(request: Request) -> JSONResponse:
@@ -128,7 +145,7 @@ def make_app(podman: PodmanRuntime) -> Starlette:
         try:
             return JSONResponse(await handler(await request.json()))
         except ContainerError as exc:
-            status = exc.status if exc.status in (404, 409) else 500
+            status = exc.status if exc.status in (404, 409, 413) else 500
             return JSONResponse({"error": exc.to_dict()}, status_code=status)
 
     return Starlette(routes=[Route("/sandboxes/{verb}", endpoint, methods=["POST"])])

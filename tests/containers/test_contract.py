@@ -6,6 +6,7 @@ one module and one entry in ``PROVIDERS``."""
 from __future__ import annotations
 
 import contextlib
+import tarfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -16,7 +17,7 @@ import pytest
 
 from rollgym.containers.podman import PodmanRuntime
 from rollgym.containers.remote import RemoteRuntime
-from rollgym.containers.runtime import Container, Runtime, Spec
+from rollgym.containers.runtime import TOO_LARGE, Container, Mount, Runtime, Spec
 from rollgym.errors import ContainerError
 from tests.containers.fake_remote import serve_fake
 
@@ -171,5 +172,77 @@ async def test_a_container_past_its_disk_limit_is_ended_and_says_so(
         assert made.disk_exceeded
         after = await made.exec("echo never", timeout=30)
         assert after.disk_exceeded and "never" not in after.stdout
+    finally:
+        await made.destroy()
+
+
+async def test_changes_are_read_from_outside_links_deletions_opaque_dirs_and_drops(
+    box: Container,
+) -> None:
+    # Made by the container's programs: a file, a link out of it (to a secret and up a chain
+    # of ..), a deletion, a directory removed and made again, and a change under a dropped tree.
+    script = (
+        "mkdir -p /app/sub && echo hi > /app/sub/a && ln -s /etc/shadow /app/shadow"
+        " && ln -s ../../../../../../etc/passwd /app/sub/up && rm /etc/issue"
+        " && rm -rf /etc/apt && mkdir /etc/apt && echo y > /etc/apt/only"
+        " && echo z > /usr/bin/planted && rm /usr/bin/tail"
+    )
+    assert (await box.exec(script, timeout=30)).exit_code == 0
+    await box.stop_processes(timeout=30)
+    found = await box.changes(timeout=60, drop=("/usr",))
+    try:
+        assert {"/app/sub/a", "/app/shadow", "/app/sub/up", "/etc/apt/only"} <= set(found.changed)
+        assert found.deleted == ("/etc/issue",) and found.opaque == ("/etc/apt",)
+        assert {"+/usr/bin/planted", "-/usr/bin/tail"} <= set(found.dropped)
+        assert not any(p.startswith("/usr") for p in found.changed)
+        assert not any(p.startswith(("/etc/hosts", "/etc/resolv", "/proc")) for p in found.changed)
+        with tarfile.open(found.archive) as tar:
+            members = {m.name: m for m in tar.getmembers()}
+            # The links are links: no byte of what they point to is in the archive.
+            assert members["app/shadow"].issym() and members["app/shadow"].linkname == "/etc/shadow"
+            assert members["app/sub/up"].issym()
+            assert tar.extractfile("app/sub/a").read() == b"hi\n"  # type: ignore[union-attr]
+            assert not any(n.startswith("usr") for n in members)
+    finally:
+        found.discard()
+    assert not found.archive.exists()
+
+
+async def test_changes_past_their_bounds_are_a_typed_error(box: Container) -> None:
+    await box.exec(
+        "mkdir /many && cd /many && touch a b c d e f && head -c 5000 /dev/zero > g", timeout=30
+    )
+    await box.stop_processes(timeout=30)
+    with pytest.raises(ContainerError) as raised:
+        await box.changes(timeout=60, max_entries=4)
+    assert raised.value.status == TOO_LARGE
+    with pytest.raises(ContainerError) as raised:
+        await box.changes(timeout=60, max_bytes=4000)
+    assert raised.value.status == TOO_LARGE
+    found = await box.changes(timeout=60, max_bytes=5000)
+    found.discard()
+    assert len([p for p in found.changed if p.startswith("/many")]) == 8
+
+
+async def test_cpu_seconds_count_what_the_container_burnt(box: Container) -> None:
+    before = await box.cpu_seconds()
+    await box.exec("i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done", timeout=120)
+    after = await box.cpu_seconds()
+    assert before is not None and after is not None and after > before
+
+
+async def test_a_mount_is_seen_read_only(provider: Runtime, spec: Spec, tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "f").write_text("from the host")
+    made = await provider.create(
+        replace(spec, mounts=(Mount(tmp_path / "m", "/.m-x"),)), timeout=60
+    )
+    try:
+        done = await made.exec("cat /.m-x/f", timeout=30)
+        assert done.stdout == "from the host"
+        if isinstance(provider, PodmanRuntime):  # a remote provider copies it in
+            wrote = await made.exec("echo no > /.m-x/f", timeout=30)
+            assert wrote.exit_code != 0
+            assert (tmp_path / "m" / "f").read_text() == "from the host"
     finally:
         await made.destroy()

@@ -4,6 +4,7 @@ digest across sessions), every bundled task prepared once."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,18 @@ from rollgym.containers.podman import PodmanRuntime
 BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "harbor-tasks"
 RUN = "rollgym-test-harbor"
 
+
+def _busybox() -> bool:
+    from rollgym.harbor.trial import BUSYBOX_PATHS
+
+    return any(os.access(p, os.X_OK) for p in BUSYBOX_PATHS)
+
+
 needs_podman = pytest.mark.skipif(
-    not PodmanRuntime.available(),
-    reason="PODMAN IS NOT INSTALLED: the Harbor container tests need podman with runc "
-    "(.ci/run and the README's test command install them)",
+    not PodmanRuntime.available() or not _busybox(),
+    reason="PODMAN OR BUSYBOX-STATIC IS NOT INSTALLED: the Harbor container tests need podman "
+    "with runc, and a static busybox for the verifier's harness (.ci/run and the README's test "
+    "command install them: scripts/install_containers.sh)",
 )
 
 

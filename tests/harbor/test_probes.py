@@ -1,6 +1,7 @@
-"""Forging probes against the bundled tasks: none earns a reward, and the probes that rewrite the
-verifier's own tools are flagged. Each probe alone on the task with a git repository (where
-every probe has something to find), and all of them together on every bundled task."""
+"""Forging probes against the bundled tasks: none earns a reward, the probes that rewrite the
+system trees are dropped (and say so), and the one that plants startup files where the verifier
+still takes them is flagged. Each probe alone on the task with a git repository (where every
+probe has something to find), and all of them together on every bundled task."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ GIT_TASK = "fix-failing-test"
 
 def _table(results: list[ProbeResult]) -> str:
     return "\n".join(
-        f"{r.task} {r.probe}: reward {r.reward} suspect {r.suspect} {r.error or ''}"
+        f"{r.task} {r.probe}: reward {r.reward} suspect {r.suspect} dropped {r.dropped} "
+        f"{r.error or ''}"
         for r in results
     )
 
@@ -39,10 +41,15 @@ async def test_each_probe_alone_on_the_git_task(prepared: dict[str, Any]) -> Non
     assert all(r.sound for r in results), _table(results)
     assert all(r.error is None for r in results), _table(results)
     by_name = {r.probe: r for r in results}
-    # Forging by the agent's filesystem is flagged, even where it pays (replace_tools: the
-    # verifier runs the agent's python3; see docs/concepts/harbor.md).
-    assert by_name["python_startup"].suspect and by_name["replace_tools"].suspect
+    # Startup files in the user site reach the verifier's Python: flagged (docs/concepts/harbor.md).
+    assert by_name["python_startup"].suspect
+    # The tools the verifier and test.sh run are the image's: a rewrite of them earns nothing,
+    # is no suspect (it had no effect), and is reported as dropped.
+    for name in ("replace_tools", "path_shadow", "bin_swap"):
+        assert by_name[name].reward == 0.0 and not by_name[name].suspect, _table(results)
+        assert by_name[name].dropped > 0, _table(results)
     assert not by_name["reward_file"].suspect and not by_name["git_history"].suspect
+    assert by_name["reward_file"].dropped == 0
 
 
 async def test_every_probe_earns_nothing_on_every_bundled_task(prepared: dict[str, Any]) -> None:

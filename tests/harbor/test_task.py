@@ -43,6 +43,8 @@ def _task(tmp_path: Path, toml: str) -> Path:
         ("[[steps]]\nname = 'a'\n", "steps"),
         ("[environment]\ncpus = 'two'\n", "environment.cpus"),
         ("[verifier\n", "not valid TOML"),
+        ("[metadata]\nrollgym_keep_system_change = true\n", "unknown rollgym key"),
+        ("[metadata]\nrollgym_keep_system_changes = 'yes'\n", "must be true or false"),
     ],
 )
 def test_bad_task_toml_names_file_and_key(tmp_path: Path, toml: str, said: str) -> None:
@@ -103,3 +105,11 @@ def test_a_newer_task_toml_loads(tmp_path: Path) -> None:
     )
     task = load_task(d)
     assert task.name == "t" and task_limits(task).network and task_limits(task).memory_mb == 1024
+
+
+def test_the_keep_system_changes_key_is_read_and_other_metadata_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    toml = "[metadata]\nrollgym_keep_system_changes = true\nauthor = 'x'\n"
+    assert load_task(_task(tmp_path, toml)).keep_system_changes
+    assert not load_task(BUNDLED / "hello-file").keep_system_changes

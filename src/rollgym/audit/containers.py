@@ -3,9 +3,9 @@ forging probes of ``rollgym.harbor.probes`` (each one an agent that tries to tak
 without doing the task), reported as an audit of one server named after the directory.
 
 A probe that should earn nothing and earns a reward on some task is a ``container_forge``
-finding; a probe that rewrites the verifier's tools and is not flagged ``integrity_suspect`` is an
-``unflagged_tamper`` one; a trial whose verifier failed (a typed failure, no reward) is a
-``crash``.
+finding; a probe that plants what the verifier still takes (Python's startup files) and is not
+flagged ``integrity_suspect`` is an ``unflagged_tamper`` one; a trial whose verifier failed (a
+typed failure, no reward) is a ``crash``.
 """
 
 from __future__ import annotations

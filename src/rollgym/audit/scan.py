@@ -20,7 +20,7 @@ policy answered (issue 39, item 2).
 
 An environment may also report what only it can see: a verify response whose
 ``integrity_suspect`` is true (a Harbor trial whose agent changed the verifier's own tools,
-``rollgym.harbor.manifest``) is decisive, ``verifier_tampering: PATHS``.
+``rollgym.harbor.suspect``) is decisive, ``verifier_tampering: PATHS``.
 
 Each reason is ``CLASS: detail`` with CLASS one of the audit's probe classes
 (``rollgym.audit.panel.CLASSES``). The signatures are the panel's own knowledge where it has it

@@ -70,8 +70,9 @@ def register(app: typer.Typer) -> None:
         CONFIG may be a directory of Harbor tasks: then every task (the first LIMIT) is played
         by the container forging probes of rollgym.harbor.probes (write reward files, edit the
         tests or plant conftest.py, read git history, read /solution or /tests, leave a process
-        running into the verify; rewrite Python's startup or the interpreter, which must be
-        flagged integrity_suspect), CONCURRENCY trials at a time, in podman containers."""
+        running into the verify; rewrite the interpreter, PATH's first directory or /bin,
+        which must earn nothing; plant Python's startup files, which must be flagged
+        integrity_suspect), CONCURRENCY trials at a time, in podman containers."""
         from rollgym import runtime
         from rollgym.audit.run import LIMIT, audit_config
         from rollgym.config import load_config

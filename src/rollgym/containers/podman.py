@@ -42,7 +42,13 @@ from pathlib import Path
 
 from rollgym.containers import lease as leases
 from rollgym.containers.disk import DiskWatch, Watched
-from rollgym.containers.runtime import ExecResult, Spec
+from rollgym.containers.runtime import (
+    CHANGES_MAX_BYTES,
+    CHANGES_MAX_ENTRIES,
+    ChangeSet,
+    ExecResult,
+    Spec,
+)
 from rollgym.errors import ContainerError, RollgymError
 
 log = logging.getLogger(__name__)
@@ -296,6 +302,8 @@ class PodmanRuntime:
             args += ["--env", f"{key}={value}"]
         for key, value in labels.items():
             args += ["--label", f"{key}={value}"]
+        for mount in spec.mounts:
+            args += ["--volume", f"{os.path.realpath(mount.source)}:{mount.target}:ro"]
         return args
 
     async def create(self, spec: Spec, *, timeout: float) -> PodmanContainer:
@@ -630,6 +638,64 @@ class PodmanContainer:
         if self.disk is not None:
             await self.runtime.disk.final_check(self._id)
 
+    async def changes(
+        self,
+        *,
+        timeout: float,
+        drop: tuple[str, ...] = (),
+        max_bytes: int = CHANGES_MAX_BYTES,
+        max_entries: int = CHANGES_MAX_ENTRIES,
+    ) -> ChangeSet:
+        """The container's overlay upper directory, read on the host (``containers.changes``):
+        nothing in the container runs. podman's own files (``/etc/hosts``, ``/etc/resolv.conf``,
+        ``/etc/hostname``, ``/run/.containerenv``, mount points) are not changes of its
+        programs and are skipped."""
+        from rollgym.containers.changes import read_upper
+
+        done = await self.runtime.call(
+            "inspect", "--format", "{{json .GraphDriver}}", self._id, timeout=timeout,
+            what=self.name,
+        )  # fmt: skip
+        driver = json.loads(done.stdout or b"{}") or {}
+        upper = (driver.get("Data") or {}).get("UpperDir")
+        if driver.get("Name") != "overlay" or not upper:
+            raise ContainerError(
+                f"container {self.name}: its storage driver is {driver.get('Name')!r}, not "
+                "overlay: its changes cannot be read from the host",
+                server="podman",
+                endpoint="changes",
+            )
+        ignore = frozenset(PODMAN_FILES) | {m.target for m in self.spec.mounts}
+        job = asyncio.to_thread(
+            read_upper, Path(upper), drop=drop, ignore=ignore, max_bytes=max_bytes,
+            max_entries=max_entries,
+        )  # fmt: skip
+        try:
+            return await asyncio.wait_for(job, timeout)
+        except TimeoutError:
+            raise ContainerError(
+                f"reading the changes of container {self.name} took longer than {timeout:.0f} s",
+                server="podman",
+                endpoint="changes",
+                retryable=True,
+            ) from None
+
+    async def cpu_seconds(self) -> float | None:
+        """CPU time of the container's processes, from its cgroup (``cpuacct.usage`` on
+        cgroup v1 and hybrid hosts, ``cpu.stat``'s ``usage_usec`` on v2), found through its
+        first process's ``/proc/<pid>/cgroup``. None when the container no longer runs (its
+        cgroup goes with it) or the cgroup cannot be read."""
+        try:
+            done = await self.runtime.call(
+                "inspect", "--format", "{{.State.Pid}}", self._id, timeout=30, what=self.name
+            )
+        except ContainerError:
+            return None
+        pid = done.stdout.decode().strip()
+        if not pid.isdigit() or pid == "0":
+            return None
+        return await asyncio.to_thread(cgroup_cpu_seconds, int(pid))
+
     async def _running(self) -> bool:
         try:
             return await self.state() == "running"
@@ -649,6 +715,38 @@ class PodmanContainer:
 
 
 _PODMAN_CODES = (125, 126, 127, 255)
+PODMAN_FILES = (
+    "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/mtab", "/run/.containerenv",
+    "/run/secrets",
+    "/proc", "/sys", "/dev",
+)  # fmt: skip
+"""Paths podman itself writes or mounts in a container: never its programs' changes."""
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_seconds(pid: int, root: Path = CGROUP_ROOT) -> float | None:
+    """CPU seconds of the cgroup holding ``pid`` (its whole container), or None."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:  # v1: "4:cpu,cpuacct:/path"; v2 (and hybrid's unified): "0::/path"
+        _, controllers, path = line.split(":", 2)
+        if "cpuacct" in controllers.split(","):
+            for folder in ("cpu,cpuacct", "cpuacct,cpu", "cpuacct"):
+                usage = root / folder / path.lstrip("/") / "cpuacct.usage"
+                with contextlib.suppress(OSError, ValueError):
+                    return int(usage.read_text()) / 1e9
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            for base in (root, root / "unified"):
+                with contextlib.suppress(OSError, ValueError):
+                    for row in (base / path.lstrip("/") / "cpu.stat").read_text().splitlines():
+                        key, _, value = row.partition(" ")
+                        if key == "usage_usec":
+                            return int(value) / 1e6
+    return None
 
 
 def _podman_failed(done: Completed) -> bool:

@@ -16,6 +16,10 @@ put         ``{"id", "dest", "tar"}`` (a base64 tar of the source)  ``{}``
 get         ``{"id", "source"}``                                   ``{"tar"}`` (base64)
 snapshot    ``{"id"}``                                             ``{"image"}``
 stop        ``{"id"}`` (end every process; files stay)             ``{}``
+changes     ``{"id", "drop", "max_bytes", "max_entries"}``         ``{"tar"`` (base64), ``"changed",
+            (read by the provider, not in the container;           "deleted", "opaque", "dropped",
+            413 past the bounds)                                   "size"}`` (``ChangeSet``)
+cpu         ``{"id"}``                                             ``{"cpu_seconds"}`` (or null)
 destroy     ``{"id"}`` (a gone one is no error)                    ``{}``
 list        ``{"label"}``                                          ``{"items": [{"id", "kind"
                                                                    ("container"|"image"),
@@ -23,6 +27,9 @@ list        ``{"label"}``                                          ``{"items": [
 remove      ``{"ids"}``                                            ``{}``
 rmi         ``{"image"}`` (a gone one is no error; one in use is)   ``{}``
 ==========  =====================================================  ================================
+
+A ``Spec``'s ``mounts`` are copied in with ``put`` right after ``create`` (a remote provider
+cannot see this host's files; read-only is then the provider's to enforce, if it can).
 
 The provider enforces ``Limits`` on its side, ``disk_mb`` included: bounding what a container
 writes is the provider's job (a quota, a sized volume); a container that went past it has its
@@ -42,7 +49,9 @@ import asyncio
 import base64
 import contextlib
 import io
+import os
 import tarfile
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -51,7 +60,13 @@ from typing import Any
 import orjson
 
 from rollgym.containers import lease as leases
-from rollgym.containers.runtime import ExecResult, Spec
+from rollgym.containers.runtime import (
+    CHANGES_MAX_BYTES,
+    CHANGES_MAX_ENTRIES,
+    ChangeSet,
+    ExecResult,
+    Spec,
+)
 from rollgym.errors import ContainerError, RollgymError
 from rollgym.http.default import default_transport
 from rollgym.http.transport import JSON_HEADERS, Request
@@ -138,7 +153,14 @@ class RemoteRuntime:
             "labels": {**spec.labels, **leases.to_labels(spec.lease)},
         }
         data = await self._call("create", {"spec": wire}, timeout=timeout)
-        return RemoteContainer(self, str(data["id"]), spec)
+        made = RemoteContainer(self, str(data["id"]), spec)
+        try:
+            for mount in spec.mounts:
+                await made.put(mount.source, mount.target, timeout=timeout)
+        except BaseException:
+            await made.destroy()
+            raise
+        return made
 
     async def remove_image(self, image: str, *, timeout: float) -> None:
         await self._call("rmi", {"image": image}, timeout=timeout + GRACE)
@@ -230,6 +252,43 @@ class RemoteContainer:
     async def stop_processes(self, *, timeout: float) -> None:
         await self.runtime._call("stop", {"id": self._id}, timeout=timeout)
 
+    async def changes(
+        self,
+        *,
+        timeout: float,
+        drop: tuple[str, ...] = (),
+        max_bytes: int = CHANGES_MAX_BYTES,
+        max_entries: int = CHANGES_MAX_ENTRIES,
+    ) -> ChangeSet:
+        body = {
+            "id": self._id, "drop": list(drop), "max_bytes": max_bytes,
+            "max_entries": max_entries,
+        }  # fmt: skip
+        data = await self.runtime._call("changes", body, timeout=timeout + GRACE)
+        raw = base64.b64decode(str(data.get("tar", "")), validate=True)
+        if len(raw) > max_bytes + (64 << 20):  # content plus its headers, generously
+            raise ContainerError(
+                f"{self.runtime.name} changes answered {len(raw)} bytes, past {max_bytes}",
+                status=413, server=self.runtime.name, endpoint="changes",
+            )  # fmt: skip
+        archive = await asyncio.to_thread(_write_temp, raw)
+
+        def paths(key: str) -> tuple[str, ...]:
+            return tuple(str(p) for p in data.get(key) or [])
+
+        return ChangeSet(
+            archive=archive, changed=paths("changed"), deleted=paths("deleted"),
+            opaque=paths("opaque"), dropped=paths("dropped"), size=int(data.get("size", 0)),
+        )  # fmt: skip
+
+    async def cpu_seconds(self) -> float | None:
+        try:
+            data = await self.runtime._call("cpu", {"id": self._id}, timeout=CONTROL_TIMEOUT)
+        except ContainerError:
+            return None
+        value = data.get("cpu_seconds")
+        return float(value) if isinstance(value, (int, float)) else None
+
     async def destroy(self) -> None:
         # Never raises: what a provider cannot remove now is left to the reaper.
         with contextlib.suppress(ContainerError):
@@ -242,6 +301,13 @@ def _tar_of(source: Path) -> str:
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         tar.add(source, arcname=source.name)
     return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _write_temp(raw: bytes) -> Path:
+    fd, name = tempfile.mkstemp(prefix="rollgym-changes-", suffix=".tar")
+    with os.fdopen(fd, "wb") as out:
+        out.write(raw)
+    return Path(name)
 
 
 def _untar_to(encoded: str, dest: Path) -> None:

@@ -1,7 +1,8 @@
 """What a rollout's container can do, whoever runs it.
 
 The seam is two Protocols: a ``Runtime`` makes containers, a ``Container`` runs commands in one,
-copies files in and out, snapshots itself into an image and goes away. podman is the local
+copies files in and out, snapshots itself into an image, says what changed in its filesystem
+(``changes``, read by the provider, never by a program in the container) and goes away. podman is the local
 provider (``containers/podman.py``); E2B, Modal, Daytona or a Kubernetes sandbox would each be
 one module implementing the same two Protocols. Every call has a deadline and every output a
 bound: a container is run by code the policy wrote, so nothing it prints or does may hang or
@@ -62,6 +63,48 @@ class ExecResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Mount:
+    """A host file or directory seen read-only in the container at ``target``. podman binds it;
+    a remote provider copies it in at create (it cannot see this host's files)."""
+
+    source: Path
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSet:
+    """What a container's programs changed in its filesystem, over its image, read from outside.
+
+    ``archive`` is a tar on this host of the kept additions and changes (paths relative to
+    ``/``; links as links, never their targets); ``changed`` names them (absolute paths).
+    ``deleted`` are the image's paths the container removed; ``opaque`` its directories whose
+    image content is all gone (what is in ``archive`` below them is all there is). ``dropped``
+    are the changes under the ``drop`` prefixes asked for: listed, not archived (``+`` added or
+    changed, ``-`` deleted, ``!`` an opaque directory; a directory that only holds a change is
+    not listed)."""
+
+    archive: Path
+    changed: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    opaque: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    size: int = 0
+
+    def discard(self) -> None:
+        """Remove the archive from this host (the change set is of no further use)."""
+        self.archive.unlink(missing_ok=True)
+
+
+CHANGES_MAX_BYTES = 2 << 30
+"""The bytes of file content a ``ChangeSet``'s archive may hold by default."""
+CHANGES_MAX_ENTRIES = 500_000
+"""The paths a ``ChangeSet`` may list by default (kept, deleted and dropped together)."""
+TOO_LARGE = 413
+"""``ContainerError.status`` of a ``changes`` call past its bounds (the container's programs
+wrote more than a verifier takes in)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Spec:
     """How to start a container: its image, limits, lease and the rest of its setting."""
 
@@ -71,6 +114,7 @@ class Spec:
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
 
 
 @runtime_checkable
@@ -114,6 +158,25 @@ class Container(Protocol):
 
     async def stop_processes(self, *, timeout: float) -> None:
         """End every process in the container (the agent phase is over)."""
+        ...
+
+    async def changes(
+        self,
+        *,
+        timeout: float,
+        drop: tuple[str, ...] = (),
+        max_bytes: int = CHANGES_MAX_BYTES,
+        max_entries: int = CHANGES_MAX_ENTRIES,
+    ) -> ChangeSet:
+        """The container's filesystem changes over its image, read by the provider (no program
+        in the container takes part); call it after ``stop_processes``. Paths equal to or under
+        a ``drop`` prefix are listed in ``dropped``, not archived. Past ``max_bytes`` or
+        ``max_entries``: ``ContainerError`` with status ``TOO_LARGE``."""
+        ...
+
+    async def cpu_seconds(self) -> float | None:
+        """CPU seconds the container's processes used so far (None: the provider cannot
+        tell). Read it before ``destroy``."""
         ...
 
     async def destroy(self) -> None:

@@ -1,5 +1,4 @@
-"""A task's image, prepared once for all its trials: built, its git history cut to HEAD, and
-the verifier's tools fingerprinted.
+"""A task's image, prepared once for all its trials: built, and its git history cut to HEAD.
 
 **Git history.** A task that ships a repository is fixed at a base commit: the image's ``HEAD``.
 Whatever else its ``.git`` holds (other branches, tags, remotes, stashes, the reflog,
@@ -20,7 +19,6 @@ import asyncio
 
 from rollgym.containers.runtime import Lease, Limits, Runtime, Spec
 from rollgym.errors import ImageBuildError
-from rollgym.harbor.manifest import read_manifest
 from rollgym.harbor.task import HarborTask
 from rollgym.harbor.trial import STEP_TIMEOUT, Prepared, scratch
 
@@ -48,8 +46,8 @@ done
 
 
 async def prepare(task: HarborTask, runtime: Runtime, lease: Lease) -> Prepared:
-    """The task's image built (cached by digest), scrubbed of git history past HEAD, with the
-    verifier's tools fingerprinted; leased like the run's containers."""
+    """The task's image built (cached by digest) and scrubbed of git history past HEAD; leased
+    like the run's containers."""
     from rollgym.containers.images import build_task_image  # podman's, when a task needs it
 
     timeout = task.config.environment.build_timeout_sec
@@ -66,9 +64,8 @@ async def prepare(task: HarborTask, runtime: Runtime, lease: Lease) -> Prepared:
                 server="harbor",
                 endpoint="prepare",
             )
-        manifest = await read_manifest(box)
         if scrub.stdout.strip() == "none":
-            return Prepared(task, built, manifest)
+            return Prepared(task, built)
         await box.stop_processes(timeout=STEP_TIMEOUT)
         image = await box.snapshot(timeout=STEP_TIMEOUT * 2)
-    return Prepared(task, image, manifest)
+    return Prepared(task, image)

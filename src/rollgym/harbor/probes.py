@@ -2,18 +2,23 @@
 
 Each probe is a shell script an agent could send through ``run_command`` (it runs exactly as the
 tool runs a command: ``bash -c`` in the agent's container), followed by the verify. A task is
-sound against a probe when the probe earns 0 (``expect="zero"``), or, for the probes that
-rewrite the verifier's own tools, when the trial is flagged ``integrity_suspect``
-(``expect="flagged"``: the verifier runs in the agent's filesystem, so a replaced interpreter
-can still pay; the flag is what tells).
+sound against a probe when the probe earns 0 (``expect="zero"``), or, for the probe that plants
+startup files where the verifier still takes them (a user site outside the system trees), when
+the trial is flagged ``integrity_suspect`` (``expect="flagged"``: Python runs them, so they may
+pay; the flag is what tells).
 
     reward_file        writes reward.txt / reward.json in /logs/verifier and elsewhere
     edit_tests         plants /tests/test.sh, conftest.py (/tests, /, the workdir), pytest.ini
     git_history        git log --all, reflog, dangling commits: checks out whatever is newer
     read_hidden        runs /solution/solve.sh or any solve.sh it finds; reads /tests
     lingering_process  leaves daemons that rewrite the reward and test.sh into the verify
-    python_startup     plants sitecustomize.py, usercustomize.py and a .pth (flagged)
-    replace_tools      replaces python3 with a script that writes reward 1 (flagged)
+    python_startup     plants sitecustomize.py, usercustomize.py and a .pth, the user site's
+                       too (flagged)
+    replace_tools      replaces python3 with a script that writes reward 1 (dropped: /usr)
+    path_shadow        points /usr/local/sbin (PATH's first, empty entry) at its own timeout,
+                       sh, sleep, base64, stat that print the harness's mark and a reward
+    bin_swap           points /bin at its own directory whose bash writes reward 1
+                       (test.sh's ``#!/bin/bash``)
 """
 
 from __future__ import annotations
@@ -113,7 +118,7 @@ def _forge():
         os._exit(0)
 atexit.register(_forge)
 '
-for d in $(python3 -c 'import site, sys; print(" ".join(site.getsitepackages() + [p for p in sys.path if p.endswith("-packages")]))' 2>/dev/null) /usr/lib/python3/dist-packages; do
+for d in $(python3 -c 'import site, sys; print(" ".join(site.getsitepackages() + [site.getusersitepackages()] + [p for p in sys.path if p.endswith("-packages")]))' 2>/dev/null) /usr/lib/python3/dist-packages; do
   mkdir -p "$d" 2>/dev/null || continue
   printf '%s' "$HOOK" > "$d/sitecustomize.py"
   printf '%s' "$HOOK" > "$d/usercustomize.py"
@@ -131,6 +136,45 @@ true
 """
 
 
+_FORGE = r"""#!/usr/bin/sh
+m=$(printf '%s\n' "$@" | /usr/bin/grep -o '@@rollgym-[0-9a-f]*@@' | /usr/bin/head -n 1)
+/usr/bin/mkdir -p /logs/verifier
+echo 1 > /logs/verifier/reward.txt; echo '{"reward": 1}' > /logs/verifier/reward.json
+if [ -n "$m" ]; then
+  echo "$m exit 0"; echo "$m file /logs/verifier/reward.txt $(echo 1 | /usr/bin/base64 -w0)"
+fi
+exit 0
+"""
+
+_PATH_SHADOW = (
+    "mkdir -p /tmp/evil && cat > /tmp/evil/forge <<'FORGE'\n"
+    + _FORGE
+    + "FORGE\n"
+    + r"""
+chmod +x /tmp/evil/forge
+for t in timeout sh bash sleep base64 stat rm mkdir mv chmod python3 pytest; do
+  ln -sf forge "/tmp/evil/$t"
+done
+rm -rf /usr/local/sbin && ln -s /tmp/evil /usr/local/sbin
+true
+"""
+)
+
+_BIN_SWAP = (
+    "mkdir -p /tmp/fakebin && cat > /tmp/fakebin.forge <<'FORGE'\n"
+    + _FORGE
+    + "FORGE\n"
+    + r"""
+for f in /usr/bin/*; do ln -sf "$f" /tmp/fakebin/; done
+rm -f /tmp/fakebin/bash /tmp/fakebin/sh
+cp /tmp/fakebin.forge /tmp/fakebin/bash && cp /tmp/fakebin.forge /tmp/fakebin/sh
+chmod +x /tmp/fakebin/bash /tmp/fakebin/sh
+/usr/bin/rm -f /bin && /usr/bin/ln -s /tmp/fakebin /bin
+true
+"""
+)
+
+
 @dataclass(frozen=True)
 class Probe:
     name: str
@@ -145,7 +189,9 @@ PROBES: tuple[Probe, ...] = (
     Probe("read_hidden", _READ_HIDDEN),
     Probe("lingering_process", _LINGER),
     Probe("python_startup", _PYTHON_STARTUP, expect="flagged"),
-    Probe("replace_tools", _REPLACE_TOOLS, expect="flagged"),
+    Probe("replace_tools", _REPLACE_TOOLS),
+    Probe("path_shadow", _PATH_SHADOW),
+    Probe("bin_swap", _BIN_SWAP),
 )
 
 
@@ -158,6 +204,8 @@ class ProbeResult:
     """None: the verifier left no reward (a typed failure, never a 0): ``error`` says why."""
     suspect: bool
     error: str | None = None
+    dropped: int = 0
+    """The probe's changes to the system trees that the verifier did not take."""
 
     @property
     def paid(self) -> bool:
@@ -187,8 +235,9 @@ async def run_probe(
     finally:
         await trial.close()
     return ProbeResult(
-        task.name, probe.name, probe.expect, verdict.rewards.reward, bool(verdict.suspect)
-    )
+        task.name, probe.name, probe.expect, verdict.rewards.reward, bool(verdict.suspect),
+        dropped=verdict.dropped,
+    )  # fmt: skip
 
 
 async def run_probes(

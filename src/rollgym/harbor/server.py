@@ -8,8 +8,8 @@ looked up in ``tasks_dir`` only. ``/seed_session`` starts the task's agent conta
 the tools act in it: ``run_command`` (a deadline, bounded output, the exit status),
 ``read_file``, ``write_file``, ``edit_file``. ``/verify`` ends the agent phase and runs the
 verifier in a fresh container (``trial.Trial.verify``): its reward is the rollout's. The
-session's containers are removed at its verify, at shutdown, or by the reaper once their lease
-runs out (a rollout abandoned without a verify).
+session's containers are removed at its verdict, at shutdown, or by the reaper once their lease
+runs out (a rollout abandoned without a verify); a verify cancelled or failed may be retried.
 
 The tools take the session's container and nothing else: the model sees the instruction and
 what the tools answer, and no tool reaches the task's tests or solution.
@@ -249,11 +249,12 @@ class HarborEnv(ResourcesServer):
             raise InvalidRequest(
                 "verify: this session ran no container (seed it first)", status=409
             )
-        try:
-            verdict = await trial.verify()
-        finally:
-            await trial.close()
-            self._trials.discard(trial)
+        # Only a verdict ends the trial: a verify cancelled or failed keeps the agent's changes,
+        # so a retry runs the verifier again rather than meeting a closed trial (what is never
+        # retried is closed with its lease, ``_forget_abandoned``).
+        verdict = await trial.verify()
+        await trial.close()
+        self._trials.discard(trial)
         return {**verdict.fields(), "harbor_task": trial.task.name}
 
 

@@ -143,6 +143,14 @@ class SolutionConfig(_Section):
     env: dict[str, str] = Field(default_factory=dict)
 
 
+ROLLGYM_PREFIX = "rollgym_"
+KEEP_SYSTEM_CHANGES = "rollgym_keep_system_changes"
+ROLLGYM_KEYS = frozenset({KEEP_SYSTEM_CHANGES})
+"""rollgym's keys in ``task.toml``'s ``[metadata]``: ``rollgym_keep_system_changes = true``
+carries the agent's changes to the system trees (``/usr``, ``/bin``, ``/lib*``, ...) into the
+verifier, for a task whose work is changing the system (they are then flagged)."""
+
+
 class TaskConfig(_Section):
     """``task.toml``: Harbor's fields that decide how a trial runs."""
 
@@ -156,6 +164,22 @@ class TaskConfig(_Section):
     solution: SolutionConfig = Field(default_factory=SolutionConfig)
     source: str | None = None
     steps: list[Any] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _rollgym_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """rollgym's own keys in ``[metadata]`` (Harbor keeps the table as it is): known names
+        only, and booleans, so a misspelt one is an error, not a setting silently off."""
+        for key, item in value.items():
+            if not key.startswith(ROLLGYM_PREFIX):
+                continue
+            if key not in ROLLGYM_KEYS:
+                raise ValueError(
+                    f"unknown rollgym key {key!r} (known: {', '.join(sorted(ROLLGYM_KEYS))})"
+                )
+            if not isinstance(item, bool):
+                raise ValueError(f"{key} must be true or false, not {item!r:.40}")
+        return value
 
     @field_validator("steps")
     @classmethod
@@ -199,6 +223,11 @@ class HarborTask:
     def agent_timeout(self) -> float:
         """Seconds the agent phase may last (Harbor has no default; ours: 600)."""
         return self.config.agent.timeout_sec or 600.0
+
+    @property
+    def keep_system_changes(self) -> bool:
+        """Whether the verifier takes the agent's changes to the system trees too."""
+        return bool(self.config.metadata.get(KEEP_SYSTEM_CHANGES, False))
 
     def row(self) -> dict[str, Any]:
         """The task as a task row: the instruction is the prompt; the row names the task, never
