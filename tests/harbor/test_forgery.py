@@ -66,6 +66,13 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Prepared]:
         "[metadata]\nrollgym_keep_system_changes = true\n",
     )  # fmt: skip
     dirs["runner"] = make_task(root, "runner", "mkdir -p /logs/verifier\nexec /app/run.sh\n")
+    # Its test passes with no work at all: a 0 can only be the disk limit's.
+    dirs["small-disk"] = make_task(
+        root,
+        "small-disk",
+        REWARD.format(check="[ -f /app/keep ]"),
+        "[environment]\nstorage_mb = 64\n",
+    )
 
     async def all_prepared() -> dict[str, Prepared]:
         runtime = PodmanRuntime()
@@ -244,3 +251,33 @@ async def test_changes_past_the_bounds_pay_zero_flagged(
     )
     assert verdict.rewards.reward == 0.0 and verdict.broken and "too large" in verdict.broken
     assert verdict.fields()["harbor_verify_broken"] == 1.0
+
+
+async def test_an_agent_past_storage_mb_earns_nothing_and_is_flagged(
+    tasks: dict[str, Prepared],
+) -> None:
+    trial = Trial(tasks["small-disk"], PodmanRuntime(), new_lease("rollgym-test-disk", 600))
+    try:
+        box = await trial.start()
+        # Ended by the disk watchdog midway or caught by the measure at the agent phase's end.
+        await box.exec(["sh", "-c", "fallocate -l 1G /app/big; sleep 30"], timeout=90)
+        verdict = await trial.verify()
+    finally:
+        await trial.close()
+    assert verdict.rewards.reward == 0.0 and verdict.disk_exceeded
+    fields = verdict.fields()
+    assert fields["disk_limit_exceeded"] == 1.0 and fields["harbor_verify_broken"] == 1.0
+
+
+async def test_an_agent_within_storage_mb_is_not_flagged(tasks: dict[str, Prepared]) -> None:
+    trial = Trial(tasks["small-disk"], PodmanRuntime(), new_lease("rollgym-test-disk", 600))
+    try:
+        box = await trial.start()
+        assert (
+            await box.exec(["sh", "-c", "head -c 1M /dev/zero > /app/small"], timeout=90)
+        ).exit_code == 0
+        verdict = await trial.verify()
+    finally:
+        await trial.close()
+    assert verdict.rewards.reward == 1.0 and not verdict.disk_exceeded
+    assert "disk_limit_exceeded" not in verdict.fields()

@@ -168,13 +168,17 @@ class HarborEnv(ResourcesServer):
             max_output=self.options.max_output,
             stdin=stdin.encode() if stdin is not None else None,
         )
-        return {
+        out: dict[str, Any] = {
             "exit_code": ran.exit_code,
             "stdout": ran.stdout,
             "stderr": ran.stderr,
             "timed_out": ran.timed_out,
             "truncated": ran.truncated,
         }
+        if ran.disk_exceeded:
+            # The container was ended past storage_mb: every command from now on says so.
+            out["disk_exceeded"] = True
+        return out
 
     @tool
     async def read_file(self, session: Session, path: str) -> dict[str, Any]:

@@ -148,6 +148,8 @@ class Verdict:
     """Why the verification the agent's changes broke paid 0 (None: it ran)."""
     sandbox_s: float | None = None
     """CPU seconds of the agent's and the verifier's containers."""
+    disk_exceeded: bool = False
+    """The agent's container went past ``task.toml``'s ``storage_mb`` (the provider ended it)."""
 
     def fields(self) -> dict[str, Any]:
         """The verify response's fields (numbers are metrics)."""
@@ -170,6 +172,8 @@ class Verdict:
             out["harbor_verify_broken_reason"] = self.broken
         if self.sandbox_s is not None:
             out["sandbox_s"] = round(self.sandbox_s, 3)
+        if self.disk_exceeded:
+            out["disk_limit_exceeded"] = 1.0
         return out
 
 
@@ -240,6 +244,11 @@ class Trial:
             raise SandboxError(f"harbor task {self.task.name}: verify before the agent's container")
         self.agent_cpu = await agent.cpu_seconds() or self.agent_cpu
         await agent.stop_processes(timeout=STEP_TIMEOUT)
+        if agent.disk_exceeded:
+            # The provider ended it past storage_mb: it earns nothing, and what it wrote is
+            # not read (past the bound by definition; the blocks go with the container).
+            await self._destroy_agent()
+            return DISK_EXCEEDED
         try:
             self.changes = await agent.changes(
                 timeout=STEP_TIMEOUT * 2, drop=self._drop(), max_bytes=CHANGE_BOUNDS[0],
@@ -260,8 +269,8 @@ class Trial:
     async def _verify_from(self, changes: ChangeSet | str) -> Verdict:
         started = time.monotonic()
         if isinstance(changes, str):
-            return Verdict(_ZERO, None, 0.0, broken=changes,
-                           sandbox_s=self.agent_cpu)  # fmt: skip
+            return Verdict(_ZERO, None, 0.0, broken=changes, sandbox_s=self.agent_cpu,
+                           disk_exceeded=changes == DISK_EXCEEDED)  # fmt: skip
         limit = self.task.config.verifier.timeout_sec
         lease = new_lease(self.lease.run, limit + VERIFIER_MARGIN)
         with tempfile.TemporaryDirectory(prefix="rollgym-verify-") as tmp:
@@ -318,6 +327,13 @@ class Trial:
             timeout=limit + STEP_TIMEOUT * 2,
             max_output=64 << 20,
         )
+        if ran.disk_exceeded:
+            # The verifier's own writes (test.sh's, beside the agent's unpacked changes) went
+            # past storage_mb: the task's limit is too small for its verifier, no agent's doing.
+            raise SandboxError(
+                f"harbor task {self.task.name}: the verifier's container went past the task's "
+                f"storage_mb ({self.task.config.environment.storage_mb} MB)"
+            )
         if ran.timed_out or ran.truncated:
             raise SandboxError(
                 f"harbor task {self.task.name}: the verifier's run did not finish "
@@ -340,6 +356,7 @@ class Trial:
 
 
 _ZERO = Rewards(0.0, {"reward": 0.0}, "none")
+DISK_EXCEEDED = "the agent's container went past task.toml's storage_mb and was ended"
 
 
 def _printable(path: str) -> str:
