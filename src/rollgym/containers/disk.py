@@ -136,6 +136,9 @@ class Watched:
     reason: str = ""
     due: float = 0.0
     walks: int = 0
+    kill_failed: bool = False
+    """Its kill failed: the next pass tries again (only then: a pass running beside the one
+    that judged it must not kill it a second time)."""
 
     @property
     def limit(self) -> int:
@@ -236,7 +239,9 @@ class DiskWatch:
         are returned). One whose kill failed stays watched, and its kill is tried again at
         every pass until it holds or the container is unwatched."""
         now = self.clock()
-        pending = [w for w in self._watched.values() if w.exceeded]
+        pending = [w for w in self._watched.values() if w.kill_failed]
+        for watched in pending:  # taken, as below
+            watched.kill_failed = False
         due = [w for w in self._watched.values() if w.due <= now and not w.exceeded]
         self.stats.passes += 1
         for watched in due:  # taken: a pass running beside this one leaves them alone
@@ -254,6 +259,8 @@ class DiskWatch:
         for watched, done in zip(killing, killed, strict=True):
             if done:
                 self.unwatch(watched.key)
+            else:
+                watched.kill_failed = True
         return over
 
     def _measure(self, watched: Watched) -> Usage:
