@@ -225,6 +225,15 @@ class ResourcesServer(BaseServer):
         folder (``rollgym.server.fingerprint``)."""
         return None
 
+    def cpu_work(self) -> Callable[..., Any] | None:
+        """The function this server hands to ``run_cpu``, if any. Then its pool is started as
+        the server starts, before it answers ``/health``: every worker imports the function's
+        module and runs that module's ``warm_up()`` if it has one. Spawning workers and
+        importing take seconds, which neither the first verify nor a replay of the run (whose
+        model answers at once) should wait for. None (the default): the pool starts at the
+        first ``run_cpu``."""
+        return None
+
     def features(self) -> list[str]:
         overridden = type(self).aggregate_metrics is not ResourcesServer.aggregate_metrics
         return ["aggregate_metrics"] if overridden else []
@@ -275,6 +284,12 @@ class ResourcesServer(BaseServer):
                 await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, warmed)), 120)
                 self._pool = pool
             return self._pool
+
+    async def startup(self) -> None:
+        await super().startup()
+        work = self.cpu_work()
+        if work is not None:
+            await self._cpu_pool(work.__module__)
 
     # -- transport -----------------------------------------------------------------------
 
