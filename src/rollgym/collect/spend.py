@@ -39,7 +39,7 @@ class RunSpend:
         self.budget = budget
         self.tokens = 0
         self.money = 0.0
-        self.sandbox_s = 0.0
+        self.sandbox_s = 0.0  # CPU seconds, as the records' ``sandbox_s``
         self.stop_reason: str | None = None
         """Why the run stopped at its budget (None: it has not)."""
         self.abandoned = 0
@@ -115,7 +115,7 @@ class RunSpend:
             reason = f"collect.budget.money: {self.money:.4f} {currency} spent (cap {cap.money:g})"
         elif cap.sandbox_seconds is not None and self.sandbox_s >= cap.sandbox_seconds:
             reason = (
-                f"collect.budget.sandbox_seconds: {self.sandbox_s:.1f} sandbox seconds spent "
+                f"collect.budget.sandbox_seconds: {self.sandbox_s:.1f} sandbox CPU seconds spent "
                 f"(cap {cap.sandbox_seconds:g})"
             )
         if reason is None:

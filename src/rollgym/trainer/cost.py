@@ -31,6 +31,7 @@ class BatchCost:
     tokens: int
     money: float | None
     sandbox_s: float
+    """Sandbox CPU seconds (the records' ``sandbox_s``)."""
     judge_calls: int
     unmetered: int
 
