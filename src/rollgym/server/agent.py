@@ -7,8 +7,9 @@
             response = await ctx.respond(row["responses_create_params"])
             return await episode.verify(row, response)
 
-The base owns ``/run`` (and ``/aggregate_metrics``, forwarded to the ``resources`` server, as
-the collector asks the agent for it): reading the body, validating the task row (422), the
+The base owns ``/run`` (and ``/aggregate_metrics`` and ``/fingerprint``, forwarded to the
+``resources`` server: the collector asks the agent for the first, the trainer's stream for the
+second): reading the body, validating the task row (422), the
 rollout id (the caller's ``x-rollgym-rollout``, or a fresh one), cancelling the rollout with its
 requests in flight if the caller disconnects, and error bodies: a failure of the model or
 resources server is answered 502/504 with that server's error as ``origin``.
@@ -70,6 +71,7 @@ from rollgym.server.usage import call_tokens, rollout_cost
 from rollgym.server.versions import CallVersions
 from rollgym.wire import (
     COST_FIELD,
+    FINGERPRINT_ENDPOINT,
     HEADER_OLDEST_VERSION,
     HEADER_ROLLOUT,
     ROLLOUT_PREFIX,
@@ -463,6 +465,7 @@ class AgentServer(BaseServer):
         return [
             Route("/run", json_endpoint(self._run), methods=["POST"]),
             Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
+            Route(FINGERPRINT_ENDPOINT, json_endpoint(self._fingerprint), methods=["GET", "POST"]),
             *self._dialect_routes,
         ]
 
@@ -498,6 +501,14 @@ class AgentServer(BaseServer):
         # answer goes back as it is.
         return await self.client.call(
             self.peer(self.options.resources), "/aggregate_metrics", body,
+            deadline=self.options.verify_timeout,
+        )  # fmt: skip
+
+    async def _fingerprint(self, body: Any, call: Call) -> Any:
+        # What scores this agent's rollouts: its resources server's fingerprint, as it is, for
+        # a caller that knows only the agent (the trainer's stream).
+        return await self.client.call(
+            self.peer(self.options.resources), FINGERPRINT_ENDPOINT, {},
             deadline=self.options.verify_timeout,
         )  # fmt: skip
 
