@@ -48,6 +48,13 @@ async def ask_fingerprints(
     names = [n for n, s in config.servers.items() if s.kind == "resources" and n in urls]
     asks = [(name, url) for name in names for url in urls[name]]
     said = await asyncio.gather(*(ask_fingerprint(client, name, url) for name, url in asks))
+    for (name, _), print_ in zip(asks, said, strict=True):
+        if print_.get("id") is None and config.servers[name].impl is None:
+            print_["unknown"] += (
+                "; it is given by url: and was not started by rollgym (an OpenEnv server, "
+                "another framework's): only a server that serves /fingerprint can say what "
+                "scores its rollouts"
+            )
     found: dict[str, dict[str, Any]] = {}
     warnings: list[str] = []
     index: dict[str, int] = {}

@@ -63,7 +63,7 @@ from rollgym.server.endpoint import (
     error_response,
     json_endpoint,
 )
-from rollgym.server.fingerprint import Fingerprint
+from rollgym.server.fingerprint import Fingerprint, fingerprint_route
 from rollgym.server.sessions import (
     Prepare,
     Session,
@@ -72,7 +72,7 @@ from rollgym.server.sessions import (
     new_session,
     session_id,
 )
-from rollgym.wire import FINGERPRINT_ENDPOINT, REVERIFY_MODE_ENDPOINT, session_cookie
+from rollgym.wire import REVERIFY_MODE_ENDPOINT, session_cookie
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -201,7 +201,6 @@ class ResourcesServer(BaseServer):
         self._pool_lock = asyncio.Lock()
         # Once, at start: what scores this server's rollouts (``rollgym.server.fingerprint``).
         self.fingerprint = Fingerprint.of(type(self), self.data_files(), type(self).version)
-        self._fingerprint = self.fingerprint.to_dict()
 
     # -- the authoring API ---------------------------------------------------------------
 
@@ -298,11 +297,7 @@ class ResourcesServer(BaseServer):
             Route("/seed_session", json_endpoint(self._seed, self._seed_limit()), methods=["POST"]),
             *self._dialect_routes,
             Route(REVERIFY_MODE_ENDPOINT, json_endpoint(self._reverify_mode), methods=["GET"]),
-            Route(
-                FINGERPRINT_ENDPOINT,
-                json_endpoint(self._fingerprint_answer),
-                methods=["GET", "POST"],
-            ),
+            fingerprint_route(self.fingerprint),
             Route("/verify", json_endpoint(self._verify), methods=["POST"]),
             Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
             Route("/tools", json_endpoint(self._list_tools), methods=["GET", "POST"]),
@@ -330,9 +325,6 @@ class ResourcesServer(BaseServer):
 
     async def _reverify_mode(self, body: Any, call: Call) -> Any:
         return type(self).reverify_mode
-
-    async def _fingerprint_answer(self, body: Any, call: Call) -> Any:
-        return self._fingerprint
 
     async def _seed(self, task: Any, call: Call) -> Any:
         if not isinstance(task, dict):
