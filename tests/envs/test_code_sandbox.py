@@ -274,3 +274,18 @@ async def test_sandbox_seconds_are_the_runs_cpu_seconds(
     assert burned["reward"] == 1.0 and slept["reward"] == 1.0, (burned, slept)
     assert burned["sandbox_s"] >= 0.6, burned
     assert slept["sandbox_s"] < 1.0, slept
+
+
+async def test_runs_stopped_at_their_wall_limit_still_count_their_cpu_seconds(
+    connect: Callable[[str], EnvClient],
+) -> None:
+    # Six runs, three at a time: each burns 0.3 s of CPU, then sleeps past its wall limit and
+    # is killed there. In its own namespaces, killing unshare and the launcher at once lost the
+    # launcher's accounting whenever unshare died first (7 of 12 such runs here).
+    options = {**LIMITS, "wall_seconds": 2.5, "cpu_seconds": 5, "parallel": 3}
+    row = stdio_row([""] * 6, ["done\n"] * 6)
+    code = "import time\nwhile time.process_time() < 0.3:\n    pass\ntime.sleep(60)"
+    async with serve_server(CodeEnv, name="code", options=options) as (url, _):
+        result = await verify(connect(url), row, code)
+    assert result["test_results"] == ["time_limit"] * 6, result
+    assert result["sandbox_s"] >= 6 * 0.3, result

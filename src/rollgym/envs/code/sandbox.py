@@ -109,7 +109,8 @@ class RunResult:
     cpu_s: float = 0.0
     """CPU seconds (user + system) of the run's process and every descendant it waited for,
     from the kernel's accounting when it was reaped (``wait4``): the run's cost, where
-    ``duration_s`` counts the time it held its slot, waiting included."""
+    ``duration_s`` counts the time it held its slot, waiting included. A run stopped at its
+    wall limit counts too: the launcher is killed first, and reaped into unshare's figure."""
 
     @property
     def ok(self) -> bool:
@@ -327,6 +328,13 @@ class Sandbox:
         timed_out = not done
         stopper.cancel()
         if waiter not in done:
+            if self.isolation.namespaces:
+                # The launcher first: unshare reaps it (and the kernel its namespace's other
+                # processes into it), so the run's CPU seconds are counted; killed at once with
+                # unshare, nobody would count them.
+                _kill_children(proc.pid)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(waiter), 1)
             _kill_group(proc.pid)
         # Killed or not, the process is gone within moments; its pipes close with it.
         with contextlib.suppress(TimeoutError):
@@ -471,6 +479,18 @@ async def _read(pipe: asyncio.StreamReader, cap: int, over: asyncio.Event | None
         if len(chunk) > room and over is not None:
             over.set()
     return bytes(kept)
+
+
+def _kill_children(pid: int) -> None:
+    """SIGKILL the children of ``pid`` (unshare's: the launcher)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
+            children = [int(p) for p in fh.read().split()]
+    except (OSError, ValueError):
+        return  # gone already, or no such file here: the group's kill follows
+    for child in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
 
 
 def _kill_group(pid: int) -> None:
