@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rollgym.collect.cost import FAILED, rollout_cost, tokens_of
+from rollgym.collect.cost import rollout_cost, tokens_of
 from rollgym.collect.cost_ledger import CostLedger, line_cost
 from rollgym.collect.failure_budget import is_stale
 from rollgym.collect.layout import RunDir, read_ledger
@@ -81,7 +81,7 @@ class RunSpend:
                 extra = {COST_FIELD: cost}
                 self.ledger.scored(task, reward, masked, cost, attempts)
         else:
-            cost = FAILED
+            cost = rollout_cost(record, self.prices)  # what it spent, if known; else FAILED
             extra = {COST_FIELD: cost}
             cause = "stale" if is_stale(record.error) else "failed"
             # Its seconds as its line says them: the ledger read back from the files agrees.

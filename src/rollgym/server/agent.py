@@ -63,7 +63,7 @@ from rollgym.prometheus.samples import HistogramSample, Sample
 from rollgym.protocol import TaskRow, rollout_key
 from rollgym.server.app import MAX_ROLLOUT_ID_CHARS
 from rollgym.server.base import BaseServer, ModelPeer, ResourcesPeer, ServerContext
-from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
+from rollgym.server.endpoint import Call, JSONResponse, error_response, json_endpoint
 from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.policy import MAX_PAUSE_S
@@ -107,13 +107,15 @@ class Hops:
     """Per-hop timing of one rollout: seconds of every seed, model, tool and verify call, the
     retries inside them, and the time they waited between attempts (backoff)."""
 
-    __slots__ = ("failed", "retries", "seconds", "started", "tokens", "wait_s")
+    __slots__ = ("failed", "model", "retries", "seconds", "started", "tokens", "wait_s")
 
     def __init__(self) -> None:
         self.seconds: dict[str, list[float]] = {}
         self.tokens: list[list[int] | None] = []
         """Each model call's ``[input, output]`` tokens (None: its answer said neither), in
         call order: the rollout's cost (``rollgym.collect.cost``)."""
+        self.model: str | None = None
+        """The model its model calls' answers named last (a failure's cost is priced by it)."""
         self.retries: dict[str, int] = {}
         self.wait_s = 0.0
         self.started = time.monotonic()
@@ -142,6 +144,15 @@ class Hops:
         """The rollout's ``rollgym_cost``, from these hops and its verify response
         (``rollgym.server.usage.rollout_cost``)."""
         return rollout_cost(verified, self.seconds, self.tokens, self.retries)
+
+    def spent(self) -> dict[str, Any]:
+        """What a rollout that failed had spent (its model calls' tokens, its hops' seconds,
+        its retries): its ``rollgym_cost`` without ``per_call``, so the error answer that
+        carries it stays small."""
+        answered = {"response": {"model": self.model}} if self.model is not None else {}
+        cost = rollout_cost(answered, self.seconds, self.tokens, self.retries)
+        del cost["per_call"]
+        return cost
 
     def to_dict(self) -> dict[str, Any]:
         """The record: ``{hop: [seconds...], "retries": {hop: n}, "wait_s", "total_s", "end"}``
@@ -333,6 +344,8 @@ class RunContext:
         self.versions.saw(response)
         used = call_tokens(response)
         self.hops.tokens.append(None if used is None else list(used))
+        if isinstance(named := response.get("model"), str):
+            self.hops.model = named
         return response
 
 
@@ -521,6 +534,12 @@ class AgentServer(BaseServer):
         ctx = RunContext(rollout, self)
         try:
             verified = await self.run(row, ctx)
+        except RollgymError as err:
+            # Answered as any error, with what the rollout spent before it failed beside it:
+            # the collector carries that into the failure's record (``rollgym.collect.cost``).
+            if not isinstance(err, InvalidRequest):  # as the app logs the errors it answers
+                log.warning("POST /run failed: %s", err)
+            return error_response(self.name, err, {COST_FIELD: ctx.hops.spent()})
         finally:
             self.observe_hops(ctx.hops)
         if isinstance(verified, dict):
