@@ -512,6 +512,11 @@ def test_the_staleness_of_a_rollout_without_versions_is_never_guessed() -> None:
     got = judge(old)
     assert isinstance(got, FailedRollout) and isinstance(got.error, StaleRollout)
     assert is_stale(got.error) and (got.task_index, got.rollout_index) == (0, 1)
+    assert got.cost is None  # it carried no cost: its spend stays unknown, never free
+    spent = {"calls": 2, "input_tokens": 40, "output_tokens": 6}
+    paid = ScoredRollout(0, 3, 1.0, 1, 0.1, {**old.verified, "rollgym_cost": spent})
+    discarded = judge(paid)  # it ran in full: what it spent is waste, counted as such
+    assert isinstance(discarded, FailedRollout) and discarded.cost == spent
     assert StalenessJudge(1, lambda: 5)(old) is old
     # Versions from the future (weights swapped without a resume) are said, not hidden.
     future = ScoredRollout(
