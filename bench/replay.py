@@ -10,6 +10,12 @@ the rollouts out) runs as ``rollgym run`` does, its scripted model answering eve
 environment and in all, the rollouts replayed identically and the speed ratio original/replay:
 of the dispatch (``metrics.json`` timing, servers up) and of the whole command (start-up
 included). Figures, not assertions: the machine is shared.
+
+Replay saves the model's time only: the environment's own work (a scoring pool's checks, the
+code environment's sandboxed programs) it must do again to check the rewards. So each
+environment is also run once more with a model that answers at once (latency 0): ``floor s``
+is that run's dispatch, the environment's own work plus the harness, which no replay can go
+below; ``replay-floor`` is what replay spends beyond it. ``--no-floor`` leaves it out.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ ENVS = ("lookup", "math", "mcqa", "guess", "reasoning_gym", "judge", "code")
 
 
 async def original(env: str, out: Path, rollouts: int, latency: float, conc: int) -> float:
+    """``rollouts`` rollouts of ``env``'s example tasks into ``out``; its dispatch seconds."""
     folder = ROOT / "src" / "rollgym" / "envs" / env
     cfg = load_config(folder / "config.yaml")
     for server in cfg.servers.values():
@@ -78,10 +85,10 @@ async def main(args: argparse.Namespace) -> None:
     per_env = args.rollouts // len(envs)
     shares = [per_env + (1 if i < args.rollouts % len(envs) else 0) for i in range(len(envs))]
     totals = {"rollouts": 0, "identical": 0, "orig": 0.0, "replay": 0.0, "orig_all": 0.0,
-              "replay_all": 0.0}  # fmt: skip
+              "replay_all": 0.0, "floor": 0.0}  # fmt: skip
     with _workdir(args.keep) as tmp:
         print(f"{'env':>14} {'replayed':>8} {'identical':>9} {'orig s':>7} {'replay s':>8} "
-              f"{'ratio':>6} {'ratio(cmd)':>10}")  # fmt: skip
+              f"{'ratio':>6} {'ratio(cmd)':>10} {'floor s':>7} {'replay-floor':>12}")  # fmt: skip
         for env, share in zip(envs, shares, strict=True):
             src, dst = Path(tmp) / env, Path(tmp) / f"{env}-replay"
             t0 = time.monotonic()
@@ -101,11 +108,17 @@ async def main(args: argparse.Namespace) -> None:
                 print(f"{'':>14} diverged: {entry.to_dict()}"[:400])
             rep = _dispatch_s(dst)
             n = len(report.rollouts)
+            floor = float("nan")
+            if args.floor:
+                floor = await original(
+                    env, Path(tmp) / f"{env}-floor", share, 0.0, args.concurrency
+                )
             print(f"{env:>14} {n:>8} {report.identical:>9} {orig:>7.2f} {rep:>8.2f} "
-                  f"{orig / rep:>6.1f} {orig_all / replay_all:>10.1f}")  # fmt: skip
+                  f"{orig / rep:>6.1f} {orig_all / replay_all:>10.1f} {floor:>7.2f} "
+                  f"{rep - floor:>12.2f}")  # fmt: skip
             for key, value in (("rollouts", n), ("identical", report.identical), ("orig", orig),
                                ("replay", rep), ("orig_all", orig_all),
-                               ("replay_all", replay_all)):  # fmt: skip
+                               ("replay_all", replay_all), ("floor", floor)):  # fmt: skip
                 totals[key] += value
     t = totals
     print(
@@ -113,6 +126,12 @@ async def main(args: argparse.Namespace) -> None:
         f"{t['orig'] / t['replay']:.1f}x faster than the original run (dispatch, model latency "
         f"{args.latency:g} s per call), {t['orig_all'] / t['replay_all']:.1f}x with start-up"
     )
+    if args.floor:
+        print(
+            f"floor (the same runs with a model answering at once): {t['floor']:.2f} s; replay "
+            f"{t['replay']:.2f} s, {t['replay'] - t['floor']:+.2f} s beyond it; the original's "
+            f"time beyond it {t['orig'] - t['floor']:.2f} s"
+        )
 
 
 if __name__ == "__main__":
@@ -122,4 +141,7 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--envs", help="comma-separated bundled environments (default: all)")
     parser.add_argument("--keep", help="a directory to leave the runs in (default: removed)")
+    parser.add_argument(
+        "--no-floor", dest="floor", action="store_false", help="skip the latency-0 runs"
+    )
     asyncio.run(main(parser.parse_args()))

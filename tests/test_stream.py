@@ -34,7 +34,7 @@ from rollgym.trainer import (
 from rollgym.trainer.staleness import StalenessJudge
 from rollgym.wire import POLICY_VERSION
 from tests.support.background import in_thread
-from tests.support.servers import FaultyModel
+from tests.support.servers import FAIL_MARKER, FaultyModel
 from tests.support.stack import running_stack, task_row
 from tests.support.waiting import wait_until
 
@@ -217,6 +217,31 @@ async def test_a_stream_that_ends_closes_itself_without_aclose(tmp_path: Path) -
             await anext(it)  # and it stays ended
     assert sorted(g.task_index for g in got) == [0, 1, 2]
     assert assert_ledger_exact(tmp_path / "r")["status"] == "completed"
+
+
+async def test_a_streams_lines_name_the_fingerprint_of_the_environment_that_scored_them(
+    tmp_path: Path,
+) -> None:
+    """The stream asks its agent once (the agent answers its resources server's fingerprint):
+    run.json holds it, and every line, scored or failed, names it by id, as a run's lines do."""
+    rows = [task_row(0), task_row(1, fail=True), task_row(2)]
+    model_options = {"fail_marker": FAIL_MARKER}
+    async with (
+        running_stack(model_options=model_options) as stack,
+        RolloutClient(stack.agent_url) as client,
+    ):
+        async with client.stream(rows, repeats=2, output=tmp_path / "run") as stream:
+            assert len([g async for g in stream]) == 3
+        expected = stack.env.fingerprint.to_dict()
+    info = assert_ledger_exact(tmp_path / "run")
+    assert info["fingerprints"] == {"agent": expected}
+    lines = [
+        orjson.loads(line)
+        for name in ("rollouts.jsonl", "failures.jsonl")
+        for line in (tmp_path / "run" / name).read_bytes().splitlines()
+    ]
+    assert len(lines) == 6 and any("error" in line for line in lines)
+    assert {line["rollgym_fingerprint"] for line in lines} == {expected["id"]}
 
 
 async def test_inside_async_with_a_finished_stream_still_pauses_and_is_released_on_exit() -> None:
@@ -487,6 +512,11 @@ def test_the_staleness_of_a_rollout_without_versions_is_never_guessed() -> None:
     got = judge(old)
     assert isinstance(got, FailedRollout) and isinstance(got.error, StaleRollout)
     assert is_stale(got.error) and (got.task_index, got.rollout_index) == (0, 1)
+    assert got.cost is None  # it carried no cost: its spend stays unknown, never free
+    spent = {"calls": 2, "input_tokens": 40, "output_tokens": 6}
+    paid = ScoredRollout(0, 3, 1.0, 1, 0.1, {**old.verified, "rollgym_cost": spent})
+    discarded = judge(paid)  # it ran in full: what it spent is waste, counted as such
+    assert isinstance(discarded, FailedRollout) and discarded.cost == spent
     assert StalenessJudge(1, lambda: 5)(old) is old
     # Versions from the future (weights swapped without a resume) are said, not hidden.
     future = ScoredRollout(

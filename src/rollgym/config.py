@@ -332,11 +332,13 @@ class PriceTable(_Strict):
 class BudgetConfig(_Strict):
     """Caps that stop a run cleanly once reached (``collect.budget``): its recorded rollouts'
     tokens (model and judge, input and output), money (needs ``collect.prices``) or sandbox
-    seconds, counted across ``--resume``."""
+    CPU seconds (``sandbox_s``), counted across ``--resume``."""
 
     tokens: int | None = Field(default=None, ge=1, description="model + judge tokens")
     money: float | None = Field(default=None, gt=0, description="in collect.prices' currency")
-    sandbox_seconds: float | None = Field(default=None, gt=0)
+    sandbox_seconds: float | None = Field(
+        default=None, gt=0, description="sandbox CPU seconds (sandbox_s), never wall seconds"
+    )
     in_flight: Literal["finish", "abandon"] = Field(
         default="finish",
         description="at the cap, rollouts in flight finish and are recorded (finish), or are "

@@ -51,10 +51,11 @@ RESERVED_ENDPOINTS = frozenset(
         # the hook, and no model is to ask a server to shut down.
         "startup",
         "shutdown",
+        "cpu_work",
     }
 )
-"""Names on a resources server that are never tools (its endpoints, and its ``startup`` and
-``shutdown`` hooks): a tool may not be named like one, and an agent never calls one for a
+"""Names on a resources server that are never tools (its endpoints, and its ``startup``,
+``shutdown`` and ``cpu_work`` hooks): a tool may not be named like one, and an agent never calls one for a
 model, whatever it asks for (``rollgym.protocol.is_tool_name``)."""
 
 METRICS_ENDPOINT = "/metrics"

@@ -142,3 +142,25 @@ def test_a_step_record_goes_over_the_wire_and_back_unchanged() -> None:
     assert (back.observation, back.reward, back.truncated, back.tool_outputs) == (
         "hi", 0.5, True, step.tool_outputs,
     )  # fmt: skip
+
+
+async def test_a_gymnasium_server_answers_its_fingerprint() -> None:
+    """Scored by its own package's code, data and version, as a resources server is (it was
+    recorded as unknown: no /fingerprint); the collector asks every resources server."""
+    from rollgym.server.fingerprint import Fingerprint
+
+    class Versioned(Countdown):
+        version = "7"
+
+    async with (
+        serve_server(Versioned, name="countdown") as (url, server),
+        aiohttp.ClientSession(timeout=TIMEOUT) as http,
+        http.get(url + "/fingerprint") as resp,
+    ):
+        said = await resp.json()
+    assert resp.status == 200
+    assert said == server.fingerprint.to_dict()  # type: ignore[attr-defined]
+    assert (
+        said["version"] == "7" and "tests/agents/test_gymnasium_server.py" in said["code"]["files"]
+    )
+    assert said["id"] != Fingerprint.of(Countdown).id  # the version is part of it

@@ -69,8 +69,9 @@ def config(collect: dict[str, Any]) -> Any:
 
 
 @asynccontextmanager
-async def billing_stack() -> AsyncIterator[Billing]:
-    model_up, judge_up = BillingUpstream(fail_every=7), BillingUpstream(judge=True, fail_every=5)
+async def billing_stack(judge_fail_every: int = 5) -> AsyncIterator[Billing]:
+    model_up = BillingUpstream(fail_every=7)
+    judge_up = BillingUpstream(judge=True, fail_every=judge_fail_every)
     async with serve_billing(model_up) as model_base, serve_billing(judge_up) as judge_base:
 
         def proxy(base: str, model: str) -> dict[str, Any]:
@@ -314,7 +315,9 @@ async def test_every_wasted_rollout_is_attributed_to_its_cause(tmp_path: Path) -
             cost = orjson.loads((out / "cost.json").read_bytes())
             assert cost == cost_ledger(out, 3, None)
     wasted = cost["wasted"]
-    assert wasted["failed"]["rollouts"] == 3 and wasted["failed"]["unmetered"] == 3
+    # Their model calls failed (500, never answered): nothing billed, nothing unknown.
+    assert wasted["failed"]["rollouts"] == 3 and wasted["failed"]["unmetered"] == 0
+    assert wasted["failed"]["tokens"] == 0
     assert wasted["retried"]["rollouts"] == 3  # the first session's failures, run again
     scored = lines(out)
     flat = {t for t in range(6) if t != 1
@@ -323,6 +326,54 @@ async def test_every_wasted_rollout_is_attributed_to_its_cause(tmp_path: Path) -
     assert cost["useful"]["rollouts"] == 15 - 3 * len(flat)
     assert cost["rollouts"] == 15 + 3 + 3
     assert cost["useful"]["tokens"] + wasted["no_signal"]["tokens"] == cost["totals"]["tokens"]
+
+
+async def test_a_failed_rollouts_billed_tokens_are_counted_under_its_failure(
+    tmp_path: Path,
+) -> None:
+    """The policy model answers (and bills), then the judge is down (every request 503): each
+    rollout fails at its verify. Its agent's error answer carries what it had spent, so each
+    failure's line says it, and the ledger counts the billed tokens and money under ``failed``,
+    metered, where it said "unmetered" before."""
+    async with billing_stack(judge_fail_every=1) as stack:
+        outcome = await collect(stack, tmp_path, 6, {"prices": PRICES})
+        billed = stack.model.billed
+    out = tmp_path / "out"
+    failures = lines(out, "failures.jsonl")
+    assert len(failures) == 6 and lines(out) == [], outcome.abort_reason
+    assert billed.calls == 6 and stack.judge.billed.calls == 0
+    for line in failures:
+        got = line[COST_FIELD]
+        assert got["calls"] == 1 and got["input_tokens"] > 0 and got["model_s"] > 0
+        assert got["money"] > 0 and "metered" not in got
+        # Said once, on the line: not a second time inside the error's body.
+        assert COST_FIELD not in orjson.dumps(line["error"]).decode()
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    assert cost == cost_ledger(out, 1, PriceTable.model_validate(PRICES))
+    failed = cost["wasted"]["failed"]
+    assert failed["rollouts"] == 6 and failed["unmetered"] == 0
+    assert failed["tokens"] == billed.tokens == cost["totals"]["tokens"]
+    assert cost["totals"]["model_calls"] == billed.calls
+    assert near(failed["money"], (billed.input_tokens * 0.5 + billed.output_tokens * 1.5) / 1e6)
+
+
+def test_what_a_failure_spent_is_taken_off_its_error_and_summed_over_attempts() -> None:
+    from rollgym.collect.cost import spent_before, summed
+    from rollgym.errors import HTTPStatusError
+
+    spent = {"calls": 2, "input_tokens": 30, "output_tokens": 5, "model_s": 0.25}
+    body = orjson.dumps({"error": {"type": "upstream_error"}, COST_FIELD: spent}).decode()
+    err, got = spent_before(HTTPStatusError("agent answered 502", status=502, body=body))
+    assert got == spent and err.body == '{"error":{"type":"upstream_error"}}'
+    assert summed(got, spent) == {"calls": 4, "input_tokens": 60, "output_tokens": 10,
+                                  "model_s": 0.5}  # fmt: skip
+    # No numbers, or no cost at all: nothing taken, the error as it came.
+    junk = orjson.dumps({"error": {}, COST_FIELD: {"calls": "many"}}).decode()
+    for other in (junk, '{"error": {}}', "not json"):
+        err, got = spent_before(HTTPStatusError("x", status=502, body=other))
+        assert got is None and err.body == other
+    failed = FailedRollout(0, 0, InternalError("boom"), 1, 0.5, cost={"calls": "many"})
+    assert rollout_cost(failed) == {"metered": False}  # a cost that holds no numbers: unknown
 
 
 async def test_a_cost_written_by_a_row_is_no_measurement(tmp_path: Path) -> None:

@@ -198,3 +198,18 @@ async def test_the_fingerprint_is_taken_once_when_the_server_starts(
         after = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=5)
     assert before == after == server.fingerprint.to_dict()  # type: ignore[attr-defined]
     assert Fingerprint.of(weather.Weather).id != before["id"]
+
+
+async def test_a_foreign_url_server_is_unknown_and_run_json_says_why() -> None:
+    """A server given by url: (an OpenEnv server elsewhere, another framework's) serves no
+    /fingerprint: recorded as unknown, the reason naming it as one rollgym did not start."""
+    from rollgym.config import parse_config
+
+    async with running_stack() as stack:
+        foreign = stack.urls["model"][0]  # answers 404 on /fingerprint, as a foreign server
+        cfg = parse_config({"servers": {"env": {"kind": "resources", "url": foreign}}}, "cfg")
+        async with HttpClient() as client:
+            found, _ = await ask_fingerprints(client, cfg, {"env": [foreign]})
+    assert found["env"]["id"] is None
+    assert found["env"]["unknown"].startswith("no /fingerprint (")
+    assert "given by url: and was not started by rollgym" in found["env"]["unknown"]

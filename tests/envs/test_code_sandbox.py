@@ -255,3 +255,37 @@ async def test_a_sandbox_that_cannot_run_is_a_typed_failure(
         status, body = await connect(url).verify(stdio_row(["1\n"], ["1\n"]), solution("print(1)"))
     assert status == 500, body
     assert body["error"]["type"] == "sandbox_error" and "setup failed" in body["error"]["message"]
+
+
+async def test_sandbox_seconds_are_the_runs_cpu_seconds(
+    connect: Callable[[str], EnvClient],
+) -> None:
+    # A program that burns 0.6 s of CPU, and one that sleeps 1.5 s: the first's sandbox_s is at
+    # least what it burned, the second's far less than the wall time it held its slot. The
+    # wall limit is loose, so a busy machine slows them without killing them.
+    options = {**LIMITS, "wall_seconds": 20.0, "cpu_seconds": 5}
+    row = stdio_row([""], ["done\n"])
+    burn = "import time\nwhile time.process_time() < 0.6:\n    pass\nprint('done')"
+    sleep = "import time\ntime.sleep(1.5)\nprint('done')"
+    async with serve_server(CodeEnv, name="code", options=options) as (url, _):
+        client = connect(url)
+        burned = await verify(client, row, burn)
+        slept = await verify(client, row, sleep)
+    assert burned["reward"] == 1.0 and slept["reward"] == 1.0, (burned, slept)
+    assert burned["sandbox_s"] >= 0.6, burned
+    assert slept["sandbox_s"] < 1.0, slept
+
+
+async def test_runs_stopped_at_their_wall_limit_still_count_their_cpu_seconds(
+    connect: Callable[[str], EnvClient],
+) -> None:
+    # Six runs, three at a time: each burns 0.3 s of CPU, then sleeps past its wall limit and
+    # is killed there. In its own namespaces, killing unshare and the launcher at once lost the
+    # launcher's accounting whenever unshare died first (7 of 12 such runs here).
+    options = {**LIMITS, "wall_seconds": 2.5, "cpu_seconds": 5, "parallel": 3}
+    row = stdio_row([""] * 6, ["done\n"] * 6)
+    code = "import time\nwhile time.process_time() < 0.3:\n    pass\ntime.sleep(60)"
+    async with serve_server(CodeEnv, name="code", options=options) as (url, _):
+        result = await verify(connect(url), row, code)
+    assert result["test_results"] == ["time_limit"] * 6, result
+    assert result["sandbox_s"] >= 6 * 0.3, result

@@ -115,3 +115,39 @@ async def test_rollgym_check_says_an_openenv_server_is_not_its_to_check(
         await _check(_Env(http, url), "reverse", [], cfg, report)
     assert report.ok and [f.check for f in report.findings] == ["health", "openenv"]
     assert "not checked" in report.findings[1].detail
+
+
+async def test_the_host_answers_the_apps_fingerprint(beside_example: None) -> None:
+    """An OpenEnv app is no rollgym class: its fingerprint is the loaded modules of its own
+    package (here a top-level module, the file alone), taken when the server starts."""
+    from rollgym.server.provenance import file_sha256
+
+    async with (
+        serve_server(OpenEnvHost, name="reverse", options={"app": "reverse_env:app"}) as (url, _),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http,
+        http.get(url + "/fingerprint") as resp,
+    ):
+        said = await resp.json()
+    assert resp.status == 200 and isinstance(said["id"], str)
+    assert said["code"]["files"] == {"reverse_env.py": file_sha256(str(EXAMPLE / "reverse_env.py"))}
+
+
+def test_a_packaged_apps_fingerprint_holds_the_modules_it_loaded(echo_env_root: Path) -> None:
+    """OpenEnv's layout (``echo_env/server/app.py`` beside ``echo_env/models.py``): every module
+    the app loaded of its package counts, not only the app's own folder; a file edited after
+    the start is told apart by the next fingerprint."""
+    import importlib
+
+    from rollgym.server.fingerprint import Fingerprint
+
+    importlib.import_module("echo_env.server.app")
+    before = Fingerprint.of_app("echo_env.server.app")
+    assert {"echo_env/models.py", "echo_env/server/app.py"} <= set(before.code.files)
+    assert Fingerprint.of_app("echo_env.server.app").id == before.id
+    models = echo_env_root / "echo_env" / "models.py"
+    text = models.read_text()
+    try:
+        models.write_text(text + "\n# edited\n")
+        assert Fingerprint.of_app("echo_env.server.app").id != before.id
+    finally:
+        models.write_text(text)

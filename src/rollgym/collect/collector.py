@@ -34,7 +34,7 @@ from rollgym.collect.provenance import ask_fingerprints
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
 from rollgym.collect.required import check_rows
-from rollgym.collect.rollout import RolloutPolicy, RolloutRunner
+from rollgym.collect.rollout import RolloutPolicy
 from rollgym.collect.route import BY_AGENT, AgentRoute
 from rollgym.collect.rundir import (
     EXIT_ABORTED,
@@ -141,11 +141,8 @@ class Collector:
         self.recorder.abort(reason)
 
     def in_flight(self) -> int | None:
-        """The rollouts being run now (``None``: the dispatcher runs them elsewhere: Ray)."""
-        dispatcher = self.dispatcher
-        if isinstance(dispatcher, LocalDispatcher) and isinstance(dispatcher.runner, RolloutRunner):
-            return dispatcher.runner.in_flight
-        return None
+        """The rollouts being run now (``None``: the dispatcher does not know)."""
+        return self.dispatcher.in_flight
 
     async def start(self) -> None:
         """Get the dispatcher ready (Ray: start the worker actors). A failure here means the

@@ -8,17 +8,24 @@ sandbox seconds. The collector does not compute it again (its hot path stays as 
 adds the money when the run has a price table (``collect.prices``), and computes a cost only
 for an agent that is not rollgym's (the response's summed ``usage``).
 
-A failed rollout's line says ``{"metered": false}`` (its attempts and seconds are on the line
-already): the collector never saw its calls, so its tokens are not known, and the ledger counts
-such rollouts apart rather than as free.
+A failed rollout's line carries what it spent before it failed where that is known: a rollgym
+agent answers a failure with its ``rollgym_cost`` beside the error (its model calls' tokens and
+its hops' seconds; ``spent_before`` takes it off the error, summed over the rollout's attempts),
+and a rollout discarded after it scored (stale) keeps its own. Where it is not known (the agent
+never answered: a timeout, a dead agent; a foreign agent) the line says ``{"metered": false}``
+(its attempts and seconds are on the line already), and the ledger counts such rollouts apart
+rather than as free.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from rollgym.collect.records import RolloutRecord, ScoredRollout
 from rollgym.config import ModelPrice, PriceTable
+from rollgym.errors import RollgymError
 from rollgym.server.usage import usage_tokens
 from rollgym.wire import COST_FIELD, UPSTREAM_KEY
 
@@ -80,11 +87,47 @@ def foreign_cost(record: ScoredRollout) -> dict[str, Any]:
     return cost
 
 
+def spent_before(err: RollgymError) -> tuple[RollgymError, dict[str, Any] | None]:
+    """The failure ``err`` without the ``rollgym_cost`` its agent's error answer carried beside
+    the error, and that cost (None: it carried none that holds numbers). Taken off the body so
+    the record says it once, on the line's ``rollgym_cost``."""
+    body = err.body
+    if not body or '"rollgym_cost"' not in body or err.truncated:
+        return err, None
+    try:
+        data = orjson.loads(body)
+        cost = data.pop(COST_FIELD)
+        parts(cost)
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
+        return err, None  # not an answer a rollgym agent wrote: left as it came
+    return err.with_fields(body=orjson.dumps(data).decode()), cost
+
+
+def summed(one: dict[str, Any] | None, two: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two attempts' costs as one (numbers added, the rest as the later one says)."""
+    if one is None or two is None:
+        return two if one is None else one
+    out = {**one, **two}
+    for key, value in one.items():
+        other = two.get(key)
+        if value.__class__ is int and other.__class__ is int:
+            out[key] = value + other
+        elif value.__class__ in (int, float) and other.__class__ in (int, float):
+            out[key] = round(value + other, 4)
+    return out
+
+
 def rollout_cost(record: RolloutRecord, prices: PriceTable | None = None) -> dict[str, Any]:
     """The ``rollgym_cost`` of ``record``'s line (see the module docstring): its agent's, or
-    where it has none that holds numbers, its response's usage."""
+    where it has none that holds numbers, its response's usage; a failure's what it spent, if
+    known."""
     if not isinstance(record, ScoredRollout):
-        return FAILED
+        spent: Any = record.cost
+        try:
+            parts(spent)  # None, or a cost no rollgym agent wrote: not known
+        except (TypeError, AttributeError):
+            return FAILED
+        return spent if prices is None else priced(spent, prices)
     cost: Any = record.verified.get(COST_FIELD)
     try:
         parts(cost)

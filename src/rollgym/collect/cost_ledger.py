@@ -265,7 +265,7 @@ def describe_cost(cost: dict[str, Any]) -> str:
     if totals["judge_calls"]:
         said += f", {totals['judge_calls']} judge calls"
     if totals["sandbox_seconds"]:
-        said += f", {totals['sandbox_seconds']:.1f} sandbox s"
+        said += f", {totals['sandbox_seconds']:.1f} sandbox CPU s"
     prices = cost.get("prices")
     if prices is not None:
         currency = prices["currency"]

@@ -64,6 +64,11 @@ class Dispatcher(Protocol):
     def cancel(self) -> None:
         """Abort: cancel every rollout in flight; they stay unrecorded."""
 
+    @property
+    def in_flight(self) -> int | None:
+        """Rollouts sent and not yet recorded (None: not known here): at a budget's
+        ``abandon``, the ones cancelled."""
+
     async def close(self) -> None:
         """Release what ``start`` took."""
 
@@ -192,6 +197,12 @@ class LocalDispatcher:
     def cancel(self) -> None:
         self._cancelled = True
         cancel_others(self._workers)
+
+    @property
+    def in_flight(self) -> int | None:
+        runner = self.runner
+        count = getattr(runner, "in_flight", None)  # a RolloutRunner counts; a test's may not
+        return count if isinstance(count, int) else None
 
     async def close(self) -> None:
         """Nothing to release: the HTTP client is the caller's."""

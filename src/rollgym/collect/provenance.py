@@ -26,27 +26,35 @@ ASK_TIMEOUT = 5.0
 """Seconds a server has to answer ``/fingerprint``: it informs, it never holds a run up."""
 
 
+async def ask_fingerprint(client: HttpClient, name: str, url: str) -> dict[str, Any]:
+    """The fingerprint server ``name`` at ``url`` answers (a rollgym agent answers its
+    resources server's), or ``{"id": None, "unknown": why}``; asked once, never raising."""
+    once = RetryPolicy(max_attempts=1, attempt_timeout=ASK_TIMEOUT)
+    target = Target.single(f"{name}.fingerprint", url, once)
+    try:
+        said = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=ASK_TIMEOUT)
+    except RollgymError as err:
+        return {"id": None, "unknown": f"no /fingerprint ({err.type}: {err.message[:200]})"}
+    if not isinstance(said, dict) or not isinstance(said.get("id"), str):
+        return {"id": None, "unknown": "its /fingerprint answer names no id"}
+    return said
+
+
 async def ask_fingerprints(
     client: HttpClient, config: Config, urls: dict[str, list[str]]
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Each resources server's fingerprint (its first replica's), and warnings naming a
     server that gives none and a replica whose fingerprint differs from its first one's."""
-    once = RetryPolicy(max_attempts=1, attempt_timeout=ASK_TIMEOUT)
     names = [n for n, s in config.servers.items() if s.kind == "resources" and n in urls]
     asks = [(name, url) for name in names for url in urls[name]]
-
-    async def ask(name: str, url: str) -> dict[str, Any]:
-        target = Target.single(f"{name}.fingerprint", url, once)
-        try:
-            said = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=ASK_TIMEOUT)
-        except RollgymError as err:
-            why = f"no /fingerprint ({err.type}: {err.message[:200]})"
-            return {"id": None, "unknown": why}
-        if not isinstance(said.get("id"), str):
-            return {"id": None, "unknown": "its /fingerprint answer names no id"}
-        return said
-
-    said = await asyncio.gather(*(ask(name, url) for name, url in asks))
+    said = await asyncio.gather(*(ask_fingerprint(client, name, url) for name, url in asks))
+    for (name, _), print_ in zip(asks, said, strict=True):
+        if print_.get("id") is None and config.servers[name].impl is None:
+            print_["unknown"] += (
+                "; it is given by url: and was not started by rollgym (an OpenEnv server, "
+                "another framework's): only a server that serves /fingerprint can say what "
+                "scores its rollouts"
+            )
     found: dict[str, dict[str, Any]] = {}
     warnings: list[str] = []
     index: dict[str, int] = {}

@@ -35,7 +35,7 @@ from rollgym.audit.scan import FIELD, Integrity, scan
 from rollgym.errors import ProtocolError, RollgymError
 from rollgym.protocol import is_masked, mask_sample
 from rollgym.server.versions import rollout_versions
-from rollgym.wire import INDEX_FIELDS, MASK_SAMPLE, NG_ROLLOUT_INDEX, NG_TASK_INDEX
+from rollgym.wire import COST_FIELD, INDEX_FIELDS, MASK_SAMPLE, NG_ROLLOUT_INDEX, NG_TASK_INDEX
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +147,9 @@ class FailedRollout:
     duration_s: float
     fields: dict[str, Any] | None = None
     """What its row's dialect adds to its line (``Exchange.fields``)."""
+    cost: dict[str, Any] | None = None
+    """What it spent before it failed (a ``rollgym_cost``: its agent's, on its error answer,
+    or a scored rollout's own when it is discarded as one); None: not known (never free)."""
     ok: Literal[False] = field(default=False, init=False)
 
     @property
@@ -197,6 +200,13 @@ def checked(record: RolloutRecord) -> RolloutRecord:
         mask_sample(record.verified)
     except ProtocolError as err:
         return FailedRollout(
-            record.task_index, record.rollout_index, err, record.attempts, record.duration_s
-        )
+            record.task_index, record.rollout_index, err, record.attempts, record.duration_s,
+            cost=spent_by(record),
+        )  # fmt: skip
     return record
+
+
+def spent_by(record: ScoredRollout) -> dict[str, Any] | None:
+    """The ``rollgym_cost`` a scored rollout carries, for the failure it is turned into."""
+    cost = record.verified.get(COST_FIELD)
+    return cost if isinstance(cost, dict) else None

@@ -13,8 +13,9 @@ collect workers and the trainer API. What happens to one rollout:
 - refused by every replica (the agent is down), it is recorded as failed without counting an
   attempt: ``--resume`` later still has all of the rollout's attempts;
 - a retryable failure is run again while the policy's attempts allow (``retry_in_run``);
-- otherwise it ends as a ``FailedRollout``; an answer with a reward ends it as a
-  ``ScoredRollout``. Only cancellation escapes.
+- otherwise it ends as a ``FailedRollout`` (with what its attempts spent, where their agent's
+  error answers said: ``rollgym.collect.cost.spent_before``); an answer with a reward ends it
+  as a ``ScoredRollout``. Only cancellation escapes.
 
 How each attempt is sent and its answer read is the item's row dialect's (``collect.dialect``:
 the flat row unless the runner was given others): its ``Exchange`` makes the body of attempt N,
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollgym import tracing
+from rollgym.collect.cost import spent_before, summed
 from rollgym.collect.dialect import Dialects, Exchange
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
 from rollgym.config import CollectConfig
@@ -119,6 +121,7 @@ class RolloutRunner:
             waits = iter(self.policy.circuit_waits)
             failovers = len(target.urls) - 1  # each replica may refuse once
             attempts = item.prior_attempts
+            spent: dict[str, Any] | None = None  # what its failed attempts spent
             max_attempts = self.policy.max_attempts
             if exchange.server_retries:
                 max_attempts = max(max_attempts, target.policy.max_attempts)
@@ -132,9 +135,10 @@ class RolloutRunner:
                     )  # fmt: skip
                     verified = exchange.read(answer, attempts, target.name)
                 except RollgymError as caught:
-                    err = self.dialects.foreign(caught, answer, target.name)
+                    err, cost = spent_before(self.dialects.foreign(caught, answer, target.name))
+                    spent = summed(spent, cost)
                     if self.stopping():
-                        return self._failed(item, err, attempts, started, exchange)
+                        return self._failed(item, err, attempts, started, exchange, spent)
                     if (
                         err.root().type == "circuit_open"
                         and (wait := next(waits, None)) is not None
@@ -154,7 +158,7 @@ class RolloutRunner:
                         # Nothing reached the agent: recorded (the run must see a dead agent),
                         # but not as an attempt, so a later --resume still has all of its
                         # attempts.
-                        return self._failed(item, err, attempts - 1, started, exchange)
+                        return self._failed(item, err, attempts - 1, started, exchange, spent)
                     if err.retryable and attempts < max_attempts:
                         if exchange.server_retries:
                             delay = backoff(target.policy, attempts)
@@ -163,7 +167,7 @@ class RolloutRunner:
                             ):
                                 await asyncio.sleep(delay)
                         continue
-                    return self._failed(item, err, attempts, started, exchange)
+                    return self._failed(item, err, attempts, started, exchange, spent)
                 return ScoredRollout(
                     item.task_index, item.rollout_index, float(verified["reward"]), attempts,
                     time.monotonic() - started, verified,
@@ -199,7 +203,10 @@ class RolloutRunner:
         attempts: int,
         started: float,
         exchange: Exchange | None,
+        spent: dict[str, Any] | None = None,
     ) -> FailedRollout:
         fields = None if exchange is None else exchange.fields(err)
         took = time.monotonic() - started
-        return FailedRollout(item.task_index, item.rollout_index, err, attempts, took, fields)
+        return FailedRollout(
+            item.task_index, item.rollout_index, err, attempts, took, fields, spent
+        )

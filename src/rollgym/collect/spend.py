@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rollgym.collect.cost import FAILED, rollout_cost, tokens_of
+from rollgym.collect.cost import rollout_cost, tokens_of
 from rollgym.collect.cost_ledger import CostLedger, line_cost
 from rollgym.collect.failure_budget import is_stale
 from rollgym.collect.layout import RunDir, read_ledger
@@ -39,7 +39,7 @@ class RunSpend:
         self.budget = budget
         self.tokens = 0
         self.money = 0.0
-        self.sandbox_s = 0.0
+        self.sandbox_s = 0.0  # CPU seconds, as the records' ``sandbox_s``
         self.stop_reason: str | None = None
         """Why the run stopped at its budget (None: it has not)."""
         self.abandoned = 0
@@ -81,7 +81,7 @@ class RunSpend:
                 extra = {COST_FIELD: cost}
                 self.ledger.scored(task, reward, masked, cost, attempts)
         else:
-            cost = FAILED
+            cost = rollout_cost(record, self.prices)  # what it spent, if known; else FAILED
             extra = {COST_FIELD: cost}
             cause = "stale" if is_stale(record.error) else "failed"
             # Its seconds as its line says them: the ledger read back from the files agrees.
@@ -115,7 +115,7 @@ class RunSpend:
             reason = f"collect.budget.money: {self.money:.4f} {currency} spent (cap {cap.money:g})"
         elif cap.sandbox_seconds is not None and self.sandbox_s >= cap.sandbox_seconds:
             reason = (
-                f"collect.budget.sandbox_seconds: {self.sandbox_s:.1f} sandbox seconds spent "
+                f"collect.budget.sandbox_seconds: {self.sandbox_s:.1f} sandbox CPU seconds spent "
                 f"(cap {cap.sandbox_seconds:g})"
             )
         if reason is None:

@@ -12,6 +12,11 @@ starts it, waits for it and stops it like any other server, and ``openenv_agent`
 An OpenEnv server already running elsewhere needs none of this: give it as ``url:``.
 
 The app's own startup hooks (openenv-core's idle-session reaper) run with the server's.
+
+It answers ``GET /fingerprint`` for the app: the files of the modules of the app's top-level
+package loaded when it started, the other files of the app module's folder, the version of the
+distribution that installed it (``Fingerprint.of_app``). An OpenEnv server given by ``url:`` is
+not rollgym's: it serves no fingerprint, and ``run.json`` records it as unknown, saying so.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from rollgym.errors import ConfigError
 from rollgym.extras import extra_for, missing_hint
 from rollgym.server.base import BaseServer, ServerContext
+from rollgym.server.fingerprint import Fingerprint, fingerprint_route
 from rollgym.wire import OPENENV_FEATURE
 
 log = logging.getLogger("rollgym.server")
@@ -49,9 +55,14 @@ class OpenEnvHost(BaseServer):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self.app = load_app(self.options.app, where=f"servers.{self.name}.options.app")
+        # Once, now the app's modules are loaded: what scores its episodes.
+        self.fingerprint = Fingerprint.of_app(self.options.app.partition(":")[0])
 
     def routes(self) -> list[BaseRoute]:
-        return [Mount("/", app=_Guard(QuietClose(self.app), self.name))]
+        return [
+            fingerprint_route(self.fingerprint),
+            Mount("/", app=_Guard(QuietClose(self.app), self.name)),
+        ]
 
     def features(self) -> list[str]:
         return [OPENENV_FEATURE]

@@ -57,6 +57,7 @@ class _WorkQueue:
 
     def __init__(self, source: Work) -> None:
         self._feed = source if isinstance(source, Feed) else None
+        self.feeds = self._feed is not None
         self._source: Iterator[RolloutItem] = iter(()) if isinstance(source, Feed) else source
         self._returned: deque[RolloutItem] = deque()
         self._out = 0
@@ -83,6 +84,11 @@ class _WorkQueue:
     def finished(self, n: int) -> None:
         self._out -= n
         self._changed.set()
+
+    @property
+    def out(self) -> int:
+        """Rollouts taken and not yet finished (a ``Feed`` counts its own: 0 here)."""
+        return self._out
 
     def give_back(self, items: list[RolloutItem]) -> None:
         if self._feed is not None:
@@ -138,6 +144,7 @@ class RayDispatcher:
         self._down: set[str] = set()
         self._lost: list[dict[str, Any]] = []
         self._queue: _WorkQueue | None = None
+        self._cancelled = False
 
     @property
     def actors(self) -> list[Any]:
@@ -201,9 +208,22 @@ class RayDispatcher:
             await asyncio.gather(monitor, return_exceptions=True)
 
     def cancel(self) -> None:
+        # Set first: the lane whose record called this (a budget's cap) is not cancelled, and
+        # must record nothing more of its batch, nor take more work.
+        self._cancelled = True
         cancel_others(self._lanes)
         for actor in self._actors:
             actor.cancel.remote()  # fire and forget: their rollouts stay pending
+
+    def cancelled(self) -> bool:
+        """Whether ``cancel`` was called (a method: a record may call it mid-loop)."""
+        return self._cancelled
+
+    @property
+    def in_flight(self) -> int | None:
+        """Rollouts handed to the workers and not yet recorded (a stream's feed: not known)."""
+        queue = self._queue
+        return None if queue is None or queue.feeds else queue.out
 
     async def close(self) -> None:
         actors, self._actors = self._actors, []
@@ -241,7 +261,7 @@ class RayDispatcher:
         assert self._queue is not None
         queue = self._queue
         worker = index // LANES
-        while not recorder.aborted:
+        while not (recorder.aborted or self.cancelled()):
             await recorder.resumed.wait()
             actor = self._actors[worker]  # a replaced worker is a new actor
             items = await queue.take(self._chunk())
@@ -254,9 +274,11 @@ class RayDispatcher:
                     if batch.held is not None:
                         recorder.held(batch.held)
                     for record in batch.records:
+                        if self.cancelled():  # by the record before (a budget's abandon)
+                            return  # the rest stay pending: abandoned, left for --resume
                         if out.pop((record.task_index, record.rollout_index), None) is not None:
+                            queue.finished(1)  # first: no longer in flight as it is recorded
                             recorder.record(record)  # a late duplicate is dropped there
-                            queue.finished(1)
             except RayError as exc:
                 log.warning("collect worker %d failed (%s); %d rollouts go back in the queue",
                             worker, type(exc).__name__, len(out))  # fmt: skip

@@ -157,6 +157,10 @@ class ReverifyDispatcher:
     def cancel(self) -> None:
         self.local.cancel()
 
+    @property
+    def in_flight(self) -> int | None:
+        return self.local.in_flight
+
     async def close(self) -> None:
         await self.local.close()
 

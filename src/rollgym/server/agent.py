@@ -7,8 +7,9 @@
             response = await ctx.respond(row["responses_create_params"])
             return await episode.verify(row, response)
 
-The base owns ``/run`` (and ``/aggregate_metrics``, forwarded to the ``resources`` server, as
-the collector asks the agent for it): reading the body, validating the task row (422), the
+The base owns ``/run`` (and ``/aggregate_metrics`` and ``/fingerprint``, forwarded to the
+``resources`` server: the collector asks the agent for the first, the trainer's stream for the
+second): reading the body, validating the task row (422), the
 rollout id (the caller's ``x-rollgym-rollout``, or a fresh one), cancelling the rollout with its
 requests in flight if the caller disconnects, and error bodies: a failure of the model or
 resources server is answered 502/504 with that server's error as ``origin``.
@@ -62,7 +63,7 @@ from rollgym.prometheus.samples import HistogramSample, Sample
 from rollgym.protocol import TaskRow, rollout_key
 from rollgym.server.app import MAX_ROLLOUT_ID_CHARS
 from rollgym.server.base import BaseServer, ModelPeer, ResourcesPeer, ServerContext
-from rollgym.server.endpoint import Call, JSONResponse, json_endpoint
+from rollgym.server.endpoint import Call, JSONResponse, error_response, json_endpoint
 from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.policy import MAX_PAUSE_S
@@ -70,6 +71,7 @@ from rollgym.server.usage import call_tokens, rollout_cost
 from rollgym.server.versions import CallVersions
 from rollgym.wire import (
     COST_FIELD,
+    FINGERPRINT_ENDPOINT,
     HEADER_OLDEST_VERSION,
     HEADER_ROLLOUT,
     ROLLOUT_PREFIX,
@@ -105,13 +107,15 @@ class Hops:
     """Per-hop timing of one rollout: seconds of every seed, model, tool and verify call, the
     retries inside them, and the time they waited between attempts (backoff)."""
 
-    __slots__ = ("failed", "retries", "seconds", "started", "tokens", "wait_s")
+    __slots__ = ("failed", "model", "retries", "seconds", "started", "tokens", "wait_s")
 
     def __init__(self) -> None:
         self.seconds: dict[str, list[float]] = {}
         self.tokens: list[list[int] | None] = []
         """Each model call's ``[input, output]`` tokens (None: its answer said neither), in
         call order: the rollout's cost (``rollgym.collect.cost``)."""
+        self.model: str | None = None
+        """The model its model calls' answers named last (a failure's cost is priced by it)."""
         self.retries: dict[str, int] = {}
         self.wait_s = 0.0
         self.started = time.monotonic()
@@ -140,6 +144,15 @@ class Hops:
         """The rollout's ``rollgym_cost``, from these hops and its verify response
         (``rollgym.server.usage.rollout_cost``)."""
         return rollout_cost(verified, self.seconds, self.tokens, self.retries)
+
+    def spent(self) -> dict[str, Any]:
+        """What a rollout that failed had spent (its model calls' tokens, its hops' seconds,
+        its retries): its ``rollgym_cost`` without ``per_call``, so the error answer that
+        carries it stays small."""
+        answered = {"response": {"model": self.model}} if self.model is not None else {}
+        cost = rollout_cost(answered, self.seconds, self.tokens, self.retries)
+        del cost["per_call"]
+        return cost
 
     def to_dict(self) -> dict[str, Any]:
         """The record: ``{hop: [seconds...], "retries": {hop: n}, "wait_s", "total_s", "end"}``
@@ -331,6 +344,8 @@ class RunContext:
         self.versions.saw(response)
         used = call_tokens(response)
         self.hops.tokens.append(None if used is None else list(used))
+        if isinstance(named := response.get("model"), str):
+            self.hops.model = named
         return response
 
 
@@ -463,6 +478,7 @@ class AgentServer(BaseServer):
         return [
             Route("/run", json_endpoint(self._run), methods=["POST"]),
             Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
+            Route(FINGERPRINT_ENDPOINT, json_endpoint(self._fingerprint), methods=["GET", "POST"]),
             *self._dialect_routes,
         ]
 
@@ -501,6 +517,14 @@ class AgentServer(BaseServer):
             deadline=self.options.verify_timeout,
         )  # fmt: skip
 
+    async def _fingerprint(self, body: Any, call: Call) -> Any:
+        # What scores this agent's rollouts: its resources server's fingerprint, as it is, for
+        # a caller that knows only the agent (the trainer's stream).
+        return await self.client.call(
+            self.peer(self.options.resources), FINGERPRINT_ENDPOINT, {},
+            deadline=self.options.verify_timeout,
+        )  # fmt: skip
+
     async def _run(self, body: Any, call: Call) -> Response:
         for dialect in self.dialects:
             if dialect.takes(body):
@@ -510,6 +534,12 @@ class AgentServer(BaseServer):
         ctx = RunContext(rollout, self)
         try:
             verified = await self.run(row, ctx)
+        except RollgymError as err:
+            # Answered as any error, with what the rollout spent before it failed beside it:
+            # the collector carries that into the failure's record (``rollgym.collect.cost``).
+            if not isinstance(err, InvalidRequest):  # as the app logs the errors it answers
+                log.warning("POST /run failed: %s", err)
+            return error_response(self.name, err, {COST_FIELD: ctx.hops.spent()})
         finally:
             self.observe_hops(ctx.hops)
         if isinstance(verified, dict):

@@ -58,6 +58,10 @@ class CpuPool:
 
 
 def warm(module: str) -> None:
-    """Import ``module`` in a worker before the first real call (imports take seconds)."""
-    importlib.import_module(module)
+    """Import ``module`` in a worker before the first real call (imports take seconds), and run
+    its ``warm_up()`` if it has one (what its first call would otherwise pay: lazy imports,
+    caches)."""
+    warm_up = getattr(importlib.import_module(module), "warm_up", None)
+    if callable(warm_up):
+        warm_up()
     time.sleep(0.05)  # hold this worker so the next warm-up call lands on another one

@@ -158,8 +158,11 @@ def parse_json(raw: bytes) -> Any:
         raise InvalidRequest(f"request body is not valid JSON: {exc}", status=400) from None
 
 
-def error_response(server: str, err: RollgymError) -> JSONResponse:
-    """The uniform error body for ``err`` raised while serving a request on ``server``."""
+def error_response(
+    server: str, err: RollgymError, beside: dict[str, Any] | None = None
+) -> JSONResponse:
+    """The uniform error body for ``err`` raised while serving a request on ``server``;
+    ``beside``: fields the body carries beside ``error`` (an agent's ``rollgym_cost``)."""
     if isinstance(err, InvalidRequest):
         status, payload = err.status or 400, err.to_dict()
         payload.update(status=status, server=server)
@@ -187,7 +190,7 @@ def error_response(server: str, err: RollgymError) -> JSONResponse:
             status = 504
         payload = err.to_dict()
         payload.update(status=status, server=server)
-    return JSONResponse({"error": payload}, status_code=status)
+    return JSONResponse({"error": payload, **(beside or {})}, status_code=status)
 
 
 async def until_disconnect(request: Request, work: Awaitable[Any]) -> Any:

@@ -18,11 +18,19 @@ environments keep theirs in ``data/``). The files are read at start, once: a mod
 lazily later is still counted (its file is in the folder), and a file edited or replaced under
 the same name gives another digest, so two runs scored by different environments are told apart
 (``compare``), naming what differs: code, data or version.
+
+A Gymnasium-style server (``GymnasiumServer``) is fingerprinted as a resources server is. An
+OpenEnv app that rollgym serves (``impl: openenv``) is no class of rollgym's: its ``code`` is the
+files of the modules of the app's top-level package loaded when the server starts (what the
+app imported of its own package), its ``data`` the non-Python files of the app module's folder,
+its ``version`` that of the installed distribution that provides the package, if any
+(``Fingerprint.of_app``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -30,8 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from starlette.routing import Route
+
+from rollgym.server.endpoint import Call, json_endpoint
 from rollgym.server.provenance import file_sha256
 from rollgym.version import __version__
+from rollgym.wire import FINGERPRINT_ENDPOINT
 
 ID_CHARS = 12
 """Hex digits of a fingerprint's short id: what every record carries."""
@@ -83,22 +95,55 @@ def package_roots(klass: type) -> list[tuple[Path, Path]]:
         module = cls.__module__
         if module in _BASES or module == "builtins" or cls is object:
             continue
-        file = getattr(sys.modules.get(module), "__file__", None)
-        if not file:
-            continue
-        path = Path(os.path.realpath(file))
-        depth = len(module.split("."))
-        if path.name == "__init__.py":  # a package itself: its folder
-            root = path.parent
-            base = root.parents[depth - 1]
-        elif depth > 1:  # a package's module: its folder
-            root = path.parent
-            base = root.parents[depth - 2]
-        else:  # a top-level module: that file alone
-            root, base = path, path.parent
-        if all(root != r for r, _ in roots):
-            roots.append((root, base))
+        found = module_root(module)
+        if found is not None and all(found[0] != r for r, _ in roots):
+            roots.append(found)
     return roots
+
+
+def module_root(module: str) -> tuple[Path, Path] | None:
+    """(folder or file, the folder names are relative to) of loaded ``module``: a package's
+    folder, the folder of a package's module, or a top-level module's file alone."""
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if not file:
+        return None
+    path = Path(os.path.realpath(file))
+    depth = len(module.split("."))
+    if path.name == "__init__.py":  # a package itself: its folder
+        return path.parent, path.parent.parents[depth - 1]
+    if depth > 1:  # a package's module: its folder
+        return path.parent, path.parent.parents[depth - 2]
+    return path, path.parent  # a top-level module: that file alone
+
+
+def loaded_files(package: str) -> Iterator[tuple[str, Path]]:
+    """The files of ``package``'s modules loaded now (the package and its submodules, by
+    name), named relative to the folder above the package, in a stable order."""
+    files: dict[str, Path] = {}
+    for name, module in list(sys.modules.items()):
+        if name != package and not name.startswith(f"{package}."):
+            continue
+        file = getattr(module, "__file__", None)
+        if not file or not file.endswith(".py"):
+            continue  # a namespace package, a compiled extension: no source to digest
+        path = Path(os.path.realpath(file))
+        # The folder above the package: a module's file is as deep as its name, a package's
+        # ``__init__.py`` one more.
+        above = path.parents[len(name.split(".")) - 1 + (path.name == "__init__.py")]
+        files[path.relative_to(above).as_posix()] = path
+    for name in sorted(files):
+        yield name, files[name]
+
+
+def distribution_version(package: str) -> str | None:
+    """The version of the installed distribution that provides top-level ``package``."""
+    names = importlib.metadata.packages_distributions().get(package) or []
+    for dist in names:
+        try:
+            return f"{dist} {importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _walk(root: Path, base: Path, python: bool) -> Iterator[tuple[str, Path]]:
@@ -157,6 +202,17 @@ class Fingerprint:
         files = default_data_files(klass) if data is None else data
         return cls(digest_files(code_files(klass)), digest_files(files), version)
 
+    @classmethod
+    def of_app(cls, module: str) -> Fingerprint:
+        """The fingerprint of an app that is no rollgym class (an OpenEnv app), from its
+        ``module`` (see the module docstring)."""
+        package = module.partition(".")[0]
+        found = module_root(module)
+        data = _walk(*found, False) if found is not None else iter(())
+        return cls(
+            digest_files(loaded_files(package)), digest_files(data), distribution_version(package)
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -165,6 +221,16 @@ class Fingerprint:
             "version": self.version,
             "rollgym": self.rollgym,
         }
+
+
+def fingerprint_route(fingerprint: Fingerprint) -> Route:
+    """``GET /fingerprint`` (``POST`` too) answering ``fingerprint``, taken once already."""
+    answer = fingerprint.to_dict()
+
+    async def answered(body: Any, call: Call) -> Any:
+        return answer
+
+    return Route(FINGERPRINT_ENDPOINT, json_endpoint(answered), methods=["GET", "POST"])
 
 
 PARTS = ("code", "data", "version", "rollgym")

@@ -25,11 +25,14 @@ The dialects' endpoints (``rollgym.server.resources.ResourcesDialect.routes``) s
 too: a close ends the episode the call's session names before it is over (an agent that gives
 up frees it at once). ``GET /reverify_mode`` answers ``"unsupported"``: a
 step's reward comes from the episode's state, which a recorded rollout does not carry.
+``GET /fingerprint`` answers what scores its episodes, taken at start as for a resources server
+(its package's code and data, its declared ``version``: ``rollgym.server.fingerprint``).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, ClassVar
 
 from starlette.routing import BaseRoute, Route
@@ -38,6 +41,7 @@ from rollgym.errors import InternalError, InvalidRequest
 from rollgym.protocol import Reset, Step
 from rollgym.server.base import BaseServer, ServerContext
 from rollgym.server.endpoint import BodyLimit, Call, json_endpoint
+from rollgym.server.fingerprint import Fingerprint, fingerprint_route
 from rollgym.server.resources import ReverifyMode, dialects_of
 from rollgym.server.sessions import Session, SessionStore, in_session, new_session, session_id
 from rollgym.wire import REVERIFY_MODE_ENDPOINT
@@ -49,12 +53,16 @@ class GymnasiumServer(BaseServer):
 
     kind: ClassVar[str] = "resources"
     reverify_mode: ClassVar[ReverifyMode] = "unsupported"
+    version: ClassVar[str | None] = None
+    """The environment's declared version, part of its fingerprint (``GET /fingerprint``)."""
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self._sessions = SessionStore(self.name, ctx.config.limits)
         # Only the dialects' endpoints: a Gymnasium-style episode opens at ``/reset`` alone.
         self._dialect_routes = [r for d in dialects_of(ctx) for r in d.routes(self._sessions)]
+        # Once, at start: what scores its episodes, as for a resources server.
+        self.fingerprint = Fingerprint.of(type(self), self.data_files(), type(self).version)
 
     # -- the authoring API ---------------------------------------------------------------
 
@@ -65,6 +73,12 @@ class GymnasiumServer(BaseServer):
     async def step(self, session: Session, response: dict[str, Any]) -> Step:
         """Act on the model's ``response``: the step's reward, and whether the episode ended."""
         raise NotImplementedError(f"{type(self).__name__} must implement step()")
+
+    def data_files(self) -> list[tuple[str, Path]] | None:
+        """The data files this environment scores with, as (name, path), digested into its
+        fingerprint at start; None (the default): the non-Python files of its package's
+        folder (``rollgym.server.fingerprint``)."""
+        return None
 
     @property
     def open_episodes(self) -> int:
@@ -81,6 +95,7 @@ class GymnasiumServer(BaseServer):
             Route("/step", json_endpoint(self._step), methods=["POST"]),
             *self._dialect_routes,
             Route(REVERIFY_MODE_ENDPOINT, json_endpoint(self._reverify_mode), methods=["GET"]),
+            fingerprint_route(self.fingerprint),
         ]
 
     async def _reverify_mode(self, body: Any, call: Call) -> Any:

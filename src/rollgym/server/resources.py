@@ -63,7 +63,7 @@ from rollgym.server.endpoint import (
     error_response,
     json_endpoint,
 )
-from rollgym.server.fingerprint import Fingerprint
+from rollgym.server.fingerprint import Fingerprint, fingerprint_route
 from rollgym.server.sessions import (
     Prepare,
     Session,
@@ -72,7 +72,7 @@ from rollgym.server.sessions import (
     new_session,
     session_id,
 )
-from rollgym.wire import FINGERPRINT_ENDPOINT, REVERIFY_MODE_ENDPOINT, session_cookie
+from rollgym.wire import REVERIFY_MODE_ENDPOINT, session_cookie
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -201,7 +201,6 @@ class ResourcesServer(BaseServer):
         self._pool_lock = asyncio.Lock()
         # Once, at start: what scores this server's rollouts (``rollgym.server.fingerprint``).
         self.fingerprint = Fingerprint.of(type(self), self.data_files(), type(self).version)
-        self._fingerprint = self.fingerprint.to_dict()
 
     # -- the authoring API ---------------------------------------------------------------
 
@@ -223,6 +222,15 @@ class ResourcesServer(BaseServer):
         """The data files this environment scores with, as (name, path): digested into its
         fingerprint at start. None (the default): the non-Python files of its package's
         folder (``rollgym.server.fingerprint``)."""
+        return None
+
+    def cpu_work(self) -> Callable[..., Any] | None:
+        """The function this server hands to ``run_cpu``, if any. Then its pool is started as
+        the server starts, before it answers ``/health``: every worker imports the function's
+        module and runs that module's ``warm_up()`` if it has one. Spawning workers and
+        importing take seconds, which neither the first verify nor a replay of the run (whose
+        model answers at once) should wait for. None (the default): the pool starts at the
+        first ``run_cpu``."""
         return None
 
     def features(self) -> list[str]:
@@ -276,6 +284,12 @@ class ResourcesServer(BaseServer):
                 self._pool = pool
             return self._pool
 
+    async def startup(self) -> None:
+        await super().startup()
+        work = self.cpu_work()
+        if work is not None:
+            await self._cpu_pool(work.__module__)
+
     # -- transport -----------------------------------------------------------------------
 
     def routes(self) -> list[BaseRoute]:
@@ -283,11 +297,7 @@ class ResourcesServer(BaseServer):
             Route("/seed_session", json_endpoint(self._seed, self._seed_limit()), methods=["POST"]),
             *self._dialect_routes,
             Route(REVERIFY_MODE_ENDPOINT, json_endpoint(self._reverify_mode), methods=["GET"]),
-            Route(
-                FINGERPRINT_ENDPOINT,
-                json_endpoint(self._fingerprint_answer),
-                methods=["GET", "POST"],
-            ),
+            fingerprint_route(self.fingerprint),
             Route("/verify", json_endpoint(self._verify), methods=["POST"]),
             Route("/aggregate_metrics", json_endpoint(self._aggregate), methods=["POST"]),
             Route("/tools", json_endpoint(self._list_tools), methods=["GET", "POST"]),
@@ -315,9 +325,6 @@ class ResourcesServer(BaseServer):
 
     async def _reverify_mode(self, body: Any, call: Call) -> Any:
         return type(self).reverify_mode
-
-    async def _fingerprint_answer(self, body: Any, call: Call) -> Any:
-        return self._fingerprint
 
     async def _seed(self, task: Any, call: Call) -> Any:
         if not isinstance(task, dict):

@@ -83,7 +83,8 @@ def rollout_cost(
     as ``per_call``, in call order), the model, environment (seed and tools) and verifier
     seconds of its hops, its retries, and what the verify response says of its judge calls
     (``judge_calls``, ``judge_input_tokens``, ``judge_output_tokens``, ``judge_model``:
-    ``rollgym.envs.judge``) and its sandbox seconds (``sandbox_s``: ``rollgym.envs.code``).
+    ``rollgym.envs.judge``) and its sandbox CPU seconds (``sandbox_s``: ``rollgym.envs.code``,
+    container verifies; CPU seconds, never wall seconds).
     Zero parts are left out."""
     tokens_in = tokens_out = unmetered = 0
     for call in tokens:

@@ -8,7 +8,8 @@ Each record's cost is read as the run's ledger reads it (``rollgym.collect.cost`
 sample is a scored rollout (not failed, masked or stale) of a group that carries a learning
 signal: a group of one, or one whose scored rewards are not all equal (GRPO learns nothing
 from a group of equal rewards). Failed, stale and replaced rollouts count in the batch's cost,
-never as useful; their tokens are not known to the client (``unmetered``).
+never as useful: with what they spent where their agent said so (a rollgym agent's error
+answer, a stale rollout's own record), else as ``unmetered`` (never as free).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class BatchCost:
     tokens: int
     money: float | None
     sandbox_s: float
+    """Sandbox CPU seconds (the records' ``sandbox_s``)."""
     judge_calls: int
     unmetered: int
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import orjson
 
-from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout
+from rollgym.collect.records import FailedRollout, RolloutRecord, ScoredRollout, spent_by
 from rollgym.errors import StaleRollout
 
 log = logging.getLogger("rollgym.collect")
@@ -91,5 +91,6 @@ class StalenessJudge:
             server="collector", body=orjson.dumps(detail), retryable=False,
         )  # fmt: skip
         return FailedRollout(
-            record.task_index, record.rollout_index, err, record.attempts, record.duration_s
-        )
+            record.task_index, record.rollout_index, err, record.attempts, record.duration_s,
+            cost=spent_by(record),  # it ran in full: its tokens were spent, and are waste
+        )  # fmt: skip

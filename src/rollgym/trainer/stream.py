@@ -84,6 +84,7 @@ from rollgym.collect.dialect import Dialects
 from rollgym.collect.dispatch import FeedDispatcher, LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.launchers import check_reachable
+from rollgym.collect.provenance import ask_fingerprint
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
 from rollgym.collect.rollout import RolloutPolicy
@@ -272,6 +273,14 @@ class RolloutStream:
         recorder.on_abort(self._feed.stop)
         if self.ledger is not None:
             self.ledger.open()
+            # Once, before the first rollout: which environment scores them (through the agent).
+            said = await ask_fingerprint(http, name, client.target.urls[0])
+            self.ledger.scored_by(name, said)
+            if said.get("id") is None:
+                log.warning(
+                    "agent %s: %s: which environment scored the stream's rollouts is not "
+                    "recorded (its lines carry no rollgym_fingerprint)", name, said.get("unknown"),
+                )  # fmt: skip
         await dispatcher.start(http, {name: client.target})
         self._task = asyncio.create_task(self._dispatch(dispatcher, recorder))
         self._watchdog = asyncio.create_task(self._watch())

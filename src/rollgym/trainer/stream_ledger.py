@@ -9,7 +9,12 @@ as rollouts are dispatched and recorded, for a run whose rows keep arriving.
     DIR/stale.jsonl      one line per stale rollout (cancelled in flight, discarded on arrival,
                          or found too old as its group left for the trainer): an outcome, not
                          a failure
-    DIR/run.json         the stream's counts, how it ended, and (aborted) why
+    DIR/run.json         the stream's counts, how it ended, (aborted) why, and the
+                         fingerprint of the environment that scored it (``fingerprints``:
+                         asked of the agent, which answers its resources server's)
+
+Every line of the three record files names that fingerprint by its id
+(``rollgym_fingerprint``), as a run's lines do (``rollgym.collect.provenance``).
 
 A group's records are written when it leaves the stream (yielded to the trainer, or dropped),
 judged for good: a rollout that waited in the buffer while the version moved on is written
@@ -32,6 +37,7 @@ from rollgym.collect.layout import FAILURES, ROLLOUTS, RUN_JSON, STALE, TASKS
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord
 from rollgym.collect.rundir import now, write_json
 from rollgym.errors import ConfigError
+from rollgym.wire import FINGERPRINT_FIELD
 
 
 class StreamLedger:
@@ -42,6 +48,16 @@ class StreamLedger:
         self.started = now()
         self._files: dict[str, IO[bytes]] = {}
         self.records = 0
+        self.fingerprints: dict[str, dict[str, Any]] = {}
+        """Agent name -> the fingerprint of what scores its rollouts (``run.json``)."""
+        self._stamp: dict[str, Any] | None = None
+
+    def scored_by(self, agent: str, fingerprint: dict[str, Any]) -> None:
+        """Record the fingerprint of ``agent``'s environment; lines written from now on name
+        its id (an unknown one: none, and ``run.json`` says why)."""
+        self.fingerprints[agent] = fingerprint
+        found = fingerprint.get("id")
+        self._stamp = {FINGERPRINT_FIELD: found} if isinstance(found, str) else None
 
     def open(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -64,9 +80,10 @@ class StreamLedger:
     def add(self, record: RolloutRecord) -> None:
         self.records += 1
         if isinstance(record, FailedRollout):
-            self._write(STALE if is_stale(record.error) else FAILURES, record.to_json())
+            line = record.to_json(self._stamp)
+            self._write(STALE if is_stale(record.error) else FAILURES, line)
         else:
-            self._write(ROLLOUTS, record.to_json())
+            self._write(ROLLOUTS, record.to_json(self._stamp))
 
     def _write(self, name: str, line: bytes) -> None:
         fh = self._files[name]
@@ -85,4 +102,6 @@ class StreamLedger:
         }  # fmt: skip
         if reason is not None:
             info["abort_reason"] = reason
+        if self.fingerprints:
+            info["fingerprints"] = self.fingerprints
         write_json(self.out_dir / RUN_JSON, info)

@@ -106,6 +106,11 @@ class RunResult:
     output_exceeded: bool
     duration_s: float
     report: bytes = b""
+    cpu_s: float = 0.0
+    """CPU seconds (user + system) of the run's process and every descendant it waited for,
+    from the kernel's accounting when it was reaped (``wait4``): the run's cost, where
+    ``duration_s`` counts the time it held its slot, waiting included. A run stopped at its
+    wall limit counts too: the launcher is killed first, and reaped into unshare's figure."""
 
     @property
     def ok(self) -> bool:
@@ -244,11 +249,14 @@ class Sandbox:
         env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home}
         started = time.monotonic()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._command(spec),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            # Popen, not asyncio's subprocess: its child watcher reaps with ``waitpid``, which
+            # drops the CPU accounting that ``Reaped`` reads with ``wait4``. Started on the
+            # loop, as asyncio's own subprocess transport starts its Popen.
+            proc = subprocess.Popen(  # noqa: ASYNC220
+                self._command(spec),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 cwd=workdir or "/",
                 env=env,
                 start_new_session=True,
@@ -259,10 +267,12 @@ class Sandbox:
             raise SandboxError(f"cannot start the sandbox: {exc}", server=self.server) from None
         finally:
             os.close(control_w)
+        reaped = Reaped(proc)
         try:
-            result = await self._supervise(proc, data, started, control_r)
+            result = await self._supervise(proc, reaped, data, started, control_r)
         finally:
             _kill_group(proc.pid)
+            reaped.close()
         if not result.report.startswith(READY):
             raise SandboxError(
                 f"the sandbox could not start the program (exit {result.exit_code}): "
@@ -272,33 +282,66 @@ class Sandbox:
         return result
 
     async def _supervise(
-        self, proc: asyncio.subprocess.Process, data: bytes, started: float, control: int
+        self,
+        proc: subprocess.Popen[bytes],
+        reaped: Reaped,
+        data: bytes,
+        started: float,
+        control: int,
     ) -> RunResult:
         assert proc.stdin and proc.stdout and proc.stderr
         over = asyncio.Event()
-        pipe, reader = await _pipe_reader(control)
-        feed = asyncio.create_task(_feed(proc.stdin, data))
-        out = asyncio.create_task(_read(proc.stdout, self.limits.output_bytes, over))
-        err = asyncio.create_task(_read(proc.stderr, _STDERR_KEEP, None))
-        rep = asyncio.create_task(_read(reader, self.limits.output_bytes + len(READY), over))
-        waiter = asyncio.create_task(proc.wait())
-        stopper = asyncio.create_task(over.wait())
+        pipes: list[asyncio.BaseTransport] = []
         try:
-            done, _ = await asyncio.wait(
-                {waiter, stopper}, timeout=self.limits.wall_seconds, return_when="FIRST_COMPLETED"
-            )
-            timed_out = not done
-            stopper.cancel()
-            if waiter not in done:
-                _kill_group(proc.pid)
-            # Killed or not, the process is gone within moments; its pipes close with it.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(waiter), 5)
-            readers = await asyncio.wait({feed, out, err, rep}, timeout=2)
-            for task in readers[1]:
-                task.cancel()
+            control_pipe, reader = await _pipe_reader(control)
+            pipes.append(control_pipe)
+            stdin = await _pipe_writer(proc.stdin, pipes)
+            stdout = await _pipe_reader_of(proc.stdout, pipes)
+            stderr = await _pipe_reader_of(proc.stderr, pipes)
+            return await self._watch(reaped, stdin, stdout, stderr, reader, data, started, over)
         finally:
-            pipe.close()
+            for pipe in pipes:
+                pipe.close()
+
+    async def _watch(
+        self,
+        reaped: Reaped,
+        stdin: asyncio.StreamWriter,
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+        reader: asyncio.StreamReader,
+        data: bytes,
+        started: float,
+        over: asyncio.Event,
+    ) -> RunResult:
+        proc = reaped.proc
+        feed = asyncio.create_task(_feed(stdin, data))
+        out = asyncio.create_task(_read(stdout, self.limits.output_bytes, over))
+        err = asyncio.create_task(_read(stderr, _STDERR_KEEP, None))
+        rep = asyncio.create_task(_read(reader, self.limits.output_bytes + len(READY), over))
+        waiter = asyncio.ensure_future(reaped.done)
+        stopper = asyncio.create_task(over.wait())
+        racers: set[asyncio.Future[Any]] = {waiter, stopper}
+        done, _ = await asyncio.wait(
+            racers, timeout=self.limits.wall_seconds, return_when="FIRST_COMPLETED"
+        )
+        timed_out = not done
+        stopper.cancel()
+        if waiter not in done:
+            if self.isolation.namespaces:
+                # The launcher first: unshare reaps it (and the kernel its namespace's other
+                # processes into it), so the run's CPU seconds are counted; killed at once with
+                # unshare, nobody would count them.
+                _kill_children(proc.pid)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(waiter), 1)
+            _kill_group(proc.pid)
+        # Killed or not, the process is gone within moments; its pipes close with it.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(waiter), 5)
+        readers = await asyncio.wait({feed, out, err, rep}, timeout=2)
+        for task in readers[1]:
+            task.cancel()
         return RunResult(
             exit_code=proc.returncode,
             stdout=_text(out),
@@ -307,7 +350,64 @@ class Sandbox:
             output_exceeded=over.is_set(),
             duration_s=time.monotonic() - started,
             report=rep.result() if rep.done() and not rep.cancelled() else b"",
+            cpu_s=reaped.cpu_s,
         )
+
+
+class Reaped:
+    """Reaps ``proc`` with ``wait4`` when it exits, keeping its CPU seconds (``cpu_s``): the
+    kernel adds to a process's own accounting that of every descendant it waited for, so the
+    launcher's figure holds the program's, and its children's (``unshare --fork`` waits for
+    the launcher; in a PID namespace the launcher's orphans are reaped into it as it ends). The
+    exit is seen through a pidfd on the event loop, or a thread where the kernel has none."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.cpu_s = 0.0
+        loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            self._thread = asyncio.ensure_future(asyncio.to_thread(self._reap, 0))
+            self._thread.add_done_callback(self._threaded)
+            return
+        loop.add_reader(self._pidfd, self._exited)
+
+    def _reap(self, flags: int) -> bool:
+        """Reap the process if it has exited (``flags``: ``os.WNOHANG``, or 0 to wait)."""
+        try:
+            pid, status, usage = os.wait4(self.proc.pid, flags)
+        except ChildProcessError:  # reaped by someone else: its figure is gone
+            if self.proc.returncode is None:
+                self.proc.returncode = -1
+            return True
+        if pid == 0:
+            return False
+        # Popen must not wait for it again (it would find no such child).
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.cpu_s = usage.ru_utime + usage.ru_stime
+        return True
+
+    def _exited(self) -> None:
+        if self._reap(os.WNOHANG):
+            self.close()
+            if not self.done.done():
+                self.done.set_result(None)
+
+    def _threaded(self, task: asyncio.Future[bool]) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def close(self) -> None:
+        """Stop watching (the pidfd's reader); a process not yet reaped is reaped by the thread
+        or by ``Popen``'s own clean-up."""
+        if self._pidfd is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 def _text(task: asyncio.Task[bytes]) -> str:
@@ -322,6 +422,26 @@ async def _pipe_reader(fd: int) -> tuple[asyncio.BaseTransport, asyncio.StreamRe
         lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
     )
     return pipe, reader
+
+
+async def _pipe_reader_of(
+    pipe: Any, transports: list[asyncio.BaseTransport]
+) -> asyncio.StreamReader:
+    """A stream reading ``pipe`` (a ``Popen`` file); its transport joins ``transports``."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    transports.append(transport)
+    return reader
+
+
+async def _pipe_writer(pipe: Any, transports: list[asyncio.BaseTransport]) -> asyncio.StreamWriter:
+    """A stream writing ``pipe`` (a ``Popen`` file); its transport joins ``transports``."""
+    loop = asyncio.get_running_loop()
+    protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
+    transport, _ = await loop.connect_write_pipe(lambda: protocol, pipe)
+    transports.append(transport)
+    return asyncio.StreamWriter(transport, protocol, None, loop)
 
 
 def remove_tree(path: str) -> None:
@@ -359,6 +479,18 @@ async def _read(pipe: asyncio.StreamReader, cap: int, over: asyncio.Event | None
         if len(chunk) > room and over is not None:
             over.set()
     return bytes(kept)
+
+
+def _kill_children(pid: int) -> None:
+    """SIGKILL the children of ``pid`` (unshare's: the launcher)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
+            children = [int(p) for p in fh.read().split()]
+    except (OSError, ValueError):
+        return  # gone already, or no such file here: the group's kill follows
+    for child in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
 
 
 def _kill_group(pid: int) -> None:

@@ -161,7 +161,7 @@ class CodeEnv(ResourcesServer):
         spent: list[float] = []
         runs = [self._run(sandbox, code, c, tests.fn_name, spent) for c in cases]
         scored = _scored(scoring, await asyncio.gather(*runs), len(cases), code)
-        # The sandbox time of this rollout (its runs' wall seconds in a slot): its cost.
+        # The sandbox time of this rollout: its runs' CPU seconds (``RunResult.cpu_s``).
         scored["sandbox_s"] = round(sum(spent), 4)
         return scored
 
@@ -173,7 +173,7 @@ class CodeEnv(ResourcesServer):
             run = await sandbox.run(
                 code, case.stdin, mode=case.mode, fn_name=fn_name, probes=case.probes
             )
-            spent.append(run.duration_s)
+            spent.append(run.cpu_s)
         finally:
             self._runs -= 1
         # Off the event loop: a large report takes a while to judge, and the server's other

@@ -38,11 +38,17 @@ SPAN_CHARS = 1000
 """Longer spans are not compared: parsing them is slow, and no answer restates them."""
 
 
+def warm_up() -> None:
+    """What a pool worker's first check would pay, paid when the pool starts (with the server,
+    ``ResourcesServer.cpu_work``): math-verify's import and its first parse and compare."""
+    check_answer("1", "\\boxed{1}")
+
+
 @cache
 def _math_verify() -> tuple[Any, Any, tuple[Any, ...], tuple[Any, ...]]:
-    """math-verify's ``parse``, ``verify`` and the extraction targets. Imported on the first
-    check, in the pool worker that runs it: math-verify brings sympy (0.4 s), which the
-    server's own process never needs, and which would delay its start by as much."""
+    """math-verify's ``parse``, ``verify`` and the extraction targets. Imported in the pool
+    worker that runs the checks (``warm_up``, as the pool starts): math-verify brings sympy
+    (0.4 s), which the server's own process never needs."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     # What NeMo Gym 0.4.0's math_with_judge extracts: the gold from LaTeX only (it is boxed

@@ -28,7 +28,7 @@ the answer) still fails with ``DeadlineExceeded``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -63,6 +63,9 @@ class MathEnv(ResourcesServer):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self._attempts: set[_Attempt] = set()
+
+    def cpu_work(self) -> Callable[..., Any]:
+        return type(self).checker  # its pool starts with the server, math-verify loaded
 
     async def verify(
         self, session: Session, task: dict[str, Any], response: dict[str, Any]

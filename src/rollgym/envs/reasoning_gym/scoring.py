@@ -25,7 +25,7 @@ import reasoning_gym
 from rollgym.envs.reasoning_gym import guard
 from rollgym.envs.reasoning_gym.carry import NotCarried, carry, restore
 
-# On import: the pool's warm-up imports this module in each worker before its first score, so
+# On import: the pool's warm-up (as the server starts) imports this module in each worker, so
 # neither reasoning-gym's import (a second or more) nor the guard counts against a deadline.
 guard.install()
 

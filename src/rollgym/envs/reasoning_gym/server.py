@@ -46,7 +46,7 @@ import asyncio
 import difflib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -104,6 +104,9 @@ class ReasoningGymEnv(ResourcesServer):
         super().__init__(*args, **kwargs)
         self._running: set[_Attempt] = set()
         self._warned: set[str] = set()  # versions and datasets warned about, once each
+
+    def cpu_work(self) -> Callable[..., Any]:
+        return type(self).scorer  # its pool starts with the server, reasoning-gym imported
 
     async def startup(self) -> None:
         await super().startup()
