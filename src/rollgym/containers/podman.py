@@ -53,6 +53,10 @@ from rollgym.errors import ContainerError, RollgymError
 
 log = logging.getLogger(__name__)
 
+_DISK_QUOTA: dict[str, bool] = {}
+"""Per podman binary: can its storage cap a container's disk (``--storage-opt size=``)?"""
+_QUOTA_WARNED: set[str] = set()
+
 EXEC_MARK = "ROLLGYM_EXEC"
 """The environment variable that marks every process of one exec (its value is unique)."""
 KILL_GRACE = 5.0
@@ -249,7 +253,9 @@ class PodmanRuntime:
         self.podman = podman
         self.oci_runtime = oci_runtime
         self.disk = disk_watch or DiskWatch()
-        self._disk_quota: bool | None = None  # learnt at the first container asking for one
+        # Learnt at the first container asking for one, once per process and podman (every
+        # runtime of a run would otherwise pay a refused `podman run` and warn again).
+        self._disk_quota: bool | None = _DISK_QUOTA.get(podman)
         self._graph_root: str | None = None
         self._repaired: list[str] = []  # corrupted images removed by ``list_leased``
 
@@ -324,11 +330,14 @@ class PodmanRuntime:
             done = await self.call("run", *argv, *keepalive, timeout=timeout, what=name)
         except ContainerError as exc:
             if quota and "overlay.size" in (exc.body or ""):
-                self._disk_quota = False
-                log.warning(
-                    "podman's storage here cannot cap a container's disk (overlay needs XFS "
-                    "with project quotas): disk_mb is enforced by the disk watchdog alone"
-                )
+                self._disk_quota = _DISK_QUOTA[self.podman] = False
+                if self.podman not in _QUOTA_WARNED:
+                    _QUOTA_WARNED.add(self.podman)
+                    log.warning(
+                        "podman's storage here cannot cap a container's disk (overlay needs "
+                        "XFS with project quotas): disk_mb is enforced by the disk watchdog alone"
+                    )
+                await self._remove_quietly(name)  # in case the refused run left it
                 return await self.create(spec, timeout=timeout)
             # A run that timed out may still have made the container: it is named, so remove it.
             await self._remove_quietly(name)
@@ -337,7 +346,7 @@ class PodmanRuntime:
             await self._remove_quietly(name)
             raise
         if quota:
-            self._disk_quota = True
+            self._disk_quota = _DISK_QUOTA[self.podman] = True
         cid = done.stdout.decode().strip().splitlines()[-1]
         box = PodmanContainer(self, cid, name, spec)
         if spec.limits.disk_mb:
