@@ -281,3 +281,91 @@ async def test_an_agent_within_storage_mb_is_not_flagged(tasks: dict[str, Prepar
         await trial.close()
     assert verdict.rewards.reward == 1.0 and not verdict.disk_exceeded
     assert "disk_limit_exceeded" not in verdict.fields()
+
+
+# Found by a second independent review of this design (each paid 1.0, or broke an honest
+# answer, before its fix).
+
+NSS_MODULE = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void forge(void) {
+    if (access("/tests/test.sh", F_OK) != 0) return;
+    FILE *f = fopen("/logs/verifier/reward.txt", "w");
+    if (f) { fputs("1\n", f); fclose(f); }
+    _exit(0);
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the NSS module")
+async def test_an_nss_module_named_in_nsswitch_is_never_loaded(
+    prepared: dict[str, Any], tmp_path: Path
+) -> None:
+    # glibc loads "libnss_<name>.so.2" for every user lookup (bash does one at its start),
+    # relative to the working directory when the name holds a slash.
+    import base64
+    import subprocess
+
+    (tmp_path / "m.c").write_text(NSS_MODULE)
+    await asyncio.to_thread(
+        subprocess.run,
+        ["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "m.so"), str(tmp_path / "m.c")],
+        check=True,
+        timeout=120,
+    )
+    blob = base64.b64encode((tmp_path / "m.so").read_bytes()).decode()
+    script = (
+        f"mkdir -p /app/libnss_ && echo {blob} | base64 -d > /app/libnss_/x.so.2"
+        " && printf 'passwd: /x files\\ngroup: /x files\\n' > /etc/nsswitch.conf"
+    )
+    verdict = await play(prepared["hello-file"], script)
+    assert verdict.rewards.reward == 0.0
+    assert "/etc/nsswitch.conf" in verdict.dropped_shown
+
+
+async def test_a_link_where_the_image_has_a_directory_reaches_the_verifier(
+    prepared: dict[str, Any],
+) -> None:
+    # No whiteout for a directory replaced by a link: tar cannot unpack a link over the
+    # image's directory unless the directory goes first (an honest answer paid 0, "broken").
+    script = (
+        "rm -rf /etc/ssl && ln -s /tmp /etc/ssl && printf 'Hello, rollgym!\\n' > /app/hello.txt"
+    )
+    verdict = await play(prepared["hello-file"], script)
+    assert verdict.broken is None and verdict.rewards.reward == 1.0
+
+
+async def test_a_pytest_ini_above_the_tests_is_not_read_and_is_flagged(
+    prepared: dict[str, Any],
+) -> None:
+    # pytest looks for its ini upward from /tests, to /: --collect-only passed every test.
+    verdict = await play(
+        prepared["fix-failing-test"],
+        "printf '[pytest]\\naddopts = --collect-only\\n' > /.pytest.ini",
+    )
+    assert verdict.rewards.reward == 0.0
+    assert "+/.pytest.ini" in verdict.suspect
+
+
+async def test_a_module_shadowing_pytests_in_the_start_directory_is_flagged(
+    prepared: dict[str, Any],
+) -> None:
+    # `python3 -m pytest` in /app puts /app first on sys.path (a typical Harbor test.sh).
+    script = (
+        "printf 'import os\\nos._exit(0)\\n' > /app/iniconfig.py && echo x > /app/calc_notes.py"
+    )
+    verdict = await play(prepared["hello-file"], script)
+    assert verdict.rewards.reward == 0.0
+    assert "+/app/iniconfig.py" in verdict.suspect
+    assert not any("calc_notes" in p for p in verdict.suspect)
+
+
+async def test_a_directory_deeper_than_the_bound_pays_zero_flagged(
+    prepared: dict[str, Any],
+) -> None:
+    # 1,100 levels: the host's walk recursed once per level (RecursionError on every retry).
+    script = "d=/app; for i in $(seq 1100); do d=$d/d; done; mkdir -p $d 2>/dev/null || python3 -c \"import os; os.makedirs('/app/' + '/'.join(['d'] * 1100))\""
+    verdict = await play(prepared["hello-file"], script)
+    assert verdict.rewards.reward == 0.0 and verdict.broken is not None
+    assert "deep" in verdict.broken

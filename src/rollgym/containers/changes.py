@@ -114,7 +114,14 @@ def read_upper(
     )
 
 
+MAX_DEPTH = 256
+"""Directories deeper than this are past the bounds (the walk recurses once per level: a
+review's 1,100 levels raised RecursionError on every verify)."""
+
+
 def _walk_dir(walk: _Walk, host_dir: bytes, rel: str, *, dropped_here: bool) -> None:
+    if rel.count("/") > MAX_DEPTH:
+        raise _too_large(f"{rel[:200]}... is nested more than {MAX_DEPTH} directories deep")
     try:
         entries = sorted(os.scandir(host_dir), key=lambda e: e.name)
     except OSError as exc:

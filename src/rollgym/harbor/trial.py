@@ -47,6 +47,7 @@ import math
 import os
 import secrets
 import shutil
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -86,11 +87,15 @@ VERIFIER_MARGIN = 300.0
 SYSTEM_TREES = (
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
     "/etc/ld.so.preload", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ld.so.cache",
-    "/etc/alternatives", "/etc/python3*",
+    "/etc/alternatives", "/etc/python3*", "/etc/nsswitch.conf", "/etc/gitconfig",
 )  # fmt: skip
 """What the verifier takes from the image only: its programs, libraries, the dynamic loader's
 configuration, and (beyond the first list) ``/etc/alternatives`` (``/usr/bin/awk`` and friends
-are links through it) and ``/etc/python3.*`` (Debian's ``sitecustomize.py`` lives there)."""
+are links through it), ``/etc/python3.*`` (Debian's ``sitecustomize.py`` lives there),
+``/etc/nsswitch.conf`` (it names the libraries glibc loads into every program that looks up a
+user, bash at its start among them: a review's ``passwd: /x files`` loaded ``/app/libnss_/x.so.2``
+into test.sh's shell) and ``/etc/gitconfig`` (``core.fsmonitor``, hooks and aliases run commands
+in a test that calls git)."""
 VERIFIER_OWNED = ("/tests", "/logs/verifier", "/solution")
 """Written by the verifier only: whatever the agent left there is never carried."""
 CHANGE_BOUNDS = (CHANGES_MAX_BYTES, CHANGES_MAX_ENTRIES)
@@ -234,6 +239,13 @@ class Trial:
             return VERIFIER_OWNED
         return SYSTEM_TREES + VERIFIER_OWNED
 
+    def _max_bytes(self) -> int:
+        """The content the verifier takes in: never more than the task's disk (the watchdog
+        charges a sparse file's blocks, the archive its whole size: a review's 1.5 GB sparse
+        file passed one and overflowed the verifier's disk)."""
+        storage = self.task.config.environment.storage_mb
+        return min(CHANGE_BOUNDS[0], storage << 20) if storage else CHANGE_BOUNDS[0]
+
     async def _end_agent(self) -> ChangeSet | str:
         """The agent's changes, read once (kept until ``close``); a string: why they cannot be
         carried (the agent wrote past the bounds)."""
@@ -251,7 +263,7 @@ class Trial:
             return DISK_EXCEEDED
         try:
             self.changes = await agent.changes(
-                timeout=STEP_TIMEOUT * 2, drop=self._drop(), max_bytes=CHANGE_BOUNDS[0],
+                timeout=STEP_TIMEOUT * 2, drop=self._drop(), max_bytes=self._max_bytes(),
                 max_entries=CHANGE_BOUNDS[1],
             )  # fmt: skip
         except ContainerError as exc:
@@ -274,7 +286,7 @@ class Trial:
         limit = self.task.config.verifier.timeout_sec
         lease = new_lease(self.lease.run, limit + VERIFIER_MARGIN)
         with tempfile.TemporaryDirectory(prefix="rollgym-verify-") as tmp:
-            stage = _stage(Path(tmp), self.task, changes)
+            stage = await asyncio.to_thread(_stage, Path(tmp), self.task, changes)
             inside = f"/.rollgym-{secrets.token_hex(8)}"
             spec = self._spec(
                 self.prepared.image, lease, self.task.config.verifier.env,
@@ -295,7 +307,12 @@ class Trial:
             tuple(p for p in changes.changed if _system(p)) if self.task.keep_system_changes
             else ()
         )  # fmt: skip
-        suspect = suspect_paths(changes, carried_system=carried)
+        # In a thread: it may read the archive (pytest configs), and the loop serves every
+        # other session meanwhile.
+        suspect = await asyncio.to_thread(
+            suspect_paths, changes, carried_system=carried,
+            workdir=start_dir(self.task),
+        )  # fmt: skip
         common: dict[str, Any] = {
             "seconds": time.monotonic() - started,
             "suspect": [_printable(p) for p in suspect[:SUSPECT_SHOWN]],
@@ -371,6 +388,20 @@ def _system(path: str) -> bool:
     return is_dropped(path, SYSTEM_TREES)
 
 
+def start_dir(task: HarborTask) -> str:
+    """Where ``test.sh`` starts: ``task.toml``'s workdir, else the Dockerfile's last absolute
+    ``WORKDIR`` (the image's), else ``/app`` (Harbor's convention)."""
+    if task.config.environment.workdir:
+        return task.config.environment.workdir
+    found = "/app"
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        for line in task.dockerfile.read_text().splitlines():
+            words = line.split()
+            if len(words) == 2 and words[0].upper() == "WORKDIR" and words[1].startswith("/"):
+                found = words[1]
+    return found
+
+
 def _stage(tmp: Path, task: HarborTask, changes: ChangeSet) -> Path:
     """The verifier's read-only mount, on the host: busybox, the tests, the changes' archive
     and the paths to delete (NUL-separated: a name may hold a newline)."""
@@ -387,6 +418,12 @@ def _stage(tmp: Path, task: HarborTask, changes: ChangeSet) -> Path:
     # means no later path is resolved through a link of the image.
     opaque = tuple(f"{p}/" for p in changes.opaque)
     gone = [*changes.opaque, *(p for p in changes.deleted if not p.startswith(opaque))]
+    # Then every file and link the archive brings: one may stand where the image has a
+    # directory (the agent removed it and put a link or a file there: overlay needs no whiteout
+    # for that), which tar cannot replace (a review's /etc/ssl made a link: an honest answer
+    # paid 0 as broken). What the image has there goes; the archive's entry takes its place.
+    with tarfile.open(changes.archive, "r") as tar:
+        gone += [f"/{m.name}" for m in tar if not m.isdir()]
     (stage / "deleted").write_bytes(b"".join(os.fsencode(p) + b"\0" for p in gone))
     return stage
 

@@ -1,11 +1,11 @@
-"""Partial credit: 0.2 per correct line, written to reward.json (Harbor's named rewards)."""
+"""Partial credit: 0.2 per correct line, written to reward.json (Harbor's named rewards).
+
+The expected lines are written here, not counted from /app/text.txt: the agent could rewrite
+that file to a text whose answer it knows (a review paid itself 1.0 so)."""
 import json
-import re
-from collections import Counter
 from pathlib import Path
 
-words = re.findall(r"[a-z]+", Path("/app/text.txt").read_text().lower())
-want = [f"{w} {n}" for w, n in sorted(Counter(words).items(), key=lambda kv: (-kv[1], kv[0]))[:5]]
+want = ["the 12", "cat 9", "a 6", "and 6", "dog 6"]
 try:
     got = Path("/app/top.txt").read_text().splitlines()
 except OSError:
