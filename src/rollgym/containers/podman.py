@@ -365,9 +365,9 @@ class PodmanRuntime:
         if done.timed_out or (done.code != 0 and not _image_gone(done)):
             raise translate("rmi", done, what=image)
 
-    async def _remove_quietly(self, name: str) -> None:
+    async def _remove_quietly(self, name: str, *, timeout: float = KILL_GRACE * 2) -> None:
         with contextlib.suppress(Exception):
-            await run(self.argv("rm", "-f", "-t", "0", name), timeout=KILL_GRACE * 2)
+            await run(self.argv("rm", "-f", "-t", "0", name), timeout=timeout)
 
     async def list_leased(self, kind: str) -> list[tuple[str, dict[str, str]]]:
         """(id, labels) of every container (``kind="containers"``) or image (``"images"``)
@@ -720,9 +720,13 @@ class PodmanContainer:
 
     async def destroy(self) -> None:
         self.runtime.disk.unwatch(self._id)
-        await self.runtime._remove_quietly(self._id)
+        # A layer of many files takes podman a while to delete (200,000: past 10 s, leaving the
+        # container "Removing" until its lease's reaper): wait longer here.
+        await self.runtime._remove_quietly(self._id, timeout=REMOVE_TIMEOUT)
 
 
+REMOVE_TIMEOUT = 120.0
+"""Seconds ``destroy`` waits for podman to remove a container and its layer."""
 _PODMAN_CODES = (125, 126, 127, 255)
 PODMAN_FILES = (
     "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/etc/mtab", "/run/.containerenv",
