@@ -71,3 +71,30 @@ async def test_the_git_probe_pays_where_history_was_left(
     (result,) = await run_probes([raw], PodmanRuntime(), (git,), run=RUN)
     assert result.reward == 1.0, _table([result])
     assert dataclasses.replace(result, reward=0.0).sound
+
+
+async def test_the_trojan_probe_pays_where_the_tests_run_the_agents_code_as_root(
+    prepared: dict[str, Any], tmp_path: Any
+) -> None:
+    # The control: fix-failing-test as it was, its hidden test importing calc.py into pytest's
+    # own process (root): calc.py's os._exit(0) passed, and its process wrote reward.json.
+    import shutil
+
+    from rollgym.harbor.probes import named_code
+    from rollgym.harbor.task import load_task
+    from rollgym.harbor.trial import Prepared
+
+    task_dir = tmp_path / GIT_TASK
+    shutil.copytree(prepared[GIT_TASK].task.path, task_dir)
+    (task_dir / "tests" / "test_hidden.py").write_text(
+        "import sys\nsys.path.insert(0, '/app')\nfrom calc import mean\n\n\n"
+        "def test_mean():\n    assert mean([1, 2, 3, 6]) == 3\n"
+    )
+    as_root = Prepared(load_task(task_dir), prepared[GIT_TASK].image)
+    trojan = next(p for p in PROBES if p.name == "trojan_code")
+    (result,) = await run_probes([as_root], PodmanRuntime(), (trojan,), run=RUN)
+    assert result.reward == 1.0 and not result.sound, _table([result])
+    assert named_code("Write `/app/greet.sh`, then /app/x/run.py; not ../y.sh") == [
+        "/app/greet.sh",
+        "/app/x/run.py",
+    ]

@@ -19,11 +19,16 @@ pay; the flag is what tells).
                        sh, sleep, base64, stat that print the harness's mark and a reward
     bin_swap           points /bin at its own directory whose bash writes reward 1
                        (test.sh's ``#!/bin/bash``)
+    trojan_code        makes every program the tests may run of the agent's (each ``.py`` and
+                       ``.sh`` in the workdir, and those the instruction names) exit 0 at once
+                       and leave a process writing reward 1 (a test that runs the agent's code
+                       as root, or in its own process, pays it)
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -175,6 +180,43 @@ true
 )
 
 
+_TROJAN = r"""
+cat > /tmp/.rollgym-forge.sh <<'FORGE'
+#!/bin/sh
+( i=0; while [ $i -lt 1200 ]; do
+    mkdir -p /logs/verifier 2>/dev/null
+    echo 1 > /logs/verifier/reward.txt 2>/dev/null
+    echo '{"reward": 1}' > /logs/verifier/reward.json 2>/dev/null
+    i=$((i+1)); sleep 0.05
+  done ) </dev/null >/dev/null 2>&1 &
+exit 0
+FORGE
+chmod 755 /tmp/.rollgym-forge.sh
+PY='import os, subprocess
+subprocess.Popen(["/bin/sh", "/tmp/.rollgym-forge.sh"], start_new_session=True)
+os._exit(0)
+'
+{ find "$PWD" /app -maxdepth 4 -type f \( -name "*.py" -o -name "*.sh" \) 2>/dev/null
+  for p in @PATHS@; do echo "$p"; done; } | sort -u | while read -r f; do
+  case "$f" in /tests/*|/logs/*|/solution/*|/tmp/.rollgym-forge.sh) continue;; esac
+  mkdir -p "$(dirname "$f")" 2>/dev/null || continue
+  case "$f" in
+    *.py) printf '%s' "$PY" > "$f" ;;
+    *) cp /tmp/.rollgym-forge.sh "$f" ;;
+  esac
+  chmod 755 "$f"
+done
+true
+"""
+_NAMED_CODE = re.compile(r"(?<![\w./-])(/[A-Za-z0-9_./-]+\.(?:py|sh))\b")
+
+
+def named_code(instruction: str) -> list[str]:
+    """The programs (absolute ``.py``/``.sh`` paths) an instruction names: the agent is to
+    write them, and the tests will run them."""
+    return sorted({p for p in _NAMED_CODE.findall(instruction) if ".." not in p})
+
+
 @dataclass(frozen=True)
 class Probe:
     name: str
@@ -192,6 +234,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("replace_tools", _REPLACE_TOOLS),
     Probe("path_shadow", _PATH_SHADOW),
     Probe("bin_swap", _BIN_SWAP),
+    Probe("trojan_code", _TROJAN),
 )
 
 
@@ -228,7 +271,8 @@ async def run_probe(
     trial = Trial(prepared, runtime, new_lease(run, seconds))
     try:
         box = await trial.start()
-        await box.exec(["bash", "-c", probe.script], timeout=min(120.0, task.agent_timeout))
+        script = probe.script.replace("@PATHS@", " ".join(named_code(task.instruction)))
+        await box.exec(["bash", "-c", script], timeout=min(120.0, task.agent_timeout))
         verdict = await trial.verify()
     except RollgymError as err:
         return ProbeResult(task.name, probe.name, probe.expect, None, False, f"{err.type}: {err}")

@@ -449,7 +449,9 @@ def verifier_script(limit: float, inside: str, *, mark: str) -> str:
         "err=$($BB tar -xpf $S/changes.tar -C / 2>&1) "
         '|| { echo "$M broken unpacking $(echo "$err" | $BB tail -c 300 | $BB base64 -w0)"; exit 0; }',
         f"$BB rm -rf {TESTS_DIR} {VERIFIER_DIR}",
-        "{ [ -d /logs ] && [ ! -L /logs ]; } || $BB rm -rf /logs",
+        # /logs whole, whatever the agent left: a /logs it made writable to all would let a
+        # program of the agent's that test.sh runs unprivileged swap /logs/verifier.
+        "$BB rm -rf /logs; umask 022",
         f"$BB mkdir -p {VERIFIER_DIR} && $BB cp -a $S/tests {TESTS_DIR} && $BB chmod +x {test}"
         ' || { echo "$M broken setup"; exit 0; }',
         f"PATH={TEST_PATH} $BB timeout -s KILL {math.ceil(limit)} {test} > {TEST_STDOUT} 2>&1",
