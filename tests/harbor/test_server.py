@@ -158,22 +158,34 @@ def _failing_tasks(root: Path) -> Path:
     return root
 
 
-async def test_an_unreadable_or_late_reward_is_a_typed_failure_never_zero(tmp_path: Path) -> None:
+async def test_an_unreadable_reward_is_a_typed_failure_a_late_one_a_flagged_zero(
+    tmp_path: Path,
+) -> None:
+    # A test.sh past its timeout pays 0 flagged, whatever it wrote first (its usual cause is
+    # the agent's code the tests run: a failure would drop the rollout, so hanging would beat
+    # a wrong answer); a reward file that names no number stays a verifier_error.
     tasks = _failing_tasks(tmp_path / "tasks")
     options = {"tasks_dir": str(tasks)}
     async with (
         serve_server("harbor", name="tasks", options=options) as (url, _),
         httpx.AsyncClient(base_url=url, timeout=120) as http,
     ):
-        for task, said in (("bad-reward", "no number"), ("slow-verifier", "did not finish")):
+        answers = {}
+        for task in ("bad-reward", "slow-verifier"):
             seeded = (await http.post("/seed_session", json=row_of(tasks, task))).json()
-            answer = await http.post(
+            answers[task] = await http.post(
                 "/verify", json={**row_of(tasks, task), "response": {"output": []}},
                 headers={SESSION_HEADER: seeded["session_id"]},
             )  # fmt: skip
-            assert answer.status_code >= 500, answer.text
-            error = answer.json()["error"]
-            assert error["type"] == "verifier_error" and said in error["message"], error
+    bad = answers["bad-reward"]
+    assert bad.status_code >= 500, bad.text
+    error = bad.json()["error"]
+    assert error["type"] == "verifier_error" and "no number" in error["message"], error
+    late = answers["slow-verifier"]
+    assert late.status_code == 200, late.text
+    body = late.json()
+    assert body["reward"] == 0.0 and body["harbor_verify_broken"] == 1.0, body
+    assert "did not finish" in body["harbor_verify_broken_reason"], body
 
 
 def row_of(tasks: Path, task: str) -> dict[str, Any]:

@@ -88,6 +88,8 @@ SYSTEM_TREES = (
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
     "/etc/ld.so.preload", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ld.so.cache",
     "/etc/alternatives", "/etc/python3*", "/etc/nsswitch.conf", "/etc/gitconfig",
+    "/etc/pip.conf", "/etc/xdg", "/etc/ssl", "/etc/apt", "/etc/dpkg", "/etc/pam.d",
+    "/etc/security",
 )  # fmt: skip
 """What the verifier takes from the image only: its programs, libraries, the dynamic loader's
 configuration, and (beyond the first list) ``/etc/alternatives`` (``/usr/bin/awk`` and friends
@@ -95,7 +97,10 @@ are links through it), ``/etc/python3.*`` (Debian's ``sitecustomize.py`` lives t
 ``/etc/nsswitch.conf`` (it names the libraries glibc loads into every program that looks up a
 user, bash at its start among them: a review's ``passwd: /x files`` loaded ``/app/libnss_/x.so.2``
 into test.sh's shell) and ``/etc/gitconfig`` (``core.fsmonitor``, hooks and aliases run commands
-in a test that calls git)."""
+in a test that calls git), and the configuration of the tools a ``test.sh`` commonly runs
+before its tests (a review's ``/etc/pip.conf`` pointed ``pip install pytest`` at the agent's
+wheel, and ``/etc/ssl/openssl.cnf`` loaded its library into ``curl``; ``apt``'s and ``dpkg``'s
+hooks run commands; PAM's modules load into ``su``)."""
 VERIFIER_OWNED = ("/tests", "/logs/verifier", "/solution")
 """Written by the verifier only: whatever the agent left there is never carried."""
 CHANGE_BOUNDS = (CHANGES_MAX_BYTES, CHANGES_MAX_ENTRIES)
@@ -358,10 +363,11 @@ class Trial:
             )
         out = read_verifier_output(ran.stdout, mark)
         if out.test_exit == TIMEOUT_EXIT:
-            raise VerifierError(
-                f"harbor task {self.task.name}: tests/test.sh did not finish within the "
-                f"verifier's {limit:g} s"
-            )
+            # Paid 0, flagged, not a failure: the usual cause is the agent's code the tests
+            # run (a loop), and a failure would drop the rollout from training, so hanging
+            # would beat a wrong answer. A task whose verifier is simply too slow shows as
+            # harbor_verify_broken on every rollout.
+            out.broken = f"tests/test.sh did not finish within the verifier's {limit:g} s"
         return out
 
     async def close(self) -> None:

@@ -1,6 +1,7 @@
 """The hidden tests. The agent's calc.py never runs in this process: each call is its own Python
 run as nobody (it cannot write /logs/verifier, nor touch this process), answering in JSON; a
-calc.py that exits early answers nothing and fails."""
+calc.py that exits early answers nothing and fails; one that loops is cut at 5 s a call (the
+verifier has 60 s for all of them)."""
 
 import json
 import subprocess
@@ -16,7 +17,7 @@ def call(expr):
     )
     done = subprocess.run(
         [*AS_NOBODY, "python3", "-I", "-S", "-c", code],
-        capture_output=True, text=True, timeout=30, cwd="/",
+        capture_output=True, text=True, timeout=5, cwd="/",
     )
     assert done.returncode == 0, done.stderr[-500:]
     return json.loads(done.stdout.strip().splitlines()[-1])
