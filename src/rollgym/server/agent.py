@@ -67,7 +67,7 @@ from rollgym.server.endpoint import Call, JSONResponse, error_response, json_end
 from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.policy import MAX_PAUSE_S
-from rollgym.server.usage import call_tokens, rollout_cost
+from rollgym.server.usage import call_tokens, error_tokens, may_have_billed, rollout_cost
 from rollgym.server.versions import CallVersions
 from rollgym.wire import (
     COST_FIELD,
@@ -107,13 +107,24 @@ class Hops:
     """Per-hop timing of one rollout: seconds of every seed, model, tool and verify call, the
     retries inside them, and the time they waited between attempts (backoff)."""
 
-    __slots__ = ("failed", "model", "retries", "seconds", "started", "tokens", "wait_s")
+    __slots__ = (
+        "failed",
+        "failed_calls",
+        "model",
+        "retries",
+        "seconds",
+        "started",
+        "tokens",
+        "wait_s",
+    )
 
     def __init__(self) -> None:
         self.seconds: dict[str, list[float]] = {}
         self.tokens: list[list[int] | None] = []
         """Each model call's ``[input, output]`` tokens (None: its answer said neither), in
         call order: the rollout's cost (``rollgym.collect.cost``)."""
+        self.failed_calls = 0
+        """Model calls among ``tokens`` that failed (``RunContext.respond``)."""
         self.model: str | None = None
         """The model its model calls' answers named last (a failure's cost is priced by it)."""
         self.retries: dict[str, int] = {}
@@ -143,14 +154,14 @@ class Hops:
     def cost(self, verified: dict[str, Any]) -> dict[str, Any]:
         """The rollout's ``rollgym_cost``, from these hops and its verify response
         (``rollgym.server.usage.rollout_cost``)."""
-        return rollout_cost(verified, self.seconds, self.tokens, self.retries)
+        return rollout_cost(verified, self.seconds, self.tokens, self.retries, self.failed_calls)
 
     def spent(self) -> dict[str, Any]:
         """What a rollout that failed had spent (its model calls' tokens, its hops' seconds,
         its retries): its ``rollgym_cost`` without ``per_call``, so the error answer that
         carries it stays small."""
         answered = {"response": {"model": self.model}} if self.model is not None else {}
-        cost = rollout_cost(answered, self.seconds, self.tokens, self.retries)
+        cost = rollout_cost(answered, self.seconds, self.tokens, self.retries, self.failed_calls)
         del cost["per_call"]
         return cost
 
@@ -340,7 +351,16 @@ class RunContext:
             params, self.rollout, token_capture=self.token_capture,
             oldest_version=self.versions.oldest,
         )  # fmt: skip
-        response: dict[str, Any] = await self.hops.timed("model", call)
+        try:
+            response: dict[str, Any] = await self.hops.timed("model", call)
+        except RollgymError as err:
+            if may_have_billed(err):
+                # A call that failed after it reached the model may have been billed: its
+                # error's usage where it says one, else counted unmetered (never as free).
+                used = error_tokens(err)
+                self.hops.tokens.append(None if used is None else list(used))
+                self.hops.failed_calls += 1
+            raise
         self.versions.saw(response)
         used = call_tokens(response)
         self.hops.tokens.append(None if used is None else list(used))
@@ -358,6 +378,9 @@ class Attempt:
     verified: dict[str, Any] | None
     error: RollgymError | None = None
     failed_in: Phase | None = None
+    spent: dict[str, Any] | None = None
+    """A failed rollout's spend before it failed (``Hops.spent``): its dialect's failure
+    answer carries it, as the flat ``/run`` answers a failure with it."""
 
 
 @runtime_checkable
@@ -562,11 +585,11 @@ class AgentServer(BaseServer):
                     "verify response", server=self.name,
                 )  # fmt: skip
         except RollgymError as err:
-            return Attempt(rollout, None, err, failed_phase(ctx.hops))
+            return Attempt(rollout, None, err, failed_phase(ctx.hops), ctx.hops.spent())
         except Exception as exc:  # a bug in the agent: still this rollout's failure
             log.error("%s: rollout %s crashed", self.name, rollout, exc_info=exc)
             crash = InternalError(f"{type(exc).__name__}: {exc}", server=self.name)
-            return Attempt(rollout, None, crash, failed_phase(ctx.hops))
+            return Attempt(rollout, None, crash, failed_phase(ctx.hops), ctx.hops.spent())
         finally:
             self.observe_hops(ctx.hops)
         verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())

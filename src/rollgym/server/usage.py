@@ -8,12 +8,29 @@ says neither: the call is not metered, and the cost ledger says so rather than c
 
 ``rollout_cost`` sums a rollout's calls, hops and verify response into its ``rollgym_cost``,
 where they were measured: in its agent (``rollgym.server.agent``), off the collector's hot path.
+
+A model call that **failed** after it reached the model (``may_have_billed``: a 5xx, a timeout,
+a connection lost; not a refusal before anything was sent, nor a 4xx) may have been billed: it
+is counted as a call (``failed_calls``) with the tokens its error's ``usage`` says
+(``error_tokens``: the upstream's error body, as the model server relays it in the error's
+``origin`` chain), and where it says none, as a call whose tokens are not known
+(``unmetered_calls``). Not estimated from the prompt: a guess would read as a measurement.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
+from rollgym.errors import (
+    BudgetExhausted,
+    CircuitOpen,
+    ConnectError,
+    HTTPStatusError,
+    InvalidRequest,
+    RollgymError,
+)
 from rollgym.wire import GENERATION_IDS, PROMPT_IDS
 
 Tokens = tuple[int, int]
@@ -59,6 +76,60 @@ def call_tokens(answer: Any) -> Tokens | None:
     return found if found is not None else id_tokens(answer)
 
 
+def may_have_billed(err: RollgymError) -> bool:
+    """Whether a model call that failed with ``err`` may have been billed: it reached the
+    model (a 5xx, a timeout, a lost connection, an answer cut), not refused before it was sent
+    (no connection, an open circuit, a retry budget) nor by a 4xx."""
+    root = err.root()
+    if isinstance(root, (ConnectError, CircuitOpen, BudgetExhausted, InvalidRequest)):
+        return False
+    if isinstance(root, HTTPStatusError) and root.status is not None:
+        return root.status >= 500
+    return True
+
+
+_USAGE_DEPTH = 4
+"""How deep ``error_tokens`` looks into bodies relayed inside bodies."""
+
+
+def error_tokens(err: RollgymError) -> Tokens | None:
+    """The tokens a failed call's error says it billed: a ``usage`` in the body of any error
+    of its ``origin`` chain (at the body's top level or under its ``error``; a relayed body
+    inside it, as a string, is read too); None: none says one."""
+    seen: RollgymError | None = err
+    while seen is not None:
+        if seen.body and "usage" in seen.body and not seen.truncated:
+            found = _body_usage(seen.body, _USAGE_DEPTH)
+            if found is not None:
+                return found
+        seen = seen.origin
+    return None
+
+
+def _body_usage(text: str, depth: int) -> Tokens | None:
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return _usage_in(data, depth)
+
+
+def _usage_in(data: Any, depth: int) -> Tokens | None:
+    if depth <= 0 or not isinstance(data, dict):
+        return None
+    found = usage_tokens(data.get("usage"))
+    if found is not None:
+        return found
+    for key in ("error", "origin"):
+        found = _usage_in(data.get(key), depth - 1)
+        if found is not None:
+            return found
+    body = data.get("body")
+    if isinstance(body, str) and "usage" in body:
+        return _body_usage(body, depth - 1)
+    return None
+
+
 _ENV_HOPS = ("seed", "tool")
 
 
@@ -76,11 +147,12 @@ def rollout_cost(
     seconds: dict[str, list[float]],
     tokens: list[list[int] | None],
     retries: dict[str, int],
+    failed_calls: int = 0,
 ) -> dict[str, Any]:
     """What one rollout cost, as its agent measured it (``rollgym_cost`` on its verify
     response; ``rollgym.collect.cost`` adds the money): its model calls and their tokens
     (``tokens``: one ``[input, output]`` per call, None where the answer said neither: kept
-    as ``per_call``, in call order), the model, environment (seed and tools) and verifier
+    as ``per_call``, in call order; ``failed_calls`` of them failed), the model, environment (seed and tools) and verifier
     seconds of its hops, its retries, and what the verify response says of its judge calls
     (``judge_calls``, ``judge_input_tokens``, ``judge_output_tokens``, ``judge_model``:
     ``rollgym.envs.judge``) and its sandbox CPU seconds (``sandbox_s``: ``rollgym.envs.code``,
@@ -99,6 +171,8 @@ def rollout_cost(
     }  # fmt: skip
     if unmetered:
         cost["unmetered_calls"] = unmetered
+    if failed_calls:
+        cost["failed_calls"] = failed_calls  # among ``calls``: see the module docstring
     response = verified.get("response")
     model = response.get("model") if response.__class__ is dict else None
     if model.__class__ is str:
