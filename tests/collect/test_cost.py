@@ -486,3 +486,60 @@ async def test_retried_and_failed_0_7_episodes_keep_what_their_attempts_spent(
     assert near(retried["money"] + failed["money"], model_money * share)
     kept = cost["useful"]["tokens"] + wasted["no_signal"]["tokens"]
     assert kept + retried["tokens"] + failed["tokens"] == totals["tokens"]
+
+
+async def test_a_failed_model_call_counts_what_its_error_says_it_billed(tmp_path: Path) -> None:
+    """Issue 41: the model upstream bills each question's first call and then answers 500
+    with the ``usage`` it billed in its error body; for questions 4 and 5 it does so every
+    time. The proxy tries the upstream again (``upstream_retry``: 4 attempts): 0-3 are answered
+    at the second, 4-5 fail after the fourth. Every failed attempt is counted as a call with
+    its billed tokens (the proxy says them on its answer, or on its error), so the ledger's
+    totals are what the upstream billed, and its money within 1%."""
+    model = BillingUpstream(fail_billed=lambda q: q >= 4 or model.asked[q] == 1)
+    async with billing_stack(judge_fail_every=0, model=model) as stack:
+        await collect(stack, tmp_path, 6, {"prices": PRICES, "max_failure_rate": None})
+    out = tmp_path / "out"
+    scored, failures = lines(out), lines(out, "failures.jsonl")
+    assert sorted(x["task_index"] for x in scored) == [0, 1, 2, 3]
+    assert sorted(x["task_index"] for x in failures) == [4, 5]
+    billed = model.billed
+    assert billed.calls == 4 * 2 + 2 * 4
+    for line in scored:
+        got = line[COST_FIELD]
+        assert got["calls"] == 2 and got["failed_calls"] == 1, got
+        assert "unmetered_calls" not in got and None not in got["per_call"]
+    for line in failures:
+        got = line[COST_FIELD]
+        assert got["failed_calls"] == got["calls"] == 4 and got["input_tokens"] > 0, got
+        assert got["model"] == "policy-model" and got["money"] > 0
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    assert cost == cost_ledger(out, 1, PriceTable.model_validate(PRICES))
+    totals = cost["totals"]
+    assert totals["model_calls"] == billed.calls
+    assert totals["input_tokens"] == billed.input_tokens
+    assert totals["output_tokens"] == billed.output_tokens
+    assert totals["unpriced_tokens"] == 0
+    judged = stack.judge.billed
+    truth = (billed.input_tokens * 0.5 + billed.output_tokens * 1.5
+             + judged.input_tokens * 3.0 + judged.output_tokens * 15.0) / 1e6  # fmt: skip
+    assert near(cost["money"], truth)
+    assert cost["wasted"]["failed"]["unmetered"] == 0
+
+
+async def test_a_failed_model_call_whose_error_says_nothing_is_unmetered(tmp_path: Path) -> None:
+    """The same billed 500s with no ``usage`` in the error: their tokens are not known, and
+    the records and the ledger say so (``unmetered``), never counting them as 0 silently."""
+    model = BillingUpstream(fail_billed=lambda q: model.asked[q] == 1, usage_on_error=False)
+    async with billing_stack(judge_fail_every=0, model=model) as stack:
+        await collect(stack, tmp_path, 4, {"prices": PRICES})
+    out = tmp_path / "out"
+    scored = lines(out)
+    assert len(scored) == 4
+    for line in scored:
+        got = line[COST_FIELD]
+        assert got["calls"] == 2 and got["unmetered_calls"] == 1 and got["per_call"][0] is None
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    counted = cost["useful"]["unmetered"] + cost["wasted"]["no_signal"]["unmetered"]
+    assert counted == 4
+    # What was counted is what the answered calls billed: half the billed tokens here.
+    assert cost["totals"]["tokens"] - stack.judge.billed.tokens == model.billed.tokens // 2

@@ -58,6 +58,7 @@ from rollgym.errors import (
     RollgymError,
 )
 from rollgym.http import HttpClient, Target
+from rollgym.http.failed_attempts import collecting
 from rollgym.prometheus.latency import LatencyByName
 from rollgym.prometheus.samples import HistogramSample, Sample
 from rollgym.protocol import TaskRow, rollout_key
@@ -67,15 +68,23 @@ from rollgym.server.endpoint import Call, JSONResponse, error_response, json_end
 from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.policy import MAX_PAUSE_S
-from rollgym.server.usage import call_tokens, error_tokens, may_have_billed, rollout_cost
+from rollgym.server.usage import (
+    call_tokens,
+    count_failed,
+    error_calls,
+    may_have_billed,
+    rollout_cost,
+)
 from rollgym.server.versions import CallVersions
 from rollgym.wire import (
     COST_FIELD,
+    FAILED_CALLS,
     FINGERPRINT_ENDPOINT,
     HEADER_OLDEST_VERSION,
     HEADER_ROLLOUT,
     ROLLOUT_PREFIX,
     TOKEN_CAPTURE_SEGMENT,
+    UPSTREAM_KEY,
 )
 
 log = logging.getLogger("rollgym.server")
@@ -351,17 +360,24 @@ class RunContext:
             params, self.rollout, token_capture=self.token_capture,
             oldest_version=self.versions.oldest,
         )  # fmt: skip
-        try:
-            response: dict[str, Any] = await self.hops.timed("model", call)
-        except RollgymError as err:
-            if may_have_billed(err):
-                # A call that failed after it reached the model may have been billed: its
-                # error's usage where it says one, else counted unmetered (never as free).
-                used = error_tokens(err)
-                self.hops.tokens.append(None if used is None else list(used))
-                self.hops.failed_calls += 1
-            raise
+        # Every attempt that failed after it reached the model may have been billed (one
+        # the client retried too): counted with its error's usage where it says one, else
+        # as a call whose tokens are not known; never as free (``rollgym.server.usage``).
+        with collecting() as failed:
+            try:
+                response: dict[str, Any] = await self.hops.timed("model", call)
+            finally:
+                for err in failed:
+                    if may_have_billed(err):
+                        calls, model = error_calls(err)
+                        self.hops.tokens.extend(calls)
+                        self.hops.failed_calls += len(calls)
+                        if self.hops.model is None:
+                            self.hops.model = model
         self.versions.saw(response)
+        upstream = response.get(UPSTREAM_KEY)
+        if upstream.__class__ is dict and (retried := upstream.get(FAILED_CALLS)):
+            self.hops.failed_calls += count_failed(retried, self.hops.tokens)
         used = call_tokens(response)
         self.hops.tokens.append(None if used is None else list(used))
         if isinstance(named := response.get("model"), str):
