@@ -77,6 +77,10 @@ SGLang's ``sglang:generation_tokens_total``, with prompt tokens; ``rollgym.model
 
 ``idle_timeout: null`` turns the whole watch off (only the attempt timeout bounds a call).
 
+Upstream attempts retried after they reached the upstream may have been billed: an answer's
+``rollgym_upstream`` entry lists them (``wire.FAILED_CALLS``), and a call that fails for good
+says them in its error's body (``_billed``), for the agent's cost (``rollgym.server.usage``).
+
 ``upstream_stream: true`` streams from the upstream instead (``"stream": true``, usage
 included): the chunks are put back together (``rollgym.models.assemble``), a client's stream on
 ``/v1/chat/completions`` is passed on chunk by chunk, and an upstream that sends no byte for
