@@ -113,6 +113,11 @@ FINGERPRINT_FIELD = "rollgym_fingerprint"
 whole fingerprint is in ``run.json``'s ``fingerprints``)."""
 COST_FIELD = "rollgym_cost"
 """On every record: what the rollout cost (``rollgym.collect.cost.RolloutCost``)."""
+FAILED_CALLS = "rollgym_failed_calls"
+"""On a model call's ``UPSTREAM_KEY`` entry: the tokens of each upstream attempt its model
+server tried before the one that answered, which failed after it reached the upstream (each
+``[input, output]`` from its error's ``usage``, or null: not said), so that an agent counts
+what they may have billed (``rollgym.server.usage``)."""
 UPSTREAM_KEY = "rollgym_upstream"
 """The extra object on a model call's answer holding what its model server adds: the upstream's
 token-level data, the call's ``POLICY_VERSION``, ``REPLICA`` and ``ABORTED_VERSIONS``."""
@@ -186,6 +191,7 @@ __all__ = [
     "ABORTED_VERSIONS",
     "CLOSE_SESSION_ENDPOINT",
     "COST_FIELD",
+    "FAILED_CALLS",
     "FAILURE_KIND",
     "FINGERPRINT_ENDPOINT",
     "FINGERPRINT_FIELD",

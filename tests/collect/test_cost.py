@@ -54,7 +54,7 @@ class Billing:
     judge: BillingUpstream
 
 
-def config(collect: dict[str, Any]) -> Any:
+def config(collect: dict[str, Any], **more: dict[str, Any]) -> Any:
     servers = {
         "model": {"kind": "model", "impl": "openai_proxy", "retry": FAST_RETRY,
                   "options": {"base_url": "http://unused/v1"}},
@@ -64,18 +64,25 @@ def config(collect: dict[str, Any]) -> Any:
                 "options": {"judge": "judge"}},
         "agent": {"kind": "agent", "impl": "tool_agent",
                   "options": {"model": "model", "resources": "env"}},
+        **more,
     }  # fmt: skip
     return parse_config({"servers": servers, "collect": collect}, "test-config")
 
 
 @asynccontextmanager
-async def billing_stack(judge_fail_every: int = 5) -> AsyncIterator[Billing]:
-    model_up = BillingUpstream(fail_every=7)
-    judge_up = BillingUpstream(judge=True, fail_every=judge_fail_every)
+async def billing_stack(
+    judge_fail_every: int = 5,
+    model: BillingUpstream | None = None,
+    judge: BillingUpstream | None = None,
+    upstream_retry: dict[str, Any] | None = None,
+) -> AsyncIterator[Billing]:
+    model_up = BillingUpstream(fail_every=7) if model is None else model
+    judge_up = BillingUpstream(judge=True, fail_every=judge_fail_every) if judge is None else judge
+    retry = FAST_UPSTREAM if upstream_retry is None else upstream_retry
     async with serve_billing(model_up) as model_base, serve_billing(judge_up) as judge_base:
 
         def proxy(base: str, model: str) -> dict[str, Any]:
-            return {"base_url": base + "/v1", "model": model, "upstream_retry": FAST_UPSTREAM,
+            return {"base_url": base + "/v1", "model": model, "upstream_retry": retry,
                     "idle_timeout": None}  # fmt: skip
 
         async with (
@@ -315,8 +322,9 @@ async def test_every_wasted_rollout_is_attributed_to_its_cause(tmp_path: Path) -
             cost = orjson.loads((out / "cost.json").read_bytes())
             assert cost == cost_ledger(out, 3, None)
     wasted = cost["wasted"]
-    # Their model calls failed (500, never answered): nothing billed, nothing unknown.
-    assert wasted["failed"]["rollouts"] == 3 and wasted["failed"]["unmetered"] == 0
+    # Their model calls failed (500, no usage said): what they billed is not known, so they
+    # are counted unmetered, never as free.
+    assert wasted["failed"]["rollouts"] == 3 and wasted["failed"]["unmetered"] == 3
     assert wasted["failed"]["tokens"] == 0
     assert wasted["retried"]["rollouts"] == 3  # the first session's failures, run again
     scored = lines(out)
@@ -394,3 +402,144 @@ async def test_a_cost_written_by_a_row_is_no_measurement(tmp_path: Path) -> None
     for line in lines(tmp_path / "out"):
         got = line[COST_FIELD]
         assert got["calls"] == 2 and got["input_tokens"] > 0 and "money" not in got
+
+
+def materialized(path: Path) -> Path:
+    """``path``'s flat rows as NeMo Gym 0.7's materialized rows (episodes on the agent)."""
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    path.write_bytes(b"".join(
+        orjson.dumps({"task_id": {"taskset": "q", "task_id": f"t{i}"}, "task_input": row})
+        + b"\n" for i, row in enumerate(rows)
+    ))  # fmt: skip
+    return path
+
+
+async def test_retried_and_failed_0_7_episodes_keep_what_their_attempts_spent(
+    tmp_path: Path,
+) -> None:
+    """Issue 41, through NeMo Gym 0.7's episodes (whose transient failures the collector runs
+    again in the run): the judge is down for questions 0-3 until the policy model was asked
+    them twice, and for questions 4 and 5 for good. So 0-3 score at their second attempt,
+    and 4-5 fail after every attempt, each attempt having billed a model call. Every billed
+    token is in the ledger: the failed attempts of the scored ones under ``retried`` (on their
+    lines, ``rollgym_cost.retried``), the failed rollouts' under ``failed`` (the 0.7 failure
+    answer carries the agent's spend); totals equal to what the upstream billed, money
+    within 1%."""
+    from rollgym.collect.dialect import Dialects
+    from rollgym.dialects import ROW_DIALECTS
+
+    model = BillingUpstream()
+    judge = BillingUpstream(judge=True, refuse=lambda q: q >= 4 or model.asked[q] < 2)
+    tasks = materialized(write_rows(tmp_path / "tasks.jsonl", 6))
+    # The same agent, as the Environment Server a 0.7 user names by its URL.
+    episodes = {"kind": "environment", "url": "http://unused",
+                "retry": {**FAST_RETRY, "max_attempts": 3}}  # fmt: skip
+    cfg = config({"concurrency": 3, "rollout_timeout": 60, "prices": PRICES,
+                  "max_rollout_attempts": 3, "max_failure_rate": None,
+                  "taskset_routes": {"q": "episodes"}}, episodes=episodes)  # fmt: skip
+    out = tmp_path / "out"
+    async with billing_stack(model=model, judge=judge) as stack:
+        urls = {**stack.urls, "episodes": stack.urls["agent"]}
+        run = prepare_run(cfg, cfg.collect, tasks, out, resume=False,
+                          dialects=Dialects(ROW_DIALECTS))  # fmt: skip
+        async with asyncio.timeout(90):
+            await Collector(run, urls, progress=False).execute()
+    billed = model.billed
+    scored, failures = lines(out), lines(out, "failures.jsonl")
+    assert sorted(x["task_index"] for x in scored) == [0, 1, 2, 3]
+    assert sorted(x["task_index"] for x in failures) == [4, 5]
+    assert [model.asked[q] for q in range(6)] == [2, 2, 2, 2, 3, 3]
+    first: dict[int, int] = {}  # each question's tokens, as one attempt spent them
+    for line in scored:
+        got = line[COST_FIELD]
+        assert line["attempts"] == 2 and got["calls"] == 2, got
+        retried = got["retried"]
+        assert retried["calls"] == 1 and retried["attempts"] == 1 and retried["money"] > 0
+        # The same question twice: the failed attempt spent what the scored one did.
+        assert got["per_call"] == [[retried["input_tokens"], retried["output_tokens"]]]
+        first[line["task_index"]] = retried["input_tokens"] + retried["output_tokens"]
+    for line in failures:
+        got = line[COST_FIELD]
+        assert line["attempts"] == 3 and got["calls"] == 3 and "metered" not in got, got
+        assert "retried" not in got and got["money"] > 0
+        assert COST_FIELD not in orjson.dumps(line["error"]).decode()  # said once
+        first[line["task_index"]] = (got["input_tokens"] + got["output_tokens"]) // 3
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    assert cost == cost_ledger(out, 1, PriceTable.model_validate(PRICES))  # as written
+    totals = cost["totals"]
+    assert totals["model_calls"] == billed.calls == 14
+    assert totals["input_tokens"] == billed.input_tokens
+    assert totals["output_tokens"] == billed.output_tokens
+    judged = stack.judge.billed
+    truth = (billed.input_tokens * 0.5 + billed.output_tokens * 1.5
+             + judged.input_tokens * 3.0 + judged.output_tokens * 15.0) / 1e6  # fmt: skip
+    assert near(cost["money"], truth)
+    wasted = cost["wasted"]
+    retried = wasted["retried"]
+    assert retried["rollouts"] == 0 and retried["attempts"] == 4  # counted where they ended
+    assert retried["tokens"] == sum(first[q] for q in range(4)) and retried["unmetered"] == 0
+    failed = wasted["failed"]
+    assert failed["rollouts"] == 2 and failed["attempts"] == 6 and failed["unmetered"] == 0
+    assert failed["tokens"] == 3 * (first[4] + first[5])
+    model_money = (billed.input_tokens * 0.5 + billed.output_tokens * 1.5) / 1e6
+    share = (retried["tokens"] + failed["tokens"]) / billed.tokens
+    assert near(retried["money"] + failed["money"], model_money * share)
+    kept = cost["useful"]["tokens"] + wasted["no_signal"]["tokens"]
+    assert kept + retried["tokens"] + failed["tokens"] == totals["tokens"]
+
+
+async def test_a_failed_model_call_counts_what_its_error_says_it_billed(tmp_path: Path) -> None:
+    """Issue 41: the model upstream bills each question's first call and then answers 500
+    with the ``usage`` it billed in its error body; for questions 4 and 5 it does so every
+    time. The proxy tries the upstream again (``upstream_retry``: 4 attempts): 0-3 are answered
+    at the second, 4-5 fail after the fourth. Every failed attempt is counted as a call with
+    its billed tokens (the proxy says them on its answer, or on its error), so the ledger's
+    totals are what the upstream billed, and its money within 1%."""
+    model = BillingUpstream(fail_billed=lambda q: q >= 4 or model.asked[q] == 1)
+    async with billing_stack(judge_fail_every=0, model=model) as stack:
+        await collect(stack, tmp_path, 6, {"prices": PRICES, "max_failure_rate": None})
+    out = tmp_path / "out"
+    scored, failures = lines(out), lines(out, "failures.jsonl")
+    assert sorted(x["task_index"] for x in scored) == [0, 1, 2, 3]
+    assert sorted(x["task_index"] for x in failures) == [4, 5]
+    billed = model.billed
+    assert billed.calls == 4 * 2 + 2 * 4
+    for line in scored:
+        got = line[COST_FIELD]
+        assert got["calls"] == 2 and got["failed_calls"] == 1, got
+        assert "unmetered_calls" not in got and None not in got["per_call"]
+    for line in failures:
+        got = line[COST_FIELD]
+        assert got["failed_calls"] == got["calls"] == 4 and got["input_tokens"] > 0, got
+        assert got["model"] == "policy-model" and got["money"] > 0
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    assert cost == cost_ledger(out, 1, PriceTable.model_validate(PRICES))
+    totals = cost["totals"]
+    assert totals["model_calls"] == billed.calls
+    assert totals["input_tokens"] == billed.input_tokens
+    assert totals["output_tokens"] == billed.output_tokens
+    assert totals["unpriced_tokens"] == 0
+    judged = stack.judge.billed
+    truth = (billed.input_tokens * 0.5 + billed.output_tokens * 1.5
+             + judged.input_tokens * 3.0 + judged.output_tokens * 15.0) / 1e6  # fmt: skip
+    assert near(cost["money"], truth)
+    assert cost["wasted"]["failed"]["unmetered"] == 0
+
+
+async def test_a_failed_model_call_whose_error_says_nothing_is_unmetered(tmp_path: Path) -> None:
+    """The same billed 500s with no ``usage`` in the error: their tokens are not known, and
+    the records and the ledger say so (``unmetered``), never counting them as 0 silently."""
+    model = BillingUpstream(fail_billed=lambda q: model.asked[q] == 1, usage_on_error=False)
+    async with billing_stack(judge_fail_every=0, model=model) as stack:
+        await collect(stack, tmp_path, 4, {"prices": PRICES})
+    out = tmp_path / "out"
+    scored = lines(out)
+    assert len(scored) == 4
+    for line in scored:
+        got = line[COST_FIELD]
+        assert got["calls"] == 2 and got["unmetered_calls"] == 1 and got["per_call"][0] is None
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    counted = cost["useful"]["unmetered"] + cost["wasted"]["no_signal"]["unmetered"]
+    assert counted == 4
+    # What was counted is what the answered calls billed: half the billed tokens here.
+    assert cost["totals"]["tokens"] - stack.judge.billed.tokens == model.billed.tokens // 2

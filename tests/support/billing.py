@@ -6,12 +6,18 @@ completion token per word of the reply. Every ``fail_every``-th request is refus
 not billed (as a provider bills only what it answered), so the proxy's retries are exercised
 without being billed twice. ``billed`` is the ground truth a cost ledger is checked against.
 A judge upstream (``judge=True``) answers a verdict label, equal for even-numbered questions.
+
+Failures can be injected per question (``question N`` in the last message): ``refuse(n)``
+answers 503 unbilled; ``fail_billed(n)`` bills the call and then answers 500 (a provider that
+fails after it has done the work), its error body saying the ``usage`` it billed when
+``usage_on_error`` (else nothing of it). ``asked`` counts each question's billed calls.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,8 +54,12 @@ def _words(value: Any) -> int:
 class BillingUpstream:
     judge: bool = False
     fail_every: int = 0
+    refuse: Callable[[int], bool] | None = None
+    fail_billed: Callable[[int], bool] | None = None
+    usage_on_error: bool = True
     requests: int = 0
     billed: Billed = field(default_factory=Billed)
+    asked: Counter[int] = field(default_factory=Counter)
 
     async def completions(self, request: Request) -> Response:
         self.requests += 1
@@ -59,8 +69,11 @@ class BillingUpstream:
         messages = body.get("messages") or []
         prompt = sum(_words(m.get("content")) for m in messages if isinstance(m, dict))
         last = str(messages[-1].get("content", "")) if messages else ""
+        numbers = [int(n) for n in re.findall(r"question (\d+)", last)]
+        question = numbers[0] if numbers else -1
+        if self.refuse is not None and self.refuse(question):
+            return Response(b'{"error": {"message": "down for this question"}}', 503)
         if self.judge:
-            numbers = [int(n) for n in re.findall(r"question (\d+)", last)]
             reply = "Checked. [[A=B]]" if numbers and numbers[0] % 2 == 0 else "No. [[A!=B]]"
         else:
             reply = f"My answer is {len(last.split())} of course"
@@ -68,6 +81,14 @@ class BillingUpstream:
         self.billed.calls += 1
         self.billed.input_tokens += prompt
         self.billed.output_tokens += completion
+        self.asked[question] += 1
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+                 "total_tokens": prompt + completion}  # fmt: skip
+        if self.fail_billed is not None and self.fail_billed(question):
+            error: dict[str, Any] = {"error": {"message": "internal error after generation"}}
+            if self.usage_on_error:
+                error["usage"] = usage
+            return Response(orjson.dumps(error), 500)
         answer = {
             "id": f"chatcmpl-{self.requests}",
             "object": "chat.completion",
@@ -80,11 +101,7 @@ class BillingUpstream:
                     "message": {"role": "assistant", "content": reply},
                 }
             ],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            },
+            "usage": usage,
         }
         return Response(orjson.dumps(answer), media_type="application/json")
 

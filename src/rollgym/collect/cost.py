@@ -29,6 +29,9 @@ from rollgym.errors import RollgymError
 from rollgym.server.usage import usage_tokens
 from rollgym.wire import COST_FIELD, UPSTREAM_KEY
 
+RETRIED = "retried"
+"""The part of a scored rollout's cost its earlier failed attempts spent (``with_retried``)."""
+
 FAILED: dict[str, Any] = {"metered": False}
 """The cost of a failed rollout's line (shared: never changed)."""
 
@@ -69,12 +72,18 @@ def priced(cost: dict[str, Any], prices: PriceTable) -> dict[str, Any]:
     out = {**cost, "money": round(spent, 8)}
     if unpriced:
         out["unpriced_tokens"] = unpriced
+    if (share := cost.get(RETRIED)).__class__ is dict:
+        out[RETRIED] = priced(share, prices)  # the ledger attributes its money too
     return out
 
 
 def foreign_cost(record: ScoredRollout) -> dict[str, Any]:
     """The cost of a rollout whose agent is not rollgym's: its response's summed usage."""
-    response = record.response
+    return response_cost(record.response)
+
+
+def response_cost(response: dict[str, Any]) -> dict[str, Any]:
+    """A cost from a final response's summed ``usage`` (``foreign_cost``)."""
     upstream = response.get(UPSTREAM_KEY)
     cost: dict[str, Any] = {"calls": len(upstream) if isinstance(upstream, list) else 1}
     summed = usage_tokens(response.get("usage"))
@@ -100,7 +109,8 @@ def spent_before(err: RollgymError) -> tuple[RollgymError, dict[str, Any] | None
         parts(cost)
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
         return err, None  # not an answer a rollgym agent wrote: left as it came
-    return err.with_fields(body=orjson.dumps(data).decode()), cost
+    # Nothing left but the cost (a 0.7 failure's, ``rollgym.nemo_gym``): no body at all.
+    return err.with_fields(body=orjson.dumps(data).decode() if data else None), cost
 
 
 def summed(one: dict[str, Any] | None, two: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -115,6 +125,24 @@ def summed(one: dict[str, Any] | None, two: dict[str, Any] | None) -> dict[str, 
         elif value.__class__ in (int, float) and other.__class__ in (int, float):
             out[key] = round(value + other, 4)
     return out
+
+
+def with_retried(verified: dict[str, Any], spent: dict[str, Any], failed: int) -> None:
+    """Carry what a rollout's ``failed`` earlier attempts in this run ``spent`` onto the cost
+    of its scored one (``verified``'s ``rollgym_cost``, changed in place): the line's cost is
+    then the whole rollout's (every attempt's numbers added; ``per_call`` stays the scored
+    attempt's), and its ``retried`` part says the failed attempts' share, which the ledger
+    counts under ``retried``, not under the sample's own cause."""
+    own: Any = verified.get(COST_FIELD)
+    try:
+        parts(own)
+    except (TypeError, AttributeError):  # an agent that is not rollgym's: its usage
+        response = verified.get("response")
+        own = response_cost(response if isinstance(response, dict) else {})
+    whole = summed(spent, own)
+    assert whole is not None  # both given
+    whole[RETRIED] = {**spent, "attempts": failed}
+    verified[COST_FIELD] = whole
 
 
 def rollout_cost(record: RolloutRecord, prices: PriceTable | None = None) -> dict[str, Any]:

@@ -7,7 +7,10 @@ masked, in a group that carries a learning signal) or **wasted**, attributed to 
 cause, in this order:
 
 - ``failed``: a failed rollout (``failures.jsonl``, but for a stale one);
-- ``retried``: an earlier failed attempt of a rollout that ran again (``failures.history.jsonl``);
+- ``retried``: an earlier failed attempt of a rollout that ran again (``failures.history.jsonl``,
+  one rollout each), and the failed attempts of a rollout that scored after retries in the run
+  (its line's ``rollgym_cost.retried``: their tokens, money, seconds and attempts, the rollout
+  itself counted where it ended);
 - ``stale``: a rollout discarded as stale (a ``stale_rollout`` failure; ``stale.jsonl``, the
   streaming trainer API's);
 - ``masked``: a scored rollout whose reward is no measurement (``mask_sample``, an exploit
@@ -16,18 +19,18 @@ cause, in this order:
   ``repeats`` > 1: a group with no learning signal under GRPO-style training).
 
 So ``useful`` plus every cause adds up to the run's totals. Failed, retried and stale lines
-carry no token counts (the collector never saw the rollout's calls): they are counted as
-rollouts, attempts and seconds, and as ``unmetered`` (said, never read as free). Retries inside
-rollouts (a model or tool call tried again) and rollouts abandoned at a budget are counted
-apart.
+carry what their agent said they spent (``rollgym.collect.cost``); where it said nothing they
+are counted as rollouts, attempts and seconds, and as ``unmetered`` (said, never read as free).
+Retries inside rollouts (a model or tool call tried again) and rollouts abandoned at a budget
+are counted apart.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from rollgym.collect.cost import FAILED, Parts, parts
+from rollgym.collect.cost import FAILED, RETRIED, Parts, parts
 from rollgym.collect.failure_budget import is_stale
 from rollgym.collect.layout import RunDir, read_ledger
 from rollgym.config import PriceTable
@@ -58,6 +61,16 @@ class Tally:
         self.tokens += p[1] + p[2] + p[4] + p[5]
         self.money += p[12]
         self.seconds += p[6] + p[7] + p[8] + wall_s
+        self.sandbox_s += p[9]
+        self.unmetered += p[13]
+
+    def share(self, p: Parts, attempts: int) -> None:
+        """The spend of a rollout's failed attempts, the rollout itself counted where it
+        ended (``retried`` of a rollout that scored after retries in the run)."""
+        self.attempts += attempts
+        self.tokens += p[1] + p[2] + p[4] + p[5]
+        self.money += p[12]
+        self.seconds += p[6] + p[7] + p[8]
         self.sandbox_s += p[9]
         self.unmetered += p[13]
 
@@ -147,6 +160,13 @@ class CostLedger:
         p = parts(cost)
         self.totals.add(p)
         self.extra_attempts += attempts - 1
+        if (retried := cost.get(RETRIED)).__class__ is dict:
+            # Its failed attempts' share is waste, under ``retried``; its own attempt's (the
+            # whole less that share) is the sample's.
+            r = parts(retried)
+            tried = retried.get("attempts", 0)
+            self.wasted["retried"].share(r, tried if tried.__class__ is int else 0)
+            p = _less(p, r)
         if masked:
             self.masked.add(p, attempts, 0.0)
             return
@@ -212,6 +232,12 @@ class CostLedger:
         if priced:
             ledger["money"] = round(spent, 6)
         return ledger
+
+
+def _less(whole: Parts, share: Parts) -> Parts:
+    """``whole``'s numbers less ``share``'s (its unmetered flag kept: said, never cleared)."""
+    less = [a - b for a, b in zip(whole[:13], share[:13], strict=True)]
+    return cast(Parts, (*less, whole[13]))
 
 
 def cost_ledger(

@@ -14,8 +14,10 @@ collect workers and the trainer API. What happens to one rollout:
   attempt: ``--resume`` later still has all of the rollout's attempts;
 - a retryable failure is run again while the policy's attempts allow (``retry_in_run``);
 - otherwise it ends as a ``FailedRollout`` (with what its attempts spent, where their agent's
-  error answers said: ``rollgym.collect.cost.spent_before``); an answer with a reward ends it
-  as a ``ScoredRollout``. Only cancellation escapes.
+  error answers said: ``rollgym.collect.cost.spent_before``; an attempt whose answer said
+  nothing flags it ``metered: false``); an answer with a reward ends it as a
+  ``ScoredRollout``, its cost carrying its failed attempts' spend (``with_retried``). Only
+  cancellation escapes.
 
 How each attempt is sent and its answer read is the item's row dialect's (``collect.dialect``:
 the flat row unless the runner was given others): its ``Exchange`` makes the body of attempt N,
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollgym import tracing
-from rollgym.collect.cost import spent_before, summed
+from rollgym.collect.cost import FAILED, spent_before, summed, with_retried
 from rollgym.collect.dialect import Dialects, Exchange
 from rollgym.collect.records import FailedRollout, RolloutItem, RolloutRecord, ScoredRollout
 from rollgym.config import CollectConfig
@@ -159,6 +161,8 @@ class RolloutRunner:
                         # but not as an attempt, so a later --resume still has all of its
                         # attempts.
                         return self._failed(item, err, attempts - 1, started, exchange, spent)
+                    if cost is None:  # it reached the agent, which said nothing of its spend
+                        spent = summed(spent, FAILED)
                     if err.retryable and attempts < max_attempts:
                         if exchange.server_retries:
                             delay = backoff(target.policy, attempts)
@@ -168,6 +172,8 @@ class RolloutRunner:
                                 await asyncio.sleep(delay)
                         continue
                     return self._failed(item, err, attempts, started, exchange, spent)
+                if spent is not None:  # its failed attempts' spend is waste: carried, not lost
+                    with_retried(verified, spent, attempts - item.prior_attempts - 1)
                 return ScoredRollout(
                     item.task_index, item.rollout_index, float(verified["reward"]), attempts,
                     time.monotonic() - started, verified,

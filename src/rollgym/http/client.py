@@ -45,6 +45,7 @@ from rollgym.http.breaker import CLOSED, CircuitBreaker
 from rollgym.http.budget import RetryBudget
 from rollgym.http.classify import budget_exhausted, circuit_open, classify, replica_lost
 from rollgym.http.default import default_transport
+from rollgym.http.failed_attempts import failed as failed_attempt
 from rollgym.http.replicas import ReplicaSet
 from rollgym.http.scrub import header_secrets, scrubbed
 from rollgym.http.transport import RawAnswer, Request, Transport
@@ -397,6 +398,7 @@ class HttpClient:
                     span.answered(raw.status)
                 return (value, raw.cookies) if with_cookies else value
             err = scrubbed(failure.error, header_secrets(headers))
+            failed_attempt(err)  # a caller that meters its calls sees every failed attempt
             if isinstance(err, ConnectError) and len(target.urls) > 1:
                 # Nothing listens there (its process or node is gone): send nothing new to
                 # that replica for a while; this call's next attempt goes to another one.

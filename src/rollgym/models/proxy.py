@@ -77,6 +77,10 @@ SGLang's ``sglang:generation_tokens_total``, with prompt tokens; ``rollgym.model
 
 ``idle_timeout: null`` turns the whole watch off (only the attempt timeout bounds a call).
 
+Upstream attempts retried after they reached the upstream may have been billed: an answer's
+``rollgym_upstream`` entry lists them (``wire.FAILED_CALLS``), and a call that fails for good
+says them in its error's body (``_billed``), for the agent's cost (``rollgym.server.usage``).
+
 ``upstream_stream: true`` streams from the upstream instead (``"stream": true``, usage
 included): the chunks are put back together (``rollgym.models.assemble``), a client's stream on
 ``/v1/chat/completions`` is passed on chunk by chunk, and an upstream that sends no byte for
@@ -138,6 +142,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import orjson
 from pydantic import Field, SecretStr, field_validator, model_validator
 from starlette.responses import Response
 from starlette.routing import BaseRoute
@@ -146,6 +151,7 @@ from rollgym.config import RetryPolicy, kind_defaults
 from rollgym.errors import HTTPStatusError, ProtocolError, ReplicaDown, RollgymError, redact_url
 from rollgym.http.client import HttpClient, Streamed
 from rollgym.http.default import default_transport
+from rollgym.http.failed_attempts import collecting
 from rollgym.http.sse import encode_events
 from rollgym.models.assemble import assemble_chat
 from rollgym.models.hedge import size_bucket
@@ -184,7 +190,8 @@ from rollgym.server.model import (
 )
 from rollgym.server.policy import note_upstream
 from rollgym.server.streaming import EventStreamResponse, chat_stream
-from rollgym.wire import POLICY_VERSION, UPSTREAM_KEY
+from rollgym.server.usage import error_tokens, may_have_billed
+from rollgym.wire import FAILED_CALLS, POLICY_VERSION, UPSTREAM_KEY
 
 HEDGED = "rollgym_hedged"
 """Hedged requests a call sent (``rollgym_upstream``'s, or a chat completion's top level)."""
@@ -446,7 +453,11 @@ class OpenAIProxy(ModelServer):
                     # A capture call's answer stands without its prompt ids (noted below).
             return _Generated(replica, completion, tokenized)
 
-        answer = await self._scrubbed(self.replicas.run(call.rollout, generate))
+        with collecting() as failed:
+            try:
+                answer = await self._scrubbed(self.replicas.run(call.rollout, generate))
+            except RollgymError as err:
+                raise _billed(err, failed, chat.get("model")) from None
         upstream = answer.replica.chat.name
         response = chat_to_response(
             answer.completion, params, upstream=upstream, model=chat.get("model")
@@ -465,6 +476,13 @@ class OpenAIProxy(ModelServer):
         hedged = answer.completion.get(HEDGED)
         if hedged and isinstance(response.get(UPSTREAM_KEY), dict):
             response[UPSTREAM_KEY][HEDGED] = hedged
+        # Attempts it retried that may have been billed: the agent counts them too.
+        if (
+            failed
+            and isinstance(response.get(UPSTREAM_KEY), dict)
+            and (billed := billed_attempts(failed))
+        ):
+            response[UPSTREAM_KEY][FAILED_CALLS] = billed
         return response  # streamed, if asked, by the base
 
     def _capture_missing(
@@ -593,3 +611,26 @@ class OpenAIProxy(ModelServer):
             if origin is not err.origin:
                 changes["origin"] = origin
         return err.with_fields(**changes) if changes else err
+
+
+def billed_attempts(failed: list[RollgymError]) -> list[list[int] | None]:
+    """The upstream attempts among ``failed`` that may have been billed: each one's tokens
+    from its error's ``usage``, or None (``wire.FAILED_CALLS``)."""
+    return [
+        None if (used := error_tokens(err)) is None else list(used)
+        for err in failed
+        if err.endpoint == CHAT_ENDPOINT and may_have_billed(err)
+    ]
+
+
+def _billed(err: RollgymError, failed: list[RollgymError], model: Any) -> RollgymError:
+    """``err``, the call's final error, saying what its attempts may have billed: its body
+    becomes ``{rollgym_failed_calls, model, upstream_body}`` (the upstream's own body kept
+    under ``upstream_body``), where an agent counts them (``rollgym.server.usage``)."""
+    billed = billed_attempts(failed)
+    if not billed or err.truncated:
+        return err
+    said: dict[str, Any] = {FAILED_CALLS: billed, "upstream_body": err.body}
+    if isinstance(model, str):
+        said["model"] = model
+    return err.with_fields(body=orjson.dumps(said).decode())

@@ -42,7 +42,7 @@ class EpisodesAndSessions:
         request, row = read_episode(body)
         attempt = await agent.attempt(row, request.episode_id.capture_key)
         if attempt.error is not None:
-            answer = episode_failed(request, attempt.error, attempt.failed_in)
+            answer = episode_failed(request, attempt.error, attempt.failed_in, attempt.spent)
         else:
             assert attempt.verified is not None
             answer = episode_result(request, attempt.verified)

@@ -12,7 +12,8 @@ the flat ``/run`` answers, but for the agent's own numbers (``num_steps``, ``tru
 numeric top-level field of a result (as ``mean/num_steps``...) but none starting with ``_``, and
 rollgym's collector puts them back at the top. A rollout that fails is a 200 with the failure
 (0.7's vocabulary, ``rollgym.nemo_gym.failures``), its ``stage`` the phase that failed
-(``STAGES``); a body that is no episode request is a 422 naming the field.
+(``STAGES``), with what the rollout spent before it failed (``rollgym_cost``, as the flat
+``/run`` answers a failure); a body that is no episode request is a 422 naming the field.
 
 The rollout's id (``x-rollgym-rollout`` on its calls, its sticky key) is the episode's
 ``capture_key``: ``rollout_id``, or ``rollout_id-a<attempt>`` for a later attempt, as 0.7 names
@@ -48,6 +49,7 @@ from rollgym.nemo_gym.wire import (
 )
 from rollgym.protocol import TaskRow
 from rollgym.server.agent import Phase
+from rollgym.wire import COST_FIELD
 
 MAX_ID_CHARS = 256
 """Episode and task ids, and an episode's capture key, are at most this long (0.7 sets no
@@ -123,11 +125,19 @@ def episode_result(request: EpisodeRequest, result: dict[str, Any]) -> dict[str,
 
 
 def episode_failed(
-    request: EpisodeRequest, err: RollgymError, phase: Phase | None
+    request: EpisodeRequest,
+    err: RollgymError,
+    phase: Phase | None,
+    spent: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The episode response for a rollout that failed with ``err`` in ``phase``."""
+    """The episode response for a rollout that failed with ``err`` in ``phase``; ``spent``:
+    what it spent before it failed (``Hops.spent``), carried in the failure as
+    ``rollgym_cost`` (0.7's ``EpisodeFailure`` takes extra fields) for rollgym's collector."""
     stage = None if phase is None else STAGES[phase]
-    return _response(request, failure=episode_failure(err, stage))
+    failure = episode_failure(err, stage)
+    if spent is not None:
+        failure[COST_FIELD] = spent
+    return _response(request, failure=failure)
 
 
 def _response(

@@ -55,7 +55,7 @@ from rollgym.nemo_gym.wire import (
     TASK_INPUT,
 )
 from rollgym.protocol import check_verified
-from rollgym.wire import NG_ROLLOUT_INDEX, NG_TASK_INDEX, STAGE, TERMINAL
+from rollgym.wire import COST_FIELD, NG_ROLLOUT_INDEX, NG_TASK_INDEX, STAGE, TERMINAL
 
 RUN_ENDPOINT = "/run"
 ROW_INDEX_FIELDS = ("task_index", "rollout_index", NG_TASK_INDEX, NG_ROLLOUT_INDEX)
@@ -118,7 +118,13 @@ class Episode:
                 f"{got.task_id!r}) than the one sent ({sent[0]!r}, {sent[1]!r})",
             )  # fmt: skip
         if got.failure is not None:
-            raise error_from_failure(dict(answer[FAILURE]), server=server, endpoint=RUN_ENDPOINT)
+            failure = dict(answer[FAILURE])
+            spent = failure.pop(COST_FIELD, None)  # a rollgym agent's spend, not 0.7's
+            err = error_from_failure(failure, server=server, endpoint=RUN_ENDPOINT)
+            if isinstance(spent, dict) and err.body is None:
+                # Where the collector takes a failed attempt's spend from (``spent_before``).
+                err = err.with_fields(body=orjson.dumps({COST_FIELD: spent}).decode())
+            raise err
         assert got.result is not None
         verified = check_verified(lifted(got.result), server, what="the episode's result came")
         # A rollgym agent's own numbers come back where the flat /run puts them (the result's

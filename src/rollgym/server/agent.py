@@ -58,6 +58,7 @@ from rollgym.errors import (
     RollgymError,
 )
 from rollgym.http import HttpClient, Target
+from rollgym.http.failed_attempts import collecting
 from rollgym.prometheus.latency import LatencyByName
 from rollgym.prometheus.samples import HistogramSample, Sample
 from rollgym.protocol import TaskRow, rollout_key
@@ -67,15 +68,23 @@ from rollgym.server.endpoint import Call, JSONResponse, error_response, json_end
 from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.policy import MAX_PAUSE_S
-from rollgym.server.usage import call_tokens, rollout_cost
+from rollgym.server.usage import (
+    call_tokens,
+    count_failed,
+    error_calls,
+    may_have_billed,
+    rollout_cost,
+)
 from rollgym.server.versions import CallVersions
 from rollgym.wire import (
     COST_FIELD,
+    FAILED_CALLS,
     FINGERPRINT_ENDPOINT,
     HEADER_OLDEST_VERSION,
     HEADER_ROLLOUT,
     ROLLOUT_PREFIX,
     TOKEN_CAPTURE_SEGMENT,
+    UPSTREAM_KEY,
 )
 
 log = logging.getLogger("rollgym.server")
@@ -107,13 +116,24 @@ class Hops:
     """Per-hop timing of one rollout: seconds of every seed, model, tool and verify call, the
     retries inside them, and the time they waited between attempts (backoff)."""
 
-    __slots__ = ("failed", "model", "retries", "seconds", "started", "tokens", "wait_s")
+    __slots__ = (
+        "failed",
+        "failed_calls",
+        "model",
+        "retries",
+        "seconds",
+        "started",
+        "tokens",
+        "wait_s",
+    )
 
     def __init__(self) -> None:
         self.seconds: dict[str, list[float]] = {}
         self.tokens: list[list[int] | None] = []
         """Each model call's ``[input, output]`` tokens (None: its answer said neither), in
         call order: the rollout's cost (``rollgym.collect.cost``)."""
+        self.failed_calls = 0
+        """Model calls among ``tokens`` that failed (``RunContext.respond``)."""
         self.model: str | None = None
         """The model its model calls' answers named last (a failure's cost is priced by it)."""
         self.retries: dict[str, int] = {}
@@ -143,14 +163,14 @@ class Hops:
     def cost(self, verified: dict[str, Any]) -> dict[str, Any]:
         """The rollout's ``rollgym_cost``, from these hops and its verify response
         (``rollgym.server.usage.rollout_cost``)."""
-        return rollout_cost(verified, self.seconds, self.tokens, self.retries)
+        return rollout_cost(verified, self.seconds, self.tokens, self.retries, self.failed_calls)
 
     def spent(self) -> dict[str, Any]:
         """What a rollout that failed had spent (its model calls' tokens, its hops' seconds,
         its retries): its ``rollgym_cost`` without ``per_call``, so the error answer that
         carries it stays small."""
         answered = {"response": {"model": self.model}} if self.model is not None else {}
-        cost = rollout_cost(answered, self.seconds, self.tokens, self.retries)
+        cost = rollout_cost(answered, self.seconds, self.tokens, self.retries, self.failed_calls)
         del cost["per_call"]
         return cost
 
@@ -340,8 +360,24 @@ class RunContext:
             params, self.rollout, token_capture=self.token_capture,
             oldest_version=self.versions.oldest,
         )  # fmt: skip
-        response: dict[str, Any] = await self.hops.timed("model", call)
+        # Every attempt that failed after it reached the model may have been billed (one
+        # the client retried too): counted with its error's usage where it says one, else
+        # as a call whose tokens are not known; never as free (``rollgym.server.usage``).
+        with collecting() as failed:
+            try:
+                response: dict[str, Any] = await self.hops.timed("model", call)
+            finally:
+                for err in failed:
+                    if may_have_billed(err):
+                        calls, model = error_calls(err)
+                        self.hops.tokens.extend(calls)
+                        self.hops.failed_calls += len(calls)
+                        if self.hops.model is None:
+                            self.hops.model = model
         self.versions.saw(response)
+        upstream = response.get(UPSTREAM_KEY)
+        if upstream.__class__ is dict and (retried := upstream.get(FAILED_CALLS)):
+            self.hops.failed_calls += count_failed(retried, self.hops.tokens)
         used = call_tokens(response)
         self.hops.tokens.append(None if used is None else list(used))
         if isinstance(named := response.get("model"), str):
@@ -358,6 +394,9 @@ class Attempt:
     verified: dict[str, Any] | None
     error: RollgymError | None = None
     failed_in: Phase | None = None
+    spent: dict[str, Any] | None = None
+    """A failed rollout's spend before it failed (``Hops.spent``): its dialect's failure
+    answer carries it, as the flat ``/run`` answers a failure with it."""
 
 
 @runtime_checkable
@@ -562,11 +601,11 @@ class AgentServer(BaseServer):
                     "verify response", server=self.name,
                 )  # fmt: skip
         except RollgymError as err:
-            return Attempt(rollout, None, err, failed_phase(ctx.hops))
+            return Attempt(rollout, None, err, failed_phase(ctx.hops), ctx.hops.spent())
         except Exception as exc:  # a bug in the agent: still this rollout's failure
             log.error("%s: rollout %s crashed", self.name, rollout, exc_info=exc)
             crash = InternalError(f"{type(exc).__name__}: {exc}", server=self.name)
-            return Attempt(rollout, None, crash, failed_phase(ctx.hops))
+            return Attempt(rollout, None, crash, failed_phase(ctx.hops), ctx.hops.spent())
         finally:
             self.observe_hops(ctx.hops)
         verified.setdefault(TIMING_FIELD, ctx.hops.to_dict())

@@ -8,13 +8,33 @@ says neither: the call is not metered, and the cost ledger says so rather than c
 
 ``rollout_cost`` sums a rollout's calls, hops and verify response into its ``rollgym_cost``,
 where they were measured: in its agent (``rollgym.server.agent``), off the collector's hot path.
+
+A model call that **failed** after it reached the model (``may_have_billed``: a 5xx but 503, a
+timeout, a connection lost; not a refusal before anything was sent, nor a 4xx or a 503) may
+have been billed: it is counted as a call (``failed_calls``) with the tokens its error's
+``usage`` says (``error_tokens``: the upstream's error body, relayed in the error's ``origin``
+chain), and where it says none, as a call whose tokens are not known (``unmetered_calls``).
+The attempts a model server retried itself are counted the same way, from what it says of
+them (``wire.FAILED_CALLS``: on its answer, or in its final error's body:
+``rollgym.models.proxy``; ``error_calls``). Never estimated from the prompt: a guess would
+read as a measurement.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rollgym.wire import GENERATION_IDS, PROMPT_IDS
+import orjson
+
+from rollgym.errors import (
+    BudgetExhausted,
+    CircuitOpen,
+    ConnectError,
+    HTTPStatusError,
+    InvalidRequest,
+    RollgymError,
+)
+from rollgym.wire import FAILED_CALLS, GENERATION_IDS, PROMPT_IDS
 
 Tokens = tuple[int, int]
 """(input tokens, output tokens) of one model call."""
@@ -59,6 +79,106 @@ def call_tokens(answer: Any) -> Tokens | None:
     return found if found is not None else id_tokens(answer)
 
 
+def may_have_billed(err: RollgymError) -> bool:
+    """Whether a model call that failed with ``err`` may have been billed: it reached the
+    model (a 5xx but 503, a timeout, a lost connection, an answer cut), not refused before it
+    was sent (no connection, an open circuit, a retry budget) nor as such (a 4xx, a 503)."""
+    root = err.root()
+    if isinstance(root, (ConnectError, CircuitOpen, BudgetExhausted, InvalidRequest)):
+        return False
+    if isinstance(root, HTTPStatusError) and root.status is not None:
+        # 503: a refusal (overloaded, unavailable), not work done; 429 and other 4xx too.
+        return root.status >= 500 and root.status != 503
+    return True
+
+
+_USAGE_DEPTH = 4
+"""How deep ``error_tokens`` looks into bodies relayed inside bodies."""
+
+
+def error_tokens(err: RollgymError) -> Tokens | None:
+    """The tokens a failed call's error says it billed: a ``usage`` in the body of any error
+    of its ``origin`` chain (at the body's top level or under its ``error``; a relayed body
+    inside it, as a string, is read too); None: none says one."""
+    seen: RollgymError | None = err
+    while seen is not None:
+        if seen.body and "usage" in seen.body and not seen.truncated:
+            found = _body_usage(seen.body, _USAGE_DEPTH)
+            if found is not None:
+                return found
+        seen = seen.origin
+    return None
+
+
+def error_calls(err: RollgymError) -> tuple[list[list[int] | None], str | None]:
+    """The calls a failed model call's error says were billed, and their model: a model
+    server's ``rollgym_failed_calls`` (every upstream attempt it tried: ``rollgym.models.proxy``)
+    in the body of an error of its ``origin`` chain, else the one call of ``error_tokens``
+    (``[None]``: said nothing)."""
+    seen: RollgymError | None = err
+    while seen is not None:
+        if seen.body and FAILED_CALLS in seen.body and not seen.truncated:
+            try:
+                data = orjson.loads(seen.body)
+            except orjson.JSONDecodeError:
+                data = None
+            if isinstance(data, dict) and isinstance(data.get(FAILED_CALLS), list):
+                calls: list[list[int] | None] = []
+                if count_failed(data[FAILED_CALLS], calls):
+                    model = data.get("model")
+                    return calls, model if isinstance(model, str) else None
+        seen = seen.origin
+    used = error_tokens(err)
+    return [None if used is None else list(used)], None
+
+
+def _body_usage(text: str, depth: int) -> Tokens | None:
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return _usage_in(data, depth)
+
+
+def _usage_in(data: Any, depth: int) -> Tokens | None:
+    if depth <= 0 or not isinstance(data, dict):
+        return None
+    found = usage_tokens(data.get("usage"))
+    if found is not None:
+        return found
+    for key in ("error", "origin"):
+        found = _usage_in(data.get(key), depth - 1)
+        if found is not None:
+            return found
+    body = data.get("body")
+    if isinstance(body, str) and "usage" in body:
+        return _body_usage(body, depth - 1)
+    return None
+
+
+def count_failed(said: Any, tokens: list[list[int] | None]) -> int:
+    """Append to ``tokens`` the failed attempts a model server said it retried
+    (``wire.FAILED_CALLS``: ``[input, output]`` or null each); how many. Not a list of such:
+    nothing (a model server's field, not the model's output, but read with care)."""
+    if not isinstance(said, list):
+        return 0
+    n = 0
+    for call in said:
+        if call is None:
+            tokens.append(None)
+        elif (
+            isinstance(call, list)
+            and len(call) == 2
+            and (got_in := _count(call[0])) is not None
+            and (got_out := _count(call[1])) is not None
+        ):
+            tokens.append([got_in, got_out])
+        else:
+            continue
+        n += 1
+    return n
+
+
 _ENV_HOPS = ("seed", "tool")
 
 
@@ -76,11 +196,12 @@ def rollout_cost(
     seconds: dict[str, list[float]],
     tokens: list[list[int] | None],
     retries: dict[str, int],
+    failed_calls: int = 0,
 ) -> dict[str, Any]:
     """What one rollout cost, as its agent measured it (``rollgym_cost`` on its verify
     response; ``rollgym.collect.cost`` adds the money): its model calls and their tokens
     (``tokens``: one ``[input, output]`` per call, None where the answer said neither: kept
-    as ``per_call``, in call order), the model, environment (seed and tools) and verifier
+    as ``per_call``, in call order; ``failed_calls`` of them failed), the model, environment (seed and tools) and verifier
     seconds of its hops, its retries, and what the verify response says of its judge calls
     (``judge_calls``, ``judge_input_tokens``, ``judge_output_tokens``, ``judge_model``:
     ``rollgym.envs.judge``) and its sandbox CPU seconds (``sandbox_s``: ``rollgym.envs.code``,
@@ -99,6 +220,8 @@ def rollout_cost(
     }  # fmt: skip
     if unmetered:
         cost["unmetered_calls"] = unmetered
+    if failed_calls:
+        cost["failed_calls"] = failed_calls  # among ``calls``: see the module docstring
     response = verified.get("response")
     model = response.get("model") if response.__class__ is dict else None
     if model.__class__ is str:
