@@ -63,6 +63,9 @@ KILL_GRACE = 5.0
 """Seconds allowed to kill an exec's processes after its deadline, and for cleanup calls."""
 NAME_PREFIX = "rollgym-"
 LIST_ATTEMPTS = 4
+EMPTIED_AFTER = 60.0
+"""Seconds an image's storage must have been without its files before it is removed as
+broken (a commit writes them within a moment of making the image's record)."""
 _BROKEN_IMAGE = re.compile(
     r'image with ID \\?"([0-9a-f]{64})'
     r"|Image ([0-9a-f]{12,64}) exists in local storage but may be corrupted"
@@ -398,7 +401,8 @@ class PodmanRuntime:
                 if image is None:
                     continue
                 lease = leases.from_labels(await self._stored_labels(image))
-                if lease is not None and leases.orphan_reason(lease):
+                orphaned = lease is not None and bool(leases.orphan_reason(lease))
+                if orphaned or (lease is None and await self._emptied(image)):
                     log.warning("removing image %s: left corrupted by a killed commit", image[:12])
                     await run(self.argv("rmi", "-f", image), timeout=60)
                     self._repaired.append(image)
@@ -422,6 +426,23 @@ class PodmanRuntime:
             done = await self.call("info", "--format", "{{.Store.GraphRoot}}", timeout=30)
             self._graph_root = done.stdout.decode().strip()
         return self._graph_root
+
+    async def _emptied(self, image: str) -> bool:
+        """``image``'s stored files are gone (no manifest, no config: a removal cut short, as
+        two reapers removing one broken image at once left it) and have been for a minute, so
+        it is no commit under way: nobody can use it, and every listing fails on it."""
+        where = Path(await self._root(), "overlay-images", image)
+
+        def emptied() -> bool:
+            try:
+                names = os.listdir(where)
+                age = time.time() - where.stat().st_mtime
+            except OSError:  # no directory at all: not this case, left alone
+                return False
+            has_data = any(n == "manifest" or n.startswith("=") for n in names)
+            return not has_data and age > EMPTIED_AFTER
+
+        return await asyncio.to_thread(emptied)
 
     async def _stored_labels(self, image: str) -> dict[str, str]:
         """The labels in ``image``'s config as stored on disk (podman itself cannot read an
