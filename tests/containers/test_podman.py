@@ -48,12 +48,21 @@ async def test_the_keepalive_ends_at_the_lease_deadline(
 ) -> None:
     short = replace(spec, lease=leases.new_lease(run_name, 2))
     box = await runtime.create(short, timeout=60)
+
+    async def state() -> str:
+        # Past its deadline, any rollgym reaper on this machine may remove it (a clean-clone
+        # run beside other rollgym processes saw that): gone is as ended as exited.
+        try:
+            return await box.state()
+        except ContainerError:
+            return "gone"
+
     for _ in range(100):  # bounded: 20 s
-        if await box.state() != "running":
+        if await state() != "running":
             break
         await asyncio.sleep(0.2)
-    assert await box.state() == "exited"
-    with pytest.raises(ContainerError, match="not running"):
+    assert await state() in ("exited", "gone")
+    with pytest.raises(ContainerError, match=r"not running|is gone"):
         await box.exec("true", timeout=10)
     await box.destroy()
 
