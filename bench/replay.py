@@ -15,7 +15,9 @@ Replay saves the model's time only: the environment's own work (a scoring pool's
 code environment's sandboxed programs) it must do again to check the rewards. So each
 environment is also run once more with a model that answers at once (latency 0): ``floor s``
 is that run's dispatch, the environment's own work plus the harness, which no replay can go
-below; ``replay-floor`` is what replay spends beyond it. ``--no-floor`` leaves it out.
+below; ``replay-floor`` is what replay spends beyond it, and ``ceiling`` (original / floor) is
+the most any replay that re-runs the environment could reach on that environment at this model
+latency. ``--no-floor`` leaves them out.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ async def main(args: argparse.Namespace) -> None:
               "replay_all": 0.0, "floor": 0.0}  # fmt: skip
     with _workdir(args.keep) as tmp:
         print(f"{'env':>14} {'replayed':>8} {'identical':>9} {'orig s':>7} {'replay s':>8} "
-              f"{'ratio':>6} {'ratio(cmd)':>10} {'floor s':>7} {'replay-floor':>12}")  # fmt: skip
+              f"{'ratio':>6} {'ratio(cmd)':>10} {'floor s':>7} {'replay-floor':>12} {'ceiling':>7}")  # fmt: skip
         for env, share in zip(envs, shares, strict=True):
             src, dst = Path(tmp) / env, Path(tmp) / f"{env}-replay"
             t0 = time.monotonic()
@@ -115,7 +117,7 @@ async def main(args: argparse.Namespace) -> None:
                 )
             print(f"{env:>14} {n:>8} {report.identical:>9} {orig:>7.2f} {rep:>8.2f} "
                   f"{orig / rep:>6.1f} {orig_all / replay_all:>10.1f} {floor:>7.2f} "
-                  f"{rep - floor:>12.2f}")  # fmt: skip
+                  f"{rep - floor:>12.2f} {orig / floor:>7.1f}")  # fmt: skip
             for key, value in (("rollouts", n), ("identical", report.identical), ("orig", orig),
                                ("replay", rep), ("orig_all", orig_all),
                                ("replay_all", replay_all), ("floor", floor)):  # fmt: skip
@@ -130,7 +132,8 @@ async def main(args: argparse.Namespace) -> None:
         print(
             f"floor (the same runs with a model answering at once): {t['floor']:.2f} s; replay "
             f"{t['replay']:.2f} s, {t['replay'] - t['floor']:+.2f} s beyond it; the original's "
-            f"time beyond it {t['orig'] - t['floor']:.2f} s"
+            f"time beyond it {t['orig'] - t['floor']:.2f} s; ceiling (original / floor) "
+            f"{t['orig'] / t['floor']:.1f}x"
         )
 
 
