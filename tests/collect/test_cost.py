@@ -25,7 +25,7 @@ from rollgym.collect.cost_ledger import cost_ledger
 from rollgym.collect.records import FailedRollout, ScoredRollout
 from rollgym.collect.rundir import EXIT_BUDGET, RunOutcome, prepare_run
 from rollgym.config import PriceTable, parse_config
-from rollgym.errors import ConfigError, InternalError
+from rollgym.errors import ConfigError, InternalError, RollgymError
 from rollgym.http import Target
 from rollgym.server.usage import call_tokens
 from rollgym.server.usage import rollout_cost as agent_cost
@@ -543,3 +543,107 @@ async def test_a_failed_model_call_whose_error_says_nothing_is_unmetered(tmp_pat
     assert counted == 4
     # What was counted is what the answered calls billed: half the billed tokens here.
     assert cost["totals"]["tokens"] - stack.judge.billed.tokens == model.billed.tokens // 2
+
+
+async def test_a_failed_judge_call_counts_what_its_error_says_it_billed(tmp_path: Path) -> None:
+    """Issue 41, judge calls: the judge upstream bills each question's first call and then
+    answers 500 with the ``usage`` it billed; for questions 4 and 5 it does so every time. The
+    judge's proxy tries it again (4 attempts): 0-3 are judged at the second, and the verify of
+    4-5 fails after the fourth, so those rollouts fail. Every billed judge call is counted,
+    the failed ones as ``judge_failed_calls`` with their tokens, on the scored lines and on the
+    failures (the environment's error answer carries its spend, the agent's carries it on):
+    the ledger's judge totals are what the judge upstream billed, its money within 1%."""
+    judge = BillingUpstream(judge=True, fail_billed=lambda q: q >= 4 or judge.asked[q] == 1)
+    async with billing_stack(judge_fail_every=0, judge=judge) as stack:
+        await collect(stack, tmp_path, 6, {"prices": PRICES, "max_failure_rate": None})
+    out = tmp_path / "out"
+    scored, failures = lines(out), lines(out, "failures.jsonl")
+    assert sorted(x["task_index"] for x in scored) == [0, 1, 2, 3]
+    assert sorted(x["task_index"] for x in failures) == [4, 5]
+    judged = judge.billed
+    assert judged.calls == 4 * 2 + 2 * 4 and judge.failed_billed.calls == 4 + 2 * 4
+    for line in scored:
+        got = line[COST_FIELD]
+        assert got["judge_calls"] == 2 and got["judge_failed_calls"] == 1, got
+        assert "judge_unmetered_calls" not in got and got["judge_model"] == "judge-model"
+    for line in failures:
+        got = line[COST_FIELD]
+        assert got["judge_calls"] == got["judge_failed_calls"] == 4, got
+        assert got["judge_input_tokens"] > 0 and got["judge_model"] == "judge-model"
+        assert got["calls"] == 1 and got["money"] > 0 and "metered" not in got
+        assert RollgymError.from_dict(line["error"]).root().server == "judge.upstream"
+        assert COST_FIELD not in orjson.dumps(line["error"]).decode()  # said once
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    assert cost == cost_ledger(out, 1, PriceTable.model_validate(PRICES))
+    totals = cost["totals"]
+    assert totals["judge_calls"] == judged.calls
+    assert totals["failed_judge_calls"] == judge.failed_billed.calls
+    assert totals["judge_input_tokens"] == judged.input_tokens
+    assert totals["judge_output_tokens"] == judged.output_tokens
+    assert totals["unmetered_judge_calls"] == 0 and totals["unpriced_tokens"] == 0
+    billed = stack.model.billed
+    truth = (billed.input_tokens * 0.5 + billed.output_tokens * 1.5
+             + judged.input_tokens * 3.0 + judged.output_tokens * 15.0) / 1e6  # fmt: skip
+    assert near(cost["money"], truth)
+    failed = cost["wasted"]["failed"]
+    assert failed["rollouts"] == 2 and failed["unmetered"] == 0
+    line_tokens = sum(
+        c["input_tokens"] + c["output_tokens"] + c["judge_input_tokens"] + c["judge_output_tokens"]
+        for c in (line[COST_FIELD] for line in failures)
+    )
+    assert failed["tokens"] == line_tokens
+
+
+async def test_a_failed_judge_call_whose_error_says_nothing_is_unmetered(tmp_path: Path) -> None:
+    """The same billed 500s from the judge with no ``usage`` in the error (question 3's every
+    time, so its verify fails): each is counted as a judge call whose tokens are not known
+    (``judge_unmetered_calls``), never as 0 tokens silently, and the ledger counts those
+    rollouts as ``unmetered``; the judge tokens it counts are those of the answered calls."""
+    judge = BillingUpstream(
+        judge=True, fail_billed=lambda q: q >= 3 or judge.asked[q] == 1, usage_on_error=False
+    )
+    async with billing_stack(judge_fail_every=0, judge=judge) as stack:
+        await collect(stack, tmp_path, 4, {"prices": PRICES, "max_failure_rate": None})
+    out = tmp_path / "out"
+    scored, failures = lines(out), lines(out, "failures.jsonl")
+    assert len(scored) == 3 and [x["task_index"] for x in failures] == [3]
+    for line in scored:
+        got = line[COST_FIELD]
+        assert got["judge_calls"] == 2 and got["judge_unmetered_calls"] == 1, got
+        assert got["judge_failed_calls"] == 1 and got["judge_input_tokens"] > 0
+    (failure,) = failures
+    got = failure[COST_FIELD]
+    assert got["judge_calls"] == got["judge_unmetered_calls"] == got["judge_failed_calls"] == 4
+    assert got["judge_input_tokens"] == 0 and got["calls"] == 1 and "metered" not in got
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    assert cost == cost_ledger(out, 1, PriceTable.model_validate(PRICES))
+    totals, failed_billed = cost["totals"], judge.failed_billed
+    assert totals["judge_calls"] == judge.billed.calls == 3 * 2 + 4
+    assert totals["unmetered_judge_calls"] == totals["failed_judge_calls"] == failed_billed.calls
+    answered = judge.billed.tokens - failed_billed.tokens
+    assert totals["judge_input_tokens"] + totals["judge_output_tokens"] == answered
+    assert cost["wasted"]["failed"]["unmetered"] == 1
+    assert cost["useful"]["unmetered"] + cost["wasted"]["no_signal"]["unmetered"] == 3
+
+
+async def test_the_trainer_api_counts_failed_judge_calls() -> None:
+    """``BatchCost`` counts a judge's failed calls (and says the batch's rollouts with judge
+    calls of unknown tokens unmetered), as the run's ledger does."""
+    from rollgym.trainer import BatchCost, RolloutClient
+
+    rows = [
+        {"responses_create_params": {"input": f"question {i}: how many words"},
+         "expected_answer": str(i)}
+        for i in range(3)
+    ]  # fmt: skip
+    judge = BillingUpstream(judge=True, fail_billed=lambda q: judge.asked[q] % 2 == 1)
+    async with (
+        billing_stack(judge_fail_every=0, judge=judge) as stack,
+        RolloutClient(stack.urls["agent"][0]) as client,
+    ):
+        groups = await client.collect(rows, repeats=2)
+    cost = BatchCost.of(groups, PriceTable.model_validate(PRICES))
+    assert cost.rollouts == 6 and cost.unmetered == 0
+    assert cost.judge_calls == judge.billed.calls == 12
+    assert cost.judge_failed_calls == judge.failed_billed.calls == 6
+    assert cost.tokens == stack.model.billed.tokens + judge.billed.tokens
