@@ -214,6 +214,26 @@ async def test_a_budget_stops_the_run_within_one_rollout_of_its_cap(tmp_path: Pa
     assert recorded == lines(out)[: len(recorded)]
 
 
+async def test_abandoned_rollouts_are_those_started_and_not_recorded(tmp_path: Path) -> None:
+    """At an ``abandon`` cap, ``abandoned`` counts the rollouts that had started (sent to their
+    agent: here held at the model) and are not recorded; the ones never started are
+    ``not_started``; both are pending, for ``--resume``. The model's own count of the
+    rollouts that reached it is the ground truth."""
+    from tests.support.stack import run_held_to_an_abandon_cap, running_stack
+
+    async with running_stack(model_options={"hold_each": True}) as stack:
+        outcome = await run_held_to_an_abandon_cap(stack, tmp_path, 8, 4)
+        reached = len(stack.model.holding)
+    assert outcome.status == "stopped_at_budget" and outcome.exit_code == EXIT_BUDGET
+    out = tmp_path / "out"
+    assert len(lines(out)) == 1 and lines(out, "failures.jsonl") == []
+    budget = orjson.loads((out / "run.json").read_bytes())["budget"]
+    assert budget["abandoned"] == reached - 1 == 3, (budget, reached)
+    assert budget["not_started"] == 8 - 1 - 3
+    assert outcome.metrics["cost"]["abandoned_in_flight"] == 3
+    assert outcome.metrics["counts"]["pending"] == budget["abandoned"] + budget["not_started"]
+
+
 async def test_in_flight_rollouts_finish_at_the_cap_by_default(tmp_path: Path) -> None:
     async with billing_stack() as stack:
         outcome = await collect(stack, tmp_path, 40, {"budget": {"tokens": 400}})
