@@ -667,3 +667,30 @@ async def test_the_trainer_api_counts_failed_judge_calls() -> None:
     assert cost.judge_calls == judge.billed.calls == 12
     assert cost.judge_failed_calls == judge.failed_billed.calls == 6
     assert cost.tokens == stack.model.billed.tokens + judge.billed.tokens
+
+
+def test_a_failed_verify_attempts_spend_is_read_once_and_added_to_a_retried_verify() -> None:
+    """What a failed verify attempt's answer says it spent (``rollgym_cost`` beside its error)
+    is read off it (and taken off the error the record keeps), and added to the judge counts
+    of the verify that answered after it; an answer that says nothing adds nothing."""
+    from rollgym.errors import HTTPStatusError
+    from rollgym.server.usage import verify_spend, with_verify_spend, without_spend
+
+    said = {"judge_calls": 2, "judge_failed_calls": 2, "judge_input_tokens": 40,
+            "judge_output_tokens": 0, "judge_unmetered_calls": 1, "judge_model": "judge-model",
+            "calls": 99}  # fmt: skip
+    body = orjson.dumps({"error": {"type": "upstream_error"}, COST_FIELD: said}).decode()
+    failed = HTTPStatusError("env answered 502", status=502, body=body)
+    spent: dict[str, Any] = {}
+    for err in (failed, HTTPStatusError("x", status=502, body='{"error": {}}')):
+        verify_spend(err, spent)
+    assert spent == {k: v for k, v in said.items() if k != "calls"}  # judge counts only
+    assert without_spend(failed).body == '{"error":{"type":"upstream_error"}}'
+    verified = {"reward": 1.0, "judge_calls": 1, "judge_input_tokens": 10,
+                "judge_output_tokens": 3}  # fmt: skip
+    cost = agent_cost(with_verify_spend(verified, spent), {}, [[5, 1]], {})
+    assert cost["judge_calls"] == 3 and cost["judge_failed_calls"] == 2
+    assert (cost["judge_input_tokens"], cost["judge_output_tokens"]) == (50, 3)
+    assert cost["judge_unmetered_calls"] == 1 and cost["judge_model"] == "judge-model"
+    # An environment that says its judge calls and not their tokens: all of them unmetered.
+    assert agent_cost({"judge_calls": 2}, {}, [], {})["judge_unmetered_calls"] == 2
