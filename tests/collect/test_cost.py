@@ -25,7 +25,7 @@ from rollgym.collect.cost_ledger import cost_ledger
 from rollgym.collect.records import FailedRollout, ScoredRollout
 from rollgym.collect.rundir import EXIT_BUDGET, RunOutcome, prepare_run
 from rollgym.config import PriceTable, parse_config
-from rollgym.errors import ConfigError, InternalError
+from rollgym.errors import ConfigError, InternalError, RollgymError
 from rollgym.http import Target
 from rollgym.server.usage import call_tokens
 from rollgym.server.usage import rollout_cost as agent_cost
@@ -212,6 +212,26 @@ async def test_a_budget_stops_the_run_within_one_rollout_of_its_cap(tmp_path: Pa
     rollouts, failures = assert_ledger_invariant(out)
     assert len(rollouts) + len(failures) == 40
     assert recorded == lines(out)[: len(recorded)]
+
+
+async def test_abandoned_rollouts_are_those_started_and_not_recorded(tmp_path: Path) -> None:
+    """At an ``abandon`` cap, ``abandoned`` counts the rollouts that had started (sent to their
+    agent: here held at the model) and are not recorded; the ones never started are
+    ``not_started``; both are pending, for ``--resume``. The model's own count of the
+    rollouts that reached it is the ground truth."""
+    from tests.support.stack import run_held_to_an_abandon_cap, running_stack
+
+    async with running_stack(model_options={"hold_each": True}) as stack:
+        outcome = await run_held_to_an_abandon_cap(stack, tmp_path, 8, 4)
+        reached = len(stack.model.holding)
+    assert outcome.status == "stopped_at_budget" and outcome.exit_code == EXIT_BUDGET
+    out = tmp_path / "out"
+    assert len(lines(out)) == 1 and lines(out, "failures.jsonl") == []
+    budget = orjson.loads((out / "run.json").read_bytes())["budget"]
+    assert budget["abandoned"] == reached - 1 == 3, (budget, reached)
+    assert budget["not_started"] == 8 - 1 - 3
+    assert outcome.metrics["cost"]["abandoned_in_flight"] == 3
+    assert outcome.metrics["counts"]["pending"] == budget["abandoned"] + budget["not_started"]
 
 
 async def test_in_flight_rollouts_finish_at_the_cap_by_default(tmp_path: Path) -> None:
@@ -543,3 +563,134 @@ async def test_a_failed_model_call_whose_error_says_nothing_is_unmetered(tmp_pat
     assert counted == 4
     # What was counted is what the answered calls billed: half the billed tokens here.
     assert cost["totals"]["tokens"] - stack.judge.billed.tokens == model.billed.tokens // 2
+
+
+async def test_a_failed_judge_call_counts_what_its_error_says_it_billed(tmp_path: Path) -> None:
+    """Issue 41, judge calls: the judge upstream bills each question's first call and then
+    answers 500 with the ``usage`` it billed; for questions 4 and 5 it does so every time. The
+    judge's proxy tries it again (4 attempts): 0-3 are judged at the second, and the verify of
+    4-5 fails after the fourth, so those rollouts fail. Every billed judge call is counted,
+    the failed ones as ``judge_failed_calls`` with their tokens, on the scored lines and on the
+    failures (the environment's error answer carries its spend, the agent's carries it on):
+    the ledger's judge totals are what the judge upstream billed, its money within 1%."""
+    judge = BillingUpstream(judge=True, fail_billed=lambda q: q >= 4 or judge.asked[q] == 1)
+    async with billing_stack(judge_fail_every=0, judge=judge) as stack:
+        await collect(stack, tmp_path, 6, {"prices": PRICES, "max_failure_rate": None})
+    out = tmp_path / "out"
+    scored, failures = lines(out), lines(out, "failures.jsonl")
+    assert sorted(x["task_index"] for x in scored) == [0, 1, 2, 3]
+    assert sorted(x["task_index"] for x in failures) == [4, 5]
+    judged = judge.billed
+    assert judged.calls == 4 * 2 + 2 * 4 and judge.failed_billed.calls == 4 + 2 * 4
+    for line in scored:
+        got = line[COST_FIELD]
+        assert got["judge_calls"] == 2 and got["judge_failed_calls"] == 1, got
+        assert "judge_unmetered_calls" not in got and got["judge_model"] == "judge-model"
+    for line in failures:
+        got = line[COST_FIELD]
+        assert got["judge_calls"] == got["judge_failed_calls"] == 4, got
+        assert got["judge_input_tokens"] > 0 and got["judge_model"] == "judge-model"
+        assert got["calls"] == 1 and got["money"] > 0 and "metered" not in got
+        assert RollgymError.from_dict(line["error"]).root().server == "judge.upstream"
+        assert COST_FIELD not in orjson.dumps(line["error"]).decode()  # said once
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    assert cost == cost_ledger(out, 1, PriceTable.model_validate(PRICES))
+    totals = cost["totals"]
+    assert totals["judge_calls"] == judged.calls
+    assert totals["failed_judge_calls"] == judge.failed_billed.calls
+    assert totals["judge_input_tokens"] == judged.input_tokens
+    assert totals["judge_output_tokens"] == judged.output_tokens
+    assert totals["unmetered_judge_calls"] == 0 and totals["unpriced_tokens"] == 0
+    billed = stack.model.billed
+    truth = (billed.input_tokens * 0.5 + billed.output_tokens * 1.5
+             + judged.input_tokens * 3.0 + judged.output_tokens * 15.0) / 1e6  # fmt: skip
+    assert near(cost["money"], truth)
+    failed = cost["wasted"]["failed"]
+    assert failed["rollouts"] == 2 and failed["unmetered"] == 0
+    line_tokens = sum(
+        c["input_tokens"] + c["output_tokens"] + c["judge_input_tokens"] + c["judge_output_tokens"]
+        for c in (line[COST_FIELD] for line in failures)
+    )
+    assert failed["tokens"] == line_tokens
+
+
+async def test_a_failed_judge_call_whose_error_says_nothing_is_unmetered(tmp_path: Path) -> None:
+    """The same billed 500s from the judge with no ``usage`` in the error (question 3's every
+    time, so its verify fails): each is counted as a judge call whose tokens are not known
+    (``judge_unmetered_calls``), never as 0 tokens silently, and the ledger counts those
+    rollouts as ``unmetered``; the judge tokens it counts are those of the answered calls."""
+    judge = BillingUpstream(
+        judge=True, fail_billed=lambda q: q >= 3 or judge.asked[q] == 1, usage_on_error=False
+    )
+    async with billing_stack(judge_fail_every=0, judge=judge) as stack:
+        await collect(stack, tmp_path, 4, {"prices": PRICES, "max_failure_rate": None})
+    out = tmp_path / "out"
+    scored, failures = lines(out), lines(out, "failures.jsonl")
+    assert len(scored) == 3 and [x["task_index"] for x in failures] == [3]
+    for line in scored:
+        got = line[COST_FIELD]
+        assert got["judge_calls"] == 2 and got["judge_unmetered_calls"] == 1, got
+        assert got["judge_failed_calls"] == 1 and got["judge_input_tokens"] > 0
+    (failure,) = failures
+    got = failure[COST_FIELD]
+    assert got["judge_calls"] == got["judge_unmetered_calls"] == got["judge_failed_calls"] == 4
+    assert got["judge_input_tokens"] == 0 and got["calls"] == 1 and "metered" not in got
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    assert cost == cost_ledger(out, 1, PriceTable.model_validate(PRICES))
+    totals, failed_billed = cost["totals"], judge.failed_billed
+    assert totals["judge_calls"] == judge.billed.calls == 3 * 2 + 4
+    assert totals["unmetered_judge_calls"] == totals["failed_judge_calls"] == failed_billed.calls
+    answered = judge.billed.tokens - failed_billed.tokens
+    assert totals["judge_input_tokens"] + totals["judge_output_tokens"] == answered
+    assert cost["wasted"]["failed"]["unmetered"] == 1
+    assert cost["useful"]["unmetered"] + cost["wasted"]["no_signal"]["unmetered"] == 3
+
+
+async def test_the_trainer_api_counts_failed_judge_calls() -> None:
+    """``BatchCost`` counts a judge's failed calls (and says the batch's rollouts with judge
+    calls of unknown tokens unmetered), as the run's ledger does."""
+    from rollgym.trainer import BatchCost, RolloutClient
+
+    rows = [
+        {"responses_create_params": {"input": f"question {i}: how many words"},
+         "expected_answer": str(i)}
+        for i in range(3)
+    ]  # fmt: skip
+    judge = BillingUpstream(judge=True, fail_billed=lambda q: judge.asked[q] % 2 == 1)
+    async with (
+        billing_stack(judge_fail_every=0, judge=judge) as stack,
+        RolloutClient(stack.urls["agent"][0]) as client,
+    ):
+        groups = await client.collect(rows, repeats=2)
+    cost = BatchCost.of(groups, PriceTable.model_validate(PRICES))
+    assert cost.rollouts == 6 and cost.unmetered == 0
+    assert cost.judge_calls == judge.billed.calls == 12
+    assert cost.judge_failed_calls == judge.failed_billed.calls == 6
+    assert cost.tokens == stack.model.billed.tokens + judge.billed.tokens
+
+
+def test_a_failed_verify_attempts_spend_is_read_once_and_added_to_a_retried_verify() -> None:
+    """What a failed verify attempt's answer says it spent (``rollgym_cost`` beside its error)
+    is read off it (and taken off the error the record keeps), and added to the judge counts
+    of the verify that answered after it; an answer that says nothing adds nothing."""
+    from rollgym.errors import HTTPStatusError
+    from rollgym.server.usage import verify_spend, with_verify_spend, without_spend
+
+    said = {"judge_calls": 2, "judge_failed_calls": 2, "judge_input_tokens": 40,
+            "judge_output_tokens": 0, "judge_unmetered_calls": 1, "judge_model": "judge-model",
+            "calls": 99}  # fmt: skip
+    body = orjson.dumps({"error": {"type": "upstream_error"}, COST_FIELD: said}).decode()
+    failed = HTTPStatusError("env answered 502", status=502, body=body)
+    spent: dict[str, Any] = {}
+    for err in (failed, HTTPStatusError("x", status=502, body='{"error": {}}')):
+        verify_spend(err, spent)
+    assert spent == {k: v for k, v in said.items() if k != "calls"}  # judge counts only
+    assert without_spend(failed).body == '{"error":{"type":"upstream_error"}}'
+    verified = {"reward": 1.0, "judge_calls": 1, "judge_input_tokens": 10,
+                "judge_output_tokens": 3}  # fmt: skip
+    cost = agent_cost(with_verify_spend(verified, spent), {}, [[5, 1]], {})
+    assert cost["judge_calls"] == 3 and cost["judge_failed_calls"] == 2
+    assert (cost["judge_input_tokens"], cost["judge_output_tokens"]) == (50, 3)
+    assert cost["judge_unmetered_calls"] == 1 and cost["judge_model"] == "judge-model"
+    # An environment that says its judge calls and not their tokens: all of them unmetered.
+    assert agent_cost({"judge_calls": 2}, {}, [], {})["judge_unmetered_calls"] == 2

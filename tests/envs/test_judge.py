@@ -18,6 +18,7 @@ from rollgym.errors import ConfigError
 from rollgym.http import Target
 from rollgym.models.scripted import ScriptedModel
 from rollgym.testing import serve_server
+from rollgym.wire import COST_FIELD
 from tests.support.servers import FaultyModel
 from tests.support.stack import fast_policy
 
@@ -77,6 +78,9 @@ async def test_an_unparseable_verdict_is_its_own_failure(
     origin = body["error"]["origin"]
     assert origin["type"] == "unparseable_verdict" and origin["server"] == "judge_model"
     assert "Hmm, hard to say." in origin["body"]
+    # The judge answered (and billed): the failed verify says so beside its error.
+    spent = body[COST_FIELD]
+    assert spent["judge_calls"] == 1 and spent["judge_model"] and spent["judge_input_tokens"] > 0
 
 
 async def test_a_failing_judge_fails_the_rollout_under_its_retry_policy(
@@ -89,6 +93,24 @@ async def test_a_failing_judge_fails_the_rollout_under_its_retry_policy(
     origin = body["error"]["origin"]
     assert origin["server"] == "judge_model" and origin["status"] == 503
     assert model.requests == 3 == origin["attempts"]  # the model kind's 3 attempts
+    assert COST_FIELD not in body  # a 503 is a refusal: nothing was billed
+
+
+async def test_a_judge_that_fails_after_it_may_have_billed_is_counted(
+    connect: Callable[[str], EnvClient],
+) -> None:
+    """A 500 may come after the judge did the work: each of the environment's attempts is
+    counted as a failed judge call, its tokens not known (the error says no ``usage``), on the
+    failed verify's answer; never as free, never estimated."""
+    down = {"fail_status": 500, "down_for": 3600.0}
+    async with judged(connect, {}, FaultyModel, down) as (env, model):
+        status, body = await env.verify(ROW, "Paris")
+    assert status == 502, body
+    assert model.requests == 3
+    assert body[COST_FIELD] == {
+        "judge_calls": 3, "judge_failed_calls": 3, "judge_unmetered_calls": 3,
+        "judge_input_tokens": 0, "judge_output_tokens": 0,
+    }  # fmt: skip
 
 
 async def test_rubric_scores_are_named_sub_scores(connect: Callable[[str], EnvClient]) -> None:

@@ -10,7 +10,8 @@ A judge upstream (``judge=True``) answers a verdict label, equal for even-number
 Failures can be injected per question (``question N`` in the last message): ``refuse(n)``
 answers 503 unbilled; ``fail_billed(n)`` bills the call and then answers 500 (a provider that
 fails after it has done the work), its error body saying the ``usage`` it billed when
-``usage_on_error`` (else nothing of it). ``asked`` counts each question's billed calls.
+``usage_on_error`` (else nothing of it). ``asked`` counts each question's billed calls, and
+``failed_billed`` the billed calls that then failed (part of ``billed``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class BillingUpstream:
     usage_on_error: bool = True
     requests: int = 0
     billed: Billed = field(default_factory=Billed)
+    failed_billed: Billed = field(default_factory=Billed)
     asked: Counter[int] = field(default_factory=Counter)
 
     async def completions(self, request: Request) -> Response:
@@ -85,6 +87,9 @@ class BillingUpstream:
         usage = {"prompt_tokens": prompt, "completion_tokens": completion,
                  "total_tokens": prompt + completion}  # fmt: skip
         if self.fail_billed is not None and self.fail_billed(question):
+            self.failed_billed.calls += 1
+            self.failed_billed.input_tokens += prompt
+            self.failed_billed.output_tokens += completion
             error: dict[str, Any] = {"error": {"message": "internal error after generation"}}
             if self.usage_on_error:
                 error["usage"] = usage

@@ -40,7 +40,9 @@ class FaultyModel(ScriptedModel):
     one (an outage that ends by itself). Counts requests and the faults it answered; with
     ``request_log``, appends the rollout id of every request to that file. A request that
     arrives while the file ``hold_while_exists`` exists waits until it is deleted (the rollout
-    stays in flight meanwhile), its rollout id appended to ``held_log`` first."""
+    stays in flight meanwhile), its rollout id appended to ``held_log`` first. With
+    ``hold_each`` (in-process tests) every request waits in ``holding`` until ``release`` lets
+    it on, one at a time."""
 
     class Options(ScriptedModel.Options):
         fail_marker: str | None = None
@@ -50,6 +52,7 @@ class FaultyModel(ScriptedModel):
         fail_status: int = 500
         hold_while_exists: str | None = None
         held_log: str | None = None
+        hold_each: bool = False
 
     options: Options
 
@@ -60,6 +63,12 @@ class FaultyModel(ScriptedModel):
         self.first_request: float | None = None
         self.requested = asyncio.Event()  # set by the first request (in-process tests)
         self.rollout_ids: list[str | None] = []  # the x-rollgym-rollout of every request
+        self.holding: list[asyncio.Event] = []  # one per request held (``hold_each``)
+
+    def release(self, n: int = 1) -> None:
+        """Let the first ``n`` requests still held (``hold_each``) on."""
+        for gate in [g for g in self.holding if not g.is_set()][:n]:
+            gate.set()
 
     def _failing(self, raw: bytes) -> bool:
         marker = self.options.fail_marker
@@ -92,6 +101,11 @@ class FaultyModel(ScriptedModel):
         return JSONResponse({"error": error}, status_code=status)
 
     async def _hold(self, call: Call) -> None:
+        if self.options.hold_each:
+            gate = asyncio.Event()
+            self.holding.append(gate)
+            await asyncio.wait_for(gate.wait(), HOLD_LIMIT)
+            return
         # A file, not an event: the test and every replica's process see it.
         hold = self.options.hold_while_exists
         if not hold or not _exists(hold):

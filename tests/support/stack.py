@@ -196,3 +196,39 @@ async def running_stack(
             assert isinstance(env_server, CountingEcho)
             urls = {"model": [model_url], "env": [env_url], "agent": [agent_url]}
             yield Stack(urls, model_server, env_server, agent)
+
+
+# -- a run stopped at its budget with rollouts held in flight ----------------------------------
+
+
+async def run_held_to_an_abandon_cap(
+    stack: Stack, tmp_path: Path, n: int, concurrency: int, dispatcher: Any = None
+) -> Any:
+    """Run ``n`` one-turn tasks with ``concurrency`` against ``stack`` (its model started with
+    ``hold_each``) under a budget of 1 token with ``in_flight: abandon``: once ``concurrency``
+    rollouts are held at the model, one is let on; its record reaches the cap, and the rest are
+    cancelled. ``dispatcher``: the collector's (default: local). The run's outcome; its
+    directory is ``tmp_path / "out"``."""
+    import asyncio
+
+    from rollgym.collect import Collector, prepare_run
+
+    from .waiting import wait_until
+
+    rows = [task_row(i, turns=[{"say": f"The answer is v{i}"}]) for i in range(n)]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    cfg = stack_config({"concurrency": concurrency,
+                        "budget": {"tokens": 1, "in_flight": "abandon"}})  # fmt: skip
+    run = prepare_run(cfg, cfg.collect, tasks, tmp_path / "out", resume=False)
+    collector = Collector(run, stack.urls, progress=False, dispatcher=dispatcher)
+    running = asyncio.create_task(collector.execute())
+    try:
+        await wait_until(lambda: len(stack.model.holding) >= concurrency, timeout=120,
+                         what=f"{concurrency} rollouts held at the model")  # fmt: skip
+        stack.model.release(1)
+        async with asyncio.timeout(120):
+            return await running
+    finally:
+        running.cancel()
+        stack.model.release(len(stack.model.holding))  # nothing left waiting

@@ -355,10 +355,16 @@ def print_outcome(outcome: RunOutcome, command: str = "run") -> None:
     console.print(table)
     if at_budget:
         counts = m["counts"]
+        abandoned = (cost or {}).get("abandoned_in_flight") or 0
+        cut = (
+            f" ({abandoned} of them abandoned in flight: started and cancelled, what they spent"
+            " is in no record)" if abandoned else ""
+        )  # fmt: skip
         console.print(
             f"Stopped at the run's budget: {counts['succeeded'] + counts['failed']} of "
-            f"{counts['total']} rollouts recorded, {counts['pending']} pending; nothing recorded "
-            f"is lost. Raise collect.budget and finish it with `rollgym {command}` and --resume.",
+            f"{counts['total']} rollouts recorded, {counts['pending']} pending{cut}; nothing "
+            f"recorded is lost. Raise collect.budget and finish it with `rollgym {command}` "
+            "and --resume.",
             markup=False, highlight=False,
         )  # fmt: skip
     elif outcome.abort_reason:

@@ -130,6 +130,7 @@ class Collector:
         self.sections: Callable[[], dict[str, Any]] = dict
         """More sections for ``metrics.json`` (the launcher's report: restarts...)."""
         self._started = False
+        self._abandoned_at_cap = False
         self._task_environments: tuple[list[str] | None] | None = None
 
     @property
@@ -259,6 +260,9 @@ class Collector:
             "cpu_seconds": round(cpu, 3),
         }
         report = await self.dispatcher.report()
+        spend = self.spend
+        if report.abandoned is not None and self._abandoned_at_cap:
+            spend.abandoned = report.abandoned  # counted by the dispatcher once work stopped
         own = {name: vars(s) for name, s in self.client.stats().items()}
         data["http"] = _merge_counters([own, *report.http])
         data["servers"] = await self._server_stats()
@@ -267,7 +271,6 @@ class Collector:
         data.update(self.sections())
         if not aborted:
             data["env_aggregate"] = await self._env_aggregate()
-        spend = self.spend
         ledger = spend.ledger.to_dict(self.cfg.prices, spend.abandoned)
         write_json(run.files.cost, ledger)
         data["cost"] = ledger
@@ -286,7 +289,7 @@ class Collector:
             status, code = "completed", EXIT_OK
         ended = dict(report.sections)
         if spend.stop_reason is not None:
-            ended["budget"] = spend.summary()
+            ended["budget"] = spend.summary(pending)
         if aborted:
             assert self.recorder.budget is not None
             ended["abort"] = {"reason": reason, **self.recorder.budget.summary.to_dict()}
@@ -363,10 +366,13 @@ class Collector:
 
     def _at_cap(self, reason: str) -> None:
         """The run's budget is spent: no more rollouts are sent; those in flight finish, or
-        are cancelled (``in_flight: abandon``) and left for ``--resume``."""
+        are cancelled (``in_flight: abandon``) and left for ``--resume``: ``abandoned``, the
+        rollouts started and not recorded (a dispatcher that knows only once they stopped,
+        Ray's, says it in its report)."""
         log.warning("stopping at the run's budget: %s", reason)
         budget = self.cfg.budget
         if budget is not None and budget.in_flight == "abandon":
+            self._abandoned_at_cap = True  # not an abort's cancel: ``_finish``
             self.spend.abandoned = self.in_flight() or 0
             self.dispatcher.cancel()
 

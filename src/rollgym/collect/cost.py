@@ -164,10 +164,17 @@ def rollout_cost(record: RolloutRecord, prices: PriceTable | None = None) -> dic
     return cost if prices is None else priced(cost, prices)
 
 
-Parts = tuple[int, int, int, int, int, int, float, float, float, float, int, int, float, bool]
+Parts = tuple[
+    int, int, int, int, int, int, float, float, float, float, int, int, float,
+    int, int, int, int, bool,
+]  # fmt: skip
 """One ``rollgym_cost`` read once: calls, input, output, judge calls, judge input, judge
-output, model s, environment s, verifier s, sandbox s, retries, unpriced tokens, money,
-unmetered."""
+output, model s, environment s, verifier s, sandbox s, retries, unpriced tokens, money, failed
+calls, failed judge calls, unmetered calls, unmetered judge calls (``COUNTS`` numbers), and
+whether any of it is unmetered."""
+
+COUNTS = 17
+"""How many of a ``Parts``' entries are numbers (the last says: unmetered)."""
 
 
 def parts(cost: dict[str, Any]) -> Parts:
@@ -180,7 +187,9 @@ def parts(cost: dict[str, Any]) -> Parts:
         g("judge_output_tokens", 0) + 0, g("model_s", 0.0) + 0.0, g("env_s", 0.0) + 0.0,
         g("verify_s", 0.0) + 0.0, g("sandbox_s", 0.0) + 0.0, g("retries", 0) + 0,
         g("unpriced_tokens", 0) + 0, g("money", 0.0) + 0.0,
-        g("metered") is False or "unmetered_calls" in cost,
+        g("failed_calls", 0) + 0, g("judge_failed_calls", 0) + 0,
+        g("unmetered_calls", 0) + 0, g("judge_unmetered_calls", 0) + 0,
+        g("metered") is False or "unmetered_calls" in cost or "judge_unmetered_calls" in cost,
     )  # fmt: skip
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from rollgym.collect.cost import FAILED, RETRIED, Parts, parts
+from rollgym.collect.cost import COUNTS, FAILED, RETRIED, Parts, parts
 from rollgym.collect.failure_budget import is_stale
 from rollgym.collect.layout import RunDir, read_ledger
 from rollgym.config import PriceTable
@@ -62,7 +62,7 @@ class Tally:
         self.money += p[12]
         self.seconds += p[6] + p[7] + p[8] + wall_s
         self.sandbox_s += p[9]
-        self.unmetered += p[13]
+        self.unmetered += p[-1]
 
     def share(self, p: Parts, attempts: int) -> None:
         """The spend of a rollout's failed attempts, the rollout itself counted where it
@@ -72,7 +72,7 @@ class Tally:
         self.money += p[12]
         self.seconds += p[6] + p[7] + p[8]
         self.sandbox_s += p[9]
-        self.unmetered += p[13]
+        self.unmetered += p[-1]
 
     def merge(self, other: Tally) -> None:
         for name in self.__slots__:
@@ -96,18 +96,18 @@ class Totals:
     """The sums over every record of a run (``cost.json``'s ``totals``)."""
 
     def __init__(self) -> None:
-        self.sums = [0.0] * 13
+        self.sums = [0.0] * COUNTS
         self.wall_s = 0.0
 
     def add(self, p: Parts, wall_s: float = 0.0) -> None:
         sums = self.sums
-        for i in range(13):
+        for i in range(COUNTS):
             sums[i] += p[i]
         self.wall_s += wall_s
 
     def to_dict(self) -> dict[str, Any]:
         (calls, tin, tout, jcalls, jin, jout, model_s, env_s, verify_s, sandbox_s, retries,
-         unpriced, _) = self.sums  # fmt: skip
+         unpriced, _, failed, jfailed, unmetered, junmetered) = self.sums  # fmt: skip
         return {
             "model_calls": int(calls),
             "input_tokens": int(tin),
@@ -123,6 +123,12 @@ class Totals:
             "failed_seconds": round(self.wall_s, 3),
             "retries_in_rollouts": int(retries),
             "unpriced_tokens": int(unpriced),
+            # Among the calls above: failed ones that may have been billed, and calls whose
+            # tokens are not known (counted as calls, never as 0 tokens: ``unmetered``).
+            "failed_model_calls": int(failed),
+            "failed_judge_calls": int(jfailed),
+            "unmetered_model_calls": int(unmetered),
+            "unmetered_judge_calls": int(junmetered),
         }
 
 
@@ -236,8 +242,8 @@ class CostLedger:
 
 def _less(whole: Parts, share: Parts) -> Parts:
     """``whole``'s numbers less ``share``'s (its unmetered flag kept: said, never cleared)."""
-    less = [a - b for a, b in zip(whole[:13], share[:13], strict=True)]
-    return cast(Parts, (*less, whole[13]))
+    less = [a - b for a, b in zip(whole[:COUNTS], share[:COUNTS], strict=True)]
+    return cast(Parts, (*less, whole[-1]))
 
 
 def cost_ledger(
@@ -288,8 +294,12 @@ def describe_cost(cost: dict[str, Any]) -> str:
     rollout 242, per useful sample 370 tokens`` (with prices: in money)."""
     totals, per, useful = cost["totals"], cost["per_rollout"], cost["per_useful_sample"]
     said = f"{totals['tokens']:,} tokens, {totals['model_calls']} model calls"
+    if failed := totals.get("failed_model_calls"):
+        said += f" ({failed} failed)"
     if totals["judge_calls"]:
         said += f", {totals['judge_calls']} judge calls"
+        if failed := totals.get("failed_judge_calls"):
+            said += f" ({failed} failed)"
     if totals["sandbox_seconds"]:
         said += f", {totals['sandbox_seconds']:.1f} sandbox CPU s"
     prices = cost.get("prices")

@@ -28,12 +28,15 @@ RAMP_INTERVAL = 0.1  # seconds between waves
 class DispatchReport:
     """What a dispatch did: rollouts held by an open circuit, sent to another replica; the
     call counters of HTTP clients other than the caller's (remote workers'); and sections of
-    its own for ``metrics.json`` and ``run.json`` (e.g. ``ray``)."""
+    its own for ``metrics.json`` and ``run.json`` (e.g. ``ray``); ``abandoned``: after
+    ``cancel``, the rollouts it had started and not recorded, where it counts them only once
+    they stopped (None: ``in_flight`` at the cancel said it)."""
 
     circuit_holds: int = 0
     failovers: int = 0
     http: list[dict[str, dict[str, int]]] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)
+    abandoned: int | None = None
 
 
 @runtime_checkable
@@ -66,8 +69,8 @@ class Dispatcher(Protocol):
 
     @property
     def in_flight(self) -> int | None:
-        """Rollouts sent and not yet recorded (None: not known here): at a budget's
-        ``abandon``, the ones cancelled."""
+        """Rollouts started (sent to their agent) and not yet recorded (None: not known
+        here): at a budget's ``abandon``, the ones cancelled (``abandoned``)."""
 
     async def close(self) -> None:
         """Release what ``start`` took."""

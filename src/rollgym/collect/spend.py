@@ -43,7 +43,8 @@ class RunSpend:
         self.stop_reason: str | None = None
         """Why the run stopped at its budget (None: it has not)."""
         self.abandoned = 0
-        """Rollouts in flight cancelled at the cap (``in_flight: abandon``)."""
+        """Rollouts started (sent to their agent) and cancelled unrecorded at the cap
+        (``in_flight: abandon``): what they spent is in no record. Not those never started."""
         self.on_cap: Callable[[str], None] | None = None
         self.fingerprint_of: Callable[[int], str | None] = _no_fingerprint
         """The fingerprint id of the environment that scores task ``i``."""
@@ -124,8 +125,10 @@ class RunSpend:
         if self.on_cap is not None:
             self.on_cap(reason)
 
-    def summary(self) -> dict[str, Any]:
-        """For ``run.json``'s ``budget`` once the run stopped at it."""
+    def summary(self, pending: int = 0) -> dict[str, Any]:
+        """For ``run.json``'s ``budget`` once the run stopped at it; ``pending``: the run's
+        rollouts not recorded, ``abandoned`` (started, cancelled: their spend is not known)
+        plus ``not_started`` (nothing spent); ``--resume`` runs both."""
         out: dict[str, Any] = {"reason": self.stop_reason, "tokens": self.tokens,
                                "sandbox_s": round(self.sandbox_s, 3)}  # fmt: skip
         if self.prices is not None:
@@ -133,4 +136,5 @@ class RunSpend:
         if self.budget is not None:
             out["in_flight"] = self.budget.in_flight
             out["abandoned"] = self.abandoned
+            out["not_started"] = max(0, pending - self.abandoned)
         return out

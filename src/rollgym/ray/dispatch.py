@@ -145,6 +145,12 @@ class RayDispatcher:
         self._lost: list[dict[str, Any]] = []
         self._queue: _WorkQueue | None = None
         self._cancelled = False
+        self._settled: list[int] = []
+        """Per worker: the records the driver took from it (recorded, or a late duplicate
+        dropped) since it last started: ``abandoned``."""
+        self._handed: list[dict[tuple[int, int], RolloutItem]] = []
+        """Per lane: the rollouts handed to its worker and not recorded yet."""
+        self._cancels: list[Any] = []
 
     @property
     def actors(self) -> list[Any]:
@@ -180,6 +186,7 @@ class RayDispatcher:
             self._locks.append(asyncio.Lock())
         self._where = await get([a.ready.remote() for a in self._actors], 120)
         self._restarts = [0] * len(self._actors)
+        self._settled = [0] * len(self._actors)
 
     def _spawn(self, node: NodeInfo, index: int) -> Any:
         # Hard affinity: a zero-CPU actor with soft affinity may land on any node, and two
@@ -195,6 +202,7 @@ class RayDispatcher:
     async def dispatch(self, work: Work, pending: int, recorder: Recorder) -> None:
         """Feed the workers until every item has a record, watching the replicas meanwhile."""
         self._queue = _WorkQueue(work)
+        self._handed = [{} for _ in range(len(self._actors) * LANES)]
         self._lanes = [
             asyncio.create_task(self._lane(i * LANES + lane, recorder))
             for i in range(len(self._actors))
@@ -212,8 +220,9 @@ class RayDispatcher:
         # must record nothing more of its batch, nor take more work.
         self._cancelled = True
         cancel_others(self._lanes)
-        for actor in self._actors:
-            actor.cancel.remote()  # fire and forget: their rollouts stay pending
+        # Their rollouts stay pending; each worker answers how many it had started, read by
+        # ``report`` (``abandoned``: started and not recorded, as a local run counts them).
+        self._cancels = [actor.cancel.remote() for actor in self._actors]
 
     def cancelled(self) -> bool:
         """Whether ``cancel`` was called (a method: a record may call it mid-loop)."""
@@ -221,7 +230,9 @@ class RayDispatcher:
 
     @property
     def in_flight(self) -> int | None:
-        """Rollouts handed to the workers and not yet recorded (a stream's feed: not known)."""
+        """Rollouts handed to the workers and not yet recorded, queued there too (a stream's
+        feed: not known): the live progress's; at a budget's cancel, ``report`` says how many
+        of them had started (``abandoned``)."""
         queue = self._queue
         return None if queue is None or queue.feeds else queue.out
 
@@ -240,7 +251,27 @@ class RayDispatcher:
             failovers=sum(s.get("failovers", 0) for s in stats),
             http=[s.get("http", {}) for s in stats],
             sections={"ray": self._ray_info(stats)},
+            abandoned=await self._abandoned(),
         )
+
+    async def _abandoned(self) -> int | None:
+        """After ``cancel``: the rollouts the workers had started (sent to their agent) and the
+        driver did not record, running or finished beside the record that reached the cap;
+        not those queued on a worker, never started (None: not cancelled). A worker that does
+        not answer counts every rollout handed to it and not recorded (it may have started
+        them)."""
+        if not self._cancels:
+            return None
+        abandoned = 0
+        for worker, ref in enumerate(self._cancels):
+            handed = sum(len(self._handed[worker * LANES + lane]) for lane in range(LANES))
+            try:
+                started = int(await get(ref, 10))
+            except (RayError, TimeoutError):
+                abandoned += handed
+                continue
+            abandoned += max(0, min(handed, started - self._settled[worker]))
+        return abandoned
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -268,6 +299,7 @@ class RayDispatcher:
             if not items:
                 return
             out = {(item.task_index, item.rollout_index): item for item in items}
+            self._handed[index] = out
             try:
                 async for ref in actor.run.remote(items, sorted(self._down)):
                     batch: WorkerBatch = await ref
@@ -276,6 +308,7 @@ class RayDispatcher:
                     for record in batch.records:
                         if self.cancelled():  # by the record before (a budget's abandon)
                             return  # the rest stay pending: abandoned, left for --resume
+                        self._settled[worker] += 1
                         if out.pop((record.task_index, record.rollout_index), None) is not None:
                             queue.finished(1)  # first: no longer in flight as it is recorded
                             recorder.record(record)  # a late duplicate is dropped there
@@ -283,6 +316,7 @@ class RayDispatcher:
                 log.warning("collect worker %d failed (%s); %d rollouts go back in the queue",
                             worker, type(exc).__name__, len(out))  # fmt: skip
                 queue.give_back(list(out.values()))
+                out.clear()
                 if recorder.abort_reason is not None:
                     return  # no repair for a run that is stopping
                 if not await self._alive(worker, actor):
@@ -293,6 +327,7 @@ class RayDispatcher:
                 queue.give_back(list(out.values()))  # not expected: run them elsewhere
             elif out:
                 queue.finished(len(out))  # cancelled by the abort: they stay pending
+            out.clear()
 
     async def _alive(self, index: int, failed: Any) -> bool:
         """Worker ``index`` (the actor ``failed``) failed: wait while Ray restarts it (its
@@ -345,6 +380,7 @@ class RayDispatcher:
         known = self._where[index]
         if known and known.get("pid") != where.get("pid"):
             self._restarts[index] += 1
+            self._settled[index] = 0  # a new process: its ``started`` begins at 0 again
             log.warning("collect worker %d was restarted (pid %s -> %s)", index,
                         known.get("pid"), where.get("pid"))  # fmt: skip
         self._where[index] = where

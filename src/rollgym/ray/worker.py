@@ -77,6 +77,9 @@ class CollectWorker:
         self._held: RollgymError | None = None
         self.finished = 0
         self.running = 0
+        self.started = 0
+        """Rollouts this worker began to run (sent to their agent) in its life: at a budget's
+        cancel, the driver subtracts the records it took from it (``RayDispatcher``)."""
         self.index = index
         self.pid = os.getpid()
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -177,7 +180,8 @@ class CollectWorker:
     async def _one(self, item: RolloutItem) -> RolloutRecord:
         async with self._gate:
             if self._aborted:
-                raise asyncio.CancelledError
+                raise asyncio.CancelledError  # never started: nothing was spent on it
+            self.started += 1
             self.running += 1
             try:
                 return await self.runner.run(item)
@@ -195,11 +199,13 @@ class CollectWorker:
         """The driver found these replicas dead: never send them anything again."""
         self._take_down(urls)
 
-    async def cancel(self) -> None:
-        """Abort: cancel every rollout in flight or queued (they stay pending)."""
+    async def cancel(self) -> int:
+        """Abort: cancel every rollout in flight or queued (they stay pending). How many
+        rollouts it had started in all (``started``: none starts after this)."""
         self._aborted = True
         for task in list(self._tasks):
             task.cancel()
+        return self.started
 
     async def stats(self) -> dict[str, Any]:
         runner = self._runner

@@ -69,22 +69,21 @@ from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.policy import MAX_PAUSE_S
 from rollgym.server.usage import (
-    call_tokens,
-    count_failed,
-    error_calls,
-    may_have_billed,
+    answered_call,
+    billed_failures,
     rollout_cost,
+    verify_spend,
+    with_verify_spend,
+    without_spend,
 )
 from rollgym.server.versions import CallVersions
 from rollgym.wire import (
     COST_FIELD,
-    FAILED_CALLS,
     FINGERPRINT_ENDPOINT,
     HEADER_OLDEST_VERSION,
     HEADER_ROLLOUT,
     ROLLOUT_PREFIX,
     TOKEN_CAPTURE_SEGMENT,
-    UPSTREAM_KEY,
 )
 
 log = logging.getLogger("rollgym.server")
@@ -124,6 +123,7 @@ class Hops:
         "seconds",
         "started",
         "tokens",
+        "verify_spent",
         "wait_s",
     )
 
@@ -137,6 +137,8 @@ class Hops:
         self.model: str | None = None
         """The model its model calls' answers named last (a failure's cost is priced by it)."""
         self.retries: dict[str, int] = {}
+        self.verify_spent: dict[str, Any] = {}
+        """What its failed verify attempts said they spent (their judge calls)."""
         self.wait_s = 0.0
         self.started = time.monotonic()
         self.failed: str | None = None
@@ -163,13 +165,18 @@ class Hops:
     def cost(self, verified: dict[str, Any]) -> dict[str, Any]:
         """The rollout's ``rollgym_cost``, from these hops and its verify response
         (``rollgym.server.usage.rollout_cost``)."""
-        return rollout_cost(verified, self.seconds, self.tokens, self.retries, self.failed_calls)
+        return rollout_cost(
+            with_verify_spend(verified, self.verify_spent), self.seconds, self.tokens,
+            self.retries, self.failed_calls,
+        )  # fmt: skip
 
     def spent(self) -> dict[str, Any]:
         """What a rollout that failed had spent (its model calls' tokens, its hops' seconds,
-        its retries): its ``rollgym_cost`` without ``per_call``, so the error answer that
-        carries it stays small."""
-        answered = {"response": {"model": self.model}} if self.model is not None else {}
+        its retries, what its failed verify said it spent): its ``rollgym_cost`` without
+        ``per_call``, so the error answer that carries it stays small."""
+        answered: dict[str, Any] = {**self.verify_spent}
+        if self.model is not None:
+            answered["response"] = {"model": self.model}
         cost = rollout_cost(answered, self.seconds, self.tokens, self.retries, self.failed_calls)
         del cost["per_call"]
         return cost
@@ -234,7 +241,19 @@ class TimedEpisode(Episode):
         return output
 
     async def verify(self, row: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
-        verified: dict[str, Any] = await self.hops.timed("verify", super().verify(row, response))
+        # A verify attempt that failed may say what it spent (its judge's calls) beside its
+        # error: counted in the rollout's cost, whether the verify then failed or a retry
+        # answered (``rollgym.server.usage.verify_spend``).
+        with collecting() as failed:
+            try:
+                verified: dict[str, Any] = await self.hops.timed(
+                    "verify", super().verify(row, response)
+                )
+            except RollgymError as err:
+                raise without_spend(err) from None  # said once: on the rollout's cost
+            finally:
+                for attempt in failed:
+                    verify_spend(attempt, self.hops.verify_spent)
         return verified
 
 
@@ -367,19 +386,12 @@ class RunContext:
             try:
                 response: dict[str, Any] = await self.hops.timed("model", call)
             finally:
-                for err in failed:
-                    if may_have_billed(err):
-                        calls, model = error_calls(err)
-                        self.hops.tokens.extend(calls)
-                        self.hops.failed_calls += len(calls)
-                        if self.hops.model is None:
-                            self.hops.model = model
+                n, model = billed_failures(failed, self.hops.tokens)
+                self.hops.failed_calls += n
+                if self.hops.model is None:
+                    self.hops.model = model
         self.versions.saw(response)
-        upstream = response.get(UPSTREAM_KEY)
-        if upstream.__class__ is dict and (retried := upstream.get(FAILED_CALLS)):
-            self.hops.failed_calls += count_failed(retried, self.hops.tokens)
-        used = call_tokens(response)
-        self.hops.tokens.append(None if used is None else list(used))
+        self.hops.failed_calls += answered_call(response, self.hops.tokens)
         if isinstance(named := response.get("model"), str):
             self.hops.model = named
         return response

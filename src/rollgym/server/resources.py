@@ -24,15 +24,22 @@ server's sessions (e.g. a close). ``GET /reverify_mode`` answers the class's ``r
 ``"stateless"`` when ``verify`` reads only the row and the response (a recorded rollout can be
 scored again as it is), ``"unsupported"`` when it reads the session's state, ``"unknown"`` (the
 default) when the environment does not say.
+
+A verify that fails after it spent (a judge that answered and then failed, or failed after it
+may have been billed) says so with ``verify_spent(fields)`` before it raises: its error answer
+carries the fields beside the error (``rollgym_cost``, as an agent's failed ``/run`` does), and
+the agent counts them in the failed rollout's cost (``rollgym.server.usage.verify_spend``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import (
@@ -50,7 +57,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from starlette.routing import BaseRoute, Route
 
 from rollgym.config import format_validation_error
-from rollgym.errors import DeadlineExceeded, InternalError, InvalidRequest, WaitedTooLong
+from rollgym.errors import (
+    DeadlineExceeded,
+    InternalError,
+    InvalidRequest,
+    RollgymError,
+    WaitedTooLong,
+)
 from rollgym.protocol import is_reserved_name, is_tool_name, output_text
 from rollgym.server.aggregate import AggregateMetricsRequest, aggregate, measured
 from rollgym.server.base import BaseServer, ServerContext
@@ -72,9 +85,24 @@ from rollgym.server.sessions import (
     new_session,
     session_id,
 )
-from rollgym.wire import REVERIFY_MODE_ENDPOINT, session_cookie
+from rollgym.wire import COST_FIELD, REVERIFY_MODE_ENDPOINT, session_cookie
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+log = logging.getLogger("rollgym.server")
+
+_SPENT: ContextVar[dict[str, Any] | None] = ContextVar("rollgym_verify_spent", default=None)
+
+
+def verify_spent(fields: dict[str, Any]) -> None:
+    """What the verify being served spent so far (a judge's calls: ``judge_calls``,
+    ``judge_input_tokens``, ...: ``rollgym.server.usage.VERIFY_SPEND``), for a verify about to
+    fail: its error answer carries them beside the error (see the module docstring). Outside
+    a verify: nothing."""
+    sink = _SPENT.get()
+    if sink is not None:
+        sink.update(fields)
+
 
 ReverifyMode = Literal["stateless", "unsupported", "unknown"]
 """``GET /reverify_mode``'s answer: can a recorded rollout be verified again from its row and
@@ -381,7 +409,19 @@ class ResourcesServer(BaseServer):
         if not session.task:
             session.task = body
         response = body["response"]
-        result = await self.verify(session, body, response)
+        spent: dict[str, Any] = {}
+        token = _SPENT.set(spent)
+        try:
+            result = await self.verify(session, body, response)
+        except RollgymError as err:
+            if not spent:
+                raise
+            # Answered as any error, with what the verify spent before it failed beside it.
+            if not isinstance(err, InvalidRequest):  # as the app logs the errors it answers
+                log.warning("POST /verify failed: %s", err)
+            return error_response(self.name, err, {COST_FIELD: spent})
+        finally:
+            _SPENT.reset(token)
         # Dropped only once verified, so a retried /verify (idempotent) still finds it; a named
         # session only when its caller closes it.
         if session.name is None:
@@ -450,4 +490,5 @@ __all__ = [
     "dialects_of",
     "output_text",
     "tool",
+    "verify_spent",
 ]

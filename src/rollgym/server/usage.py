@@ -17,7 +17,14 @@ chain), and where it says none, as a call whose tokens are not known (``unmetere
 The attempts a model server retried itself are counted the same way, from what it says of
 them (``wire.FAILED_CALLS``: on its answer, or in its final error's body:
 ``rollgym.models.proxy``; ``error_calls``). Never estimated from the prompt: a guess would
-read as a measurement.
+read as a measurement. ``billed_failures`` and ``answered_call`` count one call so, for every
+caller that meters its model calls: the agent's, and the judge environment's judge calls
+(``judge_failed_calls``, ``judge_unmetered_calls``).
+
+A verify that **fails** after it spent (a judge answered, then another call failed) answers its
+error with that spend beside it (``rollgym.server.resources.verify_spent``: ``rollgym_cost``
+on the error body, as an agent's failed ``/run``); ``verify_spend`` reads it off each failed
+verify attempt, and the agent's ``Hops`` adds it to the rollout's cost, failed or not.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from rollgym.errors import (
     InvalidRequest,
     RollgymError,
 )
-from rollgym.wire import FAILED_CALLS, GENERATION_IDS, PROMPT_IDS
+from rollgym.wire import COST_FIELD, FAILED_CALLS, GENERATION_IDS, PROMPT_IDS, UPSTREAM_KEY
 
 Tokens = tuple[int, int]
 """(input tokens, output tokens) of one model call."""
@@ -179,6 +186,99 @@ def count_failed(said: Any, tokens: list[list[int] | None]) -> int:
     return n
 
 
+def billed_failures(
+    failed: list[RollgymError], tokens: list[list[int] | None]
+) -> tuple[int, str | None]:
+    """Append to ``tokens`` the calls that the failed attempts ``failed`` of one model call
+    (``rollgym.http.failed_attempts.collecting``) may have been billed for (``may_have_billed``,
+    ``error_calls``): how many, and the model an error named (None: none did)."""
+    n, model = 0, None
+    for err in failed:
+        if may_have_billed(err):
+            calls, named = error_calls(err)
+            tokens.extend(calls)
+            n += len(calls)
+            model = model or named
+    return n, model
+
+
+def answered_call(answer: Any, tokens: list[list[int] | None]) -> int:
+    """Append to ``tokens`` an answered model call's: the failed attempts its model server
+    says it retried (``wire.FAILED_CALLS`` on its ``rollgym_upstream`` entry), then its own
+    (None: its answer said neither); how many of them failed."""
+    n = 0
+    upstream = answer.get(UPSTREAM_KEY) if isinstance(answer, dict) else None
+    if upstream.__class__ is dict and (retried := upstream.get(FAILED_CALLS)):
+        n = count_failed(retried, tokens)
+    used = call_tokens(answer)
+    tokens.append(None if used is None else list(used))
+    return n
+
+
+VERIFY_SPEND = (
+    "judge_calls", "judge_failed_calls", "judge_input_tokens", "judge_output_tokens",
+    "judge_unmetered_calls",
+)  # fmt: skip
+"""The counts a failed verify may say it spent (``verify_spend``), summed over its attempts."""
+
+
+def verify_spend(err: RollgymError, into: dict[str, Any]) -> None:
+    """Add to ``into`` what a failed verify attempt says it spent: the ``rollgym_cost`` beside
+    the error in its resources server's answer (its judge calls: ``VERIFY_SPEND``, and
+    ``judge_model``); nothing when it says none (another server's answer, a timeout)."""
+    body = err.body
+    if not body or COST_FIELD not in body or err.truncated:
+        return
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return
+    said = data.get(COST_FIELD) if isinstance(data, dict) else None
+    if not isinstance(said, dict):
+        return
+    for key in VERIFY_SPEND:
+        if (got := _count(said.get(key))) is not None:
+            into[key] = into.get(key, 0) + got
+    if isinstance(model := said.get("judge_model"), str):
+        into["judge_model"] = model
+
+
+def without_spend(err: RollgymError) -> RollgymError:
+    """``err`` without the ``rollgym_cost`` its body carried beside the error
+    (``verify_spend`` read it): the rollout's cost says it, once."""
+    body = err.body
+    if not body or COST_FIELD not in body or err.truncated:
+        return err
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return err
+    if not isinstance(data, dict) or data.pop(COST_FIELD, None) is None:
+        return err
+    return err.with_fields(body=orjson.dumps(data).decode())
+
+
+def with_verify_spend(verified: dict[str, Any], spent: dict[str, Any]) -> dict[str, Any]:
+    """``verified`` (a verify response) with ``spent`` (its failed attempts': ``verify_spend``)
+    added to its judge counts: a new dict, ``verified`` itself when nothing was spent."""
+    if not spent:
+        return verified
+    out = {**verified}
+    for key in VERIFY_SPEND:
+        if key in spent:
+            own = _count_field(verified, key)
+            if (
+                key in ("judge_input_tokens", "judge_output_tokens")
+                and own is None
+                and (_count_field(verified, "judge_calls"))
+            ):
+                continue  # its own calls' tokens are not known: the sum would not be either
+            out[key] = (own or 0) + spent[key]
+    if "judge_model" not in out and "judge_model" in spent:
+        out["judge_model"] = spent["judge_model"]
+    return out
+
+
 _ENV_HOPS = ("seed", "tool")
 
 
@@ -203,8 +303,8 @@ def rollout_cost(
     (``tokens``: one ``[input, output]`` per call, None where the answer said neither: kept
     as ``per_call``, in call order; ``failed_calls`` of them failed), the model, environment (seed and tools) and verifier
     seconds of its hops, its retries, and what the verify response says of its judge calls
-    (``judge_calls``, ``judge_input_tokens``, ``judge_output_tokens``, ``judge_model``:
-    ``rollgym.envs.judge``) and its sandbox CPU seconds (``sandbox_s``: ``rollgym.envs.code``,
+    (``judge_calls``, ``judge_failed_calls``, ``judge_input_tokens``, ``judge_output_tokens``,
+    ``judge_unmetered_calls``, ``judge_model``: ``rollgym.envs.judge``) and its sandbox CPU seconds (``sandbox_s``: ``rollgym.envs.code``,
     container verifies; CPU seconds, never wall seconds).
     Zero parts are left out."""
     tokens_in = tokens_out = unmetered = 0
@@ -235,16 +335,23 @@ def rollout_cost(
     if retries:
         cost["retries"] = sum(retries.values())
     if "judge_calls" in verified and (calls := _count_field(verified, "judge_calls")):
+        # Its judge's calls, failed ones that may have been billed among them: counted as the
+        # model calls above (``rollgym.envs.judge``).
         cost["judge_calls"] = calls
+        if failed := _count_field(verified, "judge_failed_calls"):
+            cost["judge_failed_calls"] = failed
         judge_in = _count_field(verified, "judge_input_tokens")
         judge_out = _count_field(verified, "judge_output_tokens")
+        unmetered = _count_field(verified, "judge_unmetered_calls") or 0
         if judge_in is None or judge_out is None:
-            cost["judge_metered"] = False
+            unmetered = calls  # an environment that says its calls, not their tokens
         else:
             cost["judge_input_tokens"], cost["judge_output_tokens"] = judge_in, judge_out
-            judge_model = verified.get("judge_model")
-            if judge_model.__class__ is str:
-                cost["judge_model"] = judge_model
+        if unmetered:
+            cost["judge_unmetered_calls"] = min(unmetered, calls)
+        judge_model = verified.get("judge_model")
+        if judge_model.__class__ is str:
+            cost["judge_model"] = judge_model
     if "sandbox_s" in verified:
         sandbox = verified["sandbox_s"]
         if sandbox.__class__ in (int, float) and sandbox > 0:

@@ -34,11 +34,14 @@ class BatchCost:
     sandbox_s: float
     """Sandbox CPU seconds (the records' ``sandbox_s``)."""
     judge_calls: int
+    """Judge calls, failed ones that may have been billed among them (``judge_failed_calls``)."""
     unmetered: int
+    """Rollouts with a call (model or judge) whose tokens are not known."""
+    judge_failed_calls: int = 0
 
     @classmethod
     def of(cls, groups: Iterable[TaskGroup], prices: PriceTable | None = None) -> BatchCost:
-        rollouts = useful = tokens = judge_calls = unmetered = 0
+        rollouts = useful = tokens = judge_calls = judge_failed = unmetered = 0
         spent, sandbox = 0.0, 0.0
         for group in groups:
             scored = group.scored
@@ -51,9 +54,14 @@ class BatchCost:
                 spent += float(cost.get("money", 0.0))
                 sandbox += float(cost.get("sandbox_s", 0.0))
                 judge_calls += int(cost.get("judge_calls", 0))
-                unmetered += cost.get("metered") is False or bool(cost.get("unmetered_calls"))
+                judge_failed += int(cost.get("judge_failed_calls", 0))
+                unmetered += (
+                    cost.get("metered") is False
+                    or bool(cost.get("unmetered_calls"))
+                    or bool(cost.get("judge_unmetered_calls"))
+                )
         return cls(rollouts, useful, tokens, spent if prices is not None else None, sandbox,
-                   judge_calls, unmetered)  # fmt: skip
+                   judge_calls, unmetered, judge_failed)  # fmt: skip
 
     def _per(self, n: int) -> dict[str, Any]:
         if n == 0:

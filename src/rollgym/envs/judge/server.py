@@ -19,10 +19,20 @@ error as ``origin``, and an answer without a readable verdict fails it as
 ``unparseable_verdict``; neither is ever a reward of 0 nor masked (NeMo Gym scores both 0, and
 0.7's ``judge_failsafe`` masks that 0): a failed rollout is tried again by ``--resume`` once the
 judge is back, a masked one never is.
+
+Its judge calls are metered as the agent meters its model calls (``rollgym.server.usage``):
+each answered call with the tokens its answer says, and each failed attempt that may have been
+billed (a 5xx but 503, a timeout, a lost connection; the judge client's retries, and those the
+judge's model server says it tried upstream, included) as a call too (``judge_failed_calls``),
+with the tokens its error's ``usage`` says, else as a call whose tokens are not known
+(``judge_unmetered_calls``); never estimated. A verify that then fails (the judge failed for
+good, or gave no readable verdict) says what it spent beside its error
+(``rollgym.server.resources.verify_spent``): the failed rollout's cost counts it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -37,12 +47,13 @@ from rollgym.envs.judge.verdict import (
     rubric_scores,
 )
 from rollgym.envs.rows import content_texts, expected_text, prompt_items
-from rollgym.errors import InvalidRequest, UnparseableVerdict
+from rollgym.errors import InvalidRequest, RollgymError, UnparseableVerdict
+from rollgym.http.failed_attempts import collecting
 from rollgym.protocol import output_text
 from rollgym.server.base import ModelPeer
 from rollgym.server.model import RESPONSES_ENDPOINT
-from rollgym.server.resources import ResourcesServer, Session
-from rollgym.server.usage import call_tokens
+from rollgym.server.resources import ResourcesServer, Session, verify_spent
+from rollgym.server.usage import answered_call, billed_failures
 from rollgym.tracing.names import JUDGE, JUDGE_SPAN, SERVER
 
 EQUIVALENCE_SYSTEM = (
@@ -106,11 +117,21 @@ class JudgeEnv(ResourcesServer):
     async def verify(
         self, session: Session, task: dict[str, Any], response: dict[str, Any]
     ) -> dict[str, Any]:
+        used = _Spent()
+        try:
+            return {**await self._scored(task, response, used), **used.fields()}
+        except RollgymError:
+            if used.tokens:  # billed judge calls of a failed verify are still spent
+                verify_spent(used.fields())
+            raise
+
+    async def _scored(
+        self, task: dict[str, Any], response: dict[str, Any], used: _Spent
+    ) -> dict[str, Any]:
         answer = output_text(response)
         question = _question(task)
-        used: list[Any] = []
         if self.options.mode == "rubric":
-            return {**await self._rubric(task, question, answer, used), **_judge_cost(used)}
+            return await self._rubric(task, question, answer, used)
         expected = expected_text(task, "judge")
         labels = (self.options.equal_label, self.options.not_equal_label)
         verdicts = [await self._equal(question, expected, quoted(answer, labels), used)]
@@ -119,13 +140,11 @@ class JudgeEnv(ResourcesServer):
         equal = all(v for v, _ in verdicts)
         return {
             "reward": 1.0 if equal else 0.0,
-            "judge_calls": len(verdicts),
             "judge_evaluations": [text for _, text in verdicts],
-            **_judge_cost(used),
         }
 
     async def _equal(
-        self, question: str, gold: str, candidate: str, used: list[Any]
+        self, question: str, gold: str, candidate: str, used: _Spent
     ) -> tuple[bool, str]:
         o = self.options
         values = {
@@ -142,7 +161,7 @@ class JudgeEnv(ResourcesServer):
             raise self._unparseable(str(exc), text) from None
 
     async def _rubric(
-        self, task: dict[str, Any], question: str, answer: str, used: list[Any]
+        self, task: dict[str, Any], question: str, answer: str, used: _Spent
     ) -> dict[str, Any]:
         criteria = _criteria(task.get("rubric"))
         o = self.options
@@ -160,14 +179,13 @@ class JudgeEnv(ResourcesServer):
             raise self._unparseable(str(exc), text) from None
         total = sum(c.weight for c in criteria)
         reward = sum(scores[c.name] * c.weight for c in criteria) / total
-        return {"reward": reward, "scores": scores, "judge_evaluations": [text], "judge_calls": 1}
+        return {"reward": reward, "scores": scores, "judge_evaluations": [text]}
 
-    async def _ask(
-        self, system: str, template: str, values: dict[str, str], used: list[Any]
-    ) -> str:
+    async def _ask(self, system: str, template: str, values: dict[str, str], used: _Spent) -> str:
         """The judge's answer text to the filled prompt; its own failures propagate as they
-        are (the base answers 502/504 with the judge's error as ``origin``). Its tokens and
-        model are added to ``used`` (the rollout's cost: ``_judge_cost``)."""
+        are (the base answers 502/504 with the judge's error as ``origin``). Its calls are
+        counted in ``used``, the failed attempts that may have been billed too (see the
+        module docstring)."""
         o = self.options
         params = {
             **o.judge_params,
@@ -176,9 +194,16 @@ class JudgeEnv(ResourcesServer):
                 {"role": "user", "content": _fill(o.prompt_template or template, values)},
             ],
         }
-        with tracing.span(JUDGE_SPAN, {JUDGE: o.judge, SERVER: self.name}):
-            answer = await self.client.call(self.peer(o.judge), RESPONSES_ENDPOINT, params)
-        used.append((call_tokens(answer), answer.get("model")))
+        with collecting() as failed, tracing.span(JUDGE_SPAN, {JUDGE: o.judge, SERVER: self.name}):
+            try:
+                answer = await self.client.call(self.peer(o.judge), RESPONSES_ENDPOINT, params)
+            finally:
+                n, model = billed_failures(failed, used.tokens)
+                used.failed += n
+                used.model = used.model or model
+        used.failed += answered_call(answer, used.tokens)
+        if isinstance(named := answer.get("model"), str):
+            used.model = named
         try:
             return output_text(answer)
         except InvalidRequest as exc:  # a malformed answer is the judge's fault, not ours
@@ -193,19 +218,33 @@ class JudgeEnv(ResourcesServer):
         )
 
 
-def _judge_cost(used: list[Any]) -> dict[str, Any]:
-    """The judge calls' tokens, as the verify response's ``judge_input_tokens`` and
-    ``judge_output_tokens`` (absent when a judge's answer said neither: not metered) and the
-    judge's model (``judge_model``: its price in ``collect.prices``)."""
-    out: dict[str, Any] = {}
-    counted = [tokens for tokens, _ in used]
-    if counted and all(t is not None for t in counted):
-        out["judge_input_tokens"] = sum(t[0] for t in counted if t is not None)
-        out["judge_output_tokens"] = sum(t[1] for t in counted if t is not None)
-    models = [m for _, m in used if isinstance(m, str)]
-    if models:
-        out["judge_model"] = models[-1]
-    return out
+@dataclass
+class _Spent:
+    """One verify's judge calls: each ``[input, output]`` tokens (None: not known), in call
+    order, how many of them failed, and the model the judge's answers named last."""
+
+    tokens: list[list[int] | None] = field(default_factory=list)
+    failed: int = 0
+    model: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """As the verify response's ``judge_calls``, ``judge_failed_calls``,
+        ``judge_input_tokens``, ``judge_output_tokens`` (of the calls whose tokens are known),
+        ``judge_unmetered_calls`` (those whose are not) and ``judge_model`` (its price in
+        ``collect.prices``); zero counts left out but ``judge_calls`` and the tokens."""
+        known = [t for t in self.tokens if t is not None]
+        out: dict[str, Any] = {
+            "judge_calls": len(self.tokens),
+            "judge_input_tokens": sum(t[0] for t in known),
+            "judge_output_tokens": sum(t[1] for t in known),
+        }
+        if self.failed:
+            out["judge_failed_calls"] = self.failed
+        if unmetered := len(self.tokens) - len(known):
+            out["judge_unmetered_calls"] = unmetered
+        if self.model is not None:
+            out["judge_model"] = self.model
+        return out
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
