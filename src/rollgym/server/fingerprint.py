@@ -20,11 +20,15 @@ the same name gives another digest, so two runs scored by different environments
 (``compare``), naming what differs: code, data or version.
 
 A Gymnasium-style server (``GymnasiumServer``) is fingerprinted as a resources server is. An
-OpenEnv app that rollgym serves (``impl: openenv``) is no class of rollgym's: its ``code`` is the
-files of the modules of the app's top-level package loaded when the server starts (what the
-app imported of its own package), its ``data`` the non-Python files of the app module's folder,
-its ``version`` that of the installed distribution that provides the package, if any
-(``Fingerprint.of_app``).
+OpenEnv app that rollgym serves (``impl: openenv``) is no class of rollgym's: its ``code`` is
+every ``.py`` file of the app's top-level package (its folder, or each folder of a namespace
+package; a top-level module: that file alone), loaded or not: a scoring module the app
+imports only at its first step is counted from the start, and an edit to it is seen. Only that
+package is read, never the third-party packages it imports (an app that is itself an installed
+package is read where it is installed). Its ``data`` is the non-Python files of the app
+module's folder, its ``version`` that of the installed distribution that provides the package,
+if any (``Fingerprint.of_app``). Every part is bounded: ``MAX_FILES`` files and ``MAX_BYTES``
+bytes, past which it says ``truncated``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,9 @@ ID_CHARS = 12
 MAX_FILES = 2000
 """Files digested per part at most (a package folder holding a dataset of many files is cut
 there, and says so with ``truncated``)."""
+MAX_BYTES = 256 * 2**20
+"""Bytes digested per part at most: a dataset of gigabytes in a package folder must not hold
+the server's start up reading it (the part says ``truncated``)."""
 _SKIP_DIRS = frozenset({"__pycache__", ".git", ".mypy_cache", ".pytest_cache", "node_modules"})
 _BASES = frozenset({"rollgym.server.resources", "rollgym.server.base", "rollgym.server.gymnasium"})
 
@@ -76,15 +83,20 @@ class Digested:
 
 
 def digest_files(paths: Iterable[tuple[str, Path]]) -> Digested:
-    """``(name, path)`` pairs digested (an unreadable file's sha256 is ``"unreadable"``)."""
+    """``(name, path)`` pairs digested (an unreadable file's sha256 is ``"unreadable"``), at
+    most ``MAX_FILES`` files and ``MAX_BYTES`` bytes."""
     files: dict[str, str] = {}
-    truncated = False
+    read = 0
     for name, path in paths:
-        if len(files) >= MAX_FILES:
-            truncated = True
-            break
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0  # gone or unreadable: said so below, costs nothing
+        if len(files) >= MAX_FILES or read + size > MAX_BYTES:
+            return Digested(files, truncated=True)
+        read += size
         files[name] = file_sha256(str(path)) or "unreadable"
-    return Digested(files, truncated)
+    return Digested(files)
 
 
 def package_roots(klass: type) -> list[tuple[Path, Path]]:
@@ -116,23 +128,27 @@ def module_root(module: str) -> tuple[Path, Path] | None:
     return path, path.parent  # a top-level module: that file alone
 
 
-def loaded_files(package: str) -> Iterator[tuple[str, Path]]:
-    """The files of ``package``'s modules loaded now (the package and its submodules, by
-    name), named relative to the folder above the package, in a stable order."""
-    files: dict[str, Path] = {}
-    for name, module in list(sys.modules.items()):
-        if name != package and not name.startswith(f"{package}."):
-            continue
-        file = getattr(module, "__file__", None)
-        if not file or not file.endswith(".py"):
-            continue  # a namespace package, a compiled extension: no source to digest
+def package_files(package: str) -> Iterator[tuple[str, Path]]:
+    """Every ``.py`` file of loaded top-level ``package``, loaded or not, named relative to
+    the folder above it, in a stable order: the package's folder (each of a namespace
+    package's folders), or a top-level module's file alone."""
+    module = sys.modules.get(package)
+    file = getattr(module, "__file__", None)
+    if file and Path(file).name != "__init__.py":  # a top-level module: that file alone
         path = Path(os.path.realpath(file))
-        # The folder above the package: a module's file is as deep as its name, a package's
-        # ``__init__.py`` one more.
-        above = path.parents[len(name.split(".")) - 1 + (path.name == "__init__.py")]
-        files[path.relative_to(above).as_posix()] = path
-    for name in sorted(files):
-        yield name, files[name]
+        if path.suffix == ".py":
+            yield path.name, path
+        return
+    # A package: its folder; a namespace package (OpenEnv's ``openenv init`` writes none
+    # of ``__init__.py`` in some versions): each folder of its path.
+    folders = [Path(file).parent] if file else list(getattr(module, "__path__", None) or [])
+    seen: set[Path] = set()
+    for folder in folders:
+        root = Path(os.path.realpath(folder))
+        if root in seen or not root.is_dir():
+            continue
+        seen.add(root)
+        yield from _walk(root, root.parent, True)
 
 
 def distribution_version(package: str) -> str | None:
@@ -210,7 +226,7 @@ class Fingerprint:
         found = module_root(module)
         data = _walk(*found, False) if found is not None else iter(())
         return cls(
-            digest_files(loaded_files(package)), digest_files(data), distribution_version(package)
+            digest_files(package_files(package)), digest_files(data), distribution_version(package)
         )
 
     def to_dict(self) -> dict[str, Any]:
