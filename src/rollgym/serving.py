@@ -27,6 +27,7 @@ from rollgym.config import Config, load_config, parse_config
 from rollgym.errors import ConfigError
 from rollgym.launch.process import STARTUP_TIMEOUT
 from rollgym.launch.supervisor import Supervisor
+from rollgym.launch.timeouts import WARMUP_TIMEOUT
 from rollgym.trainer import RolloutClient
 
 __all__ = ["ServeConfig", "Servers", "serve_config"]
@@ -60,11 +61,14 @@ def serve_config(
     log_dir: str | Path | None = None,
     log_level: str = "WARNING",
     startup_timeout: float = STARTUP_TIMEOUT,
+    warmup_timeout: float = WARMUP_TIMEOUT,
 ) -> ServeConfig:
     """Start the servers of ``config`` (a YAML path, a ``Config``, or the same as a dict) on
     this machine; ``with`` or ``async with`` it to get their ``Servers``. ``agent``: which
     agent server the client calls (default as ``rollgym run``); ``log_dir``: a file per server
-    there (default: their output goes to this process's stderr)."""
+    there (default: their output goes to this process's stderr); ``startup_timeout``: seconds
+    for every server to answer ``/health``; ``warmup_timeout``: seconds, from its start, for one
+    that answers it is warming up (a scoring pool) to be ready (``rollgym.launch.timeouts``)."""
     if isinstance(config, Config):
         cfg = config
     elif isinstance(config, Mapping):
@@ -73,7 +77,7 @@ def serve_config(
         cfg = load_config(config)
     name = cfg.agent_name(agent)  # a config with no agent to call fails here, before starting
     folder = Path(log_dir) if log_dir is not None else None
-    return ServeConfig(cfg, name, folder, log_level, startup_timeout)
+    return ServeConfig(cfg, name, folder, log_level, startup_timeout, warmup_timeout)
 
 
 class ServeConfig:
@@ -81,9 +85,15 @@ class ServeConfig:
     a background event-loop thread) or async (on the running loop). Enter it once."""
 
     def __init__(
-        self, config: Config, agent: str, log_dir: Path | None, log_level: str, timeout: float
+        self,
+        config: Config,
+        agent: str,
+        log_dir: Path | None,
+        log_level: str,
+        timeout: float,
+        warmup_timeout: float = WARMUP_TIMEOUT,
     ) -> None:
-        self._args = (config, agent, log_dir, log_level, timeout)
+        self._args = (config, agent, log_dir, log_level, timeout, warmup_timeout)
         self._async: AbstractAsyncContextManager[Servers] | None = None
         self._sync: contextlib.ExitStack | None = None
 
@@ -106,7 +116,9 @@ class ServeConfig:
         # The client's sync methods run on a loop thread of their own: the one here only
         # starts, watches and stops the server processes.
         servers = self._sync.enter_context(
-            in_thread(_serve(*self._args, close_client=False), self._args[4] + 30)
+            in_thread(
+                _serve(*self._args, close_client=False), max(self._args[4], self._args[5]) + 30
+            )
         )
         self._sync.callback(servers.client.close)  # first out: no pool outlives its servers
         return servers
@@ -125,10 +137,14 @@ async def _serve(
     log_dir: Path | None,
     log_level: str,
     timeout: float,
+    warmup_timeout: float,
     *,
     close_client: bool = True,
 ) -> AsyncIterator[Servers]:
-    supervisor = Supervisor(config, log_dir=log_dir, log_level=log_level, startup_timeout=timeout)
+    supervisor = Supervisor(
+        config, log_dir=log_dir, log_level=log_level, startup_timeout=timeout,
+        warmup_timeout=warmup_timeout,
+    )  # fmt: skip
     try:
         urls = await supervisor.start()
         # As under `rollgym serve`: a server that dies is started again; one that keeps dying

@@ -16,7 +16,9 @@ from rollgym.http import Target
 from rollgym.launch.ports import bind_socket
 from rollgym.server.app import build_app
 from rollgym.server.base import BaseServer, ServerContext, resolve_impl
+from rollgym.server.cpu_pool import WARM_UP_TIMEOUT
 from rollgym.server.headers import limited_http
+from rollgym.server.resources import ResourcesServer
 from rollgym.serving import in_thread  # the one sync bridge, shared with serve_config
 
 __all__ = ["bind_socket", "in_thread", "rl_stack", "serve_asgi", "serve_server", "spin"]
@@ -84,6 +86,10 @@ async def serve_server(
     )
     server = klass(ServerContext(name, cfg, dict(peers or {}), tuple(dialects)))
     async with serve_asgi(build_app(server), limits=cfg.limits, name=name) as url:
+        # Ready, as a launched server is when the launcher returns: a scoring pool warms up
+        # after the server answers (``/health`` says ``starting``), within its own bound.
+        if isinstance(server, ResourcesServer):
+            await asyncio.wait_for(server.warmed(), WARM_UP_TIMEOUT + 30)
         yield url, server
 
 

@@ -95,6 +95,12 @@ CLOSE_SESSION_ENDPOINT = "/close_session"
 REVERIFY_MODE_ENDPOINT = "/reverify_mode"
 FINGERPRINT_ENDPOINT = "/fingerprint"
 """``GET``: a resources server's fingerprint (``rollgym.server.fingerprint``)."""
+HEALTH_STARTING = "starting"
+"""``/health``'s ``status`` (with a 503) while a server that answers is still warming up (its
+scoring pool): the launcher waits for it under its warm-up bound, not its start-up bound."""
+HEALTH_FAILED = "failed"
+"""``/health``'s ``status`` (with a 503) of a server whose warm-up failed: the launcher stops
+waiting at once (``error`` says why)."""
 
 # -- rollgym's own fields ------------------------------------------------------------------------
 
@@ -197,6 +203,8 @@ __all__ = [
     "FINGERPRINT_FIELD",
     "HEADER_OLDEST_VERSION",
     "HEADER_ROLLOUT",
+    "HEALTH_FAILED",
+    "HEALTH_STARTING",
     "INDEX_FIELDS",
     "LAYOUT_PATH",
     "MASK_REASON",

@@ -24,10 +24,12 @@ from rollgym.collect import Collector
 from rollgym.collect.provenance import ask_fingerprints, compare_fingerprints
 from rollgym.collect.rundir import prepare_run
 from rollgym.config import RetryPolicy
+from rollgym.errors import ConfigError
 from rollgym.http import HttpClient, Target
 from rollgym.server.fingerprint import Fingerprint, differences
 from rollgym.server.resources import ResourcesServer
 from rollgym.wire import FINGERPRINT_ENDPOINT, FINGERPRINT_FIELD
+from tests.support.servers import CountingEcho
 from tests.support.stack import running_stack, stack_config, write_tasks
 
 pytestmark = pytest.mark.timeout(120)
@@ -213,3 +215,50 @@ async def test_a_foreign_url_server_is_unknown_and_run_json_says_why() -> None:
     assert found["env"]["id"] is None
     assert found["env"]["unknown"].startswith("no /fingerprint (")
     assert "given by url: and was not started by rollgym" in found["env"]["unknown"]
+
+
+class _Retrained(CountingEcho):
+    """Another version of the env: what a replica left running from an older checkout is."""
+
+    version = "2"
+
+
+async def test_replicas_scored_by_different_environments_stop_the_run_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    """Two replicas of one env answer different fingerprints: no record could name the one
+    that scored it, so the run is refused at its start, naming both replicas and what differs,
+    and nothing is dispatched."""
+    async with running_stack(env_replica=_Retrained) as stack:
+        cfg = stack_config()
+        tasks = write_tasks(tmp_path / "tasks.jsonl", 4)
+        run = prepare_run(cfg, cfg.collect, tasks, tmp_path / "out", resume=False)
+        with pytest.raises(ConfigError) as raised:
+            async with asyncio.timeout(60):
+                await Collector(run, stack.urls, progress=False).execute()
+        assert stack.env.calls["seed_session"] == 0  # nothing was dispatched
+    said = str(raised.value)
+    one, two = stack.urls["env"]
+    assert "server env: its replicas are scored by different environments" in said
+    assert f"env replica 0 ({one})" in said and f"env replica 1 ({two})" in said
+    ids = {Fingerprint.of(CountingEcho).id, Fingerprint.of(_Retrained, version="2").id}
+    assert all(i in said for i in ids)
+    assert "version: None -> '2'" in said or "version: '2' -> None" in said
+    assert (
+        not (tmp_path / "out" / "rollouts.jsonl").exists()
+        or not (tmp_path / "out" / "rollouts.jsonl").read_bytes()
+    )
+
+
+async def test_replicas_that_agree_are_recorded_once_and_an_unknown_one_is_named() -> None:
+    async with running_stack(env_replica=CountingEcho) as stack, HttpClient() as client:
+        cfg = stack_config()
+        found, warnings = await ask_fingerprints(client, cfg, {"env": stack.urls["env"]})
+        assert found["env"] == stack.env.fingerprint.to_dict() and warnings == []
+        foreign = stack.urls["model"][0]  # answers no /fingerprint
+        urls = {"env": [*stack.urls["env"], foreign]}
+        found, warnings = await ask_fingerprints(client, cfg, urls)
+    assert found["env"] == stack.env.fingerprint.to_dict()
+    [warning] = warnings
+    assert warning.startswith(f"server env: env replica 2 ({foreign}): no /fingerprint (")
+    assert "cannot be told" in warning

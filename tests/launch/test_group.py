@@ -58,7 +58,7 @@ async def test_stop_before_spawning_closes_the_bound_sockets() -> None:
     assert server.sock is not None
     await group.stop()
     assert server.sock is None and server.proc is None
-    assert (await probe(LeanTransport(), server.url) or "").startswith("cannot connect")
+    assert ((await probe(LeanTransport(), server.url)).problem or "").startswith("cannot connect")
 
 
 async def test_replicas_get_their_own_urls_and_logs(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ async def test_replicas_get_their_own_urls_and_logs(tmp_path: Path) -> None:
         urls = await supervisor.start()
         assert len(set(urls["env"])) == 2
         transport = LeanTransport()
-        assert [await probe(transport, url) for url in urls["env"]] == [None, None]
+        assert [(await probe(transport, url)).problem for url in urls["env"]] == [None, None]
         await transport.close()
     finally:
         await supervisor.stop()
@@ -85,9 +85,9 @@ async def test_a_killed_server_restarts_on_the_same_url(tmp_path: Path) -> None:
         (first,) = supervisor.pids()
         supervisor.kill("env")
         transport = LeanTransport()
-        assert (await probe(transport, url) or "").startswith("cannot connect")
+        assert ((await probe(transport, url)).problem or "").startswith("cannot connect")
         await supervisor.restart("env")
-        assert await probe(transport, url) is None
+        assert (await probe(transport, url)).problem is None
         await transport.close()
         (second,) = supervisor.pids()
         assert second != first

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -134,8 +135,8 @@ async def test_the_host_answers_the_apps_fingerprint(beside_example: None) -> No
 
 def test_a_packaged_apps_fingerprint_holds_the_modules_it_loaded(echo_env_root: Path) -> None:
     """OpenEnv's layout (``echo_env/server/app.py`` beside ``echo_env/models.py``): every module
-    the app loaded of its package counts, not only the app's own folder; a file edited after
-    the start is told apart by the next fingerprint."""
+    of its package counts, not only the app's own folder; a file edited after the start is
+    told apart by the next fingerprint."""
     import importlib
 
     from rollgym.server.fingerprint import Fingerprint
@@ -153,3 +154,75 @@ def test_a_packaged_apps_fingerprint_holds_the_modules_it_loaded(echo_env_root: 
         assert Fingerprint.of_app("echo_env.server.app").id != before.id
     finally:
         models.write_text(text)
+
+
+_LAZY_APP = """
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+
+async def step(request):
+    from lazyenv.scoring import reward  # imported at the first step only
+
+    return JSONResponse({"reward": reward((await request.json())["action"])})
+
+
+app = Starlette(routes=[Route("/step", step, methods=["POST"])])
+"""
+
+
+@pytest.fixture
+def lazy_app(tmp_path: Path) -> Iterator[Path]:
+    """A package whose app imports its scoring module only at the first step, and a module
+    beside the package that is not part of it."""
+    package = tmp_path / "lazyenv"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "app.py").write_text(_LAZY_APP)
+    (package / "scoring.py").write_text("def reward(action):\n    return float(action == 'ok')\n")
+    (tmp_path / "unrelated.py").write_text("X = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    yield tmp_path
+    sys.path.remove(str(tmp_path))
+    for name in [n for n in sys.modules if n == "lazyenv" or n.startswith("lazyenv.")]:
+        del sys.modules[name]
+
+
+async def _served_fingerprint() -> tuple[dict[str, Any], float]:
+    """The fingerprint a freshly started host answers for ``lazyenv.app:app``, and the reward
+    of one step (which imports the scoring module, after the fingerprint was taken)."""
+    options = {"app": "lazyenv.app:app"}
+    async with (
+        serve_server(OpenEnvHost, name="lazy", options=options) as (url, _),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http,
+    ):
+        async with http.get(url + "/fingerprint") as resp:
+            said = await resp.json()
+        async with http.post(url + "/step", json={"action": "ok"}) as resp:
+            reward = (await resp.json())["reward"]
+    for name in [n for n in sys.modules if n == "lazyenv" or n.startswith("lazyenv.")]:
+        del sys.modules[name]  # the next start imports the files as they are then
+    return said, reward
+
+
+async def test_an_apps_fingerprint_holds_a_scoring_module_it_imports_lazily(
+    lazy_app: Path,
+) -> None:
+    """A module the app imports only at its first step scores too: it is in the fingerprint
+    taken at the start, and an edit to it gives another; an edit to a file outside the app's
+    package does not."""
+    first, reward = await _served_fingerprint()
+    assert reward == 1.0
+    assert "lazyenv/scoring.py" in first["code"]["files"]
+    (lazy_app / "unrelated.py").write_text("X = 2\n")
+    same, _ = await _served_fingerprint()
+    assert same["id"] == first["id"]
+    scoring = lazy_app / "lazyenv" / "scoring.py"
+    scoring.write_text(scoring.read_text().replace("'ok'", "'ok' or True"))
+    edited, reward = await _served_fingerprint()
+    assert reward == 1.0 and edited["id"] != first["id"]
+    assert (
+        edited["code"]["files"]["lazyenv/scoring.py"]
+        != first["code"]["files"]["lazyenv/scoring.py"]
+    )

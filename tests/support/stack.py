@@ -4,7 +4,7 @@ retry policies, and ``running_stack``, which serves the three in-process on 127.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,12 +168,38 @@ async def running_stack(
     env_retry: dict[str, Any] | None = None,
     model_as: str = "model",
     agent_dialects: tuple[Any, ...] = SERVER_DIALECTS,
+    env_replica: type[CountingEcho] | None = None,
 ) -> AsyncIterator[Stack]:
     """Serve ``model``, ``env`` and the tool agent on 127.0.0.1. The agent calls its peers with
     ``fast_policy`` of their kind, with ``model_retry`` / ``env_retry`` laid over it.
     ``model_as="env"`` points the agent's model at the env server (a misconfiguration: every
     model call answers 404). ``agent_dialects``: what the agent speaks beside flat rows (the
-    list every entry point hands its servers, by default)."""
+    list every entry point hands its servers, by default). ``env_replica``: a second replica of
+    the env, of that class (the agent calls either; ``urls["env"]`` names both)."""
+    async with AsyncExitStack() as replicas:
+        env_urls: list[str] = []
+        if env_replica is not None:
+            url, _ = await replicas.enter_async_context(serve_server(env_replica, name="env"))
+            env_urls.append(url)
+        async with _serve_stack(
+            model, env, model_options, agent_options, model_retry, env_retry, model_as,
+            agent_dialects, env_urls,
+        ) as stack:  # fmt: skip
+            yield stack
+
+
+@asynccontextmanager
+async def _serve_stack(
+    model: type[FaultyModel],
+    env: type[CountingEcho],
+    model_options: dict[str, Any] | None,
+    agent_options: dict[str, Any] | None,
+    model_retry: dict[str, Any] | None,
+    env_retry: dict[str, Any] | None,
+    model_as: str,
+    agent_dialects: tuple[Any, ...],
+    more_env_urls: list[str],
+) -> AsyncIterator[Stack]:
     async with (
         serve_server(model, name="model", options=model_options) as (model_url, model_server),
         serve_server(env, name="env") as (env_url, env_server),
@@ -183,7 +209,9 @@ async def running_stack(
             "model": Target.single(
                 "model", model_target_url, fast_policy("model", **(model_retry or {}))
             ),
-            "env": Target.single("env", env_url, fast_policy("resources", **(env_retry or {}))),
+            "env": Target(
+                "env", (env_url, *more_env_urls), fast_policy("resources", **(env_retry or {}))
+            ),
         }
         options = {"model": "model", "resources": "env", **(agent_options or {})}
         async with serve_server(
@@ -194,7 +222,7 @@ async def running_stack(
         ):
             assert isinstance(model_server, FaultyModel)
             assert isinstance(env_server, CountingEcho)
-            urls = {"model": [model_url], "env": [env_url], "agent": [agent_url]}
+            urls = {"model": [model_url], "env": [env_url, *more_env_urls], "agent": [agent_url]}
             yield Stack(urls, model_server, env_server, agent)
 
 

@@ -11,7 +11,7 @@ import typer
 
 from rollgym.cli.kit import PlainHelpCommand
 from rollgym.errors import LaunchError
-from rollgym.launch.timeouts import STARTUP_TIMEOUT
+from rollgym.launch.timeouts import STARTUP_TIMEOUT, WARMUP_TIMEOUT
 
 if TYPE_CHECKING:
     from rollgym.config import Config
@@ -31,6 +31,13 @@ def register(app: typer.Typer) -> None:
         startup_timeout: Annotated[
             float, typer.Option(help="Seconds to wait for every /health.")
         ] = STARTUP_TIMEOUT,
+        warmup_timeout: Annotated[
+            float,
+            typer.Option(
+                help="Seconds, from its start, for a server whose /health says it is warming "
+                "up (a scoring pool: math, reasoning_gym) to be ready."
+            ),
+        ] = WARMUP_TIMEOUT,
         log_level: Annotated[str, typer.Option(help="Log level of the servers.")] = "WARNING",
     ) -> None:
         """Start every server of CONFIG on 127.0.0.1 (free ports unless fixed), wait until all
@@ -44,7 +51,7 @@ def register(app: typer.Typer) -> None:
 
         setup_logging(log_level)
         cfg = load_config(config)
-        runtime.run(_serve(cfg, write_urls, startup_timeout, log_level))
+        runtime.run(_serve(cfg, write_urls, (startup_timeout, warmup_timeout), log_level))
 
 
 def _print_urls(cfg: Config, urls: dict[str, list[str]]) -> None:
@@ -68,12 +75,17 @@ def _write_urls(path: Path, urls: dict[str, list[str]]) -> None:
     tmp.replace(path)
 
 
-async def _serve(cfg: Config, write_urls: Path | None, timeout: float, log_level: str) -> None:
+async def _serve(
+    cfg: Config, write_urls: Path | None, timeouts: tuple[float, float], log_level: str
+) -> None:
     import asyncio  # here, not at the top: `rollgym --help` does not need it
 
     from rollgym.launch import Supervisor
 
-    supervisor = Supervisor(cfg, log_level=log_level, startup_timeout=timeout)
+    startup, warmup = timeouts
+    supervisor = Supervisor(
+        cfg, log_level=log_level, startup_timeout=startup, warmup_timeout=warmup
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

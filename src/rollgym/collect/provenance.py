@@ -6,7 +6,11 @@ answer is cheap) and writes them to ``run.json``'s ``fingerprints`` (server -> t
 with its short ``id``); each record then names its environment's by that id
 (``rollgym_fingerprint``). A server that does not answer (a foreign ``url:`` server, one from
 before fingerprints) is recorded as ``{"id": null, "unknown": "why"}``: said plainly, never a
-failure of the run. ``compare_fingerprints`` says what differs between two runs.
+failure of the run. Replicas of one server that answer different fingerprints stop the run
+before it dispatches anything (``ConfigError`` naming the replicas, their ids and the files
+that differ): which replica scored a record is not known here, so no stamp could be right, and
+days of rewards from two verifiers mixed are worse than a run refused at its start.
+``compare_fingerprints`` says what differs between two runs.
 """
 
 from __future__ import annotations
@@ -16,61 +20,36 @@ from pathlib import Path
 from typing import Any
 
 from rollgym.collect.layout import RUN_JSON, RunDir
-from rollgym.config import Config, RetryPolicy
-from rollgym.errors import RollgymError
-from rollgym.http import HttpClient, Target
-from rollgym.server.fingerprint import differences
-from rollgym.wire import FINGERPRINT_ENDPOINT
-
-ASK_TIMEOUT = 5.0
-"""Seconds a server has to answer ``/fingerprint``: it informs, it never holds a run up."""
-
-
-async def ask_fingerprint(client: HttpClient, name: str, url: str) -> dict[str, Any]:
-    """The fingerprint server ``name`` at ``url`` answers (a rollgym agent answers its
-    resources server's), or ``{"id": None, "unknown": why}``; asked once, never raising."""
-    once = RetryPolicy(max_attempts=1, attempt_timeout=ASK_TIMEOUT)
-    target = Target.single(f"{name}.fingerprint", url, once)
-    try:
-        said = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=ASK_TIMEOUT)
-    except RollgymError as err:
-        return {"id": None, "unknown": f"no /fingerprint ({err.type}: {err.message[:200]})"}
-    if not isinstance(said, dict) or not isinstance(said.get("id"), str):
-        return {"id": None, "unknown": "its /fingerprint answer names no id"}
-    return said
+from rollgym.config import Config
+from rollgym.http import HttpClient
+from rollgym.server.fingerprint import ask_replicas, differences, refuse_mixed
 
 
 async def ask_fingerprints(
     client: HttpClient, config: Config, urls: dict[str, list[str]]
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Each resources server's fingerprint (its first replica's), and warnings naming a
-    server that gives none and a replica whose fingerprint differs from its first one's."""
+    """Each resources server's fingerprint, asked of every replica, and warnings naming a
+    server or replica that gives none (``rollgym.server.fingerprint.agreed``). ``ConfigError``
+    when the replicas of one server answer different fingerprints (``refuse_mixed``): the run
+    stops before it dispatches anything."""
     names = [n for n, s in config.servers.items() if s.kind == "resources" and n in urls]
-    asks = [(name, url) for name in names for url in urls[name]]
-    said = await asyncio.gather(*(ask_fingerprint(client, name, url) for name, url in asks))
-    for (name, _), print_ in zip(asks, said, strict=True):
+    asked = await asyncio.gather(*(ask_replicas(client, name, urls[name]) for name in names))
+    found: dict[str, dict[str, Any]] = {}
+    warnings: list[str] = []
+    for name, (print_, said) in zip(names, asked, strict=True):
+        refuse_mixed(name, print_)
         if print_.get("id") is None and config.servers[name].impl is None:
             print_["unknown"] += (
                 "; it is given by url: and was not started by rollgym (an OpenEnv server, "
                 "another framework's): only a server that serves /fingerprint can say what "
                 "scores its rollouts"
             )
-    found: dict[str, dict[str, Any]] = {}
-    warnings: list[str] = []
-    index: dict[str, int] = {}
-    for (name, _), print_ in zip(asks, said, strict=True):
-        replica = index[name] = index.get(name, -1) + 1
-        if name not in found:
-            found[name] = print_
-            if print_.get("id") is None:
-                warnings.append(
-                    f"server {name}: {print_.get('unknown')}: which environment scored its "
-                    "rollouts is not recorded (its records carry no rollgym_fingerprint)"
-                )
-        elif print_.get("id") != found[name].get("id"):
+        found[name] = print_
+        warnings.extend(said)
+        if print_.get("id") is None:
             warnings.append(
-                f"server {name}: replica {replica} is scored by another environment than "
-                f"replica 0 (fingerprint {print_.get('id')}, not {found[name].get('id')})"
+                f"server {name}: {print_.get('unknown')}: which environment scored its "
+                "rollouts is not recorded (its records carry no rollgym_fingerprint)"
             )
     return found, warnings
 

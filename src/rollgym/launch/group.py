@@ -16,6 +16,7 @@ from typing import Any
 from rollgym.errors import LaunchError
 from rollgym.launch.health import wait_healthy
 from rollgym.launch.process import STOP_GRACE, ServerProcess
+from rollgym.launch.timeouts import WARMUP_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class ServerSpec:
 class ProcessGroup:
     """Server processes started and stopped together. ``config`` is the run's
     ``Config.model_dump(mode="json")``, handed to every process; ``node`` names the machine in
-    messages (a Ray node's address); ``stop_grace``: seconds between SIGTERM and SIGKILL."""
+    messages (a Ray node's address); ``stop_grace``: seconds between SIGTERM and SIGKILL;
+    ``warmup_timeout``: seconds a server that says it is warming up may take (``health``)."""
 
     def __init__(
         self,
@@ -43,9 +45,11 @@ class ProcessGroup:
         log_level: str = "WARNING",
         node: str | None = None,
         stop_grace: float = STOP_GRACE,
+        warmup_timeout: float = WARMUP_TIMEOUT,
     ) -> None:
         self.config = config
         self.stop_grace = stop_grace
+        self.warmup_timeout = warmup_timeout
         self.log_dir = log_dir
         self.log_level = log_level
         self.node = node
@@ -102,9 +106,11 @@ class ProcessGroup:
             if s.proc is None
         }
 
-    async def wait_healthy(self, timeout: float) -> None:
-        """Wait until every started replica answers ``/health`` (see ``health.wait_healthy``)."""
-        await wait_healthy(self.servers, timeout)
+    async def wait_healthy(self, timeout: float, warmup_timeout: float | None = None) -> None:
+        """Wait until every started replica answers ``/health`` (see ``health.wait_healthy``;
+        ``warmup_timeout`` None: the group's)."""
+        warm = self.warmup_timeout if warmup_timeout is None else warmup_timeout
+        await wait_healthy(self.servers, timeout, warm)
 
     def find(self, name: str, replica: int = 0) -> ServerProcess:
         for server in self.servers:
@@ -142,7 +148,7 @@ class ProcessGroup:
             # (and fail over) instead of waiting in its backlog.
             server.close()
             raise
-        await wait_healthy([server], timeout)
+        await wait_healthy([server], timeout, self.warmup_timeout)
 
     async def stop(self) -> None:
         """Stop every replica at once: SIGTERM, then SIGKILL after the grace period; also

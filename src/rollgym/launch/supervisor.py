@@ -14,6 +14,7 @@ from typing import Any
 from rollgym.config import Config
 from rollgym.launch.group import ProcessGroup, ServerSpec
 from rollgym.launch.process import STARTUP_TIMEOUT, ServerProcess
+from rollgym.launch.timeouts import WARMUP_TIMEOUT
 from rollgym.launch.watch import Watchdog
 from rollgym.server.base import check_servers
 
@@ -31,6 +32,7 @@ class Supervisor:
         log_dir: Path | None = None,
         log_level: str = "WARNING",
         startup_timeout: float = STARTUP_TIMEOUT,
+        warmup_timeout: float = WARMUP_TIMEOUT,
         skip: Collection[str] = (),
         checked: bool = False,
     ) -> None:
@@ -42,6 +44,7 @@ class Supervisor:
             config.model_dump(mode="json", context={"keep_secrets": True}),
             log_dir=log_dir,
             log_level=log_level,
+            warmup_timeout=warmup_timeout,
         )
         self.urls: dict[str, list[str]] = {}
         self.watchdog = Watchdog(self.group, startup_timeout)

@@ -13,9 +13,10 @@ An OpenEnv server already running elsewhere needs none of this: give it as ``url
 
 The app's own startup hooks (openenv-core's idle-session reaper) run with the server's.
 
-It answers ``GET /fingerprint`` for the app: the files of the modules of the app's top-level
-package loaded when it started, the other files of the app module's folder, the version of the
-distribution that installed it (``Fingerprint.of_app``). An OpenEnv server given by ``url:`` is
+It answers ``GET /fingerprint`` for the app: every ``.py`` file of the app's top-level package
+(loaded or not: a scoring module the app imports at its first step counts from the start), the
+other files of the app module's folder, the version of the distribution that installed it
+(``Fingerprint.of_app``). An OpenEnv server given by ``url:`` is
 not rollgym's: it serves no fingerprint, and ``run.json`` records it as unknown, saying so.
 """
 
@@ -55,7 +56,7 @@ class OpenEnvHost(BaseServer):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self.app = load_app(self.options.app, where=f"servers.{self.name}.options.app")
-        # Once, now the app's modules are loaded: what scores its episodes.
+        # Once, at start: what scores its episodes (its package's files, loaded or not).
         self.fingerprint = Fingerprint.of_app(self.options.app.partition(":")[0])
 
     def routes(self) -> list[BaseRoute]:

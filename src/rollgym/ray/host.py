@@ -66,9 +66,10 @@ class ServerHost:
         """Start every bound replica; return ``name.replica`` -> pid."""
         return self.group.spawn(urls)
 
-    def wait_healthy(self, timeout: float) -> None:
-        """Return once every replica answers ``/health``; raise ``LaunchError`` otherwise."""
-        asyncio.run(self.group.wait_healthy(timeout))
+    def wait_healthy(self, timeout: float, warmup_timeout: float | None = None) -> None:
+        """Return once every replica answers ``/health``; raise ``LaunchError`` otherwise
+        (``warmup_timeout``: for a replica warming up, default the group's)."""
+        asyncio.run(self.group.wait_healthy(timeout, warmup_timeout))
 
     def poll(self) -> dict[str, int]:
         """``name.replica`` -> exit code of every replica whose process has ended."""

@@ -23,6 +23,7 @@ from ray.exceptions import RayActorError
 from rollgym.config import Config
 from rollgym.errors import LaunchError
 from rollgym.launch.process import STOP_GRACE
+from rollgym.launch.timeouts import WARMUP_TIMEOUT
 from rollgym.ray.host import ServerHostActor
 from rollgym.ray.placement import NodeInfo, alive_nodes, get, on_node, spread
 from rollgym.server.base import check_servers
@@ -71,11 +72,13 @@ class RayServers:
         log_level: str = "WARNING",
         nodes: list[NodeInfo] | None = None,
         startup_timeout: float = STARTUP_TIMEOUT,
+        warmup_timeout: float = WARMUP_TIMEOUT,
         checked: bool = False,
     ) -> None:
         self.config = config
         self.checked = checked
         self.startup_timeout = startup_timeout
+        self.warmup_timeout = warmup_timeout
         self.log_dir = log_dir
         self.log_level = log_level
         self._nodes = nodes
@@ -106,13 +109,16 @@ class RayServers:
         if not self.checked:
             check_servers(self.config)  # an unknown impl, a mistyped option, a missing peer
         try:
-            await self._start(time.monotonic() + self.startup_timeout)
+            await self._start(time.monotonic())
         except BaseException:
             await self.stop()
             raise
         return self.urls
 
-    async def _start(self, deadline: float) -> None:
+    async def _start(self, started: float) -> None:
+        deadline = started + self.startup_timeout
+        # A server that says it is warming up (a scoring pool) may take the warm-up bound.
+        warm_deadline = started + max(self.startup_timeout, self.warmup_timeout)
         nodes = self._nodes or alive_nodes()
         layout = self._layout(nodes)
         config_json = self.config.model_dump(mode="json", context={"keep_secrets": True})
@@ -138,10 +144,11 @@ class RayServers:
         # Each host waits until the common deadline and names its own late or dead server;
         # the slack lets that error, not a bare timeout here, be the one that surfaces.
         remaining = max(0.0, deadline - time.monotonic())
+        warm_remaining = max(0.0, warm_deadline - time.monotonic())
         await self._step(
             "wait_healthy",
-            [h.wait_healthy.remote(remaining) for h in self._hosts.values()],
-            deadline + _HOST_SLACK_S,
+            [h.wait_healthy.remote(remaining, warm_remaining) for h in self._hosts.values()],
+            warm_deadline + _HOST_SLACK_S,
         )
         log.info(
             "started %d replicas on %d nodes: %s",

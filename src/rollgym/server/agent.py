@@ -66,6 +66,7 @@ from rollgym.server.app import MAX_ROLLOUT_ID_CHARS
 from rollgym.server.base import BaseServer, ModelPeer, ResourcesPeer, ServerContext
 from rollgym.server.endpoint import Call, JSONResponse, error_response, json_endpoint
 from rollgym.server.episode import Episode, Grant, ResourcesClient, Ungranted
+from rollgym.server.fingerprint import ask_replicas
 from rollgym.server.model import RESPONSES_ENDPOINT
 from rollgym.server.policy import MAX_PAUSE_S
 from rollgym.server.usage import (
@@ -569,12 +570,14 @@ class AgentServer(BaseServer):
         )  # fmt: skip
 
     async def _fingerprint(self, body: Any, call: Call) -> Any:
-        # What scores this agent's rollouts: its resources server's fingerprint, as it is, for
-        # a caller that knows only the agent (the trainer's stream).
-        return await self.client.call(
-            self.peer(self.options.resources), FINGERPRINT_ENDPOINT, {},
-            deadline=self.options.verify_timeout,
-        )  # fmt: skip
+        # What scores this agent's rollouts, for a caller that knows only the agent (the
+        # trainer's stream): its resources server's fingerprint, asked of every replica (the
+        # one that answers a call is any of them), or its word that they differ.
+        target = self.peer(self.options.resources)
+        said, warnings = await ask_replicas(self.client, target.name, target.urls)
+        for warning in warnings:
+            log.warning("%s", warning)
+        return said
 
     async def _run(self, body: Any, call: Call) -> Response:
         for dialect in self.dialects:

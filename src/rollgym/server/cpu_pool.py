@@ -20,6 +20,11 @@ from typing import Any
 
 from rollgym.lifeline import pool_worker_lifeline
 
+WARM_UP_TIMEOUT = 120.0
+"""Seconds a pool's workers have to start and warm up (``warm``); the launcher's warm-up bound
+(``rollgym.launch.timeouts.WARMUP_TIMEOUT``) is longer, so a server's own failure is what it
+reports."""
+
 
 class CpuPool:
     """``workers`` spawn processes; ``kill`` ends them at once, whatever they are doing."""

@@ -20,36 +20,52 @@ the same name gives another digest, so two runs scored by different environments
 (``compare``), naming what differs: code, data or version.
 
 A Gymnasium-style server (``GymnasiumServer``) is fingerprinted as a resources server is. An
-OpenEnv app that rollgym serves (``impl: openenv``) is no class of rollgym's: its ``code`` is the
-files of the modules of the app's top-level package loaded when the server starts (what the
-app imported of its own package), its ``data`` the non-Python files of the app module's folder,
-its ``version`` that of the installed distribution that provides the package, if any
-(``Fingerprint.of_app``).
+OpenEnv app that rollgym serves (``impl: openenv``) is no class of rollgym's: its ``code`` is
+every ``.py`` file of the app's top-level package (its folder, or each folder of a namespace
+package; a top-level module: that file alone), loaded or not: a scoring module the app
+imports only at its first step is counted from the start, and an edit to it is seen. Only that
+package is read, never the third-party packages it imports (an app that is itself an installed
+package is read where it is installed). Its ``data`` is the non-Python files of the app
+module's folder, its ``version`` that of the installed distribution that provides the package,
+if any (``Fingerprint.of_app``). Every part is bounded: ``MAX_FILES`` files and ``MAX_BYTES``
+bytes, past which it says ``truncated``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.metadata
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from starlette.routing import Route
 
+from rollgym.config import RetryPolicy
+from rollgym.errors import ConfigError, RollgymError
+from rollgym.http import HttpClient, Target
 from rollgym.server.endpoint import Call, json_endpoint
 from rollgym.server.provenance import file_sha256
 from rollgym.version import __version__
 from rollgym.wire import FINGERPRINT_ENDPOINT
 
+ASK_TIMEOUT = 5.0
+"""Seconds a server has to answer ``/fingerprint``: it informs, it never holds a run up."""
+REPLICAS_FIELD = "replicas"
+"""In the answer for a server whose replicas answered different fingerprints: replica ->
+its fingerprint (``agreed``)."""
 ID_CHARS = 12
 """Hex digits of a fingerprint's short id: what every record carries."""
 MAX_FILES = 2000
 """Files digested per part at most (a package folder holding a dataset of many files is cut
 there, and says so with ``truncated``)."""
+MAX_BYTES = 256 * 2**20
+"""Bytes digested per part at most: a dataset of gigabytes in a package folder must not hold
+the server's start up reading it (the part says ``truncated``)."""
 _SKIP_DIRS = frozenset({"__pycache__", ".git", ".mypy_cache", ".pytest_cache", "node_modules"})
 _BASES = frozenset({"rollgym.server.resources", "rollgym.server.base", "rollgym.server.gymnasium"})
 
@@ -76,15 +92,20 @@ class Digested:
 
 
 def digest_files(paths: Iterable[tuple[str, Path]]) -> Digested:
-    """``(name, path)`` pairs digested (an unreadable file's sha256 is ``"unreadable"``)."""
+    """``(name, path)`` pairs digested (an unreadable file's sha256 is ``"unreadable"``), at
+    most ``MAX_FILES`` files and ``MAX_BYTES`` bytes."""
     files: dict[str, str] = {}
-    truncated = False
+    read = 0
     for name, path in paths:
-        if len(files) >= MAX_FILES:
-            truncated = True
-            break
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0  # gone or unreadable: said so below, costs nothing
+        if len(files) >= MAX_FILES or read + size > MAX_BYTES:
+            return Digested(files, truncated=True)
+        read += size
         files[name] = file_sha256(str(path)) or "unreadable"
-    return Digested(files, truncated)
+    return Digested(files)
 
 
 def package_roots(klass: type) -> list[tuple[Path, Path]]:
@@ -116,23 +137,27 @@ def module_root(module: str) -> tuple[Path, Path] | None:
     return path, path.parent  # a top-level module: that file alone
 
 
-def loaded_files(package: str) -> Iterator[tuple[str, Path]]:
-    """The files of ``package``'s modules loaded now (the package and its submodules, by
-    name), named relative to the folder above the package, in a stable order."""
-    files: dict[str, Path] = {}
-    for name, module in list(sys.modules.items()):
-        if name != package and not name.startswith(f"{package}."):
-            continue
-        file = getattr(module, "__file__", None)
-        if not file or not file.endswith(".py"):
-            continue  # a namespace package, a compiled extension: no source to digest
+def package_files(package: str) -> Iterator[tuple[str, Path]]:
+    """Every ``.py`` file of loaded top-level ``package``, loaded or not, named relative to
+    the folder above it, in a stable order: the package's folder (each of a namespace
+    package's folders), or a top-level module's file alone."""
+    module = sys.modules.get(package)
+    file = getattr(module, "__file__", None)
+    if file and Path(file).name != "__init__.py":  # a top-level module: that file alone
         path = Path(os.path.realpath(file))
-        # The folder above the package: a module's file is as deep as its name, a package's
-        # ``__init__.py`` one more.
-        above = path.parents[len(name.split(".")) - 1 + (path.name == "__init__.py")]
-        files[path.relative_to(above).as_posix()] = path
-    for name in sorted(files):
-        yield name, files[name]
+        if path.suffix == ".py":
+            yield path.name, path
+        return
+    # A package: its folder; a namespace package (OpenEnv's ``openenv init`` writes none
+    # of ``__init__.py`` in some versions): each folder of its path.
+    folders = [Path(file).parent] if file else list(getattr(module, "__path__", None) or [])
+    seen: set[Path] = set()
+    for folder in folders:
+        root = Path(os.path.realpath(folder))
+        if root in seen or not root.is_dir():
+            continue
+        seen.add(root)
+        yield from _walk(root, root.parent, True)
 
 
 def distribution_version(package: str) -> str | None:
@@ -210,7 +235,7 @@ class Fingerprint:
         found = module_root(module)
         data = _walk(*found, False) if found is not None else iter(())
         return cls(
-            digest_files(loaded_files(package)), digest_files(data), distribution_version(package)
+            digest_files(package_files(package)), digest_files(data), distribution_version(package)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -265,3 +290,101 @@ def _files_changed(one: Any, two: Any) -> str:
         return "differs"
     more = f" (and {len(said) - 5} more)" if len(said) > 5 else ""
     return ", ".join(said[:5]) + more
+
+
+# -- asking the replicas of a server ------------------------------------------------------------
+
+
+async def ask_fingerprint(client: HttpClient, name: str, url: str) -> dict[str, Any]:
+    """The fingerprint server ``name`` at ``url`` answers (a rollgym agent answers its
+    resources server's), or ``{"id": None, "unknown": why}``; asked once, never raising."""
+    once = RetryPolicy(max_attempts=1, attempt_timeout=ASK_TIMEOUT)
+    target = Target.single(f"{name}.fingerprint", url, once)
+    try:
+        said: Any = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=ASK_TIMEOUT)
+    except RollgymError as err:
+        return {"id": None, "unknown": f"no /fingerprint ({err.type}: {err.message[:200]})"}
+    if not isinstance(said, dict):
+        return {"id": None, "unknown": "its /fingerprint answer is no object"}
+    if isinstance(said.get("id"), str):
+        return said
+    replicas = said.get(REPLICAS_FIELD)
+    if isinstance(replicas, dict) and all(
+        isinstance(fp, dict) and isinstance(fp.get("id"), str) for fp in replicas.values()
+    ):
+        return said  # an agent's word that its resources server's replicas differ (``agreed``)
+    if said.get("id") is None and isinstance(said.get("unknown"), str):
+        return {"id": None, "unknown": said["unknown"][:500]}  # an agent's, passed on
+    return {"id": None, "unknown": "its /fingerprint answer names no id"}
+
+
+async def ask_replicas(
+    client: HttpClient, name: str, urls: Sequence[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """Every replica of server ``name`` (at ``urls``) asked for its fingerprint, at once; their
+    one fingerprint and warnings (``agreed``)."""
+    said = await asyncio.gather(*(ask_fingerprint(client, name, url) for url in urls))
+    labels = [f"{name} replica {i} ({url})" for i, url in enumerate(urls)]
+    return agreed(name, list(zip(labels, said, strict=True)))
+
+
+def agreed(
+    name: str, answers: Sequence[tuple[str, dict[str, Any]]]
+) -> tuple[dict[str, Any], list[str]]:
+    """The one fingerprint of server ``name`` from its replicas' answers (label, answer), and
+    warnings naming a replica that gave none.
+
+    Replicas that all answer one id: that fingerprint. Some unknown: the known one, each
+    unknown replica named in a warning (whether it differs cannot be told). None known: the
+    first answer (unknown, with why). Known ids that differ, or an answer that is itself such
+    a mix (an agent whose resources server's replicas differ): ``{"id": None, "unknown": why,
+    "replicas": {label: fingerprint}}``, never one of them picked: ``refuse_mixed`` turns it
+    into the error that stops a run or stream before it starts."""
+    known: dict[str, dict[str, Any]] = {}
+    unknown: list[tuple[str, dict[str, Any]]] = []
+    for label, said in answers:
+        inner = said.get(REPLICAS_FIELD)
+        if isinstance(inner, dict):  # already a mix, a level down: its replicas, named
+            known.update({f"{label} -> {sub}": fp for sub, fp in inner.items()})
+        elif isinstance(said.get("id"), str):
+            known[label] = said
+        else:
+            unknown.append((label, said))
+    warnings = [
+        f"server {name}: {label}: {said.get('unknown')}: whether it scores as the other "
+        "replicas do cannot be told"
+        for label, said in unknown
+        if known
+    ]
+    if not known:
+        return (answers[0][1] if answers else {"id": None, "unknown": "no replica"}), warnings
+    ids = {fp["id"] for fp in known.values()}
+    if len(ids) == 1:
+        return next(iter(known.values())), warnings
+    said_ids = ", ".join(f"{label} fingerprint {fp['id']}" for label, fp in known.items())
+    return {
+        "id": None,
+        "unknown": f"its replicas are scored by different environments: {said_ids}",
+        REPLICAS_FIELD: known,
+    }, warnings
+
+
+def refuse_mixed(name: str, fingerprint: dict[str, Any]) -> None:
+    """Raise ``ConfigError`` when ``fingerprint`` (``agreed``) says the replicas of server
+    ``name`` are scored by different environments, naming them and what differs: rewards from
+    two environments mixed in one run, one stamp on every record, would be silently wrong."""
+    replicas = fingerprint.get(REPLICAS_FIELD)
+    if not isinstance(replicas, dict):
+        return
+    (first, one), *rest = replicas.items()
+    diffs = [
+        f"{label} against {first}: {'; '.join(differences(one, fp)) or 'differs'}"
+        for label, fp in rest
+        if fp.get("id") != one.get("id")
+    ]
+    raise ConfigError(
+        f"server {name}: {fingerprint.get('unknown')} ({'; '.join(diffs)}). Their rewards "
+        "would be mixed in one run under one fingerprint: start every replica from the same "
+        "code and data (a replica left running from an older checkout, a file edited between "
+        "two starts), or name them as two servers"
+    )

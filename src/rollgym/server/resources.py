@@ -34,6 +34,7 @@ the agent counts them in the failed rollout's cost (``rollgym.server.usage.verif
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -67,7 +68,7 @@ from rollgym.errors import (
 from rollgym.protocol import is_reserved_name, is_tool_name, output_text
 from rollgym.server.aggregate import AggregateMetricsRequest, aggregate, measured
 from rollgym.server.base import BaseServer, ServerContext
-from rollgym.server.cpu_pool import CpuPool, warm
+from rollgym.server.cpu_pool import WARM_UP_TIMEOUT, CpuPool, warm
 from rollgym.server.endpoint import (
     BodyLimit,
     Call,
@@ -85,7 +86,13 @@ from rollgym.server.sessions import (
     new_session,
     session_id,
 )
-from rollgym.wire import COST_FIELD, REVERIFY_MODE_ENDPOINT, session_cookie
+from rollgym.wire import (
+    COST_FIELD,
+    HEALTH_FAILED,
+    HEALTH_STARTING,
+    REVERIFY_MODE_ENDPOINT,
+    session_cookie,
+)
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -227,6 +234,9 @@ class ResourcesServer(BaseServer):
         self._pool: CpuPool | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._pool_lock = asyncio.Lock()
+        self._warming: asyncio.Task[None] | None = None
+        self._warming_what = ""
+        self._warm_error: str | None = None
         # Once, at start: what scores this server's rollouts (``rollgym.server.fingerprint``).
         self.fingerprint = Fingerprint.of(type(self), self.data_files(), type(self).version)
 
@@ -254,12 +264,24 @@ class ResourcesServer(BaseServer):
 
     def cpu_work(self) -> Callable[..., Any] | None:
         """The function this server hands to ``run_cpu``, if any. Then its pool is started as
-        the server starts, before it answers ``/health``: every worker imports the function's
-        module and runs that module's ``warm_up()`` if it has one. Spawning workers and
-        importing take seconds, which neither the first verify nor a replay of the run (whose
-        model answers at once) should wait for. None (the default): the pool starts at the
-        first ``run_cpu``."""
+        the server starts: every worker imports the function's module and runs that module's
+        ``warm_up()`` if it has one. Spawning workers and importing take seconds, which
+        neither the first verify nor a replay of the run (whose model answers at once) should
+        wait for. Meanwhile ``/health`` answers 503 ``starting`` (``HEALTH_STARTING``): the
+        launcher waits for it under its warm-up bound, not the 30 s start-up bound meant for a
+        process that never answers (on a busy machine warming can take longer); a warm-up that
+        fails answers ``failed``, and the launcher stops at once. None (the default): the pool
+        starts at the first ``run_cpu``."""
         return None
+
+    def health(self) -> dict[str, Any]:
+        out = super().health()
+        warming = self._warming
+        if warming is not None and not warming.done():
+            out.update(status=HEALTH_STARTING, starting=self._warming_what)
+        elif self._warm_error is not None:
+            out.update(status=HEALTH_FAILED, error=self._warm_error)
+        return out
 
     def features(self) -> list[str]:
         overridden = type(self).aggregate_metrics is not ResourcesServer.aggregate_metrics
@@ -308,7 +330,13 @@ class ResourcesServer(BaseServer):
             if self._pool is None:
                 pool = CpuPool(self.cpu_verify_workers)
                 warmed = [pool.submit(warm, module) for _ in range(self.cpu_verify_workers)]
-                await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, warmed)), 120)
+                try:
+                    await asyncio.wait_for(
+                        asyncio.gather(*map(asyncio.wrap_future, warmed)), WARM_UP_TIMEOUT
+                    )
+                except BaseException:
+                    pool.kill()  # its workers would otherwise outlive the failed warm-up
+                    raise
                 self._pool = pool
             return self._pool
 
@@ -316,7 +344,28 @@ class ResourcesServer(BaseServer):
         await super().startup()
         work = self.cpu_work()
         if work is not None:
-            await self._cpu_pool(work.__module__)
+            # In the background: ``/health`` says ``starting`` meanwhile (see ``cpu_work``).
+            self._warming_what = (
+                f"warming {self.cpu_verify_workers} scoring worker(s) ({work.__module__})"
+            )
+            self._warming = asyncio.create_task(self._warm_up(work.__module__))
+
+    async def warmed(self) -> None:
+        """Return once the scoring pool started with the server has warmed up, or failed to
+        (then ``/health`` says ``failed``); at once when there is none."""
+        if self._warming is not None:
+            await asyncio.shield(self._warming)  # ``_warm_up`` raises nothing
+
+    async def _warm_up(self, module: str) -> None:
+        try:
+            await self._cpu_pool(module)
+        except Exception as exc:  # said by /health (``failed``), where the launcher reads it
+            if isinstance(exc, TimeoutError):
+                why = f"not done within {WARM_UP_TIMEOUT:g}s"
+            else:
+                why = f"{type(exc).__name__}: {exc}"
+            self._warm_error = f"{self._warming_what} failed: {why}"[:2000]
+            log.error("%s", self._warm_error)
 
     # -- transport -----------------------------------------------------------------------
 
@@ -336,6 +385,10 @@ class ResourcesServer(BaseServer):
         ]
 
     async def shutdown(self) -> None:
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()  # its pool is killed as it unwinds (``_cpu_pool``)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._warming
         # Kill, not shut down: a worker stuck in a verifier would otherwise spin on.
         for task in self._retiring:
             task.cancel()

@@ -84,12 +84,12 @@ from rollgym.collect.dialect import Dialects
 from rollgym.collect.dispatch import FeedDispatcher, LocalDispatcher
 from rollgym.collect.failure_budget import BudgetRules, FailureBudget
 from rollgym.collect.launchers import check_reachable
-from rollgym.collect.provenance import ask_fingerprint
 from rollgym.collect.recorder import Recorder
 from rollgym.collect.records import RolloutItem
 from rollgym.collect.rollout import RolloutPolicy
 from rollgym.dialects import ROW_DIALECTS
 from rollgym.errors import PausedTooLong, RollgymError, RunAborted
+from rollgym.server.fingerprint import ask_replicas, refuse_mixed
 from rollgym.trainer.feed import GroupFeed, OnFailure, OpenGroup, StreamStats
 from rollgym.trainer.group import TaskGroup
 from rollgym.trainer.policy_control import PauseAnswer, PolicyControl
@@ -261,6 +261,14 @@ class RolloutStream:
         http = client.http()
         name = client.target.name
         await check_reachable(http, {name: list(client.target.urls)})
+        # Once, before the first rollout: which environment scores them, asked of every agent
+        # replica (each answers its resources server's, asked of each of its replicas).
+        # Replicas that differ stop the stream here: a trainer fed days of rewards from two
+        # verifiers, every line stamped with one, would learn from a silent mix.
+        said, warnings = await ask_replicas(http, name, client.target.urls)
+        refuse_mixed(name, said)
+        for warning in warnings:
+            log.warning("%s", warning)
         budget = None
         if self.budget is not None:
             budget = FailureBudget(self.budget.for_concurrency(self.concurrency))
@@ -273,8 +281,6 @@ class RolloutStream:
         recorder.on_abort(self._feed.stop)
         if self.ledger is not None:
             self.ledger.open()
-            # Once, before the first rollout: which environment scores them (through the agent).
-            said = await ask_fingerprint(http, name, client.target.urls[0])
             self.ledger.scored_by(name, said)
             if said.get("id") is None:
                 log.warning(

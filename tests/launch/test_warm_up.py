@@ -1,0 +1,84 @@
+"""A server whose scoring pool warms up past the start-up bound is waited for (it answers
+``/health`` with ``starting`` meanwhile) under the longer warm-up bound; a process that never
+answers still fails at the start-up bound; a warm-up that fails, or outlasts the warm-up bound,
+fails the launch naming why. Real server processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+
+from rollgym.errors import LaunchError
+from rollgym.http import LeanTransport, Request
+from rollgym.launch import ProcessGroup, ServerSpec
+from tests.launch.slow_warm import WARM_VAR
+from tests.launch.test_group import servers_config
+
+pytestmark = pytest.mark.timeout(90)
+
+STARTUP = 10.0
+"""The start-up bound of these tests: time enough for a server process to import rollgym and
+answer on a busy machine; its pool's warm-up is made to last past it."""
+
+
+async def _health(url: str) -> dict[str, object]:
+    answer = await LeanTransport().send(
+        Request(url + "/health", b"{}", None, 5.0, 5.0, "health", "/health")
+    )
+    said = orjson.loads(answer.body)
+    assert isinstance(said, dict)
+    return said
+
+
+async def test_a_pool_warming_past_the_startup_bound_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(WARM_VAR, str(STARTUP + 3))
+    group = ProcessGroup(servers_config(env="tests.launch.slow_warm:SlowWarmUp"))
+    started = time.monotonic()
+    try:
+        urls = await group.start([ServerSpec("env")], {}, timeout=STARTUP)
+        # Not before its warm-up ended (the sleep is past the start-up bound): the wait did
+        # go on beyond that bound, and ended because the server was ready.
+        assert time.monotonic() - started > STARTUP
+        assert (await _health(urls["env"][0]))["status"] == "ok"
+    finally:
+        await group.stop()
+
+
+async def test_a_server_that_never_answers_still_fails_at_the_startup_bound() -> None:
+    """A warm-up bound far longer than the test's own time limit: only the start-up bound can
+    end this wait (a server that never answered is not warming up)."""
+    config = servers_config(env="tests.launch.crashing:HangOnStart")
+    group = ProcessGroup(config, warmup_timeout=3600, stop_grace=2.0)
+    with pytest.raises(LaunchError) as info:
+        await group.start([ServerSpec("env")], {}, timeout=5)
+    assert "server env not healthy after 5s" in info.value.message
+
+
+async def test_a_warm_up_past_the_warm_up_bound_fails_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(WARM_VAR, "600")
+    group = ProcessGroup(
+        servers_config(env="tests.launch.slow_warm:SlowWarmUp"), warmup_timeout=STARTUP + 3
+    )
+    with pytest.raises(LaunchError) as info:
+        await group.start([ServerSpec("env")], {}, timeout=STARTUP)
+    said = info.value.message
+    assert f"server env not healthy after {STARTUP + 3:g}s" in said
+    assert "still warming up (warming 1 scoring worker(s) (tests.launch.slow_warm))" in said
+
+
+async def test_a_warm_up_that_fails_fails_the_launch_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(WARM_VAR, "fail")
+    group = ProcessGroup(servers_config(env="tests.launch.slow_warm:SlowWarmUp"))
+    with pytest.raises(LaunchError) as info:
+        await group.start([ServerSpec("env")], {}, timeout=60)  # not waited out
+    said = info.value.message
+    assert said.startswith("server env failed while starting")
+    assert "RuntimeError: the scoring tables are missing" in said
