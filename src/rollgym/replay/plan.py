@@ -81,6 +81,7 @@ def parse_ids(text: str, source: Path, recorded: RecordedRun) -> list[Key]:
     """``--rollouts`` (``TASK:ROLLOUT`` ids, comma-separated) as keys of recorded successes;
     a usage error names an id that is malformed, unknown or failed in the record."""
     keys: list[Key] = []
+    seen: set[Key] = set()  # a long --rollouts list is checked in one pass, not quadratically
     for raw in (part.strip() for part in text.split(",")):
         if not raw:
             continue
@@ -95,7 +96,8 @@ def parse_ids(text: str, source: Path, recorded: RecordedRun) -> list[Key]:
             )
         if key not in recorded.succeeded:
             raise ConfigError(f"--rollouts {raw}: {source}/rollouts.jsonl has no rollout {raw}")
-        if key not in keys:
+        if key not in seen:
+            seen.add(key)
             keys.append(key)
     if not keys:
         raise ConfigError("--rollouts: no rollout ids given (e.g. --rollouts 0:0,3:1)")
