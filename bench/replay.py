@@ -106,10 +106,10 @@ async def main(args: argparse.Namespace) -> None:
                 dialects=ROW_DIALECTS,
             )
             replay_all = time.monotonic() - t0
-            for entry in report.diverged[:3]:
+            for entry in report.shown[:3]:
                 print(f"{'':>14} diverged: {entry.to_dict()}"[:400])
             rep = _dispatch_s(dst)
-            n = len(report.rollouts)
+            n = report.replayed
             floor = float("nan")
             if args.floor:
                 floor = await original(

@@ -27,7 +27,7 @@ def test_fork_continues_a_record_from_turn_k(tmp_path: Path) -> None:
 
     forks, report = asyncio.run(rollgym.fork(parent, 1, config=cfg, n=2))
 
-    assert len(forks) == 2 and all(r.status == "identical" for r in report.rollouts)
+    assert len(forks) == 2 and all(r.status == "identical" for r in report.entries())
     for new in forks:
         assert new["rollgym_parent"]["fork_at"] == 1
         assert first_divergence(parent, new, turns=1) is None

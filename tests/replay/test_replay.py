@@ -53,7 +53,7 @@ def test_nondeterminism_is_located_to_its_turn(tmp_path: Path) -> None:
     out = tmp_path / "replayed"
     _, report = asyncio.run(replay(source, out, progress=False))
 
-    entries = {r.rollout: r for r in report.rollouts}
+    entries = {r.rollout: r for r in report.entries()}
     assert len(entries) == len(cases) + len(stable_rows)
     located = 0
     for i, (_, turn) in enumerate(cases):
@@ -110,9 +110,11 @@ def test_an_edited_verifier_is_located_at_the_verify(tmp_path: Path) -> None:
     module.write_text(VERIFIER.format(reward="1.0 - matched"))  # edited between the two
     _, report = asyncio.run(replay(source, tmp_path / "replayed", progress=False))
 
+    got = list(report.entries())
+    assert report.diverged == len(got) == len(turns)
     for i, n in enumerate(turns):
-        d = report.rollouts[i].divergence
-        assert d is not None and d.field == "reward", report.rollouts[i]
+        d = got[i].divergence
+        assert d is not None and d.field == "reward", got[i]
         assert d.turn == n + 1  # after the last of its n tool turns and its answer
         assert d.recorded == 1.0 - d.replayed
     env = report.environment
@@ -143,7 +145,7 @@ def test_bundled_environment_replays_identically_and_a_fork_keeps_its_prefix(
     _, forked = asyncio.run(
         replay(source, out, config=cfg, rollouts="0:1,2:0", fork_at=1, progress=False)
     )
-    assert [r.status for r in forked.rollouts] == ["identical", "identical"]
+    assert [r.status for r in forked.entries()] == ["identical", "identical"]
     news = {r["rollgym_parent"]["rollout"]: r for r in _jsonl(out / "rollouts.jsonl")}
     assert set(news) == {"0:1", "2:0"}
     for parent, new in news.items():
@@ -212,7 +214,7 @@ def test_a_turn_the_record_lacks_is_a_divergence_not_a_hang(tmp_path: Path) -> N
     longer = write_config(tmp_path / "long.yaml", ENV)  # max_steps 8: it asks for turn 1
     out = tmp_path / "replayed"
     _, report = asyncio.run(replay(source, out, config=longer, progress=False))
-    for got in report.rollouts:
+    for got in report.entries():
         d = got.divergence
         assert d is not None and (d.turn, d.field) == (1, "replay model"), got
         assert "the record has 1 model turns" in str(d.replayed)

@@ -55,4 +55,4 @@ def test_gymnasium_agent_replays_identically(tmp_path: Path) -> None:
     source = tmp_path / "run"
     assert asyncio.run(record(cfg, folder / "data" / "example.jsonl", source)).status == "completed"
     _, report = asyncio.run(replay(source, tmp_path / "replayed", progress=False))
-    assert report.identical == len(report.rollouts) == 12
+    assert report.identical == report.replayed == len(list(report.entries())) == 12

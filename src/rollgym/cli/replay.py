@@ -4,12 +4,15 @@ served from the record, or fork its rollouts at a turn onto a live model."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from rollgym.cli.kit import ConcOpt, LogOpt, OutputOpt, PlainHelpCommand, ProgressOpt
 from rollgym.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rollgym.replay import ReplayReport
 
 HELP = (
     "Replay the recorded rollouts of RUN_DIR: the config's agents and environments run again "
@@ -21,8 +24,6 @@ HELP = (
     "differs from the recorded one. --fork-at K replays the first K turns and continues with "
     "the live model of --config. Exit 0: all identical; 1: some diverge; 2: usage errors."
 )
-
-SHOWN = 20
 
 
 def register(app: typer.Typer) -> None:
@@ -74,25 +75,27 @@ def register(app: typer.Typer) -> None:
             _, report = runtime.run(job)
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
-        print_report(report.to_dict(), output / REPORT_FILE)
+        print_report(report, output / REPORT_FILE)
         raise typer.Exit(0 if not report.diverged else 1)
 
 
-def print_report(report: dict[str, Any], path: Path) -> None:
-    """The terminal table: one row per rollout that diverged (the first ``SHOWN``), a summary."""
+def print_report(report: ReplayReport, path: Path) -> None:
+    """The terminal table: one row per rollout that diverged (the first ``SHOWN``: all the
+    report holds), a summary."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    fork = report.get("fork_at")
-    title = f"rollgym replay: {report['identical']} of {report['replayed']} identical"
+    summary = report.summary()
+    fork = summary.get("fork_at")
+    title = f"rollgym replay: {summary['identical']} of {summary['replayed']} identical"
     if fork is not None:
-        title = f"rollgym replay --fork-at {fork}: {report['identical']} of {report['replayed']} prefixes identical"
-    diverged = [r for r in report["rollouts"] if r["status"] != "identical"]
+        title = f"rollgym replay --fork-at {fork}: {summary['identical']} of {summary['replayed']} prefixes identical"
     table = Table(title=title)
     for column in ("rollout", "turn", "field", "recorded", "replayed"):
         table.add_column(column, overflow="fold")
-    for entry in diverged[:SHOWN]:
+    for shown in report.shown:
+        entry = shown.to_dict()
         d = entry.get("divergence") or {}
         field = d.get("field", "")
         if d.get("key") is not None:
@@ -101,13 +104,14 @@ def print_report(report: dict[str, Any], path: Path) -> None:
             entry["rollout"], str(d.get("turn", "")), field,
             _short(d.get("recorded")), _short(d.get("replayed")),
         )  # fmt: skip
-    if diverged:
+    if report.shown:
         console.print(table)
-        if len(diverged) > SHOWN:
-            console.print(f"  ... {len(diverged) - SHOWN} more in the report", highlight=False)
+        if report.diverged > len(report.shown):
+            more = report.diverged - len(report.shown)
+            console.print(f"  ... {more} more in the report", highlight=False)
     else:
         console.print(title, highlight=False)
-    env = report.get("environment") or {}
+    env = summary.get("environment") or {}
     if env.get("differs"):
         for line in (env.get("fingerprint_changes") or {}).items():
             console.print(

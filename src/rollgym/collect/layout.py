@@ -135,7 +135,10 @@ class RunDir:
             return {}
         try:
             with fh:
-                raw = fh.read(LINE_LIMIT + 1)
+                # Read its size (plus one byte: a file grown since), not LINE_LIMIT: a read of
+                # n bytes allocates n first, 64 MiB for a run.json of a few KB.
+                size = os.fstat(fh.fileno()).st_size
+                raw = fh.read(min(size, LINE_LIMIT) + 1)
             data = orjson.loads(raw) if len(raw) <= LINE_LIMIT else None
         except (OSError, orjson.JSONDecodeError):
             return {}

@@ -8,6 +8,13 @@ served from the record, and name the first turn and field where it differs.
       -> run_collection: the real agents and environments (seed, every tool call, the verifier)
       -> compare each new record with its recorded one -> OUT/replay.json
 
+Its memory is bounded by the concurrency, not by the run: the recorded run, the replay's
+ledger and the plan are indexed by byte offset (a key and an offset a rollout), a record is
+read when its turn comes and dropped after, the replay model holds the entries of the rollouts
+in flight (``rollgym.replay.model``), and the report is written entry by entry
+(``rollgym.replay.report``). The comparison runs after the replay run, in the plan's order, so
+the report reads in the order the rollouts were asked for.
+
 A fork (``fork_at=K``) is the same run whose replay model hands turns K and after to the live
 model the config names (kept beside it as ``<model>_live``): the new rollout is recorded in OUT's
 ledger with its parent and K (``rollgym_parent`` on its row), and its first K turns are checked
@@ -16,28 +23,40 @@ against the record. The trainer API's ``rollgym.trainer.fork`` is this with one 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
 from rollgym.collect.launchers import RunAgents, local_launcher
-from rollgym.collect.layout import RunDir
+from rollgym.collect.layout import LINE_LIMIT, LedgerLine, RunDir, open_run_file, raw_lines
 from rollgym.collect.orchestrate import run_collection
-from rollgym.collect.rundir import RunOutcome, write_json
+from rollgym.collect.rundir import RunOutcome
 from rollgym.config import Config, ServerConfig, parse_config
 from rollgym.errors import ConfigError, root_record
 from rollgym.replay.compare import Divergence, first_divergence
 from rollgym.replay.model import ReplayModel
-from rollgym.replay.plan import INPUT_FILE, PLAN_FILE, PlanEntry, select, write_plan
+from rollgym.replay.plan import (
+    INPUT_FILE,
+    PLAN_FILE,
+    Key,
+    key_text,
+    line_at,
+    select,
+    write_plan,
+)
 from rollgym.replay.report import (
     MISMATCH_LOG,
     REPORT_FILE,
     ReplayReport,
+    ReportWriter,
     RolloutReplay,
     environment_change,
+    read_entries,
 )
 from rollgym.replay.turns import Turn, split_turns
 from rollgym.reverify.source import RecordedRun
@@ -50,6 +69,7 @@ __all__ = [
     "RolloutReplay",
     "Turn",
     "first_divergence",
+    "read_entries",
     "recorded_config",
     "replay",
     "replay_config",
@@ -79,11 +99,12 @@ def recorded_config(source: Path) -> Config:
 
 
 def replay_config(
-    config: Config, plan: Path, log_path: Path, *, fork: bool = False
+    config: Config, plan: Path, log_path: Path, *, fork: bool = False, keep: int | None = None
 ) -> tuple[Config, set[str]]:
     """``config`` with each model server its agents call replaced by the replay model serving
-    ``plan`` (with ``fork``, the original kept as ``<name>_live`` for the turns past the fork);
-    and the names replaced. A usage error names what the replay cannot stand in for."""
+    ``plan`` (with ``fork``, the original kept as ``<name>_live`` for the turns past the fork;
+    ``keep``: the plan entries it holds at once, the replay's concurrency); and the names
+    replaced. A usage error names what the replay cannot stand in for."""
     where = config.source or "config"
     servers = dict(config.servers)
     models: set[str] = set()
@@ -121,7 +142,8 @@ def replay_config(
             servers[live] = config.servers[model]
         servers[model] = ServerConfig(
             kind="model", impl=REPLAY_IMPL,
-            options={"plan": str(plan), "log": str(log_path), "live": live},
+            options={"plan": str(plan), "log": str(log_path), "live": live,
+                     **({"keep": keep} if keep else {})},
         )  # fmt: skip
     data = config.model_dump(context={"keep_secrets": True})
     data["servers"] = {
@@ -171,31 +193,28 @@ async def replay(
     (``output/replay.json``) with the replay run's outcome."""
     output = _check(source, output, fork_at)
     base = config if config is not None else recorded_config(source)
-    recorded = RecordedRun(source)
+    recorded = RecordedRun(source, failure_records=False)  # a failure's key is all it needs
     try:
         keys = [key for key in select(recorded, source, rollouts, sample, seed)
                 for _ in range(max(1, copies))]  # fmt: skip
+        conc = concurrency or base.collect.concurrency
         cfg, replaced = replay_config(
-            base, output / PLAN_FILE, output / MISMATCH_LOG, fork=fork_at is not None
-        )
-        collect = cfg.collect.model_copy(
-            update={
-                "repeats": 1, "limit": None,
-                **({"concurrency": concurrency} if concurrency else {}),
-            }
+            base, output / PLAN_FILE, output / MISMATCH_LOG, fork=fork_at is not None,
+            keep=conc,
         )  # fmt: skip
+        collect = cfg.collect.model_copy(update={"repeats": 1, "limit": None, "concurrency": conc})
         agents = RunAgents.of(cfg, collect)  # checked before anything is written
         launcher = local_launcher(cfg, agents, log_dir=RunDir(output).logs, log_level=log_level)
-        plan = write_plan(recorded, keys, output, fork_at)
+        write_plan(recorded, keys, output, fork_at)
         outcome = await run_collection(
             cfg, collect, output / INPUT_FILE, output, launcher, agents=agents,
             progress=progress, agent_dialects=agent_dialects, dialects=dialects,
         )  # fmt: skip
-        report = compare_run(recorded, plan, output, fork_at)
+        report = ReplayReport(str(recorded.out_dir), str(output), fork_at=fork_at)
+        report.environment = environment_change(source, output, replaced)
+        compare_run(recorded, keys, output, report)
     finally:
         recorded.close()
-    report.environment = environment_change(source, output, replaced)
-    write_json(output / REPORT_FILE, report.to_dict())
     return outcome, report
 
 
@@ -214,50 +233,99 @@ def _check(source: Path, output: Path, fork_at: int | None) -> Path:
 
 
 def compare_run(
-    recorded: RecordedRun, plan: list[PlanEntry], output: Path, fork_at: int | None
+    recorded: RecordedRun, keys: list[Key], output: Path, report: ReplayReport
 ) -> ReplayReport:
-    """Each plan entry's new record (in ``output``'s ledger) against its recorded one."""
+    """Each replayed rollout (``i:0`` of ``output``'s ledger replays ``keys[i]``) against its
+    recorded one, in order, each entry written to ``output/replay.json`` as it is compared;
+    two records held at a time."""
     files = RunDir(output)
-    new = {f"{got.key[0]}:{got.key[1]}": got.record for got in files.successes()}
-    failed = {f"{got.key[0]}:{got.key[1]}": got.record for got in files.failed()}
+    new = _offsets(files.successes(), len(keys))
+    failed = _offsets(files.failed(), len(keys))
     noted = _mismatches(output / MISMATCH_LOG)
-    report = ReplayReport(str(recorded.out_dir), str(output), fork_at=fork_at)
-    report.skipped = len(set(recorded.failed) - set(recorded.succeeded))
-    for entry in plan:
-        task, _, rollout = entry.parent.partition(":")
-        old = recorded.record((int(task), int(rollout))) or {}
-        got = RolloutReplay(entry.parent, entry.rollout, "identical", fork_at=fork_at)
-        if entry.rollout in new:
-            record = new[entry.rollout]
-            got.reward = record.get("reward")
-            got.divergence = first_divergence(old, record, turns=fork_at)
-        elif entry.rollout in noted:
-            why = noted[entry.rollout]
-            got.divergence = Divergence(why.get("turn"), "replay model", None, why.get("why"))
-        elif entry.rollout in failed:
-            error = root_record(failed[entry.rollout].get("error") or {})
-            text = f"{error.get('type')}: {error.get('message')}"
-            got.divergence = Divergence(None, "failure", old.get("reward"), text)
-        else:
-            got.divergence = Divergence(None, "failure", old.get("reward"), "not replayed")
-        if got.divergence is not None:
-            got.status = "diverged"
-        report.rollouts.append(got)
-    return report
-
-
-def _mismatches(path: Path) -> dict[str, dict[str, Any]]:
-    """The replay model's notes, first per rollout."""
-    out: dict[str, dict[str, Any]] = {}
+    report.skipped = sum(1 for key in recorded.failed if key not in recorded.succeeded)
+    writer = ReportWriter(report, output / REPORT_FILE)
     try:
-        lines = path.read_bytes().splitlines()
-    except FileNotFoundError:
+        with contextlib.ExitStack() as stack:
+            news, fails, notes = (
+                stack.enter_context(fh) if (fh := open_run_file(path)) is not None else None
+                for path in (files.rollouts, files.failures, output / MISMATCH_LOG)
+            )
+            for i, key in enumerate(keys):
+                got = RolloutReplay(key_text(key), f"{i}:0", "identical", fork_at=report.fork_at)
+                got.divergence = _divergence(
+                    got, recorded.record(key) or {}, _at(news, new[i]),
+                    _at(notes, noted.get(got.replay, -1), ledger=False), _at(fails, failed[i]),
+                )  # fmt: skip
+                if got.divergence is not None:
+                    got.status = "diverged"
+                writer.add(got)
+    except BaseException:
+        writer.abandon()
+        raise
+    return writer.close()
+
+
+def _divergence(
+    got: RolloutReplay,
+    old: dict[str, Any],
+    record: dict[str, Any] | None,
+    note: dict[str, Any] | None,
+    failure: dict[str, Any] | None,
+) -> Divergence | None:
+    """The entry's divergence: from its new record, else the replay model's note on it, else
+    its failure."""
+    if record is not None:
+        got.reward = record.get("reward")
+        return first_divergence(old, record, turns=got.fork_at)
+    if note is not None:
+        return Divergence(note.get("turn"), "replay model", None, note.get("why"))
+    if failure is not None:
+        error = root_record(failure.get("error") or {})
+        text = f"{error.get('type')}: {error.get('message')}"
+        return Divergence(None, "failure", old.get("reward"), text)
+    return Divergence(None, "failure", old.get("reward"), "not replayed")
+
+
+def _offsets(ledger: Iterator[LedgerLine], n: int) -> array[int]:
+    """Where rollout ``i:0`` (``i`` < ``n``) starts in a ledger file, ``-1`` where it has
+    none: eight bytes a rollout, the last record of a rollout winning."""
+    out = array("q", [-1]) * n
+    for got in ledger:
+        task, rollout = got.key
+        if rollout == 0 and task < n:
+            out[task] = got.offset
+    return out
+
+
+def _at(fh: BinaryIO | None, offset: int, *, ledger: bool = True) -> dict[str, Any] | None:
+    """The JSON object that starts at ``offset`` of ``fh`` (a ledger record, or with
+    ``ledger=False`` any line: a note); None for none (``offset`` -1, no file)."""
+    if fh is None or offset < 0:
+        return None
+    if ledger:
+        raw = line_at(fh, offset)
+    else:
+        fh.seek(offset)
+        raw = fh.readline(LINE_LIMIT + 1)
+    data = orjson.loads(raw) if raw is not None else None
+    return data if isinstance(data, dict) else None
+
+
+def _mismatches(path: Path) -> dict[str, int]:
+    """Where the replay model's first note on each rollout starts in its log (a line torn by
+    a killed server skipped)."""
+    out: dict[str, int] = {}
+    fh = open_run_file(path)
+    if fh is None:
         return out
-    for line in lines:
-        try:
-            note = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue  # a line torn by a killed server
-        if isinstance(note, dict) and isinstance(note.get("rollout"), str):
-            out.setdefault(note["rollout"], note)
+    with fh:
+        for got in raw_lines(fh):
+            if got.raw is None:
+                continue
+            try:
+                note = orjson.loads(got.raw)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(note, dict) and isinstance(note.get("rollout"), str):
+                out.setdefault(note["rollout"], got.offset)
     return out

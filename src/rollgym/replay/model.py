@@ -15,14 +15,25 @@ A request the record cannot answer (no rollout id, a rollout not in the plan, a 
 recorded ones) is answered 409 at once, never left waiting, and noted in ``log`` (one JSON line:
 rollout, parent, turn, why): the replay's report names it as that rollout's divergence. With
 ``fork_at`` in a rollout's plan entry, turns from there on go to the ``live`` model server.
+
+Its memory is bounded by the replay's concurrency, not the run's size: the plan is indexed by
+offset (``PlanFile``) and a rollout's entry is read from it at the rollout's first request, then
+kept among the ``keep`` most recently asked for (the replay sets ``keep`` to its concurrency, so
+every rollout in flight stays kept and each entry is read about once). A rollout that finished
+is dropped when newer ones push it out; one dropped too soon is read again, never answered
+wrong. This needs nothing from the collector (no registration per rollout, no "done" message
+that a killed rollout would never send), which is why it was chosen over registering entries
+as rollouts are dispatched.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 import re
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +42,7 @@ from pydantic import Field
 from starlette.routing import BaseRoute
 
 from rollgym.errors import ConfigError, InvalidRequest
-from rollgym.replay.plan import PlanEntry, read_plan
+from rollgym.replay.plan import PlanEntry, PlanFile
 from rollgym.replay.turns import model_turns
 from rollgym.server.base import ModelPeer, ServerContext
 from rollgym.server.endpoint import Call
@@ -81,7 +92,7 @@ class _Served:
 class ReplayModel(ModelServer):
     """Options: ``plan`` (the replay's ``replay_plan.jsonl``), ``log`` (where requests the
     record cannot answer are noted), ``live`` (the model server that answers past a rollout's
-    ``fork_at``)."""
+    ``fork_at``), ``keep`` (the plan entries held at once)."""
 
     own_upstream = True
 
@@ -89,12 +100,20 @@ class ReplayModel(ModelServer):
         plan: Path = Field(description="the replay's plan (rollgym.replay.plan)")
         log: Path | None = Field(default=None, description="JSON lines: requests not answered")
         live: ModelPeer | None = Field(default=None, description="the model past fork_at")
+        keep: int = Field(
+            default=64, ge=1, le=1 << 20,
+            description="plan entries held at once (the replay's concurrency); others are "
+            "read from the plan again when asked for",
+        )  # fmt: skip
 
     options: Options
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
-        self.served = {e.rollout: _Served(e) for e in read_plan(self.options.plan)}
+        self.plan = PlanFile(self.options.plan)
+        self.kept: OrderedDict[str, _Served] = OrderedDict()
+        """The entries of the rollouts asked for last (at most ``keep``), oldest first."""
+        self._kept_lock = threading.Lock()  # entries are read in threads (``respond``)
         self._log_lock = threading.Lock()
 
     def routes(self) -> list[BaseRoute]:
@@ -118,7 +137,9 @@ class ReplayModel(ModelServer):
 
     async def respond(self, params: dict[str, Any], call: Call) -> dict[str, Any]:
         rollout = call.rollout
-        served = self._served(rollout)
+        served = self._kept_entry(rollout)
+        if served is None:  # not held: read from the plan, off the event loop
+            served = await asyncio.to_thread(self._served, rollout)
         if served is None:
             why = (
                 "the request names no rollout (x-rollgym-rollout)" if not rollout
@@ -143,12 +164,36 @@ class ReplayModel(ModelServer):
         }
 
     def _served(self, rollout: str | None) -> _Served | None:
-        if not rollout:
+        """Rollout ``rollout``'s plan entry: held, else read from the plan and held (the
+        oldest held one dropped past ``keep``); None if the plan has none."""
+        key = _plan_id(rollout)
+        if key is None:
             return None
-        served = self.served.get(rollout)
-        if served is None and (found := _DIALECT_ID.fullmatch(rollout)) is not None:
-            # NeMo Gym 0.7's episodes name a rollout <task>-<rollout>[-a<attempt>].
-            served = self.served.get(f"{found[1]}:{found[2]}")
+        with self._kept_lock:
+            served = self.kept.get(key)
+            if served is not None:
+                self.kept.move_to_end(key)
+                return served
+        entry = self.plan.entry(key)
+        if entry is None:
+            return None
+        with self._kept_lock:
+            # Another thread may have read it meanwhile: one entry held per rollout.
+            served = self.kept.setdefault(key, _Served(entry))
+            self.kept.move_to_end(key)
+            while len(self.kept) > self.options.keep:
+                self.kept.popitem(last=False)
+        return served
+
+    def _kept_entry(self, rollout: str | None) -> _Served | None:
+        """Rollout ``rollout``'s entry if it is held (no file read: on the event loop)."""
+        key = _plan_id(rollout)
+        if key is None:
+            return None
+        with self._kept_lock:
+            served = self.kept.get(key)
+            if served is not None:
+                self.kept.move_to_end(key)
         return served
 
     async def _live(self, params: dict[str, Any], rollout: str) -> dict[str, Any]:
@@ -168,3 +213,13 @@ class ReplayModel(ModelServer):
         line = orjson.dumps({"rollout": rollout, "parent": parent, "turn": turn, "why": why})
         with self._log_lock, self.options.log.open("ab") as fh:
             fh.write(line + b"\n")
+
+
+def _plan_id(rollout: str | None) -> str | None:
+    """The plan's id of the rollout a request names: ``i:0``, or NeMo Gym 0.7's spelling of an
+    episode, ``<task>-<rollout>[-a<attempt>]``."""
+    if not rollout:
+        return None
+    if (found := _DIALECT_ID.fullmatch(rollout)) is not None:
+        return f"{found[1]}:{found[2]}"
+    return rollout

@@ -1,19 +1,38 @@
 """The replay's report (``OUT/replay.json``): one entry per replayed rollout, identical or its
 first divergence, and whether the environment that replayed differs from the one that recorded
-(``run.json``'s ``fingerprints`` when the runs carry them, and the ``code`` every run records)."""
+(``run.json``'s ``fingerprints`` when the runs carry them, and the ``code`` every run records).
+
+A replay of hundreds of thousands of rollouts has as many entries, so none is held: each is
+written as it is compared (``ReportWriter``, to ``replay.json.part``), the counts are kept, and
+at the end ``replay.json`` is written from them, the summary first and the entries streamed
+from the part file, one JSON object a line inside ``"rollouts": [...]``. It is one JSON
+document, as it always was, and its entries can be read back one at a time
+(``read_entries``) without loading it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from rollgym.collect.layout import RunDir
+import orjson
+
+from rollgym.collect.layout import RunDir, open_run_file
+from rollgym.errors import ConfigError
 from rollgym.replay.compare import Divergence
 
 REPORT_FILE = "replay.json"
 MISMATCH_LOG = "replay_model.jsonl"
 """Where the replay model notes the requests the record could not answer."""
+SHOWN = 20
+"""The divergences a report keeps in memory (``ReplayReport.shown``), for the terminal."""
+
+_ENTRIES_OPEN = b'  "rollouts": [\n'
+_ENTRIES_CLOSE = b"]\n}\n"
 
 
 @dataclass
@@ -41,37 +60,137 @@ class RolloutReplay:
             out["divergence"] = self.divergence.to_dict()
         return out
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RolloutReplay:
+        d = data.get("divergence")
+        divergence = None
+        if isinstance(d, dict):
+            divergence = Divergence(
+                d.get("turn"), d.get("field", ""), d.get("recorded"), d.get("replayed"),
+                d.get("key"),
+            )  # fmt: skip
+        return cls(
+            data["rollout"], data["replay"], data["status"], divergence,
+            data.get("fork_at"), data.get("reward"),
+        )  # fmt: skip
+
 
 @dataclass
 class ReplayReport:
+    """What a replay found: the counts, the first ``SHOWN`` divergences, and where every
+    entry is (``path``: ``replay.json``, read back by ``entries``)."""
+
     source: str
     output: str
-    rollouts: list[RolloutReplay] = field(default_factory=list)
-    environment: dict[str, Any] = field(default_factory=dict)
     fork_at: int | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
     skipped: int = 0
     """Rollouts that failed in the source run: there is no output to replay."""
+    replayed: int = 0
+    identical: int = 0
+    diverged: int = 0
+    """Entries not identical (diverged or failed): the exit code is 1 when there is one."""
+    shown: list[RolloutReplay] = field(default_factory=list)
+    """The first ``SHOWN`` entries not identical, in the report's order."""
+    path: Path | None = None
+    held: list[RolloutReplay] | None = None
+    """Every entry, when a caller asked for them in memory (``hold``: a fork's few)."""
 
-    @property
-    def identical(self) -> int:
-        return sum(r.status == "identical" for r in self.rollouts)
+    def entries(self) -> Iterator[RolloutReplay]:
+        """Every entry, in the plan's order, read from ``replay.json`` one at a time."""
+        if self.held is not None:
+            yield from self.held
+        elif self.path is not None:
+            yield from read_entries(self.path)
 
-    @property
-    def diverged(self) -> list[RolloutReplay]:
-        return [r for r in self.rollouts if r.status != "identical"]
+    def hold(self) -> ReplayReport:
+        """This report with its entries read into memory (for a report of a few rollouts that
+        outlives its directory: ``rollgym.fork``)."""
+        self.held = list(self.entries())
+        return self
 
-    def to_dict(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
+        """``replay.json`` without its entries."""
         return {
             "source": self.source,
             "output": self.output,
             "fork_at": self.fork_at,
-            "replayed": len(self.rollouts),
+            "replayed": self.replayed,
             "identical": self.identical,
-            "diverged": len(self.diverged),
+            "diverged": self.diverged,
             "skipped_failed": self.skipped,
             "environment": self.environment,
-            "rollouts": [r.to_dict() for r in self.rollouts],
         }
+
+
+class ReportWriter:
+    """Writes a report's entries as they are compared, counting them (``add``); ``close``
+    writes ``replay.json``. Holds the counts and ``SHOWN`` entries, never the rest."""
+
+    def __init__(self, report: ReplayReport, path: Path) -> None:
+        self.report = report
+        self.path = path
+        self.part = path.with_name(path.name + ".part")
+        self._out: BinaryIO = _create(self.part)
+
+    def add(self, entry: RolloutReplay) -> None:
+        report = self.report
+        report.replayed += 1
+        if entry.status == "identical":
+            report.identical += 1
+        else:
+            report.diverged += 1
+            if len(report.shown) < SHOWN:
+                report.shown.append(entry)
+        self._out.write(orjson.dumps(entry.to_dict()) + b"\n")
+
+    def close(self) -> ReplayReport:
+        """Write ``replay.json`` (atomically: a reader never sees half of it) from the summary
+        and the entries written; return the report."""
+        self._out.close()
+        head = orjson.dumps(self.report.summary(), option=orjson.OPT_INDENT_2)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with _create(tmp) as out, self.part.open("rb") as entries:
+            out.write(head[: head.rindex(b"}")].rstrip() + b",\n" + _ENTRIES_OPEN)
+            # Each entry a line; a comma before every one but the first.
+            first = True
+            for line in entries:
+                out.write((b"" if first else b",\n") + line.rstrip(b"\n"))
+                first = False
+            out.write((b"" if first else b"\n") + _ENTRIES_CLOSE)
+        tmp.replace(self.path)
+        self.part.unlink()
+        self.report.path = self.path
+        return self.report
+
+    def abandon(self) -> None:
+        """Drop what was written (the replay failed before its report)."""
+        self._out.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.part.unlink()
+
+
+def _create(path: Path) -> BinaryIO:
+    """``path`` created anew for writing, a link left in its place removed, never followed."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return open(os.open(path, flags, 0o644), "wb")
+
+
+def read_entries(path: Path) -> Iterator[RolloutReplay]:
+    """The entries of the report ``ReportWriter`` wrote at ``path``, one line at a time."""
+    fh = open_run_file(path)
+    if fh is None:
+        raise ConfigError(f"{path}: no replay report")
+    with fh:
+        for line in fh:
+            if line == _ENTRIES_OPEN:
+                break
+        for line in fh:
+            if line.startswith(b"]"):
+                return
+            yield RolloutReplay.from_dict(orjson.loads(line.rstrip(b"\n").removesuffix(b",")))
 
 
 def environment_change(source: Path, output: Path, replaced: set[str]) -> dict[str, Any]:

@@ -13,14 +13,17 @@ from rollgym.errors import ConfigError, InputError
 from rollgym.wire import NG_ROLLOUT_INDEX
 
 _LEDGER_KEYS = ("task_index", "rollout_index", NG_ROLLOUT_INDEX)
+_NO_RECORD: dict[str, Any] = {}
 
 
 class RecordedRun:
     """The ledger of the run being re-verified, indexed by rollout: the byte offset of each
     success (read again when its turn comes: a run's responses can be gigabytes) and each
-    failure record. Read once; a torn last line (a run still writing) is skipped."""
+    failure record (with ``failure_records=False``, each failure's key only, mapped to ``{}``:
+    a reader that needs no error keeps no record per failure). Read once; a torn last line (a
+    run still writing) is skipped."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, *, failure_records: bool = True) -> None:
         self.out_dir = out_dir
         self.files = RunDir(out_dir)
         self.succeeded: dict[tuple[int, int], int] = {}
@@ -29,7 +32,7 @@ class RecordedRun:
             self.succeeded.setdefault(got.key, got.offset)
         for got in self.files.failed():
             if "error" in got.record:
-                self.failed[got.key] = got.record
+                self.failed[got.key] = got.record if failure_records else _NO_RECORD
         self._fh = open_run_file(self.files.rollouts) if self.succeeded else None
 
     def record(self, key: tuple[int, int]) -> dict[str, Any] | None:

@@ -75,7 +75,8 @@ async def _fork_into(
     done = RunDir(out)
     records = {got.key: got.record for got in done.successes()}
     records.update({got.key: got.record for got in done.failed() if got.key not in records})
-    return [records[key] for key in sorted(records)], report
+    # A fork's entries (n of them) held: the directory may be a temporary one, removed next.
+    return [records[key] for key in sorted(records)], report.hold()
 
 
 def fork_sync(
