@@ -89,7 +89,7 @@ def run(
 
 def podman_names(kind: str) -> set[str]:
     """Names (images: repository:tag) of one kind of podman object on this host."""
-    fmt = "{{.Repository}}:{{.Tag}}" if kind == "image" else "{{.Name}}"
+    fmt = {"image": "{{.Repository}}:{{.Tag}}", "container": "{{.Names}}"}.get(kind, "{{.Name}}")
     argv = ["podman", kind, "ls", "--format", fmt]
     if kind == "container":
         argv.insert(3, "--all")
