@@ -6,7 +6,7 @@ podman-compose (Harbor's podman environment drives it), and pass that venv's ``h
 
     ~/.pyenv/versions/3.12.1/bin/python -m venv /tmp/harbor-venv
     /tmp/harbor-venv/bin/pip install harbor==0.25.0 podman-compose
-    PYTHONPATH=$PWD/src /work/main/.venv/bin/python scripts/harbor_parity.py \\
+    PYTHONPATH=$PWD/src .venv/bin/python scripts/harbor_parity.py \\
         --harbor /tmp/harbor-venv/bin/harbor
 
 What it does, in a new work directory (kept; its path is printed):
