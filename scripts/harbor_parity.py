@@ -280,6 +280,13 @@ def main() -> int:
         help="seconds for each harbor run and each rollgym run (default: 1800)",
     )
     parser.add_argument("--json", type=Path, help="also write every cell to this file")
+    parser.add_argument(
+        "--base",
+        help="point Harbor's FROM debian:bookworm at this local image instead of rollgym's base "
+        "image: e.g. a plain `mmdebstrap --variant=minbase bookworm` import, what the "
+        "registry's debian:bookworm is, to check the tasks install what their tests need "
+        "(rollgym's own run is unchanged: it maps the FROM itself)",
+    )
     args = parser.parse_args()
     try:
         return compare(args)
@@ -308,7 +315,7 @@ def compare(args: argparse.Namespace) -> int:
         raise SetupError(f"{work} is not empty")
     print(f"work directory: {work}", flush=True)
     write_containers_conf(conf, args.runtime, args.nofile, args.nproc)
-    image = base_image(args.python)
+    image = args.base or base_image(args.python)
     names = copy_tasks(args.tasks, work / "tasks", image)
     print(f"{len(names)} tasks, FROM debian:bookworm -> {image}", flush=True)
 
