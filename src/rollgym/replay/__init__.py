@@ -33,7 +33,14 @@ from typing import Any, BinaryIO
 import orjson
 
 from rollgym.collect.launchers import RunAgents, local_launcher
-from rollgym.collect.layout import LINE_LIMIT, LedgerLine, RunDir, open_run_file, raw_lines
+from rollgym.collect.layout import (
+    LINE_LIMIT,
+    LedgerLine,
+    RunDir,
+    Tolerance,
+    open_run_file,
+    raw_lines,
+)
 from rollgym.collect.orchestrate import run_collection
 from rollgym.collect.rundir import RunOutcome
 from rollgym.config import Config, ServerConfig, parse_config
@@ -193,7 +200,12 @@ async def replay(
     (``output/replay.json``) with the replay run's outcome."""
     output = _check(source, output, fork_at)
     base = config if config is not None else recorded_config(source)
-    recorded = RecordedRun(source, failure_records=False)  # a failure's key is all it needs
+    # A failure's key is all it needs. A line of the ledger that is no record is an error
+    # naming it: skipped, its rollout would be missing from the report without a word.
+    torn: list[str] = []
+    recorded = RecordedRun(
+        source, failure_records=False, tolerance=Tolerance.TORN_LAST, warnings=torn
+    )
     try:
         keys = [key for key in select(recorded, source, rollouts, sample, seed)
                 for _ in range(max(1, copies))]  # fmt: skip
@@ -205,7 +217,9 @@ async def replay(
         collect = cfg.collect.model_copy(update={"repeats": 1, "limit": None, "concurrency": conc})
         agents = RunAgents.of(cfg, collect)  # checked before anything is written
         launcher = local_launcher(cfg, agents, log_dir=RunDir(output).logs, log_level=log_level)
-        write_plan(recorded, keys, output, fork_at)
+        write_plan(recorded, keys, output, fork_at, torn)
+        for warning in torn:
+            log.warning("%s", warning)
         outcome = await run_collection(
             cfg, collect, output / INPUT_FILE, output, launcher, agents=agents,
             progress=progress, agent_dialects=agent_dialects, dialects=dialects,
