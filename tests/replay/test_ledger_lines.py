@@ -62,3 +62,21 @@ def test_a_malformed_line_is_named_and_a_torn_last_line_skipped(tmp_path: Path) 
     saved = orjson.loads((tmp_path / "ok" / "replay.json").read_bytes())
     assert (saved["replayed"], saved["identical"]) == (3, 3)
     assert [e.rollout for e in report.entries()] == ["0:0", "1:0", "2:0"]
+
+
+def test_a_replay_of_a_relative_run_dir_names_its_parent_by_an_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each replayed record names the run it replays (``rollgym_parent.run``), and the report
+    its ``source``: a path relative to wherever the command was typed could not be followed
+    from anywhere else."""
+    source = _recorded(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    _, report = asyncio.run(replay(Path("run"), Path("out"), rollouts="1:0", progress=False))
+    assert report.source == str(source)
+    rows = [
+        orjson.loads(line) for line in (tmp_path / "out" / "input.jsonl").read_bytes().splitlines()
+    ]
+    assert [row["rollgym_parent"]["run"] for row in rows] == [str(source)]
+    saved = orjson.loads((tmp_path / "out" / "replay.json").read_bytes())
+    assert saved["source"] == str(source) and saved["replayed"] == saved["identical"] == 1

@@ -198,7 +198,7 @@ async def replay(
     ``output``; with ``fork_at``, fork each at that turn onto ``config``'s live model (``copies``
     times: several continuations of one prefix). Write and return the report
     (``output/replay.json``) with the replay run's outcome."""
-    output = _check(source, output, fork_at)
+    source, output = _check(source, output, fork_at)
     base = config if config is not None else recorded_config(source)
     # A failure's key is all it needs. A line of the ledger that is no record is an error
     # naming it: skipped, its rollout would be missing from the report without a word.
@@ -232,9 +232,11 @@ async def replay(
     return outcome, report
 
 
-def _check(source: Path, output: Path, fork_at: int | None) -> Path:
-    """Usage errors before anything is written; ``output`` made absolute (the replay model
-    runs in a process of its own)."""
+def _check(source: Path, output: Path, fork_at: int | None) -> tuple[Path, Path]:
+    """Usage errors before anything is written; ``source`` and ``output`` made absolute (the
+    replay model runs in a process of its own, and every replayed row names the run it
+    replays, ``rollgym_parent.run``: a path relative to where the command was typed could not
+    be followed from anywhere else)."""
     if not RunDir(source).tasks.exists():
         raise ConfigError(f"{source}: not a run directory (no tasks.jsonl)")
     if source.resolve() == output.resolve():
@@ -243,7 +245,7 @@ def _check(source: Path, output: Path, fork_at: int | None) -> Path:
         raise ConfigError(f"--fork-at {fork_at}: must be a turn index >= 0")
     if RunDir(output).rollouts.exists():
         raise ConfigError(f"--output {output}: holds a run already; replay into a new directory")
-    return output.resolve()
+    return source.absolute(), output.resolve()
 
 
 def compare_run(
