@@ -5,12 +5,15 @@ fails the launch naming why. Real server processes on 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from pathlib import Path
 
 import orjson
 import pytest
 
-from rollgym.errors import LaunchError
+from rollgym.collect.launchers import RunningServers
+from rollgym.errors import LaunchError, RollgymError
 from rollgym.http import LeanTransport, Request
 from rollgym.launch import ProcessGroup, ServerSpec
 from tests.launch.slow_warm import WARM_VAR
@@ -59,17 +62,22 @@ async def test_a_server_that_never_answers_still_fails_at_the_startup_bound() ->
 
 
 async def test_a_warm_up_past_the_warm_up_bound_fails_naming_it(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv(WARM_VAR, "600")
     group = ProcessGroup(
-        servers_config(env="tests.launch.slow_warm:SlowWarmUp"), warmup_timeout=STARTUP + 3
+        servers_config(env="tests.launch.slow_warm:SlowWarmUp"),
+        log_dir=tmp_path,
+        warmup_timeout=STARTUP + 3,
     )
     with pytest.raises(LaunchError) as info:
         await group.start([ServerSpec("env")], {}, timeout=STARTUP)
     said = info.value.message
     assert f"server env not healthy after {STARTUP + 3:g}s" in said
     assert "still warming up (warming 1 scoring worker(s) (tests.launch.slow_warm))" in said
+    # The warm-up cancelled as the server stopped leaves no asyncio ERROR in its log (a
+    # gather whose CancelledError nobody read), which would send a reader down a false trail.
+    assert "never retrieved" not in (tmp_path / "env.0.log").read_text()
 
 
 async def test_a_warm_up_that_fails_fails_the_launch_at_once(
@@ -82,3 +90,31 @@ async def test_a_warm_up_that_fails_fails_the_launch_at_once(
     said = info.value.message
     assert said.startswith("server env failed while starting")
     assert "RuntimeError: the scoring tables are missing" in said
+
+
+async def test_a_running_server_whose_warm_up_failed_is_not_taken_as_reachable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rollgym collect`` against servers it did not start (``RunningServers``) takes any
+    answer as "up"; a server that says its warm-up failed would fail every verify (each one
+    warming a pool again), after every rollout's model calls were paid for."""
+    monkeypatch.setenv(WARM_VAR, "fail")
+    group = ProcessGroup(servers_config(env="tests.launch.slow_warm:SlowWarmUp"))
+    try:
+        url = group.bind(ServerSpec("env")).url
+        group.spawn({"env": [url]})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if (await _health(url))["status"] == "failed":
+                    break
+            except RollgymError:
+                pass  # not listening yet
+            assert time.monotonic() < deadline, "the warm-up never said it failed"
+            await asyncio.sleep(0.1)
+        with pytest.raises(LaunchError) as info:
+            await RunningServers({"env": [url]}).start()
+        said = info.value.message
+        assert f"env at {url}" in said and "the scoring tables are missing" in said
+    finally:
+        await group.stop()

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
+
 from rollgym.collect.peers import peers_of
 from rollgym.config import CollectConfig, Config, RetryPolicy
 from rollgym.errors import ConfigError, LaunchError, RollgymError, TransportError
@@ -33,6 +35,7 @@ from rollgym.http.default import default_transport
 from rollgym.http.inprocess import InProcessTransport, inprocess_url
 from rollgym.server.app import build_app
 from rollgym.server.base import BaseServer, ServerContext, check_servers, resolve_impl
+from rollgym.wire import HEALTH_FAILED
 
 if TYPE_CHECKING:
     from rollgym.collect.dispatch import Dispatcher
@@ -195,12 +198,34 @@ async def check_reachable(
     for (name, url, _), got in zip(probes, results, strict=True):
         if isinstance(got, TransportError):
             problems.append(f"{name} at {url}: {got.message}")
-        elif isinstance(got, BaseException) and not isinstance(got, RollgymError):
+        elif isinstance(got, RollgymError):
+            # One answer is no "up": a server that says its warm-up failed (a scoring pool)
+            # would fail every verify, after each rollout's model calls were paid for.
+            why = _warm_up_failed(got)
+            if why is not None:
+                problems.append(f"{name} at {url}: its warm-up failed ({why})")
+        elif isinstance(got, BaseException):
             raise got
     if problems:
         raise LaunchError(
             f"{len(problems)} server(s) not reachable: " + "; ".join(problems), retryable=False
         )
+
+
+def _warm_up_failed(err: RollgymError) -> str | None:
+    """Why, if ``err`` is a ``/health`` answer saying the server's warm-up failed
+    (``HEALTH_FAILED``); None for any other answer. A body cut short by the error's bound still
+    says it at its start (``status`` is the answer's first field)."""
+    body = err.body or ""
+    try:
+        said = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        said = None
+    if isinstance(said, dict):
+        if said.get("status") != HEALTH_FAILED:
+            return None
+        return str(said.get("error") or "no reason given")
+    return "see its /health" if body.startswith(f'{{"status":"{HEALTH_FAILED}"') else None
 
 
 # -- collect.agent_in_process ------------------------------------------------------------------

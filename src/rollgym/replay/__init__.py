@@ -33,7 +33,14 @@ from typing import Any, BinaryIO
 import orjson
 
 from rollgym.collect.launchers import RunAgents, local_launcher
-from rollgym.collect.layout import LINE_LIMIT, LedgerLine, RunDir, open_run_file, raw_lines
+from rollgym.collect.layout import (
+    LINE_LIMIT,
+    LedgerLine,
+    RunDir,
+    Tolerance,
+    open_run_file,
+    raw_lines,
+)
 from rollgym.collect.orchestrate import run_collection
 from rollgym.collect.rundir import RunOutcome
 from rollgym.config import Config, ServerConfig, parse_config
@@ -191,9 +198,14 @@ async def replay(
     ``output``; with ``fork_at``, fork each at that turn onto ``config``'s live model (``copies``
     times: several continuations of one prefix). Write and return the report
     (``output/replay.json``) with the replay run's outcome."""
-    output = _check(source, output, fork_at)
+    source, output = _check(source, output, fork_at)
     base = config if config is not None else recorded_config(source)
-    recorded = RecordedRun(source, failure_records=False)  # a failure's key is all it needs
+    # A failure's key is all it needs. A line of the ledger that is no record is an error
+    # naming it: skipped, its rollout would be missing from the report without a word.
+    torn: list[str] = []
+    recorded = RecordedRun(
+        source, failure_records=False, tolerance=Tolerance.TORN_LAST, warnings=torn
+    )
     try:
         keys = [key for key in select(recorded, source, rollouts, sample, seed)
                 for _ in range(max(1, copies))]  # fmt: skip
@@ -205,7 +217,9 @@ async def replay(
         collect = cfg.collect.model_copy(update={"repeats": 1, "limit": None, "concurrency": conc})
         agents = RunAgents.of(cfg, collect)  # checked before anything is written
         launcher = local_launcher(cfg, agents, log_dir=RunDir(output).logs, log_level=log_level)
-        write_plan(recorded, keys, output, fork_at)
+        write_plan(recorded, keys, output, fork_at, torn)
+        for warning in torn:
+            log.warning("%s", warning)
         outcome = await run_collection(
             cfg, collect, output / INPUT_FILE, output, launcher, agents=agents,
             progress=progress, agent_dialects=agent_dialects, dialects=dialects,
@@ -218,9 +232,11 @@ async def replay(
     return outcome, report
 
 
-def _check(source: Path, output: Path, fork_at: int | None) -> Path:
-    """Usage errors before anything is written; ``output`` made absolute (the replay model
-    runs in a process of its own)."""
+def _check(source: Path, output: Path, fork_at: int | None) -> tuple[Path, Path]:
+    """Usage errors before anything is written; ``source`` and ``output`` made absolute (the
+    replay model runs in a process of its own, and every replayed row names the run it
+    replays, ``rollgym_parent.run``: a path relative to where the command was typed could not
+    be followed from anywhere else)."""
     if not RunDir(source).tasks.exists():
         raise ConfigError(f"{source}: not a run directory (no tasks.jsonl)")
     if source.resolve() == output.resolve():
@@ -229,7 +245,7 @@ def _check(source: Path, output: Path, fork_at: int | None) -> Path:
         raise ConfigError(f"--fork-at {fork_at}: must be a turn index >= 0")
     if RunDir(output).rollouts.exists():
         raise ConfigError(f"--output {output}: holds a run already; replay into a new directory")
-    return output.resolve()
+    return source.absolute(), output.resolve()
 
 
 def compare_run(

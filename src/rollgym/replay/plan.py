@@ -25,7 +25,14 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from rollgym.collect.layout import LINE_LIMIT, is_record, open_run_file, raw_lines, read_ledger
+from rollgym.collect.layout import (
+    LINE_LIMIT,
+    Tolerance,
+    is_record,
+    open_run_file,
+    raw_lines,
+    read_ledger,
+)
 from rollgym.errors import ConfigError
 from rollgym.replay.turns import model_turns, split_turns
 from rollgym.reverify.source import RecordedRun
@@ -123,12 +130,19 @@ def select(
     return keys
 
 
-def write_plan(recorded: RecordedRun, keys: list[Key], output: Path, fork_at: int | None) -> None:
+def write_plan(
+    recorded: RecordedRun,
+    keys: list[Key],
+    output: Path,
+    fork_at: int | None,
+    warnings: list[str] | None = None,
+) -> None:
     """Write the replay's input rows and plan for ``keys`` into ``output``: one rollout's row
-    and record read (by offset), written and dropped at a time."""
+    and record read (by offset), written and dropped at a time. A line of ``tasks.jsonl`` that
+    is no row is an error naming it (a torn last line is skipped, told to ``warnings``)."""
     wanted = set(keys)
     rows: dict[Key, int] = {}  # the offset of each row taken in tasks.jsonl
-    for got in read_ledger(recorded.files.tasks):
+    for got in read_ledger(recorded.files.tasks, Tolerance.TORN_LAST, warnings):
         if got.key in wanted:
             rows.setdefault(got.key, got.offset)
     output.mkdir(parents=True, exist_ok=True)

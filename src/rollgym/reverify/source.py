@@ -8,7 +8,15 @@ from typing import Any
 
 import orjson
 
-from rollgym.collect.layout import LINE_LIMIT, RunDir, is_record, open_run_file, raw_lines
+from rollgym.collect.layout import (
+    LINE_LIMIT,
+    RunDir,
+    Tolerance,
+    is_record,
+    open_run_file,
+    raw_lines,
+    read_ledger,
+)
 from rollgym.errors import ConfigError, InputError
 from rollgym.wire import NG_ROLLOUT_INDEX
 
@@ -21,16 +29,25 @@ class RecordedRun:
     success (read again when its turn comes: a run's responses can be gigabytes) and each
     failure record (with ``failure_records=False``, each failure's key only, mapped to ``{}``:
     a reader that needs no error keeps no record per failure). Read once; a torn last line (a
-    run still writing) is skipped."""
+    run still writing) is skipped. ``tolerance``: what a line that is no record does
+    (``Tolerance``; ``TORN_LAST``, replay's: an error naming it, so no rollout is silently left
+    out; ``warnings`` hears of a torn last line skipped)."""
 
-    def __init__(self, out_dir: Path, *, failure_records: bool = True) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        failure_records: bool = True,
+        tolerance: Tolerance = Tolerance.SKIP,
+        warnings: list[str] | None = None,
+    ) -> None:
         self.out_dir = out_dir
         self.files = RunDir(out_dir)
         self.succeeded: dict[tuple[int, int], int] = {}
         self.failed: dict[tuple[int, int], dict[str, Any]] = {}
-        for got in self.files.successes():
+        for got in read_ledger(self.files.rollouts, tolerance, warnings):
             self.succeeded.setdefault(got.key, got.offset)
-        for got in self.files.failed():
+        for got in read_ledger(self.files.failures, tolerance, warnings):
             if "error" in got.record:
                 self.failed[got.key] = got.record if failure_records else _NO_RECORD
         self._fh = open_run_file(self.files.rollouts) if self.succeeded else None

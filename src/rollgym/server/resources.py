@@ -330,12 +330,14 @@ class ResourcesServer(BaseServer):
             if self._pool is None:
                 pool = CpuPool(self.cpu_verify_workers)
                 warmed = [pool.submit(warm, module) for _ in range(self.cpu_verify_workers)]
+                gathered = asyncio.gather(*map(asyncio.wrap_future, warmed))
                 try:
-                    await asyncio.wait_for(
-                        asyncio.gather(*map(asyncio.wrap_future, warmed)), WARM_UP_TIMEOUT
-                    )
+                    await asyncio.wait_for(gathered, WARM_UP_TIMEOUT)
                 except BaseException:
                     pool.kill()  # its workers would otherwise outlive the failed warm-up
+                    # Its calls, cancelled by the kill, end the gather later with an error
+                    # nobody awaits: read here, not logged by asyncio as an ERROR.
+                    gathered.add_done_callback(_read_outcome)
                     raise
                 self._pool = pool
             return self._pool
@@ -521,6 +523,11 @@ def _arguments(spec: ToolSpec, raw: Any) -> dict[str, Any]:
     except ValidationError as exc:
         message = format_validation_error(f"bad arguments for tool {spec.name}", exc, one_line=True)
         raise InvalidRequest(message, status=422) from None
+
+
+def _read_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _retire(pool: CpuPool, stuck: Future[Any], grace: float) -> None:
