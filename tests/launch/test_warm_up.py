@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from rollgym.collect.launchers import RunningServers
+from rollgym.collect.launchers import RunningServers, check_reachable
 from rollgym.errors import LaunchError, RollgymError
-from rollgym.http import LeanTransport, Request
+from rollgym.http import HttpClient, LeanTransport, Request
 from rollgym.launch import ProcessGroup, ServerSpec
 from tests.launch.slow_warm import WARM_VAR
 from tests.launch.test_group import servers_config
@@ -116,5 +116,50 @@ async def test_a_running_server_whose_warm_up_failed_is_not_taken_as_reachable(
             await RunningServers({"env": [url]}).start()
         said = info.value.message
         assert f"env at {url}" in said and "the scoring tables are missing" in said
+    finally:
+        await group.stop()
+
+
+async def _spawned_warming(group: ProcessGroup) -> str:
+    """A server spawned by ``group`` whose ``/health`` says ``starting``; its URL."""
+    url = group.bind(ServerSpec("env")).url
+    group.spawn({"env": [url]})
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if (await _health(url))["status"] == "starting":
+                return url
+        except RollgymError:
+            pass  # not listening yet
+        assert time.monotonic() < deadline, "the server never said it was warming up"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_running_server_still_warming_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Against servers it did not start, the run waits for one still warming: it reads each
+    server's ``/health`` at its start (code, the row fields it needs), which answers once warm."""
+    monkeypatch.setenv(WARM_VAR, "4")
+    group = ProcessGroup(servers_config(env="tests.launch.slow_warm:SlowWarmUp"))
+    try:
+        url = await _spawned_warming(group)
+        await RunningServers({"env": [url]}).start()
+        assert (await _health(url))["status"] == "ok"  # returned once warm, not before
+    finally:
+        await group.stop()
+
+
+async def test_a_running_server_warming_past_the_bound_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(WARM_VAR, "600")
+    group = ProcessGroup(servers_config(env="tests.launch.slow_warm:SlowWarmUp"))
+    try:
+        url = await _spawned_warming(group)
+        async with HttpClient() as http:
+            with pytest.raises(LaunchError) as info:
+                await check_reachable(http, {"env": [url]}, warmup_timeout=1.0)
+        assert f"env at {url}: still warming up after 1s" in info.value.message
     finally:
         await group.stop()

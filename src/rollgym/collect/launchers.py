@@ -33,9 +33,10 @@ from rollgym.errors import ConfigError, LaunchError, RollgymError, TransportErro
 from rollgym.http import HttpClient, Target
 from rollgym.http.default import default_transport
 from rollgym.http.inprocess import InProcessTransport, inprocess_url
+from rollgym.launch.timeouts import WARMUP_TIMEOUT
 from rollgym.server.app import build_app
 from rollgym.server.base import BaseServer, ServerContext, check_servers, resolve_impl
-from rollgym.wire import HEALTH_FAILED
+from rollgym.wire import HEALTH_FAILED, HEALTH_STARTING
 
 if TYPE_CHECKING:
     from rollgym.collect.dispatch import Dispatcher
@@ -182,50 +183,81 @@ _PROBE = RetryPolicy.model_validate(
 
 
 async def check_reachable(
-    http: HttpClient, urls: dict[str, list[str]], timeout: float = 10.0
+    http: HttpClient,
+    urls: dict[str, list[str]],
+    timeout: float = 10.0,
+    warmup_timeout: float = WARMUP_TIMEOUT,
 ) -> None:
     """Raise ``LaunchError`` naming every server replica that does not answer HTTP within
     ``timeout`` seconds. Any HTTP answer counts (a server without ``/health`` answers 404):
-    the question is whether something listens, not whether it is a rollgym server."""
+    the question is whether something listens, not whether it is a rollgym server. But a
+    rollgym server that says its warm-up failed is not up, and one still warming (a scoring
+    pool: ``starting``) is waited for, up to ``warmup_timeout`` seconds: the run reads its
+    ``/health`` (code, the row fields it needs) at its start, which answers only once warm."""
     probes = [
         (name, url, Target.single(name, url, _PROBE)) for name, us in urls.items() for url in us
     ]
     problems: list[str] = []
-    results = await asyncio.gather(
-        *(http.call(t, "/health", {}, deadline=timeout) for _, _, t in probes),
-        return_exceptions=True,
-    )
-    for (name, url, _), got in zip(probes, results, strict=True):
-        if isinstance(got, TransportError):
-            problems.append(f"{name} at {url}: {got.message}")
-        elif isinstance(got, RollgymError):
-            # One answer is no "up": a server that says its warm-up failed (a scoring pool)
-            # would fail every verify, after each rollout's model calls were paid for.
-            why = _warm_up_failed(got)
-            if why is not None:
-                problems.append(f"{name} at {url}: its warm-up failed ({why})")
-        elif isinstance(got, BaseException):
-            raise got
+    loop = asyncio.get_running_loop()
+    until = loop.time() + warmup_timeout
+    told: set[str] = set()
+    while probes:
+        results = await asyncio.gather(
+            *(http.call(t, "/health", {}, deadline=timeout) for _, _, t in probes),
+            return_exceptions=True,
+        )
+        warming = []
+        for probe, got in zip(probes, results, strict=True):
+            name, url, _ = probe
+            if isinstance(got, TransportError):
+                problems.append(f"{name} at {url}: {got.message}")
+            elif isinstance(got, RollgymError):
+                # One answer is no "up": a server that says its warm-up failed (a scoring
+                # pool) would fail every verify, after each rollout's model calls were paid.
+                status, why = _health_state(got)
+                if status == HEALTH_FAILED:
+                    problems.append(f"{name} at {url}: its warm-up failed ({why})")
+                elif status == HEALTH_STARTING:
+                    warming.append(probe)
+            elif isinstance(got, BaseException):
+                raise got
+        if warming and loop.time() >= until:
+            problems += [
+                f"{name} at {url}: still warming up after {warmup_timeout:g}s"
+                for name, url, _ in warming
+            ]
+            break
+        for name, url, _ in warming:
+            if url not in told:
+                told.add(url)
+                log.info("waiting for %s at %s: it is warming up (its scoring pool)", name, url)
+        probes = warming
+        if probes:
+            await asyncio.sleep(min(0.5, max(0.0, until - loop.time())))
     if problems:
         raise LaunchError(
             f"{len(problems)} server(s) not reachable: " + "; ".join(problems), retryable=False
         )
 
 
-def _warm_up_failed(err: RollgymError) -> str | None:
-    """Why, if ``err`` is a ``/health`` answer saying the server's warm-up failed
-    (``HEALTH_FAILED``); None for any other answer. A body cut short by the error's bound still
-    says it at its start (``status`` is the answer's first field)."""
+def _health_state(err: RollgymError) -> tuple[str | None, str]:
+    """The state a ``/health`` error answer says (``HEALTH_FAILED``, ``HEALTH_STARTING``, or
+    None for any other answer) and why. A body cut short by the error's bound still says it at
+    its start (``status`` is the answer's first field)."""
     body = err.body or ""
     try:
         said = orjson.loads(body)
     except orjson.JSONDecodeError:
         said = None
     if isinstance(said, dict):
-        if said.get("status") != HEALTH_FAILED:
-            return None
-        return str(said.get("error") or "no reason given")
-    return "see its /health" if body.startswith(f'{{"status":"{HEALTH_FAILED}"') else None
+        status = said.get("status")
+        if status not in (HEALTH_FAILED, HEALTH_STARTING):
+            return None, ""
+        return str(status), str(said.get("error") or "no reason given")
+    for status in (HEALTH_FAILED, HEALTH_STARTING):
+        if body.startswith(f'{{"status":"{status}"'):
+            return status, "see its /health"
+    return None, ""
 
 
 # -- collect.agent_in_process ------------------------------------------------------------------

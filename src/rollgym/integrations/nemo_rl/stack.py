@@ -261,7 +261,9 @@ async def _wait_answering(urls: list[str], seconds: float) -> None:
         while True:
             left = deadline - time.monotonic()
             try:
-                await check_reachable(http, {"policy_base_url": urls}, max(1.0, min(10.0, left)))
+                await check_reachable(
+                    http, {"policy_base_url": urls}, max(1.0, min(10.0, left)), max(1.0, left)
+                )
                 return
             except LaunchError as err:
                 if time.monotonic() + 1 >= deadline:
