@@ -55,6 +55,10 @@ from rollgym.wire import FINGERPRINT_ENDPOINT
 
 ASK_TIMEOUT = 5.0
 """Seconds a server has to answer ``/fingerprint``: it informs, it never holds a run up."""
+AGENT_ASK_TIMEOUT = 2 * ASK_TIMEOUT
+"""Seconds an agent has: it asks each replica of its resources server for up to
+``ASK_TIMEOUT`` first, so one replica slow to answer must not make the agent's whole answer
+(the replicas that did say) arrive too late."""
 REPLICAS_FIELD = "replicas"
 """In the answer for a server whose replicas answered different fingerprints: replica ->
 its fingerprint (``agreed``)."""
@@ -295,13 +299,16 @@ def _files_changed(one: Any, two: Any) -> str:
 # -- asking the replicas of a server ------------------------------------------------------------
 
 
-async def ask_fingerprint(client: HttpClient, name: str, url: str) -> dict[str, Any]:
+async def ask_fingerprint(
+    client: HttpClient, name: str, url: str, timeout: float = ASK_TIMEOUT
+) -> dict[str, Any]:
     """The fingerprint server ``name`` at ``url`` answers (a rollgym agent answers its
-    resources server's), or ``{"id": None, "unknown": why}``; asked once, never raising."""
-    once = RetryPolicy(max_attempts=1, attempt_timeout=ASK_TIMEOUT)
+    resources server's: ask it with ``AGENT_ASK_TIMEOUT``), or ``{"id": None, "unknown":
+    why}``; asked once, for at most ``timeout`` seconds, never raising."""
+    once = RetryPolicy(max_attempts=1, attempt_timeout=timeout)
     target = Target.single(f"{name}.fingerprint", url, once)
     try:
-        said: Any = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=ASK_TIMEOUT)
+        said: Any = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=timeout)
     except RollgymError as err:
         return {"id": None, "unknown": f"no /fingerprint ({err.type}: {err.message[:200]})"}
     if not isinstance(said, dict):
@@ -319,11 +326,12 @@ async def ask_fingerprint(client: HttpClient, name: str, url: str) -> dict[str, 
 
 
 async def ask_replicas(
-    client: HttpClient, name: str, urls: Sequence[str]
+    client: HttpClient, name: str, urls: Sequence[str], timeout: float = ASK_TIMEOUT
 ) -> tuple[dict[str, Any], list[str]]:
-    """Every replica of server ``name`` (at ``urls``) asked for its fingerprint, at once; their
-    one fingerprint and warnings (``agreed``)."""
-    said = await asyncio.gather(*(ask_fingerprint(client, name, url) for url in urls))
+    """Every replica of server ``name`` (at ``urls``) asked for its fingerprint, at once (for
+    at most ``timeout`` seconds: ``ask_fingerprint``); their one fingerprint and warnings
+    (``agreed``)."""
+    said = await asyncio.gather(*(ask_fingerprint(client, name, url, timeout) for url in urls))
     labels = [f"{name} replica {i} ({url})" for i, url in enumerate(urls)]
     return agreed(name, list(zip(labels, said, strict=True)))
 
