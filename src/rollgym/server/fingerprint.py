@@ -37,6 +37,7 @@ import asyncio
 import hashlib
 import importlib.metadata
 import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -95,20 +96,29 @@ class Digested:
         return out
 
 
+NOT_A_FILE = "not a regular file"
+"""The digest said of a FIFO, device or socket (or a link to one) among the files: never
+read, as a FIFO's ``open`` waits for a writer for ever and a device's read never ends."""
+
+
 def digest_files(paths: Iterable[tuple[str, Path]]) -> Digested:
-    """``(name, path)`` pairs digested (an unreadable file's sha256 is ``"unreadable"``), at
-    most ``MAX_FILES`` files and ``MAX_BYTES`` bytes."""
+    """``(name, path)`` pairs digested (an unreadable file's sha256 is ``"unreadable"``, one
+    that is no regular file's ``NOT_A_FILE``), at most ``MAX_FILES`` files and ``MAX_BYTES``
+    bytes."""
     files: dict[str, str] = {}
     read = 0
     for name, path in paths:
         try:
-            size = path.stat().st_size
+            mode = path.stat()
+            regular, size = stat.S_ISREG(mode.st_mode), mode.st_size
         except OSError:
-            size = 0  # gone or unreadable: said so below, costs nothing
+            regular, size = True, 0  # gone or unreadable: said so below, costs nothing
+        if not regular:
+            size = 0
         if len(files) >= MAX_FILES or read + size > MAX_BYTES:
             return Digested(files, truncated=True)
         read += size
-        files[name] = file_sha256(str(path)) or "unreadable"
+        files[name] = (file_sha256(str(path)) or "unreadable") if regular else NOT_A_FILE
     return Digested(files)
 
 
