@@ -323,16 +323,27 @@ async def ask_fingerprint(
         return {"id": None, "unknown": f"no /fingerprint ({err.type}: {err.message[:200]})"}
     if not isinstance(said, dict):
         return {"id": None, "unknown": "its /fingerprint answer is no object"}
-    if isinstance(said.get("id"), str):
+    if _usable_id(said.get("id")):
         return said
     replicas = said.get(REPLICAS_FIELD)
-    if isinstance(replicas, dict) and all(
-        isinstance(fp, dict) and isinstance(fp.get("id"), str) for fp in replicas.values()
+    if (
+        isinstance(replicas, dict)
+        and replicas
+        and all(isinstance(fp, dict) and _usable_id(fp.get("id")) for fp in replicas.values())
     ):
         return said  # an agent's word that its resources server's replicas differ (``agreed``)
     if said.get("id") is None and isinstance(said.get("unknown"), str):
         return {"id": None, "unknown": said["unknown"][:500]}  # an agent's, passed on
     return {"id": None, "unknown": "its /fingerprint answer names no id"}
+
+
+MAX_ID_CHARS = 64
+"""The longest fingerprint id taken from an answer (rollgym's are ``ID_CHARS``): every record
+line carries it, so a foreign server's ``/fingerprint`` route must not put a megabyte there."""
+
+
+def _usable_id(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
 
 
 async def ask_replicas(
