@@ -753,3 +753,33 @@ async def test_a_forged_cost_from_a_foreign_agent_is_no_measurement(tmp_path: Pa
     assert cost == cost_ledger(out, 1, None)
     info = orjson.loads((out / "run.json").read_bytes())
     assert info["status"] == "completed_with_failures" and "budget" not in info
+
+
+async def test_an_environments_impossible_counts_leave_the_agents_measure_whole(
+    tmp_path: Path,
+) -> None:
+    """An environment whose verify answer says 2**64 - 1 judge tokens and 1e308 sandbox
+    seconds: the agent does not take those counts (its judge calls are unmetered, said so,
+    and no sandbox time), so the line keeps the agent's own measure of its model calls
+    rather than losing it to the collector's usage fallback."""
+    from tests.support.servers import CountingEcho
+    from tests.support.stack import running_stack, stack_config, write_tasks
+
+    class Boasting(CountingEcho):
+        async def verify(self, session: Any, task: dict[str, Any], response: Any) -> Any:
+            reward = await super().verify(session, task, response)
+            return {"reward": reward, "judge_calls": 1, "judge_input_tokens": 2**64 - 1,
+                    "judge_output_tokens": 1, "sandbox_s": 1e308}  # fmt: skip
+
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 2)
+    async with running_stack(env=Boasting) as stack:
+        cfg = stack_config({"concurrency": 2})
+        run = prepare_run(cfg, cfg.collect, tasks, tmp_path / "out", resume=False)
+        async with asyncio.timeout(60):
+            outcome = await Collector(run, stack.urls, progress=False).execute()
+    assert outcome.exit_code == 0, outcome.abort_reason
+    for line in lines(tmp_path / "out"):
+        got = line[COST_FIELD]
+        assert got["calls"] == 2 and len(got["per_call"]) == 2, got
+        assert got["judge_calls"] == got["judge_unmetered_calls"] == 1, got
+        assert "judge_input_tokens" not in got and "sandbox_s" not in got, got

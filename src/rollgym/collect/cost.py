@@ -26,7 +26,7 @@ import orjson
 from rollgym.collect.records import RolloutRecord, ScoredRollout
 from rollgym.config import ModelPrice, PriceTable
 from rollgym.errors import RollgymError
-from rollgym.server.usage import usage_tokens
+from rollgym.server.usage import MAX_COUNT, usage_tokens
 from rollgym.wire import COST_FIELD, UPSTREAM_KEY
 
 RETRIED = "retried"
@@ -176,10 +176,11 @@ whether any of it is unmetered."""
 COUNTS = 17
 """How many of a ``Parts``' entries are numbers (the last says: unmetered)."""
 
-MAX_PART = 2**40
+MAX_PART = MAX_COUNT
 """The most any one count of one rollout's cost may say (about 10^12 tokens, calls or
-seconds): a larger one is no measurement, and sums of them would pass what a JSON file holds
-(an integer past 64 bits fails ``cost.json``'s write)."""
+seconds, as a rollgym agent takes them: ``rollgym.server.usage.MAX_COUNT``): a larger one is
+no measurement, and sums of them would pass what a JSON file holds (an integer past 64 bits
+fails ``cost.json``'s write)."""
 
 
 def parts(cost: dict[str, Any]) -> Parts:
