@@ -783,3 +783,23 @@ async def test_an_environments_impossible_counts_leave_the_agents_measure_whole(
         assert got["calls"] == 2 and len(got["per_call"]) == 2, got
         assert got["judge_calls"] == got["judge_unmetered_calls"] == 1, got
         assert "judge_input_tokens" not in got and "sandbox_s" not in got, got
+
+
+def test_the_ledger_says_the_same_whatever_order_its_records_came_in() -> None:
+    """The ledger kept as records arrive and the one read back from the files add the same
+    numbers in other orders (failures interleaved, or after the rollouts): a sum that falls on
+    a rounding boundary (0.5385 + 0.6235 + 0.6125 = 1.7745 s) must round the same both ways,
+    or ``cost.json`` differs from ``rollgym report``'s ledger of the same run."""
+    from rollgym.collect.cost_ledger import CostLedger
+
+    seconds = [0.5385, 0.6235, 0.6125]
+    said = []
+    for order in (seconds, seconds[2:] + seconds[:2]):
+        ledger = CostLedger(1)
+        for i, s in enumerate(order):
+            cost = {"calls": 1, "model_s": s, "money": s / 1000, "sandbox_s": s}
+            ledger.unscored("failed", cost, 1, s)
+            ledger.scored(i, 1.0, False, cost, 1)
+        said.append(ledger.to_dict(PriceTable.model_validate(PRICES)))
+    assert said[0] == said[1]
+    assert said[0]["totals"]["failed_seconds"] == 1.774
