@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from rollgym.collect import Collector
+from rollgym.collect.cost import RETRIED as RETRIED_KEY
 from rollgym.collect.cost import rollout_cost
 from rollgym.collect.cost_ledger import cost_ledger
 from rollgym.collect.records import FailedRollout, ScoredRollout
@@ -694,3 +695,111 @@ def test_a_failed_verify_attempts_spend_is_read_once_and_added_to_a_retried_veri
     assert cost["judge_unmetered_calls"] == 1 and cost["judge_model"] == "judge-model"
     # An environment that says its judge calls and not their tokens: all of them unmetered.
     assert agent_cost({"judge_calls": 2}, {}, [], {})["judge_unmetered_calls"] == 2
+
+
+FORGED = [
+    {"calls": 1, "input_tokens": -(10**6), "output_tokens": 5},  # would hide spend from a budget
+    {"calls": 1, "judge_calls": 1, "judge_input_tokens": 2**64 - 1},  # two: past 64 bits
+    {"calls": 1, "input_tokens": 1e300},
+    {"calls": 1, "input_tokens": 5, RETRIED_KEY: {"calls": "many"}},  # nested junk
+    {"calls": 1, "input_tokens": 5, RETRIED_KEY: {"input_tokens": -5}},
+]
+
+
+async def test_a_forged_cost_from_a_foreign_agent_is_no_measurement(tmp_path: Path) -> None:
+    """A foreign agent (or the environment whose verify answer it passes on, as NeMo Gym's
+    does) whose ``rollgym_cost`` holds negative, huge or nested junk counts, on its answers and
+    on its error bodies: the collector neither crashes nor counts them. The scored rollout is
+    counted from its response's ``usage``, the failed one as unmetered, and ``cost.json`` (and
+    a ledger read back from the files) says the truth: 5 rollouts of 10 tokens."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from rollgym.testing import serve_asgi
+    from tests.support.stack import running_stack, stack_config, task_row
+
+    async def run(request: Request) -> JSONResponse:
+        row = orjson.loads(await request.body())
+        i = row["_i"]
+        forged = FORGED[i % len(FORGED)]
+        if i >= len(FORGED):  # a failure whose error body carries the junk
+            body = {"error": {"type": "internal_error", "message": "no"}, COST_FIELD: forged}
+            return JSONResponse(body, status_code=500)
+        response = {"model": "m", "output": [], "usage": {"input_tokens": 7, "output_tokens": 3}}
+        return JSONResponse({"reward": 1.0, "response": response, COST_FIELD: forged})
+
+    app = Starlette(routes=[Route("/run", run, methods=["POST"])])
+    rows = [{**task_row(i), "_i": i} for i in range(2 * len(FORGED))]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    async with running_stack() as stack, serve_asgi(app) as forger:
+        cfg = stack_config({"concurrency": 2, "max_failure_rate": None,
+                            "budget": {"tokens": 10**6}})  # fmt: skip
+        run_ = prepare_run(cfg, cfg.collect, tasks, tmp_path / "out", resume=False)
+        async with asyncio.timeout(60):
+            outcome = await Collector(run_, {**stack.urls, "agent": [forger]},
+                                      progress=False).execute()  # fmt: skip
+    out = tmp_path / "out"
+    assert outcome.metrics["counts"]["succeeded"] == len(FORGED), outcome.abort_reason
+    for line in lines(out):
+        assert line[COST_FIELD]["input_tokens"] == 7 and line[COST_FIELD]["output_tokens"] == 3
+    for line in lines(out, "failures.jsonl"):
+        assert line[COST_FIELD] == {"metered": False}
+    cost = orjson.loads((out / "cost.json").read_bytes())
+    assert cost["totals"]["tokens"] == 10 * len(FORGED)
+    assert cost["wasted"]["failed"]["unmetered"] == len(FORGED)
+    assert cost == cost_ledger(out, 1, None)
+    info = orjson.loads((out / "run.json").read_bytes())
+    assert info["status"] == "completed_with_failures" and "budget" not in info
+
+
+async def test_an_environments_impossible_counts_leave_the_agents_measure_whole(
+    tmp_path: Path,
+) -> None:
+    """An environment whose verify answer says 2**64 - 1 judge tokens and 1e308 sandbox
+    seconds: the agent does not take those counts (its judge calls are unmetered, said so,
+    and no sandbox time), so the line keeps the agent's own measure of its model calls
+    rather than losing it to the collector's usage fallback."""
+    from tests.support.servers import CountingEcho
+    from tests.support.stack import running_stack, stack_config, write_tasks
+
+    class Boasting(CountingEcho):
+        async def verify(self, session: Any, task: dict[str, Any], response: Any) -> Any:
+            reward = await super().verify(session, task, response)
+            return {"reward": reward, "judge_calls": 1, "judge_input_tokens": 2**64 - 1,
+                    "judge_output_tokens": 1, "sandbox_s": 1e308}  # fmt: skip
+
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 2)
+    async with running_stack(env=Boasting) as stack:
+        cfg = stack_config({"concurrency": 2})
+        run = prepare_run(cfg, cfg.collect, tasks, tmp_path / "out", resume=False)
+        async with asyncio.timeout(60):
+            outcome = await Collector(run, stack.urls, progress=False).execute()
+    assert outcome.exit_code == 0, outcome.abort_reason
+    for line in lines(tmp_path / "out"):
+        got = line[COST_FIELD]
+        assert got["calls"] == 2 and len(got["per_call"]) == 2, got
+        assert got["judge_calls"] == got["judge_unmetered_calls"] == 1, got
+        assert "judge_input_tokens" not in got and "sandbox_s" not in got, got
+
+
+def test_the_ledger_says_the_same_whatever_order_its_records_came_in() -> None:
+    """The ledger kept as records arrive and the one read back from the files add the same
+    numbers in other orders (failures interleaved, or after the rollouts): a sum that falls on
+    a rounding boundary (0.5385 + 0.6235 + 0.6125 = 1.7745 s) must round the same both ways,
+    or ``cost.json`` differs from ``rollgym report``'s ledger of the same run."""
+    from rollgym.collect.cost_ledger import CostLedger
+
+    seconds = [0.5385, 0.6235, 0.6125]
+    said = []
+    for order in (seconds, seconds[2:] + seconds[:2]):
+        ledger = CostLedger(1)
+        for i, s in enumerate(order):
+            cost = {"calls": 1, "model_s": s, "money": s / 1000, "sandbox_s": s}
+            ledger.unscored("failed", cost, 1, s)
+            ledger.scored(i, 1.0, False, cost, 1)
+        said.append(ledger.to_dict(PriceTable.model_validate(PRICES)))
+    assert said[0] == said[1]
+    assert said[0]["totals"]["failed_seconds"] == 1.774

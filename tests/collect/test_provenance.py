@@ -262,3 +262,39 @@ async def test_replicas_that_agree_are_recorded_once_and_an_unknown_one_is_named
     [warning] = warnings
     assert warning.startswith(f"server env: env replica 2 ({foreign}): no /fingerprint (")
     assert "cannot be told" in warning
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"replicas": {}},  # "my replicas differ", naming none
+        {"id": None, "replicas": {}},
+        {"id": "x" * 100_000},  # stamped on every line of the run
+        {"id": ""},
+    ],
+)
+async def test_a_foreign_fingerprint_answer_that_names_no_usable_id_is_unknown(
+    answer: dict[str, Any],
+) -> None:
+    """A foreign server's ``/fingerprint`` (a route of its own of that name) answering an
+    empty mix of replicas, or an id no record should carry (empty, or 100,000 characters on
+    every line), is recorded as unknown, with why: the run neither crashes at its start nor
+    stamps its lines with it."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from rollgym.config import parse_config
+    from rollgym.testing import serve_asgi
+
+    async def said(request: Any) -> JSONResponse:
+        return JSONResponse(answer)
+
+    app = Starlette(routes=[Route(FINGERPRINT_ENDPOINT, said, methods=["GET", "POST"])])
+    async with serve_asgi(app) as url, HttpClient() as client:
+        cfg = parse_config({"servers": {"env": {"kind": "resources", "url": url}}}, "cfg")
+        found, warnings = await ask_fingerprints(client, cfg, {"env": [url, url]})
+    assert found["env"]["id"] is None, found
+    assert found["env"]["unknown"].startswith("its /fingerprint answer names no id")
+    assert len(orjson.dumps(found)) < 2000
+    assert any("which environment scored its rollouts is not recorded" in w for w in warnings)

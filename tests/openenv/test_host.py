@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from rollgym.check import check_env
 from rollgym.config import load_config
 from rollgym.errors import ConfigError
 from rollgym.openenv.host import OpenEnvHost
+from rollgym.server.fingerprint import Fingerprint
 from rollgym.testing import serve_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -226,3 +228,23 @@ async def test_an_apps_fingerprint_holds_a_scoring_module_it_imports_lazily(
         edited["code"]["files"]["lazyenv/scoring.py"]
         != first["code"]["files"]["lazyenv/scoring.py"]
     )
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_or_device_in_the_apps_package_is_named_never_read(lazy_app: Path) -> None:
+    """A FIFO in the app's package (its ``open`` waits for a writer for ever) and a link to a
+    device (whose read never ends) would hold the server's start up for good: each is named
+    in the fingerprint as no regular file, never read; a loop of links is not followed."""
+    package = lazy_app / "lazyenv"
+    os.mkfifo(package / "pipe.py")
+    os.mkfifo(package / "queue.txt")
+    (package / "zeros.txt").symlink_to("/dev/zero")
+    (package / "loop").symlink_to(package)
+    __import__("lazyenv.app")  # loaded, as the host's app is
+
+    said = Fingerprint.of_app("lazyenv.app").to_dict()
+    assert said["code"]["files"]["lazyenv/pipe.py"] == "not a regular file"
+    assert said["data"]["files"]["lazyenv/queue.txt"] == "not a regular file"
+    assert said["data"]["files"]["lazyenv/zeros.txt"] == "not a regular file"
+    assert "lazyenv/scoring.py" in said["code"]["files"]
+    assert not any("loop" in name for name in said["code"]["files"])

@@ -139,3 +139,20 @@ def test_a_rollout_is_found_by_either_spelling_of_its_id(tmp_path: Path) -> None
     model = ReplayModel(ServerContext("model", cfg))
     assert model._served("4:0") is model._served("4-0") is model._served("4-0-a1") is not None
     assert model._served("5:0") is None and model._served(None) is None
+
+
+def test_a_fingerprint_unknown_in_either_run_is_no_difference(tmp_path: Path) -> None:
+    """A server whose fingerprint is unknown in one run (a replica that did not answer in
+    time, a foreign server) or in both for different reasons cannot be told to differ: the
+    replay says ``unknown``, never ``differ`` (which reads as a verifier changed)."""
+    code = {"env": {"file": "e.py", "sha256": "aa"}}
+    known = {"env": {"id": "1", "code": {"digest": "c"}, "data": {"digest": "d"}}}
+    slow = {"env": {"id": None, "unknown": "no /fingerprint (deadline_exceeded: 5s ran out)"}}
+    foreign = {"env": {"id": None, "unknown": "no /fingerprint (http_status_error: 404)"}}
+    a = _run_json(tmp_path / "a", code=code, fingerprints=known)
+    b = _run_json(tmp_path / "b", code=code, fingerprints=slow)
+    c = _run_json(tmp_path / "c", code=code, fingerprints=foreign)
+    for one, two in ((a, b), (b, a), (b, c)):
+        got = environment_change(one, two, set())
+        assert got["fingerprints"] == "unknown" and got["fingerprints_unknown"] == ["env"], got
+        assert not got["differs"] and "fingerprint_changes" not in got

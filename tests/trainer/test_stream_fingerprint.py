@@ -5,7 +5,9 @@ stream over replicas that agree records their one fingerprint. Real servers on 1
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from rollgym.errors import ConfigError
 from rollgym.server.fingerprint import Fingerprint
 from rollgym.trainer import RolloutClient
+from rollgym.wire import FINGERPRINT_ENDPOINT
 from tests.support.servers import CountingEcho
 from tests.support.stack import running_stack, task_row
 
@@ -79,3 +82,38 @@ async def test_replicas_that_agree_are_recorded_once(tmp_path: Path) -> None:
     assert info["fingerprints"] == {"agent": first.env.fingerprint.to_dict()}
     lines = (tmp_path / "r" / "rollouts.jsonl").read_bytes().splitlines()
     assert {orjson.loads(line)["rollgym_fingerprint"] for line in lines} == {OLD}
+
+
+class _SlowToSay(CountingEcho):
+    """A replica of the same env whose ``/fingerprint`` does not answer in time (a loaded
+    machine, a long GC pause); every other route answers as the env's does."""
+
+    def routes(self) -> list[Any]:
+        from starlette.routing import Route
+
+        async def stuck(request: Any) -> Any:
+            await asyncio.sleep(3600)  # never in time: cancelled when the server stops
+
+        said = [r for r in super().routes() if getattr(r, "path", None) != FINGERPRINT_ENDPOINT]
+        return [Route(FINGERPRINT_ENDPOINT, stuck, methods=["GET", "POST"]), *said]
+
+
+async def test_a_replica_slow_to_say_its_fingerprint_leaves_the_others_recorded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One of the env's two replicas never answers ``/fingerprint``: the agent asks each for
+    at most ``ASK_TIMEOUT`` and answers the one that did, and the stream waits long enough for
+    that answer: it runs, records the env's fingerprint and warns about the replica (it gave
+    none); it neither stops nor drops the whole server's fingerprint as unknown."""
+    async with (
+        running_stack(env_replica=_SlowToSay) as stack,
+        RolloutClient(stack.agent_url) as client,
+        client.stream([task_row(i) for i in range(2)], output=tmp_path / "r") as stream,
+    ):
+        assert len([g async for g in stream]) == 2
+    info = orjson.loads((tmp_path / "r" / "run.json").read_bytes())
+    assert info["fingerprints"] == {"agent": stack.env.fingerprint.to_dict()}
+    lines = (tmp_path / "r" / "rollouts.jsonl").read_bytes().splitlines()
+    assert {orjson.loads(line)["rollgym_fingerprint"] for line in lines} == {OLD}
+    slow = stack.urls["env"][1]
+    assert f"server env: env replica 1 ({slow}): no /fingerprint" in caplog.text

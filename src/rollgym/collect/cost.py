@@ -19,14 +19,14 @@ rather than as free.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from rollgym.collect.records import RolloutRecord, ScoredRollout
 from rollgym.config import ModelPrice, PriceTable
 from rollgym.errors import RollgymError
-from rollgym.server.usage import usage_tokens
+from rollgym.server.usage import MAX_COUNT, usage_tokens
 from rollgym.wire import COST_FIELD, UPSTREAM_KEY
 
 RETRIED = "retried"
@@ -176,12 +176,20 @@ whether any of it is unmetered."""
 COUNTS = 17
 """How many of a ``Parts``' entries are numbers (the last says: unmetered)."""
 
+MAX_PART = MAX_COUNT
+"""The most any one count of one rollout's cost may say (about 10^12 tokens, calls or
+seconds, as a rollgym agent takes them: ``rollgym.server.usage.MAX_COUNT``): a larger one is
+no measurement, and sums of them would pass what a JSON file holds (an integer past 64 bits
+fails ``cost.json``'s write)."""
+
 
 def parts(cost: dict[str, Any]) -> Parts:
-    """``cost``'s numbers; ``TypeError`` when one is no number (a cost no rollgym agent wrote),
-    before anything is counted. Straight-line: it runs once per record."""
+    """``cost``'s numbers; ``TypeError`` when one is no number, is negative, not finite or
+    past ``MAX_PART`` (a cost no rollgym agent wrote: a foreign agent's, or one it passed on
+    from its environment), its ``retried`` share's too, before anything is counted.
+    Straight-line: it runs once per record."""
     g = cost.get
-    return (
+    got = (
         g("calls", 0) + 0, g("input_tokens", 0) + 0, g("output_tokens", 0) + 0,
         g("judge_calls", 0) + 0, g("judge_input_tokens", 0) + 0,
         g("judge_output_tokens", 0) + 0, g("model_s", 0.0) + 0.0, g("env_s", 0.0) + 0.0,
@@ -191,6 +199,12 @@ def parts(cost: dict[str, Any]) -> Parts:
         g("unmetered_calls", 0) + 0, g("judge_unmetered_calls", 0) + 0,
         g("metered") is False or "unmetered_calls" in cost or "judge_unmetered_calls" in cost,
     )  # fmt: skip
+    for value in got[:COUNTS]:
+        if not 0 <= value <= MAX_PART:  # NaN too: it compares false
+            raise TypeError(f"a cost count of {value!r} is no measurement")
+    if (share := g(RETRIED)).__class__ is dict:
+        parts(share)  # the ledger reads it after the whole: checked first
+    return cast(Parts, got)
 
 
 def tokens_of(cost: dict[str, Any]) -> int:

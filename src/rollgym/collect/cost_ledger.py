@@ -83,12 +83,12 @@ class Tally:
             "rollouts": self.rollouts,
             "attempts": self.attempts,
             "tokens": self.tokens,
-            "seconds": round(self.seconds, 3),
-            "sandbox_s": round(self.sandbox_s, 3),
+            "seconds": _round(self.seconds, 3),
+            "sandbox_s": _round(self.sandbox_s, 3),
             "unmetered": self.unmetered,
         }
         if priced:
-            out["money"] = round(self.money, 6)
+            out["money"] = _round(self.money, 6)
         return out
 
 
@@ -116,11 +116,11 @@ class Totals:
             "judge_input_tokens": int(jin),
             "judge_output_tokens": int(jout),
             "tokens": int(tin + tout + jin + jout),
-            "model_seconds": round(model_s, 3),
-            "environment_seconds": round(env_s, 3),
-            "verifier_seconds": round(verify_s, 3),
-            "sandbox_seconds": round(sandbox_s, 3),
-            "failed_seconds": round(self.wall_s, 3),
+            "model_seconds": _round(model_s, 3),
+            "environment_seconds": _round(env_s, 3),
+            "verifier_seconds": _round(verify_s, 3),
+            "sandbox_seconds": _round(sandbox_s, 3),
+            "failed_seconds": _round(self.wall_s, 3),
             "retries_in_rollouts": int(retries),
             "unpriced_tokens": int(unpriced),
             # Among the calls above: failed ones that may have been billed, and calls whose
@@ -220,7 +220,7 @@ class CostLedger:
         wasted = {**self.wasted, "masked": self.masked, "no_signal": no_signal}
         summed = self.totals.to_dict()
         rollouts = useful.rollouts + sum(t.rollouts for t in wasted.values())
-        spent = useful.money + sum(t.money for t in wasted.values())
+        spent = round(useful.money + sum(t.money for t in wasted.values()), _SNAP)
         ledger: dict[str, Any] = {
             "prices": None if prices is None else {
                 "date": prices.date.isoformat(), "currency": prices.currency,
@@ -236,8 +236,21 @@ class CostLedger:
                                       spent if priced else None),
         }  # fmt: skip
         if priced:
-            ledger["money"] = round(spent, 6)
+            ledger["money"] = _round(spent, 6)
         return ledger
+
+
+_SNAP = 9
+"""Decimals a sum is snapped to before it is rounded for ``cost.json`` (``_round``)."""
+
+
+def _round(value: float, digits: int) -> float:
+    """``value`` (a sum of seconds or money, each given to at most 8 decimals) rounded to
+    ``digits``, the same whatever order it was summed in: a sum kept as records arrive and one
+    read back from the files (``cost_ledger``) add the same numbers in other orders, and the
+    float error of either decided a sum that falls on a rounding boundary (1.7745 s: 1.774 one
+    way, 1.775 the other). Snapped to ``_SNAP`` decimals first, both are the same float."""
+    return round(round(value, _SNAP), digits)
 
 
 def _less(whole: Parts, share: Parts) -> Parts:

@@ -202,10 +202,12 @@ def environment_change(source: Path, output: Path, replaced: set[str]) -> dict[s
     out: dict[str, Any] = {}
     fa, fb = before.get("fingerprints"), after.get("fingerprints")
     if isinstance(fa, dict) and isinstance(fb, dict):
+        # Known on both sides only: an unknown one (a replica that did not answer in time, a
+        # foreign server) differs from anything by its reason alone, which is no evidence.
         changed = {
             name: _parts(fa[name], fb[name])
             for name in sorted(fa.keys() & fb.keys())
-            if fa[name] != fb[name]
+            if _known(fa[name]) and _known(fb[name]) and fa[name] != fb[name]
         }
         # A server fingerprinted in one run only, or unknown (a foreign server: id null) in
         # either, is no evidence of "same".

@@ -37,6 +37,7 @@ import asyncio
 import hashlib
 import importlib.metadata
 import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,10 @@ from rollgym.wire import FINGERPRINT_ENDPOINT
 
 ASK_TIMEOUT = 5.0
 """Seconds a server has to answer ``/fingerprint``: it informs, it never holds a run up."""
+AGENT_ASK_TIMEOUT = 2 * ASK_TIMEOUT
+"""Seconds an agent has: it asks each replica of its resources server for up to
+``ASK_TIMEOUT`` first, so one replica slow to answer must not make the agent's whole answer
+(the replicas that did say) arrive too late."""
 REPLICAS_FIELD = "replicas"
 """In the answer for a server whose replicas answered different fingerprints: replica ->
 its fingerprint (``agreed``)."""
@@ -91,20 +96,29 @@ class Digested:
         return out
 
 
+NOT_A_FILE = "not a regular file"
+"""The digest said of a FIFO, device or socket (or a link to one) among the files: never
+read, as a FIFO's ``open`` waits for a writer for ever and a device's read never ends."""
+
+
 def digest_files(paths: Iterable[tuple[str, Path]]) -> Digested:
-    """``(name, path)`` pairs digested (an unreadable file's sha256 is ``"unreadable"``), at
-    most ``MAX_FILES`` files and ``MAX_BYTES`` bytes."""
+    """``(name, path)`` pairs digested (an unreadable file's sha256 is ``"unreadable"``, one
+    that is no regular file's ``NOT_A_FILE``), at most ``MAX_FILES`` files and ``MAX_BYTES``
+    bytes."""
     files: dict[str, str] = {}
     read = 0
     for name, path in paths:
         try:
-            size = path.stat().st_size
+            mode = path.stat()
+            regular, size = stat.S_ISREG(mode.st_mode), mode.st_size
         except OSError:
-            size = 0  # gone or unreadable: said so below, costs nothing
+            regular, size = True, 0  # gone or unreadable: said so below, costs nothing
+        if not regular:
+            size = 0
         if len(files) >= MAX_FILES or read + size > MAX_BYTES:
             return Digested(files, truncated=True)
         read += size
-        files[name] = file_sha256(str(path)) or "unreadable"
+        files[name] = (file_sha256(str(path)) or "unreadable") if regular else NOT_A_FILE
     return Digested(files)
 
 
@@ -295,22 +309,27 @@ def _files_changed(one: Any, two: Any) -> str:
 # -- asking the replicas of a server ------------------------------------------------------------
 
 
-async def ask_fingerprint(client: HttpClient, name: str, url: str) -> dict[str, Any]:
+async def ask_fingerprint(
+    client: HttpClient, name: str, url: str, timeout: float = ASK_TIMEOUT
+) -> dict[str, Any]:
     """The fingerprint server ``name`` at ``url`` answers (a rollgym agent answers its
-    resources server's), or ``{"id": None, "unknown": why}``; asked once, never raising."""
-    once = RetryPolicy(max_attempts=1, attempt_timeout=ASK_TIMEOUT)
+    resources server's: ask it with ``AGENT_ASK_TIMEOUT``), or ``{"id": None, "unknown":
+    why}``; asked once, for at most ``timeout`` seconds, never raising."""
+    once = RetryPolicy(max_attempts=1, attempt_timeout=timeout)
     target = Target.single(f"{name}.fingerprint", url, once)
     try:
-        said: Any = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=ASK_TIMEOUT)
+        said: Any = await client.call(target, FINGERPRINT_ENDPOINT, {}, deadline=timeout)
     except RollgymError as err:
         return {"id": None, "unknown": f"no /fingerprint ({err.type}: {err.message[:200]})"}
     if not isinstance(said, dict):
         return {"id": None, "unknown": "its /fingerprint answer is no object"}
-    if isinstance(said.get("id"), str):
+    if _usable_id(said.get("id")):
         return said
     replicas = said.get(REPLICAS_FIELD)
-    if isinstance(replicas, dict) and all(
-        isinstance(fp, dict) and isinstance(fp.get("id"), str) for fp in replicas.values()
+    if (
+        isinstance(replicas, dict)
+        and replicas
+        and all(isinstance(fp, dict) and _usable_id(fp.get("id")) for fp in replicas.values())
     ):
         return said  # an agent's word that its resources server's replicas differ (``agreed``)
     if said.get("id") is None and isinstance(said.get("unknown"), str):
@@ -318,12 +337,22 @@ async def ask_fingerprint(client: HttpClient, name: str, url: str) -> dict[str, 
     return {"id": None, "unknown": "its /fingerprint answer names no id"}
 
 
+MAX_ID_CHARS = 64
+"""The longest fingerprint id taken from an answer (rollgym's are ``ID_CHARS``): every record
+line carries it, so a foreign server's ``/fingerprint`` route must not put a megabyte there."""
+
+
+def _usable_id(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS
+
+
 async def ask_replicas(
-    client: HttpClient, name: str, urls: Sequence[str]
+    client: HttpClient, name: str, urls: Sequence[str], timeout: float = ASK_TIMEOUT
 ) -> tuple[dict[str, Any], list[str]]:
-    """Every replica of server ``name`` (at ``urls``) asked for its fingerprint, at once; their
-    one fingerprint and warnings (``agreed``)."""
-    said = await asyncio.gather(*(ask_fingerprint(client, name, url) for url in urls))
+    """Every replica of server ``name`` (at ``urls``) asked for its fingerprint, at once (for
+    at most ``timeout`` seconds: ``ask_fingerprint``); their one fingerprint and warnings
+    (``agreed``)."""
+    said = await asyncio.gather(*(ask_fingerprint(client, name, url, timeout) for url in urls))
     labels = [f"{name} replica {i} ({url})" for i, url in enumerate(urls)]
     return agreed(name, list(zip(labels, said, strict=True)))
 

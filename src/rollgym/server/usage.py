@@ -47,8 +47,15 @@ Tokens = tuple[int, int]
 """(input tokens, output tokens) of one model call."""
 
 
+MAX_COUNT = 2**40
+"""The most tokens, calls or seconds one count from a server's answer is taken to say (about
+10^12): a larger one is no measurement (``rollgym.collect.cost.MAX_PART``, the collector's
+same bound, would refuse the whole cost it ends up in)."""
+
+
 def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+    return value if ok else None
 
 
 def usage_tokens(usage: Any) -> Tokens | None:
@@ -288,7 +295,7 @@ def _sum(spent: Any) -> float:
 
 def _count_field(verified: dict[str, Any], name: str) -> int | None:
     value = verified.get(name)
-    return value if value.__class__ is int and value >= 0 else None
+    return value if value.__class__ is int and 0 <= value <= MAX_COUNT else None
 
 
 def rollout_cost(
@@ -354,6 +361,6 @@ def rollout_cost(
             cost["judge_model"] = judge_model
     if "sandbox_s" in verified:
         sandbox = verified["sandbox_s"]
-        if sandbox.__class__ in (int, float) and sandbox > 0:
+        if sandbox.__class__ in (int, float) and 0 < sandbox <= MAX_COUNT:
             cost["sandbox_s"] = round(sandbox, 4)
     return cost

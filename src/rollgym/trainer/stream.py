@@ -89,7 +89,7 @@ from rollgym.collect.records import RolloutItem
 from rollgym.collect.rollout import RolloutPolicy
 from rollgym.dialects import ROW_DIALECTS
 from rollgym.errors import PausedTooLong, RollgymError, RunAborted
-from rollgym.server.fingerprint import ask_replicas, refuse_mixed
+from rollgym.server.fingerprint import AGENT_ASK_TIMEOUT, ask_replicas, refuse_mixed
 from rollgym.trainer.feed import GroupFeed, OnFailure, OpenGroup, StreamStats
 from rollgym.trainer.group import TaskGroup
 from rollgym.trainer.policy_control import PauseAnswer, PolicyControl
@@ -265,7 +265,7 @@ class RolloutStream:
         # replica (each answers its resources server's, asked of each of its replicas).
         # Replicas that differ stop the stream here: a trainer fed days of rewards from two
         # verifiers, every line stamped with one, would learn from a silent mix.
-        said, warnings = await ask_replicas(http, name, client.target.urls)
+        said, warnings = await ask_replicas(http, name, client.target.urls, AGENT_ASK_TIMEOUT)
         refuse_mixed(name, said)
         for warning in warnings:
             log.warning("%s", warning)
