@@ -4,7 +4,9 @@
 short reply and a ``usage`` of its own counting: a prompt token per word of every message, a
 completion token per word of the reply. Every ``fail_every``-th request is refused with 503 and
 not billed (as a provider bills only what it answered), so the proxy's retries are exercised
-without being billed twice. ``billed`` is the ground truth a cost ledger is checked against.
+without being billed twice; with ``fail_every`` above 1 (1: down for good), never the same
+request twice (a retry of it is answered): the every-N counter is shared by concurrent requests, so under load one request's every retry
+could land on it, and its rollout fail for a reason no test asked for. ``billed`` is the ground truth a cost ledger is checked against.
 A judge upstream (``judge=True``) answers a verdict label, equal for even-numbered questions.
 
 Failures can be injected per question (``question N`` in the last message): ``refuse(n)``
@@ -62,12 +64,16 @@ class BillingUpstream:
     billed: Billed = field(default_factory=Billed)
     failed_billed: Billed = field(default_factory=Billed)
     asked: Counter[int] = field(default_factory=Counter)
+    refused: set[bytes] = field(default_factory=set)
 
     async def completions(self, request: Request) -> Response:
         self.requests += 1
-        if self.fail_every and self.requests % self.fail_every == 0:
+        raw = await request.body()
+        due = self.fail_every and self.requests % self.fail_every == 0
+        if due and (self.fail_every == 1 or raw not in self.refused):
+            self.refused.add(raw)
             return Response(b'{"error": {"message": "overloaded"}}', 503)
-        body = orjson.loads(await request.body())
+        body = orjson.loads(raw)
         messages = body.get("messages") or []
         prompt = sum(_words(m.get("content")) for m in messages if isinstance(m, dict))
         last = str(messages[-1].get("content", "")) if messages else ""
