@@ -199,9 +199,14 @@ def parts(cost: dict[str, Any]) -> Parts:
         g("unmetered_calls", 0) + 0, g("judge_unmetered_calls", 0) + 0,
         g("metered") is False or "unmetered_calls" in cost or "judge_unmetered_calls" in cost,
     )  # fmt: skip
-    for value in got[:COUNTS]:
-        if not 0 <= value <= MAX_PART:  # NaN too: it compares false
-            raise TypeError(f"a cost count of {value!r} is no measurement")
+    counts = got[:COUNTS]
+    # Counts none negative whose sum is at most MAX_PART are each at most MAX_PART: two passes
+    # in C instead of a loop (a NaN or infinite count makes the sum fail its range). Only a
+    # cost past that, rare, is checked count by count.
+    if not 0 <= sum(counts) <= MAX_PART or min(counts) < 0:
+        for value in counts:
+            if not 0 <= value <= MAX_PART:  # NaN too: it compares false
+                raise TypeError(f"a cost count of {value!r} is no measurement")
     if (share := g(RETRIED)).__class__ is dict:
         parts(share)  # the ledger reads it after the whole: checked first
     return cast(Parts, got)
