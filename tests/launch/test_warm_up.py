@@ -101,17 +101,7 @@ async def test_a_running_server_whose_warm_up_failed_is_not_taken_as_reachable(
     monkeypatch.setenv(WARM_VAR, "fail")
     group = ProcessGroup(servers_config(env="tests.launch.slow_warm:SlowWarmUp"))
     try:
-        url = group.bind(ServerSpec("env")).url
-        group.spawn({"env": [url]})
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if (await _health(url))["status"] == "failed":
-                    break
-            except RollgymError:
-                pass  # not listening yet
-            assert time.monotonic() < deadline, "the warm-up never said it failed"
-            await asyncio.sleep(0.1)
+        url = await _spawned_saying(group, "failed")
         with pytest.raises(LaunchError) as info:
             await RunningServers({"env": [url]}).start()
         said = info.value.message
@@ -120,18 +110,18 @@ async def test_a_running_server_whose_warm_up_failed_is_not_taken_as_reachable(
         await group.stop()
 
 
-async def _spawned_warming(group: ProcessGroup) -> str:
-    """A server spawned by ``group`` whose ``/health`` says ``starting``; its URL."""
+async def _spawned_saying(group: ProcessGroup, status: str) -> str:
+    """A server spawned by ``group``, once its ``/health`` says ``status``; its URL."""
     url = group.bind(ServerSpec("env")).url
     group.spawn({"env": [url]})
     deadline = time.monotonic() + 60
     while True:
         try:
-            if (await _health(url))["status"] == "starting":
+            if (await _health(url))["status"] == status:
                 return url
         except RollgymError:
             pass  # not listening yet
-        assert time.monotonic() < deadline, "the server never said it was warming up"
+        assert time.monotonic() < deadline, f"the server never said {status!r}"
         await asyncio.sleep(0.1)
 
 
@@ -143,7 +133,7 @@ async def test_a_running_server_still_warming_is_waited_for(
     monkeypatch.setenv(WARM_VAR, "4")
     group = ProcessGroup(servers_config(env="tests.launch.slow_warm:SlowWarmUp"))
     try:
-        url = await _spawned_warming(group)
+        url = await _spawned_saying(group, "starting")
         await RunningServers({"env": [url]}).start()
         assert (await _health(url))["status"] == "ok"  # returned once warm, not before
     finally:
@@ -156,7 +146,7 @@ async def test_a_running_server_warming_past_the_bound_is_named(
     monkeypatch.setenv(WARM_VAR, "600")
     group = ProcessGroup(servers_config(env="tests.launch.slow_warm:SlowWarmUp"))
     try:
-        url = await _spawned_warming(group)
+        url = await _spawned_saying(group, "starting")
         async with HttpClient() as http:
             with pytest.raises(LaunchError) as info:
                 await check_reachable(http, {"env": [url]}, warmup_timeout=1.0)

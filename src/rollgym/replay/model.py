@@ -166,14 +166,10 @@ class ReplayModel(ModelServer):
     def _served(self, rollout: str | None) -> _Served | None:
         """Rollout ``rollout``'s plan entry: held, else read from the plan and held (the
         oldest held one dropped past ``keep``); None if the plan has none."""
+        served = self._kept_entry(rollout)
         key = _plan_id(rollout)
-        if key is None:
-            return None
-        with self._kept_lock:
-            served = self.kept.get(key)
-            if served is not None:
-                self.kept.move_to_end(key)
-                return served
+        if served is not None or key is None:
+            return served
         entry = self.plan.entry(key)
         if entry is None:
             return None
